@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Creates or reuses the project's virtual environment and installs what is missing.
+#   - system libraries for headless rendering (EGL + Mesa) via apt when root on Debian/Ubuntu;
+#     otherwise prints the apt command to run;
+#   - the CPU build of torch when there is no NVIDIA GPU (a plain `torch` would pull a multi-GB CUDA build);
+#   - the project itself, editable, with the dev extras.
+# Re-running is cheap: a stamp keyed on pyproject.toml skips pip when nothing changed.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+extras="${EXTRAS:-dev}"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+ensure_system_libraries() {
+    local missing=()
+    for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    if ! command -v apt-get >/dev/null 2>&1; then
+        say "headless rendering needs EGL + Mesa (${missing[*]}); install them with your system's package manager."
+        return 0
+    fi
+    if [ "$(id -u)" -eq 0 ]; then
+        say "installing ${missing[*]} (headless rendering)"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        say "headless rendering needs: sudo apt-get install -y ${missing[*]}"
+        say "continuing; tests and jobs that render will fail until they are installed."
+    fi
+}
+
+ensure_venv() {
+    if [ ! -x "$venv/bin/python" ]; then
+        say "creating virtual environment at $venv"
+        "$python" -m venv "$venv"
+        "$venv/bin/python" -m pip install -q --upgrade pip
+    fi
+}
+
+ensure_packages() {
+    local stamp="$venv/.setup-stamp-$extras"
+    local want
+    want="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        return 0
+    fi
+    local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+    if ! command -v nvidia-smi >/dev/null 2>&1 && ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+        say "no NVIDIA GPU: installing the CPU build of torch"
+        "${pip[@]}" "torch==2.13.0" || "${pip[@]}" "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+    fi
+    say "installing the project and its dependencies (extras: $extras)"
+    "${pip[@]}" -e "$root[$extras]"
+    echo "$want" >"$stamp"
+}
+
+ensure_system_libraries
+ensure_venv
+ensure_packages
+say "environment ready: $venv"
