@@ -1,1 +1,23 @@
-"""policies package."""
+"""Neural policies: the VLA, the state MLP actor-critic, encoders, action heads, normalisation.
+
+Build one by name with :func:`load` or from a config dataclass with :func:`make_policy`.
+"""
+
+from policies.base import ActorCritic
+from policies.heads import BinnedHead, GaussianHead
+from policies.mlp import MLPActorCritic, MLPPolicyConfig
+from policies.normalization import RunningNorm
+from policies.registry import POLICIES, config_class, load, make_policy
+
+__all__ = [
+    "POLICIES",
+    "ActorCritic",
+    "BinnedHead",
+    "GaussianHead",
+    "MLPActorCritic",
+    "MLPPolicyConfig",
+    "RunningNorm",
+    "config_class",
+    "load",
+    "make_policy",
+]

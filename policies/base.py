@@ -1,0 +1,144 @@
+"""The actor-critic contract every policy implements, and the small pieces policies share.
+
+A policy maps an observation TensorDict (batch ``[N]``) to an action distribution and a value:
+
+- ``act(obs, deterministic=False) -> TensorDict`` with ``action`` ``[N, A]`` (``[N, K, A]`` with
+  action chunks), ``log_prob`` ``[N]`` and ``value`` ``[N]``; runs without gradients;
+- ``evaluate(obs, action) -> (log_prob [N], entropy [N], value [N])`` with gradients;
+- ``value(obs) -> [N]``;
+- ``update_normalization(obs)`` merges a batch into the running observation statistics
+  (the trainer calls it once per collected batch; ``forward`` never changes them);
+- ``set_instructions(list[str])`` tells a language-conditioned policy what the ``instruction``
+  indices mean (a no-op for policies that ignore language).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from policies.heads import ActionDistribution, ActionHead
+
+ObsSpec = Mapping[str, Sequence[int]] | TensorDictBase
+"""Per-key feature shapes without batch dimensions (``{"state": (17,)}``), or a sample TensorDict."""
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU, "gelu": nn.GELU}
+
+
+def spec_shapes(obs_spec: ObsSpec) -> dict[str, tuple[int, ...]]:
+    """Normalise an observation spec to ``{key: feature shape}`` (batch dimensions stripped)."""
+    if isinstance(obs_spec, TensorDictBase):
+        return {k: tuple(v.shape[obs_spec.batch_dims :]) for k, v in obs_spec.items()}
+    if isinstance(obs_spec, Mapping):
+        return {k: tuple(int(d) for d in v) for k, v in obs_spec.items()}
+    raise TypeError(
+        f"obs_spec is a {type(obs_spec).__name__}; pass a mapping {{key: feature shape}} such as "
+        f"{{'state': (17,)}}, or a sample observation TensorDict."
+    )
+
+
+def require_key(shapes: Mapping[str, tuple[int, ...]], key: str, rank: int, policy: str) -> tuple[int, ...]:
+    """The feature shape of ``key`` in an observation spec, checked to have ``rank`` dimensions."""
+    if key not in shapes:
+        raise KeyError(
+            f"{policy} reads observation key {key!r}, which the observation spec lacks "
+            f"(it has: {', '.join(sorted(shapes)) or 'nothing'}). Set the policy config's observation "
+            f"key(s) to one of those, or enable the environment output that provides {key!r}."
+        )
+    shape = shapes[key]
+    if len(shape) != rank:
+        raise ValueError(
+            f"observation {key!r} has feature shape {shape}; {policy} expects {rank} dimension(s)."
+        )
+    return shape
+
+
+def obs_entry(obs: TensorDictBase, key: str) -> torch.Tensor:
+    """``obs[key]`` with an error that lists the keys present when it is missing."""
+    if key not in obs:
+        raise KeyError(
+            f"observation TensorDict has no key {key!r} (it has: {', '.join(sorted(obs.keys()))}). "
+            f"The policy was built for an observation spec containing {key!r}."
+        )
+    return obs[key]
+
+
+def build_mlp(in_features: int, hidden_sizes: Sequence[int], activation: str) -> nn.Sequential:
+    """Linear + activation layers with orthogonal init (gain sqrt(2)) and zero biases."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; valid choices: {', '.join(ACTIVATIONS)}.")
+    layers: list[nn.Module] = []
+    width = in_features
+    for size in hidden_sizes:
+        linear = nn.Linear(width, size)
+        nn.init.orthogonal_(linear.weight, gain=math.sqrt(2.0))
+        nn.init.zeros_(linear.bias)
+        layers += [linear, ACTIVATIONS[activation]()]
+        width = size
+    return nn.Sequential(*layers)
+
+
+def value_layer(in_features: int) -> nn.Linear:
+    """The final critic layer: orthogonal init with gain 1, as in CleanRL's PPO."""
+    linear = nn.Linear(in_features, 1)
+    nn.init.orthogonal_(linear.weight, gain=1.0)
+    nn.init.zeros_(linear.bias)
+    return linear
+
+
+class ActorCritic(nn.Module):
+    """Base class: subclasses build ``self.head`` and ``self.value_head`` and implement
+    :meth:`features` (and may override :meth:`critic_features` when the critic can skip the actor).
+    """
+
+    head: ActionHead
+    value_head: nn.Linear
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """``(A,)`` or ``(K, A)`` with action chunks."""
+        return self.head.action_shape
+
+    def features(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actor features ``[N, F_a]`` and critic features ``[N, F_c]`` of an observation batch."""
+        raise NotImplementedError
+
+    def critic_features(self, obs: TensorDictBase) -> torch.Tensor:
+        """Critic features alone; the default computes both and keeps the critic's."""
+        return self.features(obs)[1]
+
+    def update_normalization(self, obs: TensorDictBase) -> None:
+        """Merge a batch of observations into the running statistics (default: nothing to update)."""
+
+    def set_instructions(self, instructions: Sequence[str]) -> None:
+        """Tell the policy what the ``instruction`` indices mean (default: the policy ignores language)."""
+
+    def distribution(self, obs: TensorDictBase) -> tuple[ActionDistribution, torch.Tensor]:
+        """The action distribution and the value ``[N]`` of an observation batch."""
+        actor, critic = self.features(obs)
+        return self.head(actor), self.value_head(critic).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, obs: TensorDictBase, deterministic: bool = False) -> TensorDict:
+        """Sample (or, with ``deterministic``, take the mode of) an action for each observation."""
+        dist, value = self.distribution(obs)
+        action = dist.mode() if deterministic else dist.sample()
+        return TensorDict(
+            {"action": action, "log_prob": dist.log_prob(action), "value": value},
+            batch_size=[action.shape[0]],
+        )
+
+    def evaluate(
+        self, obs: TensorDictBase, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probability ``[N]`` of ``action``, entropy ``[N]`` and value ``[N]``, with gradients."""
+        dist, value = self.distribution(obs)
+        return dist.log_prob(action), dist.entropy(), value
+
+    def value(self, obs: TensorDictBase) -> torch.Tensor:
+        """State value ``[N]``."""
+        return self.value_head(self.critic_features(obs)).squeeze(-1)

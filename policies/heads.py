@@ -1,0 +1,185 @@
+"""Action heads: a feature vector in, a distribution over (chunks of) actions out.
+
+Two heads share one interface (:class:`ActionHead` returning an :class:`ActionDistribution`):
+
+- :class:`GaussianHead`: a diagonal Gaussian whose mean is a linear map of the features and
+  whose log standard deviation is a learnable parameter independent of the state (as in
+  CleanRL's and rsl_rl's PPO). Samples are not squashed; the environment clips to ``[-1, 1]``.
+- :class:`BinnedHead`: OpenVLA-style action tokens. Each action dimension is discretised into
+  ``bins`` uniform bins over ``[-1, 1]``; the head predicts one categorical per dimension and
+  an action is the bin centre, so every action it emits is inside ``[-1, 1]``.
+
+With ``chunk > 1`` a head predicts ``K = chunk`` future actions per decision: actions are
+``[N, K, A]`` instead of ``[N, A]``. Log-probabilities and entropies are summed over the
+chunk and action dimensions, so they are always ``[N]``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+
+class ActionDistribution(Protocol):
+    """What a head returns; every method's result has the batch shape ``[N]`` or the action shape."""
+
+    def sample(self) -> torch.Tensor:
+        """Draw an action ``[N, A]`` or ``[N, K, A]``."""
+        ...
+
+    def mode(self) -> torch.Tensor:
+        """The most likely action (deterministic evaluation)."""
+        ...
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        """Joint log-probability ``[N]`` of ``action``."""
+        ...
+
+    def entropy(self) -> torch.Tensor:
+        """Joint entropy ``[N]``."""
+        ...
+
+
+def _action_shape(chunk: int, action_dim: int) -> tuple[int, ...]:
+    return (action_dim,) if chunk == 1 else (chunk, action_dim)
+
+
+def _check_action(action: torch.Tensor, batch: int, shape: tuple[int, ...]) -> None:
+    if tuple(action.shape) != (batch, *shape):
+        raise ValueError(
+            f"action has shape {tuple(action.shape)}, expected {(batch, *shape)} "
+            f"([N, A] without chunking, [N, K, A] with chunk K > 1). Pass the `action` that act() returned."
+        )
+
+
+class GaussianActions:
+    """Diagonal Gaussian over ``[N, *action_shape]``; joint log-prob and entropy summed per sample."""
+
+    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
+        self.normal = Normal(mean, log_std.exp().expand_as(mean))
+        self.reduce_dims = tuple(range(1, mean.dim()))
+
+    def sample(self) -> torch.Tensor:
+        return self.normal.sample()
+
+    def mode(self) -> torch.Tensor:
+        return self.normal.mean
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        _check_action(action, self.normal.mean.shape[0], tuple(self.normal.mean.shape[1:]))
+        return self.normal.log_prob(action).sum(self.reduce_dims)
+
+    def entropy(self) -> torch.Tensor:
+        return self.normal.entropy().sum(self.reduce_dims)
+
+
+class BinnedActions:
+    """Independent categoricals per action dimension over uniform bins of ``[-1, 1]``.
+
+    ``logits`` is ``[N, *action_shape, bins]``. Actions are bin centres
+    ``-1 + 2 * i / (bins - 1)``; :meth:`log_prob` maps an action back to its nearest bin.
+    """
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.bins = logits.shape[-1]
+        self.categorical = Categorical(logits=logits)
+        self.action_shape = tuple(logits.shape[1:-1])
+        self.reduce_dims = tuple(range(1, logits.dim() - 1))
+
+    def to_action(self, index: torch.Tensor) -> torch.Tensor:
+        """Bin index (int64) -> bin centre in ``[-1, 1]`` (float32)."""
+        return index.to(torch.float32) * (2.0 / (self.bins - 1)) - 1.0
+
+    def to_index(self, action: torch.Tensor) -> torch.Tensor:
+        """Action in ``[-1, 1]`` -> nearest bin index (values outside are clamped to the end bins)."""
+        scaled = (action.clamp(-1.0, 1.0) + 1.0) * ((self.bins - 1) / 2.0)
+        return scaled.round().long()
+
+    def sample(self) -> torch.Tensor:
+        return self.to_action(self.categorical.sample())
+
+    def mode(self) -> torch.Tensor:
+        return self.to_action(self.categorical.probs.argmax(dim=-1))
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        _check_action(action, self.categorical.logits.shape[0], self.action_shape)
+        return self.categorical.log_prob(self.to_index(action)).sum(self.reduce_dims)
+
+    def entropy(self) -> torch.Tensor:
+        return self.categorical.entropy().sum(self.reduce_dims)
+
+
+class ActionHead(nn.Module):
+    """Base class: ``head(features [N, F]) -> ActionDistribution``."""
+
+    action_shape: tuple[int, ...]
+
+    def forward(self, features: torch.Tensor) -> ActionDistribution:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class GaussianHead(ActionHead):
+    """Linear mean (orthogonal init, gain 0.01) and a state-independent learnable log-std.
+
+    Args:
+        in_features: feature width F.
+        action_dim: A.
+        chunk: K future actions per decision (``1`` = no chunking).
+        init_log_std: initial log standard deviation of every action dimension.
+    """
+
+    def __init__(self, in_features: int, action_dim: int, chunk: int = 1, init_log_std: float = 0.0) -> None:
+        super().__init__()
+        self.action_shape = _action_shape(chunk, action_dim)
+        self.mean = nn.Linear(in_features, chunk * action_dim)
+        nn.init.orthogonal_(self.mean.weight, gain=0.01)
+        nn.init.zeros_(self.mean.bias)
+        self.log_std = nn.Parameter(torch.full(self.action_shape, float(init_log_std)))
+
+    def forward(self, features: torch.Tensor) -> GaussianActions:
+        mean = self.mean(features).view(features.shape[0], *self.action_shape)
+        return GaussianActions(mean, self.log_std)
+
+
+class BinnedHead(ActionHead):
+    """One categorical over ``bins`` per action dimension (and chunk step), OpenVLA-style.
+
+    Args:
+        in_features: feature width F.
+        action_dim: A.
+        chunk: K future actions per decision (``1`` = no chunking).
+        bins: bins per dimension over ``[-1, 1]``; odd counts include ``0`` exactly.
+    """
+
+    def __init__(self, in_features: int, action_dim: int, chunk: int = 1, bins: int = 21) -> None:
+        super().__init__()
+        if bins < 2:
+            raise ValueError(f"bins={bins}: a discretised head needs at least 2 bins per dimension (try 21).")
+        self.bins = bins
+        self.action_shape = _action_shape(chunk, action_dim)
+        self.logits = nn.Linear(in_features, chunk * action_dim * bins)
+        nn.init.orthogonal_(self.logits.weight, gain=0.01)
+        nn.init.zeros_(self.logits.bias)
+
+    def forward(self, features: torch.Tensor) -> BinnedActions:
+        logits = self.logits(features).view(features.shape[0], *self.action_shape, self.bins)
+        return BinnedActions(logits)
+
+
+HEAD_KINDS = ("gaussian", "binned")
+
+
+def make_head(
+    kind: str, in_features: int, action_dim: int, chunk: int, init_log_std: float, bins: int
+) -> ActionHead:
+    """Build the action head named ``kind`` (one of :data:`HEAD_KINDS`)."""
+    if chunk < 1:
+        raise ValueError(f"action chunk={chunk}: must be >= 1 (1 = one action per decision).")
+    if kind == "gaussian":
+        return GaussianHead(in_features, action_dim, chunk, init_log_std)
+    if kind == "binned":
+        return BinnedHead(in_features, action_dim, chunk, bins)
+    raise ValueError(f"unknown action head {kind!r}; valid choices: {', '.join(HEAD_KINDS)}.")

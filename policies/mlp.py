@@ -1,0 +1,95 @@
+"""State-observation MLP actor-critic, for the simulator's state tasks and any gymnasium Box task.
+
+The policy concatenates the flat float observation keys named in ``obs_keys`` (default
+``("state",)``). Gymnasium Box tasks: the trainer puts the flat observation under ``state``, so
+the default works unchanged; the suite's state tasks use ``("proprio", "state")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDictBase
+
+from policies.base import ActorCritic, ObsSpec, build_mlp, obs_entry, require_key, spec_shapes, value_layer
+from policies.heads import make_head
+from policies.normalization import RunningNorm
+
+
+@dataclass
+class MLPPolicyConfig:
+    """Configuration of :class:`MLPActorCritic`."""
+
+    obs_keys: Sequence[str] = ("state",)
+    """Flat float observation keys, concatenated in this order (gymnasium Box tasks: ``state``)."""
+    hidden_sizes: Sequence[int] = (64, 64)
+    """Widths of the hidden layers of each trunk (CleanRL's PPO uses 64, 64)."""
+    activation: str = "tanh"
+    """Hidden activation: ``tanh``, ``elu``, ``relu`` or ``gelu``."""
+    shared_trunk: bool = False
+    """One trunk for actor and critic (``True``) or two separate trunks (``False``, CleanRL's choice)."""
+    action_head: str = "gaussian"
+    """``gaussian`` (state-independent learnable log-std) or ``binned`` (categorical per dimension)."""
+    action_chunk: int = 1
+    """K future actions per decision; ``action`` is ``[N, K, A]`` when K > 1."""
+    action_bins: int = 21
+    """Bins per action dimension over ``[-1, 1]`` for the ``binned`` head."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian head."""
+    normalize_obs: bool = True
+    """Normalise observations with running mean/variance (statistics checkpoint with the model)."""
+    obs_clip: float = 10.0
+    """Clip normalised observations to ``[-obs_clip, obs_clip]`` (0 disables clipping)."""
+
+
+class MLPActorCritic(ActorCritic):
+    """Gaussian (or binned) MLP actor-critic with orthogonal init over flat observations.
+
+    Args:
+        cfg: the policy configuration.
+        obs_spec: feature shapes per observation key (or a sample observation TensorDict).
+        action_dim: A, the number of action dimensions.
+    """
+
+    def __init__(self, cfg: MLPPolicyConfig, obs_spec: ObsSpec, action_dim: int) -> None:
+        super().__init__()
+        shapes = spec_shapes(obs_spec)
+        if not cfg.obs_keys:
+            raise ValueError(
+                "MLPPolicyConfig.obs_keys is empty; name at least one observation key, e.g. ('state',)."
+            )
+        self.obs_keys = tuple(cfg.obs_keys)
+        obs_dim = sum(require_key(shapes, k, 1, "MLPActorCritic")[0] for k in self.obs_keys)
+        hidden = tuple(cfg.hidden_sizes)
+        out = hidden[-1] if hidden else obs_dim
+        self.normalizer = RunningNorm(obs_dim, clip=cfg.obs_clip) if cfg.normalize_obs else None
+        self.actor_trunk = build_mlp(obs_dim, hidden, cfg.activation)
+        self.critic_trunk = None if cfg.shared_trunk else build_mlp(obs_dim, hidden, cfg.activation)
+        self.head = make_head(
+            cfg.action_head, out, action_dim, cfg.action_chunk, cfg.init_log_std, cfg.action_bins
+        )
+        self.value_head = value_layer(out)
+
+    def flat_obs(self, obs: TensorDictBase) -> torch.Tensor:
+        """The raw (unnormalised) concatenated observation ``[N, obs_dim]``."""
+        return torch.cat([obs_entry(obs, k).float() for k in self.obs_keys], dim=-1)
+
+    def _input(self, obs: TensorDictBase) -> torch.Tensor:
+        x = self.flat_obs(obs)
+        return self.normalizer(x) if self.normalizer is not None else x
+
+    def features(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self._input(obs)
+        actor = self.actor_trunk(x)
+        critic = actor if self.critic_trunk is None else self.critic_trunk(x)
+        return actor, critic
+
+    def critic_features(self, obs: TensorDictBase) -> torch.Tensor:
+        x = self._input(obs)
+        return self.actor_trunk(x) if self.critic_trunk is None else self.critic_trunk(x)
+
+    def update_normalization(self, obs: TensorDictBase) -> None:
+        if self.normalizer is not None:
+            self.normalizer.update(self.flat_obs(obs))
