@@ -4,13 +4,15 @@ Build one by name with :func:`load` or from a config dataclass with :func:`make_
 """
 
 from policies.base import ActorCritic
-from policies.heads import BinnedHead, GaussianHead
+from policies.heads import ActionHeadConfig, BinnedHead, GaussianHead
 from policies.mlp import MLPActorCritic, MLPPolicyConfig
 from policies.normalization import RunningNorm
-from policies.registry import POLICIES, config_class, load, make_policy
+from policies.registry import MODELS, POLICIES, config_class, load, make_policy
 
 __all__ = [
+    "MODELS",
     "POLICIES",
+    "ActionHeadConfig",
     "ActorCritic",
     "BinnedHead",
     "GaussianHead",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -26,6 +27,8 @@ from policies.heads import ActionDistribution, ActionHead
 ObsSpec = Mapping[str, Sequence[int]] | TensorDictBase
 """Per-key feature shapes without batch dimensions (``{"state": (17,)}``), or a sample TensorDict."""
 
+Activation = Literal["tanh", "elu", "relu", "gelu"]
+"""Names of the hidden activations."""
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU, "gelu": nn.GELU}
 
 

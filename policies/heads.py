@@ -16,7 +16,9 @@ chunk and action dimensions, so they are always ``[N]``.
 
 from __future__ import annotations
 
-from typing import Protocol
+import typing
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
@@ -169,17 +171,31 @@ class BinnedHead(ActionHead):
         return BinnedActions(logits)
 
 
-HEAD_KINDS = ("gaussian", "binned")
+HeadKind = Literal["gaussian", "binned"]
+"""Names of the action heads."""
+HEAD_KINDS: tuple[str, ...] = typing.get_args(HeadKind)
 
 
-def make_head(
-    kind: str, in_features: int, action_dim: int, chunk: int, init_log_std: float, bins: int
-) -> ActionHead:
-    """Build the action head named ``kind`` (one of :data:`HEAD_KINDS`)."""
-    if chunk < 1:
-        raise ValueError(f"action chunk={chunk}: must be >= 1 (1 = one action per decision).")
-    if kind == "gaussian":
-        return GaussianHead(in_features, action_dim, chunk, init_log_std)
-    if kind == "binned":
-        return BinnedHead(in_features, action_dim, chunk, bins)
-    raise ValueError(f"unknown action head {kind!r}; valid choices: {', '.join(HEAD_KINDS)}.")
+@dataclass
+class ActionHeadConfig:
+    """Configuration of the action head shared by every policy."""
+
+    kind: HeadKind = "gaussian"
+    """``gaussian`` (state-independent learnable log-std) or ``binned`` (OpenVLA-style categorical per dimension)."""
+    chunk: int = 1
+    """K future actions per decision; ``action`` is ``[N, K, A]`` when K > 1, ``[N, A]`` when K = 1."""
+    bins: int = 21
+    """Bins per action dimension over ``[-1, 1]`` for the ``binned`` head (odd: 0 is a bin centre)."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the ``gaussian`` head."""
+
+
+def make_head(cfg: ActionHeadConfig, in_features: int, action_dim: int) -> ActionHead:
+    """Build the action head ``cfg`` describes on features of width ``in_features``."""
+    if cfg.chunk < 1:
+        raise ValueError(f"action head chunk={cfg.chunk}: must be >= 1 (1 = one action per decision).")
+    if cfg.kind == "gaussian":
+        return GaussianHead(in_features, action_dim, cfg.chunk, cfg.init_log_std)
+    if cfg.kind == "binned":
+        return BinnedHead(in_features, action_dim, cfg.chunk, cfg.bins)
+    raise ValueError(f"unknown action head kind {cfg.kind!r}; valid choices: {', '.join(HEAD_KINDS)}.")

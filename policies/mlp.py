@@ -7,14 +7,22 @@ the default works unchanged; the suite's state tasks use ``("proprio", "state")`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tensordict import TensorDictBase
 
-from policies.base import ActorCritic, ObsSpec, build_mlp, obs_entry, require_key, spec_shapes, value_layer
-from policies.heads import make_head
+from policies.base import (
+    Activation,
+    ActorCritic,
+    ObsSpec,
+    build_mlp,
+    obs_entry,
+    require_key,
+    spec_shapes,
+    value_layer,
+)
+from policies.heads import ActionHeadConfig, make_head
 from policies.normalization import RunningNorm
 
 
@@ -22,22 +30,16 @@ from policies.normalization import RunningNorm
 class MLPPolicyConfig:
     """Configuration of :class:`MLPActorCritic`."""
 
-    obs_keys: Sequence[str] = ("state",)
+    obs_keys: tuple[str, ...] = ("state",)
     """Flat float observation keys, concatenated in this order (gymnasium Box tasks: ``state``)."""
-    hidden_sizes: Sequence[int] = (64, 64)
+    hidden_sizes: tuple[int, ...] = (64, 64)
     """Widths of the hidden layers of each trunk (CleanRL's PPO uses 64, 64)."""
-    activation: str = "tanh"
+    activation: Activation = "tanh"
     """Hidden activation: ``tanh``, ``elu``, ``relu`` or ``gelu``."""
     shared_trunk: bool = False
     """One trunk for actor and critic (``True``) or two separate trunks (``False``, CleanRL's choice)."""
-    action_head: str = "gaussian"
-    """``gaussian`` (state-independent learnable log-std) or ``binned`` (categorical per dimension)."""
-    action_chunk: int = 1
-    """K future actions per decision; ``action`` is ``[N, K, A]`` when K > 1."""
-    action_bins: int = 21
-    """Bins per action dimension over ``[-1, 1]`` for the ``binned`` head."""
-    init_log_std: float = 0.0
-    """Initial log standard deviation of the Gaussian head."""
+    head: ActionHeadConfig = field(default_factory=ActionHeadConfig)
+    """Action head: Gaussian or binned, with optional action chunks."""
     normalize_obs: bool = True
     """Normalise observations with running mean/variance (statistics checkpoint with the model)."""
     obs_clip: float = 10.0
@@ -67,9 +69,7 @@ class MLPActorCritic(ActorCritic):
         self.normalizer = RunningNorm(obs_dim, clip=cfg.obs_clip) if cfg.normalize_obs else None
         self.actor_trunk = build_mlp(obs_dim, hidden, cfg.activation)
         self.critic_trunk = None if cfg.shared_trunk else build_mlp(obs_dim, hidden, cfg.activation)
-        self.head = make_head(
-            cfg.action_head, out, action_dim, cfg.action_chunk, cfg.init_log_std, cfg.action_bins
-        )
+        self.head = make_head(cfg.head, out, action_dim)
         self.value_head = value_layer(out)
 
     def flat_obs(self, obs: TensorDictBase) -> torch.Tensor:

@@ -12,6 +12,8 @@ POLICIES: dict[str, tuple[type, type[ActorCritic]]] = {
     "mlp": (MLPPolicyConfig, MLPActorCritic),
 }
 """Policy name -> (config dataclass, policy class)."""
+MODELS: dict[str, type] = {name: config for name, (config, _) in POLICIES.items()}
+"""Policy name -> config dataclass (what the trainer's ``policy.name`` chooses)."""
 
 
 def _entry(name: str) -> tuple[type, type[ActorCritic]]:

@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 import policies
-from policies import MLPActorCritic, MLPPolicyConfig
+from policies import ActionHeadConfig, MLPActorCritic, MLPPolicyConfig
 
 
 def _obs(n: int = 8, s: int = 5, p: int = 3) -> TensorDict:
@@ -17,7 +17,7 @@ def _obs(n: int = 8, s: int = 5, p: int = 3) -> TensorDict:
 def test_shapes_and_act_evaluate_agree(shared: bool, head: str, chunk: int) -> None:
     torch.manual_seed(0)
     cfg = MLPPolicyConfig(
-        obs_keys=("proprio", "state"), shared_trunk=shared, action_head=head, action_chunk=chunk
+        obs_keys=("proprio", "state"), shared_trunk=shared, head=ActionHeadConfig(kind=head, chunk=chunk)
     )
     policy = policies.make_policy(cfg, {"state": (5,), "proprio": (3,)}, action_dim=2)
     obs = _obs()
@@ -35,7 +35,7 @@ def test_shapes_and_act_evaluate_agree(shared: bool, head: str, chunk: int) -> N
 
 
 def test_gaussian_log_prob_matches_closed_form() -> None:
-    policy = policies.load("mlp", {"state": (4,)}, 3, init_log_std=-0.5)
+    policy = policies.load("mlp", {"state": (4,)}, 3, head=ActionHeadConfig(init_log_std=-0.5))
     obs = TensorDict({"state": torch.randn(6, 4)}, batch_size=[6])
     action = torch.randn(6, 3)
     log_prob, entropy, _ = policy.evaluate(obs, action)
@@ -73,7 +73,7 @@ def test_registry_and_input_errors() -> None:
     with pytest.raises(ValueError, match="valid choices: tanh"):
         policies.load("mlp", {"state": (4,)}, 2, activation="swishy")
     with pytest.raises(ValueError, match="valid choices: gaussian, binned"):
-        policies.load("mlp", {"state": (4,)}, 2, action_head="beta")
+        policies.load("mlp", {"state": (4,)}, 2, head=ActionHeadConfig(kind="beta"))
     with pytest.raises(TypeError, match="MLPPolicyConfig"):
         policies.make_policy(object(), {"state": (4,)}, 2)
     policy = MLPActorCritic(MLPPolicyConfig(), {"state": (4,)}, 2)
