@@ -1,0 +1,113 @@
+"""Checkpoints: everything a run needs to continue bit-identically, written atomically.
+
+A checkpoint file is ``MAGIC | sha256(payload) | payload`` where the payload is a ``torch.save``
+of a dict with the model, the optimiser and learning-rate state, the RNG states (torch, numpy,
+python, environment), step counters, the trainer's carried observation and the config. Writes go
+to a temporary file in the same directory and are renamed into place, so a crash never leaves a
+half-written checkpoint under the final name; reads verify the digest, so a truncated or
+corrupted file raises :class:`CheckpointError` instead of silently starting fresh.
+
+Checkpoints are pickles: load only files you trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MAGIC = b"VLARLCKPT1\n"
+FORMAT_VERSION = 1
+LATEST = "latest.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt, or does not match the run that wants to load it."""
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNG states of torch, numpy and python."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(payload: dict[str, Any], directory: Path, iteration: int, keep: int = 3) -> Path:
+    """Write ``payload`` as ``iter_<iteration>.pt`` and ``latest.pt`` atomically; prune old ones.
+
+    Args:
+        payload: The checkpoint contents (tensors, numpy arrays and python values).
+        directory: The run's ``checkpoints/`` directory (created if missing).
+        iteration: The completed iteration the payload describes.
+        keep: Numbered checkpoints to keep besides ``latest.pt``.
+
+    Returns:
+        The path of the numbered checkpoint.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save({"format_version": FORMAT_VERSION, **payload}, buf)
+    data = buf.getvalue()
+    blob = MAGIC + hashlib.sha256(data).digest() + data
+    path = directory / f"iter_{iteration:06d}.pt"
+    for target in (path, directory / LATEST):
+        _atomic_write(target, blob)
+    numbered = sorted(directory.glob("iter_*.pt"))
+    for old in numbered[:-keep] if keep > 0 else []:
+        old.unlink()
+    return path
+
+
+def _atomic_write(path: Path, blob: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read and verify a checkpoint file (or the ``latest.pt`` of a ``checkpoints/`` or run directory).
+
+    Raises:
+        CheckpointError: The file is missing, not a checkpoint, truncated or corrupted, or of another version.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / LATEST if (path / LATEST).exists() else path / "checkpoints" / LATEST
+    if not path.is_file():
+        raise CheckpointError(
+            f"no checkpoint at {path}; train first (scripts/train.py) or pass the path of an existing .pt file"
+        )
+    blob = path.read_bytes()
+    header = len(MAGIC) + 32
+    if not blob.startswith(MAGIC) or len(blob) < header:
+        raise CheckpointError(f"{path} is not a vla_rl checkpoint (bad header); was it written by scripts/train.py?")
+    digest, data = blob[len(MAGIC) : header], blob[header:]
+    if hashlib.sha256(data).digest() != digest:
+        raise CheckpointError(
+            f"{path} is corrupt or truncated (checksum mismatch); resume from an older iter_*.pt in "
+            f"{path.parent} or delete the run directory to start over"
+        )
+    payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    version = payload.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format {version}, this code reads format {FORMAT_VERSION}")
+    return payload

@@ -1,0 +1,211 @@
+"""Environments as the trainer sees them: the TensorDict view of a vector environment.
+
+Both sources offer the same surface (see docs/ARCHITECTURE.md, "sims -> vla_rl"):
+``num_envs``, ``single_action_space``, ``instructions``, ``task_names``, ``reset_td(seed)``,
+``step_td(action)`` and optionally ``get_state()``/``set_state()`` for exact resume.
+
+- ``sims`` vector environments provide it themselves (:func:`make_env` only forwards settings).
+- Any gymnasium ``VectorEnv`` is adapted by :class:`GymTensorEnv`: a Box observation becomes
+  the key ``state`` (a Dict observation keeps its keys), actions in ``[-1, 1]`` are mapped to the
+  action space's bounds, and autoreset runs in ``SAME_STEP`` mode so the final observation of a
+  truncated episode is kept for bootstrapping.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from vla_rl.config import EnvConfig
+
+
+class GymTensorEnv:
+    """TensorDict view of a gymnasium vector environment (``SAME_STEP`` autoreset).
+
+    Args:
+        env: A gymnasium ``VectorEnv`` created with ``autoreset_mode=SAME_STEP`` and a Box action space.
+        task_name: The environment id, reported as the only task.
+        max_episode_steps: The episode length limit, if any.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv, task_name: str, max_episode_steps: int | None) -> None:
+        mode = env.metadata.get("autoreset_mode")
+        if mode != gym.vector.AutoresetMode.SAME_STEP:
+            raise ValueError(
+                f"GymTensorEnv needs a vector env with autoreset_mode=SAME_STEP, got {mode}; create it with "
+                "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.SAME_STEP}"
+            )
+        space = env.single_action_space
+        if not isinstance(space, gym.spaces.Box):
+            raise ValueError(f"GymTensorEnv supports Box action spaces only, got {space}")
+        self.env = env
+        self.num_envs = env.num_envs
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, space.shape, np.float32)
+        self._low = np.asarray(space.low, np.float64)
+        self._high = np.asarray(space.high, np.float64)
+        self.task_names = [task_name]
+        self.instructions = [""]
+        self.max_episode_steps = max_episode_steps
+        self._render_failed = False
+
+    def _obs_td(self, obs: Any) -> TensorDict:
+        n = self.num_envs
+        if isinstance(obs, dict):
+            data = {k: torch.as_tensor(np.asarray(v, np.float32)) for k, v in obs.items()}
+        else:
+            data = {"state": torch.as_tensor(np.asarray(obs, np.float32))}
+        data["task"] = torch.zeros(n, dtype=torch.int64)
+        data["instruction"] = torch.zeros(n, dtype=torch.int64)
+        return TensorDict(data, batch_size=[n])
+
+    def reset_td(self, seed: int | None = None) -> TensorDict:
+        """Reset every environment; returns the observation TensorDict ``[N]``."""
+        obs, _ = self.env.reset(seed=seed)
+        return self._obs_td(obs)
+
+    def step_td(self, action: torch.Tensor) -> TensorDict:
+        """Step with actions ``[N, A]`` in ``[-1, 1]``; returns the step TensorDict ``[N]`` of the contract."""
+        act = action.detach().cpu().numpy().astype(np.float64)
+        if act.shape != (self.num_envs, *self.single_action_space.shape):
+            raise ValueError(f"action shape {act.shape} != expected {(self.num_envs, *self.single_action_space.shape)}")
+        if not np.isfinite(act).all():
+            raise ValueError("action contains NaN or inf; check the policy's outputs")
+        scaled = self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
+        obs, reward, terminated, truncated, info = self.env.step(scaled.astype(np.float32))
+        observation = self._obs_td(obs)
+        final = observation.clone()
+        for i in np.flatnonzero(info.get("_final_obs", [])):
+            one = info["final_obs"][i]
+            for key, value in (one.items() if isinstance(one, dict) else [("state", one)]):
+                final[key][i] = torch.as_tensor(np.asarray(value, np.float32))
+        success = np.asarray(info.get("is_success", np.zeros(self.num_envs, bool)), bool)
+        return TensorDict(
+            {
+                "observation": observation,
+                "final_observation": final,
+                "reward": torch.as_tensor(np.asarray(reward, np.float32)),
+                "terminated": torch.as_tensor(np.asarray(terminated, bool)),
+                "truncated": torch.as_tensor(np.asarray(truncated, bool)),
+                "success": torch.as_tensor(success),
+            },
+            batch_size=[self.num_envs],
+        )
+
+    def render_frame(self) -> np.ndarray | None:
+        """Environment 0's ``rgb_array`` render (``None`` unless made with ``render_mode="rgb_array"``)."""
+        envs = getattr(self.env, "envs", None)
+        if not envs or envs[0].render_mode != "rgb_array" or self._render_failed:
+            return None
+        try:
+            return np.asarray(envs[0].render())
+        except gym.error.DependencyNotInstalled as exc:
+            warnings.warn(f"no evaluation video for {self.task_names[0]}: {exc}", stacklevel=2)
+            self._render_failed = True
+            return None
+
+    def get_state(self) -> list[dict[str, Any]]:
+        """Snapshot of every sub-environment (physics, RNG, time-limit counter) for exact resume.
+
+        Raises:
+            NotImplementedError: The vector env runs in subprocesses, or a sub-environment's state is unknown.
+        """
+        envs = getattr(self.env, "envs", None)
+        if envs is None:
+            raise NotImplementedError(f"{type(self.env).__name__} runs environments in other processes")
+        return [_snapshot(e) for e in envs]
+
+    def set_state(self, state: list[dict[str, Any]]) -> None:
+        """Restore what :meth:`get_state` returned."""
+        envs = getattr(self.env, "envs", None)
+        if envs is None or len(envs) != len(state):
+            raise ValueError(f"environment state for {len(state)} envs cannot be restored into {self.num_envs}")
+        for e, s in zip(envs, state):
+            _restore(e, s)
+
+    def close(self) -> None:
+        """Close the underlying vector environment."""
+        self.env.close()
+
+
+def _wrappers(env: gym.Env) -> list[gym.Env]:
+    chain = [env]
+    while hasattr(chain[-1], "env"):
+        chain.append(chain[-1].env)
+    return chain
+
+
+def _snapshot(env: gym.Env) -> dict[str, Any]:
+    base = env.unwrapped
+    state: dict[str, Any] = {
+        "np_random": base.np_random.bit_generator.state,
+        "elapsed": [w._elapsed_steps for w in _wrappers(env) if isinstance(w, gym.wrappers.TimeLimit)],
+    }
+    if hasattr(base, "model") and hasattr(base, "data"):
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        buf = np.empty(mujoco.mj_stateSize(base.model, spec))
+        mujoco.mj_getState(base.model, base.data, buf, spec)
+        state["mujoco"] = buf
+    elif isinstance(getattr(base, "state", None), np.ndarray):
+        state["array_state"] = base.state.copy()
+    else:
+        raise NotImplementedError(f"cannot snapshot {type(base).__name__}: neither MuJoCo nor an array `state`")
+    return state
+
+
+def _restore(env: gym.Env, state: dict[str, Any]) -> None:
+    base = env.unwrapped
+    base.np_random.bit_generator.state = state["np_random"]
+    limits = [w for w in _wrappers(env) if isinstance(w, gym.wrappers.TimeLimit)]
+    for wrapper, elapsed in zip(limits, state["elapsed"]):
+        wrapper._elapsed_steps = elapsed
+    if "mujoco" in state:
+        mujoco.mj_setState(base.model, base.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(base.model, base.data)
+    else:
+        base.state = state["array_state"].copy()
+
+
+def make_env(
+    cfg: EnvConfig,
+    *,
+    seed: int,
+    num_envs: int | None = None,
+    instructions: str = "train",
+    group_size: int = 1,
+    video: bool = False,
+) -> Any:
+    """Build the environment ``cfg`` names, with the TensorDict view.
+
+    Args:
+        cfg: The environment section of the run config.
+        seed: Seed of the environments' randomness.
+        num_envs: Number of environments; default ``cfg.num_envs``.
+        instructions: Instruction set (``train`` or ``heldout``) for ``sims`` tasks.
+        group_size: Consecutive environments sharing each episode's initial state (GRPO).
+        video: Gymnasium tasks only: render ``rgb_array`` frames for evaluation videos
+            (``sims`` videos come from the camera observation).
+    """
+    n = num_envs or cfg.num_envs
+    if cfg.kind == "sims":
+        import sims
+
+        kwargs: dict[str, Any] = {"seed": seed, "instructions": instructions, "backend": cfg.backend}
+        if cfg.render:
+            kwargs["render"] = {"height": cfg.image_size, "width": cfg.image_size}
+        if group_size > 1:
+            kwargs["group_size"] = group_size
+        if cfg.max_episode_steps is not None:
+            kwargs["max_episode_steps"] = cfg.max_episode_steps
+        return sims.make_vec_env(cfg.task, n, **kwargs)
+    limit = cfg.max_episode_steps or gym.spec(cfg.task).max_episode_steps
+    render_mode = "rgb_array" if video else None
+    fns = [lambda: gym.make(cfg.task, max_episode_steps=limit, render_mode=render_mode) for _ in range(n)]
+    vec_cls = gym.vector.SyncVectorEnv if cfg.vectorization == "sync" else gym.vector.AsyncVectorEnv
+    vec = vec_cls(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return GymTensorEnv(vec, cfg.task, limit)

@@ -1,0 +1,197 @@
+"""PPO's mathematics: GAE and the clipped policy-gradient update (shared with GRPO).
+
+Read top to bottom: :func:`compute_gae` turns a [T, N] rollout into advantages and returns;
+:func:`surrogate_loss` and :func:`value_loss` are the paper's equations; :class:`ClippedUpdate`
+runs minibatch epochs over a flat batch with gradient clipping, KL early stop, KL-adaptive
+learning rate and linear learning-rate annealing.
+
+References: Schulman et al. 2017 (PPO), Schulman et al. 2016 (GAE); the "37 implementation
+details" of PPO (Huang et al. 2022) for value clipping, per-minibatch advantage normalisation
+and the ``(ratio - 1) - log(ratio)`` KL estimator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from vla_rl.config import OptimConfig
+
+
+def compute_gae(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    terminated: torch.Tensor,
+    done: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates over a rollout.
+
+    Args:
+        reward: ``[T, N]`` reward of step t.
+        value: ``[T, N]`` V(s_t) of the observation acted on at step t.
+        next_value: ``[T, N]`` V(s_{t+1}) of the state reached by step t; where the episode was
+            truncated this is the value of its final observation (the bootstrap), where it
+            terminated it is ignored.
+        terminated: ``[T, N]`` bool, the episode ended in a terminal state at step t (no bootstrap).
+        done: ``[T, N]`` bool, terminated or truncated at step t (the recursion restarts).
+        gamma: Discount factor.
+        lam: GAE lambda.
+
+    Returns:
+        ``(advantage, returns)``, both ``[T, N]``; ``returns = advantage + value``.
+    """
+    if not (reward.shape == value.shape == next_value.shape == terminated.shape == done.shape):
+        raise ValueError(
+            "compute_gae needs reward, value, next_value, terminated and done of one shape [T, N]; got "
+            f"{[tuple(x.shape) for x in (reward, value, next_value, terminated, done)]}"
+        )
+    not_terminal = 1.0 - terminated.float()
+    not_done = 1.0 - done.float()
+    # TD error: delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminal_t) - V(s_t)
+    delta = reward + gamma * next_value * not_terminal - value
+    advantage = torch.zeros_like(reward)
+    running = torch.zeros_like(reward[0])
+    for t in reversed(range(reward.shape[0])):
+        # A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
+        running = delta[t] + gamma * lam * not_done[t] * running
+        advantage[t] = running
+    return advantage, advantage + value
+
+
+def surrogate_loss(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor, clip_coef: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate objective (negated, to minimise), and its diagnostics.
+
+    Args:
+        log_prob: ``[B]`` log pi_theta(a|s) under the current parameters.
+        old_log_prob: ``[B]`` log pi_old(a|s) stored at collection time.
+        advantage: ``[B]`` advantage estimates.
+        clip_coef: epsilon of the ratio clip.
+
+    Returns:
+        The scalar loss and ``approx_kl`` (the ``(r - 1) - log r`` estimator) and ``clip_frac``.
+    """
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    # L^CLIP = E[min(r A, clip(r, 1 - eps, 1 + eps) A)]
+    pg_loss1 = -advantage * ratio
+    pg_loss2 = -advantage * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
+    loss = torch.max(pg_loss1, pg_loss2).mean()
+    with torch.no_grad():
+        stats = {
+            "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+            "clip_frac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
+        }
+    return loss, stats
+
+
+def value_loss(
+    value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor, clip_coef: float | None
+) -> torch.Tensor:
+    """Squared error of the critic, optionally clipped around the old prediction (``[B]`` inputs)."""
+    v_loss_unclipped = (value - returns) ** 2
+    if clip_coef is None:
+        return 0.5 * v_loss_unclipped.mean()
+    v_clipped = old_value + torch.clamp(value - old_value, -clip_coef, clip_coef)
+    v_loss_clipped = (v_clipped - returns) ** 2
+    return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+
+
+@dataclass
+class LossWeights:
+    """Terms of the total loss beyond the surrogate; GRPO sets ``vf_coef=0`` (no critic)."""
+
+    vf_coef: float = 0.5
+    clip_value: bool = False
+    norm_adv: bool = True
+
+
+class ClippedUpdate:
+    """Minibatch epochs of the clipped policy-gradient loss, with the optimiser and LR schedule.
+
+    The batch given to :meth:`update` is a flat TensorDict ``[B]`` with ``obs`` (a sub-TensorDict),
+    ``action``, ``log_prob``, ``advantage`` and, when the critic is trained, ``value`` and ``returns``.
+    """
+
+    def __init__(self, policy: nn.Module, cfg: OptimConfig, weights: LossWeights) -> None:
+        self.policy = policy
+        self.cfg = cfg
+        self.weights = weights
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
+        self.lr_scale = 1.0
+        """Multiplier of the learning rate kept by the KL-adaptive rule."""
+
+    def set_progress(self, fraction_done: float) -> float:
+        """Set the learning rate for the iteration starting at ``fraction_done`` of the run; returns it."""
+        lr = self.cfg.lr * self.lr_scale
+        if self.cfg.anneal_lr:
+            lr *= max(1.0 - fraction_done, 0.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """Run ``epochs x num_minibatches`` gradient steps over ``batch``; returns mean diagnostics."""
+        cfg, w = self.cfg, self.weights
+        size = batch.batch_size[0]
+        mb_size = max(size // cfg.num_minibatches, 1)
+        train_critic = w.vf_coef > 0
+        totals: dict[str, float] = {}
+        steps = 0
+        stopped_early = False
+        for _ in range(cfg.epochs):
+            perm = torch.randperm(size)
+            for start in range(0, size - mb_size + 1, mb_size):
+                mb = batch[perm[start : start + mb_size]]
+                log_prob, entropy, value = self.policy.evaluate(mb["obs"], mb["action"])
+                adv = mb["advantage"]
+                if w.norm_adv and adv.numel() > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                pg_loss, stats = surrogate_loss(log_prob, mb["log_prob"], adv, cfg.clip_coef)
+                entropy_loss = entropy.mean()
+                loss = pg_loss - cfg.ent_coef * entropy_loss
+                if train_critic:
+                    clip = cfg.clip_coef if w.clip_value else None
+                    v_loss = value_loss(value, mb["value"], mb["returns"], clip)
+                    loss = loss + w.vf_coef * v_loss
+                    stats["value_loss"] = v_loss.detach()
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                stats |= {"policy_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), "grad_norm": grad_norm}
+                for key, val in stats.items():
+                    totals[key] = totals.get(key, 0.0) + float(val)
+                steps += 1
+                if cfg.target_kl is not None and float(stats["approx_kl"]) > 1.5 * cfg.target_kl:
+                    stopped_early = True
+                    break
+            if stopped_early:
+                break
+        out = {k: v / max(steps, 1) for k, v in totals.items()}
+        if cfg.kl_adaptive_lr and cfg.target_kl is not None:
+            # rsl_rl's rule: shrink the step when the policy moved too far, grow it when it barely moved.
+            if out["approx_kl"] > 2.0 * cfg.target_kl:
+                self.lr_scale = max(self.lr_scale / 1.5, 1e-3)
+            elif out["approx_kl"] < 0.5 * cfg.target_kl:
+                self.lr_scale = min(self.lr_scale * 1.5, 1e2)
+        out["minibatch_steps"] = float(steps)
+        out["early_stop"] = float(stopped_early)
+        out["lr_scale"] = self.lr_scale
+        return out
+
+    def state_dict(self) -> dict:
+        """Optimiser state and the KL-adaptive scale, for checkpoints."""
+        return {"optimizer": self.optimizer.state_dict(), "lr_scale": self.lr_scale}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scale = float(state["lr_scale"])

@@ -1,0 +1,244 @@
+"""Experience collection into ``[T, N]`` TensorDicts, with the time split simulate/render/infer.
+
+:func:`collect_steps` (PPO) runs T decisions of N environments, carrying the observation
+across iterations; :func:`collect_episodes` (GRPO) resets every environment and runs each until
+its first episode ends. Both execute action chunks (``action`` ``[N, K, A]``) open-loop: the K
+actions of a decision are sent one after another, rewards are summed until an episode ends, and
+the decision counts as done if its episode ended at any of the K steps.
+
+Fields of the ``[T, N]`` batch:
+
+====================  ==========================  ==============================================
+key                   shape / dtype               meaning
+====================  ==========================  ==============================================
+``obs``               TensorDict ``[T, N]``       observation acted on at step t
+``action``            ``[T, N, (K,) A]`` float32  what ``policy.act`` returned
+``log_prob``          ``[T, N]``                  log-probability of ``action`` at collection
+``value``             ``[T, N]``                  V(obs_t) (PPO)
+``next_value``        ``[T, N]``                  V(s_{t+1}); for a truncated episode V(final obs)
+``reward``            ``[T, N]``                  summed reward of the decision
+``terminated``        ``[T, N]`` bool             episode ended in a terminal state
+``done``              ``[T, N]`` bool             terminated or truncated
+``success``           ``[T, N]`` bool             task success at this step
+``alive``             ``[T, N]`` bool             (GRPO) step belongs to the env's first episode
+====================  ==========================  ==============================================
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+
+@dataclass
+class Timer:
+    """Seconds spent per phase; ``simulate`` and ``render`` come from the env's counters when it has them."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: {"simulate": 0.0, "render": 0.0, "infer": 0.0})
+
+    def add(self, key: str, seconds: float) -> None:
+        """Accumulate ``seconds`` under ``key``."""
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+
+
+@dataclass
+class EpisodeStats:
+    """Running return, length and success of each environment's current episode, and finished ones."""
+
+    ret: torch.Tensor
+    length: torch.Tensor
+    succeeded: torch.Tensor
+    finished: list[tuple[float, int, bool]] = field(default_factory=list)
+
+    @classmethod
+    def zeros(cls, num_envs: int) -> EpisodeStats:
+        """Fresh statistics for ``num_envs`` environments."""
+        return cls(torch.zeros(num_envs), torch.zeros(num_envs, dtype=torch.int64), torch.zeros(num_envs, dtype=torch.bool))
+
+    def record(self, reward: torch.Tensor, success: torch.Tensor, done: torch.Tensor, steps: int) -> None:
+        """Add one decision's reward; close the episodes that ended."""
+        self.ret += reward
+        self.length += steps
+        self.succeeded |= success
+        for i in torch.nonzero(done).flatten().tolist():
+            self.finished.append((float(self.ret[i]), int(self.length[i]), bool(self.succeeded[i])))
+        self.ret[done] = 0.0
+        self.length[done] = 0
+        self.succeeded[done] = False
+
+    def pop_summary(self) -> dict[str, float]:
+        """Mean return, length and success of the episodes finished since the last call."""
+        done, self.finished = self.finished, []
+        if not done:
+            return {}
+        n = len(done)
+        return {
+            "episode_return": sum(d[0] for d in done) / n,
+            "episode_length": sum(d[1] for d in done) / n,
+            "episode_success": sum(d[2] for d in done) / n,
+            "episodes": float(n),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running tensors (finished episodes are logged each iteration, not saved)."""
+        return {"ret": self.ret.clone(), "length": self.length.clone(), "succeeded": self.succeeded.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.ret, self.length, self.succeeded = state["ret"].clone(), state["length"].clone(), state["succeeded"].clone()
+
+
+def _env_seconds(env: Any) -> dict[str, float]:
+    timings = getattr(env, "timings", None)
+    return dict(timings) if timings else {}
+
+
+def env_step(env: Any, action: torch.Tensor, timer: Timer) -> TensorDict:
+    """Execute one decision (one action, or a chunk ``[N, K, A]`` open-loop) and time it.
+
+    Returns the env's step TensorDict ``[N]`` where, for chunks, ``reward`` is summed up to the
+    end of each env's episode, ``terminated``/``truncated``/``success`` are or-ed over the chunk,
+    and ``final_observation`` is the one at the episode's end.
+    """
+    chunk = action.unsqueeze(1) if action.dim() == 2 else action
+    before = _env_seconds(env)
+    start = time.perf_counter()
+    out = env.step_td(chunk[:, 0].contiguous())
+    for k in range(1, chunk.shape[1]):
+        step = env.step_td(chunk[:, k].contiguous())
+        live = ~(out["terminated"] | out["truncated"])
+        out["reward"] = out["reward"] + step["reward"] * live
+        out["success"] = out["success"] | (step["success"] & live)
+        for key in ("terminated", "truncated"):
+            out[key] = out[key] | (step[key] & live)
+        newly = live & (step["terminated"] | step["truncated"])
+        out["final_observation"][newly] = step["final_observation"][newly]
+        out["observation"] = step["observation"]
+    elapsed = time.perf_counter() - start
+    after = _env_seconds(env)
+    render = after.get("render", 0.0) - before.get("render", 0.0)
+    timer.add("render", render)
+    timer.add("simulate", elapsed - render)
+    return out
+
+
+def collect_steps(
+    env: Any,
+    policy: nn.Module,
+    obs: TensorDict,
+    steps: int,
+    timer: Timer,
+    stats: EpisodeStats,
+    device: torch.device,
+) -> tuple[TensorDict, TensorDict]:
+    """Run ``steps`` decisions of every environment with ``policy`` (PPO collection).
+
+    Args:
+        env: Vector env with the TensorDict view.
+        policy: Actor-critic with ``act`` and ``value``.
+        obs: Observation ``[N]`` to act on first (carried over from the previous iteration).
+        steps: Decisions T per environment.
+        timer: Accumulates simulate/render/infer seconds.
+        stats: Episode statistics, updated in place.
+        device: Device of the policy.
+
+    Returns:
+        The batch ``[T, N]`` (see module docstring) and the observation to act on next.
+    """
+    records = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = policy.act(obs.to(device))
+        timer.add("infer", time.perf_counter() - start)
+        step = env_step(env, out["action"].cpu(), timer)
+        done = step["terminated"] | step["truncated"]
+        next_value = torch.zeros(env.num_envs)
+        truncated = step["truncated"] & ~step["terminated"]
+        if truncated.any():
+            start = time.perf_counter()
+            with torch.no_grad():
+                next_value[truncated] = policy.value(step["final_observation"][truncated].to(device)).cpu()
+            timer.add("infer", time.perf_counter() - start)
+        chunk = out["action"].shape[1] if out["action"].dim() == 3 else 1
+        stats.record(step["reward"], step["success"], done, chunk)
+        records.append(
+            TensorDict(
+                {
+                    "obs": obs,
+                    "action": out["action"].cpu(),
+                    "log_prob": out["log_prob"].cpu(),
+                    "value": out["value"].cpu(),
+                    "bootstrap": next_value,
+                    "reward": step["reward"],
+                    "terminated": step["terminated"],
+                    "truncated": truncated,
+                    "done": done,
+                    "success": step["success"],
+                },
+                batch_size=[env.num_envs],
+            )
+        )
+        obs = step["observation"]
+    batch = torch.stack(records, dim=0)
+    start = time.perf_counter()
+    with torch.no_grad():
+        last_value = policy.value(obs.to(device)).cpu()
+    timer.add("infer", time.perf_counter() - start)
+    # V(s_{t+1}) is the next step's value, V(obs_T) after the last step, V(final obs) where truncated.
+    next_value = torch.cat([batch["value"][1:], last_value[None]], dim=0)
+    batch["next_value"] = torch.where(batch["truncated"], batch.pop("bootstrap"), next_value)
+    return batch, obs
+
+
+def collect_episodes(
+    env: Any,
+    policy: nn.Module,
+    seed: int | None,
+    max_decisions: int,
+    timer: Timer,
+    device: torch.device,
+) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
+    """Reset all environments and run each until its first episode ends (GRPO collection).
+
+    Args:
+        env: Vector env with the TensorDict view (with ``group_size`` G for GRPO).
+        policy: Policy with ``act``.
+        seed: Seed of this reset (new initial states per iteration), or ``None`` to continue the env's RNG.
+        max_decisions: Upper bound on decisions (the episode limit).
+        timer: Accumulates simulate/render/infer seconds.
+        device: Device of the policy.
+
+    Returns:
+        The batch ``[T, N]`` with ``alive``, the episode return ``[N]`` and episode success ``[N]``.
+    """
+    obs = env.reset_td(seed=seed)
+    n = env.num_envs
+    alive = torch.ones(n, dtype=torch.bool)
+    episode_return = torch.zeros(n)
+    success = torch.zeros(n, dtype=torch.bool)
+    records = []
+    for _ in range(max_decisions):
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = policy.act(obs.to(device))
+        timer.add("infer", time.perf_counter() - start)
+        step = env_step(env, out["action"].cpu(), timer)
+        records.append(
+            TensorDict(
+                {"obs": obs, "action": out["action"].cpu(), "log_prob": out["log_prob"].cpu(), "alive": alive.clone()},
+                batch_size=[n],
+            )
+        )
+        episode_return += step["reward"] * alive
+        success |= step["success"] & alive
+        alive &= ~(step["terminated"] | step["truncated"])
+        obs = step["observation"]
+        if not alive.any():
+            break
+    return torch.stack(records, dim=0), episode_return, success

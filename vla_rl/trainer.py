@@ -1,0 +1,312 @@
+"""The trainer: collect, update, evaluate, log, checkpoint — one loop for PPO and GRPO.
+
+``Trainer(cfg).train()`` runs a job described by a :class:`vla_rl.config.TrainConfig` and writes
+``runs/NAME/`` (see :mod:`vla_rl.runlog`). ``Trainer(cfg, resume=True)`` continues from
+``runs/NAME/checkpoints/latest.pt`` so that the next iterates equal those of an uninterrupted
+run with the same seed (environments that cannot snapshot their state are re-reset, with a
+warning, and then the continuation is statistically but not bitwise the same).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+import policies
+from vla_rl import checkpoint as ckpt
+from vla_rl.config import RESUMABLE_KEYS, TrainConfig, algo_optim, diff_configs, save_yaml, to_dict
+from vla_rl.envs import make_env
+from vla_rl.evaluate import evaluate_policy
+from vla_rl.grpo import episode_batch, group_advantages
+from vla_rl.ppo import ClippedUpdate, LossWeights, compute_gae
+from vla_rl.rollout import EpisodeStats, Timer, collect_episodes, collect_steps
+from vla_rl.runlog import RunLog
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Owns the environment, policy, update rule and run directory of one training job.
+
+    Args:
+        cfg: The validated run configuration.
+        resume: Continue from the run directory's latest checkpoint (an error if there is none).
+
+    Raises:
+        vla_rl.checkpoint.CheckpointError: ``resume`` without a usable checkpoint, a checkpoint whose
+            config differs from ``cfg``, or a run directory that already holds checkpoints without ``resume``.
+    """
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.out_dir) / cfg.run_name
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.config_dict = to_dict(cfg)
+        state = self._read_resume_state() if resume else None
+        if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
+            raise ckpt.CheckpointError(
+                f"{self.run_dir} already holds checkpoints; pass --resume to continue it, or name=OTHER for a new run"
+            )
+        self.start_time = time.perf_counter()
+        torch.set_num_threads(cfg.torch_threads)
+        seed_everything(cfg.seed)
+        self.device = torch.device(cfg.device)
+        self.group_size = cfg.grpo.group_size if cfg.algo == "grpo" else 1
+        self.env = make_env(cfg.env, seed=cfg.seed, group_size=self.group_size)
+        self.obs = self.env.reset_td(seed=cfg.seed)
+        action_dim = int(np.prod(self.env.single_action_space.shape))
+        self.policy = policies.make_policy(cfg.policy, self.obs, action_dim).to(self.device)
+        self.policy.set_instructions(list(self.env.instructions))
+        if cfg.algo == "ppo":
+            weights = LossWeights(vf_coef=cfg.ppo.vf_coef, clip_value=cfg.ppo.clip_value, norm_adv=cfg.ppo.norm_adv)
+        else:  # GRPO: no critic; advantages are already normalised within each group.
+            weights = LossWeights(vf_coef=0.0, clip_value=False, norm_adv=False)
+        self.updater = ClippedUpdate(self.policy, algo_optim(cfg), weights)
+        self.stats = EpisodeStats.zeros(self.env.num_envs)
+        self.iteration = 0
+        self.env_steps = 0
+        self.wall_before = 0.0  # wall seconds of earlier sessions of this run
+        self.eval_envs: dict[str, Any] = {}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_yaml(self.config_dict, self.run_dir / "config.yaml")
+        if state is not None:
+            self._restore(state)
+        self.log = RunLog(
+            self.run_dir, cfg.log, cfg.total_env_steps, self.config_dict,
+            wandb_id=state.get("wandb_id") if state else None,
+        )
+        self.log.load_rows(self.iteration)
+
+    # ----------------------------------------------------------------------------------------- loop
+
+    def train(self) -> dict[str, Any]:
+        """Run iterations until the step budget (or ``stop_success``) is reached; returns the summary."""
+        cfg = self.cfg
+        last_eval: dict[str, float] = {}
+        try:
+            while self.env_steps < cfg.total_env_steps:
+                metrics = self.step()
+                done = self.env_steps >= cfg.total_env_steps
+                if cfg.eval.every and (self.iteration % cfg.eval.every == 0 or done):
+                    last_eval = self.evaluate(record=cfg.log.video)
+                    metrics |= last_eval
+                    held = last_eval.get("eval/heldout/success", last_eval.get("eval/train/success"))
+                    if cfg.stop_success is not None and held is not None and held >= cfg.stop_success:
+                        done = True
+                metrics["wall_time"] = self.wall_time()
+                self.log.log(metrics)
+                if done or self.iteration % cfg.checkpoint_every == 0:
+                    self.save()
+                if done:
+                    break
+        finally:
+            self.log.plot()
+            self.log.close()
+        summary = self.summary()
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def wall_time(self) -> float:
+        """Wall seconds this run has trained, over all its sessions."""
+        return self.wall_before + time.perf_counter() - self.start_time
+
+    def step(self) -> dict[str, float]:
+        """One iteration: collect experience, update the policy; returns its metrics (not logged)."""
+        start = time.perf_counter()
+        timer = Timer()
+        lr = self.updater.set_progress(self.env_steps / self.cfg.total_env_steps)
+        if self.cfg.algo == "ppo":
+            batch, steps = self._collect_ppo(timer)
+        else:
+            batch, steps = self._collect_grpo(timer)
+        update_start = time.perf_counter()
+        metrics = self.updater.update(batch)
+        # Statistics move only after the update, so the update saw the ones used at collection.
+        self.policy.update_normalization(batch["obs"])
+        timer.add("update", time.perf_counter() - update_start)
+        self.iteration += 1
+        self.env_steps += steps
+        elapsed = time.perf_counter() - start
+        metrics |= self.stats.pop_summary()
+        metrics |= {f"time/{k}": v for k, v in timer.seconds.items()}
+        metrics |= {
+            "iteration": float(self.iteration),
+            "env_steps": float(self.env_steps),
+            "lr": lr,
+            "steps_per_s": steps / elapsed,
+            "time/iteration": elapsed,
+        }
+        return metrics
+
+    def _collect_ppo(self, timer: Timer) -> tuple[TensorDict, int]:
+        cfg = self.cfg.ppo
+        batch, self.obs = collect_steps(
+            self.env, self.policy, self.obs, cfg.rollout_steps, timer, self.stats, self.device
+        )
+        advantage, returns = compute_gae(
+            batch["reward"], batch["value"], batch["next_value"], batch["terminated"], batch["done"],
+            cfg.gamma, cfg.gae_lambda,
+        )
+        batch["advantage"], batch["returns"] = advantage, returns
+        chunk = _chunk_len(batch["action"], batch.batch_dims)
+        flat = batch.select("obs", "action", "log_prob", "value", "advantage", "returns").reshape(-1)
+        return flat.to(self.device), batch.numel() * chunk
+
+    def _collect_grpo(self, timer: Timer) -> tuple[TensorDict, int]:
+        seed = self.cfg.seed if self.iteration == 0 else None
+        limit = self.env.max_episode_steps
+        batch, returns, success = collect_episodes(self.env, self.policy, seed, limit, timer, self.device)
+        advantage = group_advantages(returns, self.group_size, self.cfg.grpo.std_eps)
+        alive = batch["alive"]
+        chunk = _chunk_len(batch["action"], batch.batch_dims)
+        self.stats.finished += [
+            (float(r), int(n) * chunk, bool(s)) for r, n, s in zip(returns, alive.sum(0), success)
+        ]
+        return episode_batch(batch, advantage).to(self.device), batch.numel() * chunk
+
+    # ------------------------------------------------------------------------------------ evaluation
+
+    def evaluate(self, record: bool = False, episodes: int | None = None) -> dict[str, float]:
+        """Evaluate the deterministic policy on each instruction set; writes videos when ``record``.
+
+        Runs under saved-and-restored RNG states, so evaluating never changes the training iterates.
+        """
+        sets = self.cfg.eval.sets if self.cfg.env.kind == "sims" else ("train",)
+        out: dict[str, float] = {}
+        saved = ckpt.rng_state()
+        try:
+            for which in sets:
+                if which not in self.eval_envs:
+                    self.eval_envs[which] = make_env(
+                        self.cfg.env, seed=self.cfg.seed + 7919, num_envs=self.cfg.eval.num_envs,
+                        instructions=which, video=record,
+                    )
+                metrics, frames = evaluate_policy(
+                    self.policy, self.eval_envs[which], episodes or self.cfg.eval.episodes,
+                    seed=self.cfg.seed + 7919, device=self.device, record=record,
+                )
+                out |= {f"eval/{which}/{k}": v for k, v in metrics.items()}
+                if record:
+                    self.log.video(frames, f"iter_{self.iteration:06d}_{which}")
+        finally:
+            ckpt.set_rng_state(saved)
+        out["eval/return"] = out[f"eval/{sets[-1]}/return"]
+        return out
+
+    # ----------------------------------------------------------------------------------- checkpoints
+
+    def save(self) -> Path:
+        """Write a checkpoint of the current state (atomically); returns its path."""
+        try:
+            env_state = self.env.get_state()
+        except (AttributeError, NotImplementedError):
+            env_state = None
+        payload = {
+            "config": self.config_dict,
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            "wall_time": self.wall_time(),
+            "policy": self.policy.state_dict(),
+            "updater": self.updater.state_dict(),
+            "rng": ckpt.rng_state(),
+            "env_state": env_state,
+            "obs": self.obs.to_dict(),
+            "episode_stats": self.stats.state_dict(),
+            "wandb_id": self.log.wandb_id,
+        }
+        return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration)
+
+    def _read_resume_state(self) -> dict[str, Any]:
+        path = self.ckpt_dir / ckpt.LATEST
+        if not path.exists():
+            raise ckpt.CheckpointError(
+                f"--resume: no checkpoint at {path}; check name=/out_dir= (the run directory is {self.run_dir}) "
+                "or drop --resume to start a new run"
+            )
+        state = ckpt.load_checkpoint(path)
+        changed = [k for k in diff_configs(state["config"], self.config_dict) if k not in RESUMABLE_KEYS]
+        if changed:
+            details = ", ".join(f"{k}: {_get(state['config'], k)!r} -> {_get(self.config_dict, k)!r}" for k in changed)
+            raise ckpt.CheckpointError(
+                f"--resume: {path} was written with a different config ({details}); resume with the run's "
+                f"original settings (see {self.run_dir / 'config.yaml'}) or start a new run with name=OTHER"
+            )
+        return state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        try:
+            self.policy.load_state_dict(state["policy"])
+        except RuntimeError as exc:
+            raise ckpt.CheckpointError(f"checkpoint weights do not fit the configured policy: {exc}") from exc
+        self.updater.load_state_dict(state["updater"])
+        self.iteration = int(state["iteration"])
+        self.env_steps = int(state["env_steps"])
+        self.wall_before = float(state["wall_time"])
+        self.stats.load_state_dict(state["episode_stats"])
+        self.obs = TensorDict.from_dict(state["obs"], batch_size=[self.env.num_envs])
+        if state["env_state"] is None:
+            warnings.warn(
+                f"the checkpoint holds no environment state ({type(self.env).__name__} cannot snapshot); "
+                "environments restart from fresh episodes, so this continuation is not bit-identical",
+                stacklevel=2,
+            )
+            self.obs = self.env.reset_td(seed=self.cfg.seed + self.iteration)
+        else:
+            self.env.set_state(state["env_state"])
+        ckpt.set_rng_state(state["rng"])
+
+    # --------------------------------------------------------------------------------------- summary
+
+    def summary(self) -> dict[str, Any]:
+        """Final figures: steps, wall time, last evaluation, time to 90% held-out success, output paths."""
+        rows = self.log.rows
+        key = "eval/heldout/success" if self.cfg.env.kind == "sims" else "eval/train/success"
+        hit = next((r for r in rows if r.get(key, -1.0) >= 0.9), None)
+        last_eval = next((r for r in reversed(rows) if key in r), {})
+        return {
+            "run_dir": str(self.run_dir),
+            "iterations": self.iteration,
+            "env_steps": self.env_steps,
+            "wall_time_s": self.wall_time(),
+            "final_eval": {k: v for k, v in last_eval.items() if k.startswith("eval/")},
+            "time_to_90pct_s": hit["wall_time"] if hit else None,
+            "steps_to_90pct": hit["env_steps"] if hit else None,
+            "checkpoint": str(self.ckpt_dir / ckpt.LATEST),
+            "metrics": str(self.run_dir / "metrics.csv"),
+            "curves": str(self.run_dir / "curves.png"),
+            "videos": str(self.run_dir / "videos"),
+        }
+
+    def close(self) -> None:
+        """Close the environments."""
+        for env in [self.env, *self.eval_envs.values()]:
+            close = getattr(env, "close", None)
+            if close is not None:
+                close()
+
+
+def _chunk_len(action: torch.Tensor, batch_dims: int) -> int:
+    """K of actions ``[..., K, A]`` (1 without chunks)."""
+    return action.shape[batch_dims] if action.dim() == batch_dims + 2 else 1
+
+
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
