@@ -1,0 +1,168 @@
+"""GRPO: group-relative advantages, the PPO-clipped surrogate with a KL term, and the update step.
+
+Group Relative Policy Optimisation (Shao et al., 2024, DeepSeekMath) samples ``G`` completions
+per prompt, normalises each reward against its own group (no value network), and maximises the
+clipped importance-weighted surrogate of PPO minus ``beta * KL(pi || pi_ref)`` against a frozen
+reference model. Math is written as pure functions over tensors, shapes in the docstrings.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from infra.llm.engine import left_pad
+from infra.llm.model import ModelConfig, TinyCausalLM, sequence_logprobs
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Hyper-parameters of the GRPO update."""
+
+    lr: float = 1e-3
+    """Adam learning rate."""
+    clip_eps: float = 0.2
+    """PPO ratio clip: the ratio is clipped to [1 - eps, 1 + eps]."""
+    kl_coef: float = 0.02
+    """Weight beta of the KL penalty against the frozen reference."""
+    epochs: int = 1
+    """Optimisation passes over each rollout batch."""
+    minibatches: int = 2
+    """Minibatches per pass."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip."""
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages ``[P, G]`` from rewards ``[P, G]``: ``(r - mean_g) / (std_g + eps)``.
+
+    A group whose rewards are all equal carries no signal and gets zero advantage.
+    """
+    mean = rewards.mean(-1, keepdim=True)
+    std = rewards.std(-1, keepdim=True, unbiased=False)
+    return (rewards - mean) / (std + eps)
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    kl_coef: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO loss (a scalar to minimise) and diagnostics.
+
+    logp, old_logp, ref_logp: ``[B, C]`` token log-probs under the current, behaviour and reference
+    policies; advantages: ``[B]``; mask: ``[B, C]`` True at completion tokens that count (up to and
+    including EOS). The token-level terms are averaged over all counted tokens of the batch.
+    """
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages[:, None]
+    # PPO clipped surrogate: min(r * A, clip(r, 1 - eps, 1 + eps) * A)
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
+    pg = torch.max(pg_loss1, pg_loss2)
+    # KL(pi || pi_ref), the unbiased non-negative "k3" estimator: exp(ref - logp) - (ref - logp) - 1
+    log_r = ref_logp - logp
+    kl = torch.exp(log_r) - log_r - 1
+    m = mask.float()
+    n = m.sum().clamp(min=1)
+    pg_term = (pg * m).sum() / n
+    kl_term = (kl * m).sum() / n
+    loss = pg_term + kl_coef * kl_term
+    clipped = ((ratio - 1).abs() > clip_eps).float()
+    stats = {"pg_loss": pg_term.item(), "kl": kl_term.item(), "clip_frac": ((clipped * m).sum() / n).item()}
+    return loss, stats
+
+
+def completion_tensors(completions: list[list[int]], eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad completions with EOS to ``[B, C]``; mask True up to and including the first EOS."""
+    width = max(len(c) for c in completions)
+    tokens = torch.full((len(completions), width), eos_id, dtype=torch.long)
+    mask = torch.zeros(len(completions), width, dtype=torch.bool)
+    for i, c in enumerate(completions):
+        tokens[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        mask[i, : len(c)] = True
+    return tokens, mask
+
+
+class GRPOTrainer:
+    """One policy, its frozen reference and its optimiser; ``update`` runs GRPO on a rollout batch."""
+
+    def __init__(self, model: TinyCausalLM, cfg: GRPOConfig, *, pad_id: int, eos_id: int, seed: int = 0) -> None:
+        self.model = model
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        self.cfg = cfg
+        self.pad_id, self.eos_id = pad_id, eos_id
+        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.version = 0
+
+    @classmethod
+    def from_config(cls, model_cfg: ModelConfig, cfg: GRPOConfig, *, pad_id: int, eos_id: int, seed: int) -> GRPOTrainer:
+        """A trainer over a fresh model initialised from ``seed``."""
+        torch.manual_seed(seed)
+        return cls(TinyCausalLM(model_cfg), cfg, pad_id=pad_id, eos_id=eos_id, seed=seed)
+
+    def update(
+        self, prompts: list[list[int]], completions: list[list[int]], rewards: list[float], group_size: int
+    ) -> dict[str, float]:
+        """One GRPO update on ``P * G`` samples ordered prompt-major (the G samples of a prompt adjacent)."""
+        n = len(prompts)
+        if not (n == len(completions) == len(rewards)) or n % group_size:
+            raise ValueError(
+                f"got {len(prompts)} prompts, {len(completions)} completions, {len(rewards)} rewards with "
+                f"group_size={group_size}; all three must have the same length, a multiple of group_size."
+            )
+        p_tok, p_mask = left_pad(prompts, self.pad_id)
+        c_tok, c_mask = completion_tensors(completions, self.eos_id)
+        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32).view(-1, group_size)).view(-1)
+        with torch.no_grad():
+            old_logp = sequence_logprobs(self.model, p_tok, p_mask, c_tok)
+            ref_logp = sequence_logprobs(self.ref, p_tok, p_mask, c_tok)
+        stats: dict[str, float] = {}
+        mb = max(1, n // self.cfg.minibatches)
+        for _ in range(self.cfg.epochs):
+            order = torch.randperm(n, generator=self.gen)
+            for start in range(0, n, mb):
+                idx = order[start : start + mb]
+                logp = sequence_logprobs(self.model, p_tok[idx], p_mask[idx], c_tok[idx])
+                loss, stats = grpo_loss(
+                    logp, old_logp[idx], ref_logp[idx], adv[idx], c_mask[idx], self.cfg.clip_eps, self.cfg.kl_coef
+                )
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+                self.opt.step()
+        self.version += 1
+        return stats
+
+    def supervised_step(self, prompts: list[list[int]], answers: list[list[int]]) -> float:
+        """One cross-entropy step on ``answers`` (EOS included) given ``prompts``: the format warm-up."""
+        p_tok, p_mask = left_pad(prompts, self.pad_id)
+        c_tok, c_mask = completion_tensors(answers, self.eos_id)
+        logp = sequence_logprobs(self.model, p_tok, p_mask, c_tok)
+        loss = -(logp * c_mask).sum() / c_mask.sum()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    def sync_reference(self) -> None:
+        """Make the reference equal to the current policy and restart the optimiser (after the warm-up)."""
+        self.ref.load_state_dict(self.model.state_dict())
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
+
+    def to(self, device: torch.device | str) -> GRPOTrainer:
+        """Move policy, reference and optimiser state to ``device`` (in place)."""
+        self.model.to(device)
+        self.ref.to(device)
+        for state in self.opt.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) and k != "step":
+                    state[k] = v.to(device)
+        return self

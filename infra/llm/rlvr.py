@@ -1,0 +1,304 @@
+"""The RLVR job: warm-up, then rollout -> verifiable reward -> GRPO update, over three services.
+
+``run_job`` is the loop of one job against service handles (in-process objects or Ray actors),
+so the same code runs alone, on Ray, or multiplexed with other jobs (the multiplexer passes a
+``slicer`` that grants the job its time slices on the shared GPU group). ``run_rlvr`` is what
+``scripts/llm_rlvr.py`` calls: it builds the services, runs one job, and writes the curve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import json
+import os
+import time
+import types
+import typing
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from infra.llm.grpo import GRPOConfig
+from infra.llm.handles import LocalHandle, ServiceHandle
+from infra.llm.model import ModelConfig
+from infra.llm.services import RewardService, RolloutService, TrainerService
+from infra.llm.tasks import VOCAB_SIZE, encode, load_task
+
+
+@dataclass
+class RLVRConfig:
+    """One RLVR job on a verifiable task."""
+
+    name: str = "rlvr_sort"
+    """Run name; outputs go to ``out_dir/name``."""
+    task: str = "sort"
+    """Verifiable task: ``sort`` or ``add``."""
+    task_size: int = 4
+    """Digits to sort, or digits per addend."""
+    seed: int = 0
+    """Seeds the model init, prompt draws and sampling."""
+    iterations: int = 100
+    """GRPO iterations (one rollout batch and one update each)."""
+    prompts_per_iter: int = 32
+    """Prompts per rollout batch P."""
+    group_size: int = 8
+    """Completions per prompt G (the GRPO group)."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts."""
+    warmup_steps: int = 40
+    """Supervised steps on the task (answers given) before RL: teaches the output format and a
+    little of the task, leaving the policy weak so that RL has to do the learning. 0 disables."""
+    warmup_batch: int = 32
+    """Examples per warm-up step."""
+    eval_prompts: int = 256
+    """Held-out prompts for the greedy accuracy reported before and after RL."""
+    eval_every: int = 20
+    """Greedy evaluation period, in iterations."""
+    threads: int = 2
+    """torch intra-op threads."""
+    out_dir: str = "runs"
+    """Output root."""
+    ray: bool = False
+    """Run the three services as Ray actors placed by the scheduler instead of in-process."""
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=VOCAB_SIZE))
+    """Tiny transformer size."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """GRPO update."""
+
+
+class Slicer(Protocol):
+    """Grants a job exclusive use of its GPU group for one phase (see :mod:`infra.llm.multiplex`)."""
+
+    def slice(self, job: str, phase: str) -> AbstractContextManager[None]:
+        """Hold the job's GPU group for ``phase`` (``generate`` or ``train``)."""
+        ...
+
+
+class _NoSlicer:
+    def slice(self, job: str, phase: str) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+@dataclass
+class JobResult:
+    """What a finished job returns: its metrics rows and its final weights (host tensors)."""
+
+    rows: list[dict[str, float]]
+    weights: dict[str, Any]
+    version: int
+
+
+@dataclass(frozen=True)
+class JobServices:
+    """The three services one job calls."""
+
+    rollout: ServiceHandle
+    reward: ServiceHandle
+    trainer: ServiceHandle
+
+
+def greedy_accuracy(job: str, cfg: RLVRConfig, svc: JobServices, slicer: Slicer) -> float:
+    """Exact-match accuracy of greedy decoding on ``cfg.eval_prompts`` fixed held-out prompts."""
+    task = load_task(cfg.task, cfg.task_size)
+    texts = task.sample(np.random.default_rng([cfg.seed, 999]), cfg.eval_prompts)
+    with slicer.slice(job, "generate"):
+        comps, _ = svc.rollout.call("generate", job, [encode(t) for t in texts], task.max_answer_len + 1, 0.0, 0)
+    return float(np.mean(svc.reward.call("score", job, cfg.task, cfg.task_size, texts, comps)))
+
+
+def run_job(
+    job: str,
+    cfg: RLVRConfig,
+    svc: JobServices,
+    *,
+    slicer: Slicer | None = None,
+    on_iteration: Callable[[dict[str, float]], None] | None = None,
+) -> JobResult:
+    """Run one RLVR job to completion on ``svc``; returns one metrics row per iteration and its weights.
+
+    The job registers itself on the services, warms up, freezes its KL reference, then loops:
+    generate ``P * G`` completions, score them, run a GRPO update, push the weights to the rollout.
+    It unregisters from the services when it ends or fails.
+    """
+    slicer = slicer or _NoSlicer()
+    task = load_task(cfg.task, cfg.task_size)
+    rng = np.random.default_rng(cfg.seed)
+    max_new = task.max_answer_len + 1
+    svc.trainer.call("register_job", job, cfg.model, cfg.grpo, cfg.seed)
+    try:
+        for _ in range(cfg.warmup_steps):
+            texts = task.sample(rng, cfg.warmup_batch)
+            answers = [[*encode(task.solve(t))[1:], 2] for t in texts]
+            with slicer.slice(job, "train"):
+                svc.trainer.call("supervised", job, [encode(t) for t in texts], answers)
+        with slicer.slice(job, "train"):
+            svc.trainer.call("finish_warmup", job)
+        state, version = svc.trainer.call("weights", job)
+        svc.rollout.call("register_job", job, state, version)
+        rows: list[dict[str, float]] = []
+        start = time.monotonic()
+        for it in range(cfg.iterations + 1):
+            row: dict[str, float] = {"iteration": it}
+            if it % cfg.eval_every == 0 or it == cfg.iterations:
+                row["eval_greedy_accuracy"] = greedy_accuracy(job, cfg, svc, slicer)
+            if it == cfg.iterations:
+                row["wall_s"] = time.monotonic() - start
+                rows.append(row)
+                break
+            texts = [t for t in task.sample(rng, cfg.prompts_per_iter) for _ in range(cfg.group_size)]
+            prompts = [encode(t) for t in texts]
+            with slicer.slice(job, "generate"):
+                comps, used_version = svc.rollout.call("generate", job, prompts, max_new, cfg.temperature, cfg.seed * 100_003 + it)
+            rewards = svc.reward.call("score", job, cfg.task, cfg.task_size, texts, comps)
+            with slicer.slice(job, "train"):
+                stats = svc.trainer.call("train", job, prompts, comps, rewards, cfg.group_size)
+                state, version = svc.trainer.call("weights", job)
+            svc.rollout.call("update_weights", job, state, version)
+            row.update(stats, mean_reward=float(np.mean(rewards)), weight_staleness=version - 1 - used_version,
+                       wall_s=time.monotonic() - start)
+            rows.append(row)
+            if on_iteration:
+                on_iteration(row)
+        state, version = svc.trainer.call("weights", job)
+        return JobResult(rows, state, version)
+    finally:
+        for h in (svc.rollout, svc.trainer):
+            with contextlib.suppress(Exception):
+                h.call("unregister_job", job)
+
+
+def local_services(cfg: RLVRConfig) -> JobServices:
+    """The three services in this process."""
+    return JobServices(LocalHandle(RolloutService(cfg.model)), LocalHandle(RewardService()), LocalHandle(TrainerService()))
+
+
+# ---------------------------------------------------------------- config overrides and outputs
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """A copy of dataclass ``cfg`` with ``key=value`` overrides (dotted keys reach nested sections)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not key=value (e.g. iterations=50 or grpo.lr=3e-4).")
+        key, value = item.split("=", 1)
+        cfg = _set(cfg, key.split("."), value, key)
+    return cfg
+
+
+def _set(obj: Any, path: list[str], value: str, full: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    if path[0] not in fields:
+        raise ValueError(f"unknown config key {full!r}; valid keys here: {sorted(fields)}.")
+    hints = typing.get_type_hints(type(obj))
+    if len(path) > 1:
+        return dataclasses.replace(obj, **{path[0]: _set(getattr(obj, path[0]), path[1:], value, full)})
+    return dataclasses.replace(obj, **{path[0]: _parse(hints[path[0]], value, full)})
+
+
+def _parse(tp: Any, value: str, key: str) -> Any:
+    if isinstance(tp, types.UnionType):
+        tp = next(t for t in typing.get_args(tp) if t is not type(None))
+    try:
+        if tp is bool:
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1")
+        return tp(value)
+    except ValueError:
+        raise ValueError(f"{key}={value!r} is not a valid {getattr(tp, '__name__', tp)}.") from None
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_outputs(out: Path, cfg: RLVRConfig, rows: list[dict[str, float]]) -> dict[str, float]:
+    """Write config.json, metrics.csv, curve.png and summary.json under ``out``; returns the summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2).encode())
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "iteration", k))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(out / "metrics.csv", buf.getvalue().encode())
+    train = [r for r in rows if "mean_reward" in r]
+    rewards = np.array([r["mean_reward"] for r in train])
+    k = max(1, min(10, len(rewards) // 5))
+    evals = [(r["iteration"], r["eval_greedy_accuracy"]) for r in rows if "eval_greedy_accuracy" in r]
+    summary = {
+        "mean_reward_first_iters": float(rewards[:k].mean()),
+        "mean_reward_last_iters": float(rewards[-k:].mean()),
+        "window_iters": k,
+        "eval_greedy_accuracy_start": evals[0][1],
+        "eval_greedy_accuracy_end": evals[-1][1],
+        "wall_s": rows[-1]["wall_s"],
+    }
+    summary["reward_ratio_end_vs_start"] = summary["mean_reward_last_iters"] / max(summary["mean_reward_first_iters"], 1e-9)
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2).encode())
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["iteration"] for r in train], rewards, lw=1, label=f"mean reward (sampled, T={cfg.temperature:.1f})")
+    ax.plot(*zip(*evals), "o-", label="greedy accuracy (held-out)")
+    ax.set_xlabel("GRPO iteration")
+    ax.set_ylabel("reward")
+    ax.set_title(f"RLVR {cfg.task}{cfg.task_size}: {summary['mean_reward_first_iters']:.2f} -> {summary['mean_reward_last_iters']:.2f}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    buf_png = io.BytesIO()
+    fig.savefig(buf_png, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(out / "curve.png", buf_png.getvalue())
+    return summary
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[dict[str, float]], None]]:
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="GRPO", unit="it")
+
+    def update(row: dict[str, float]) -> None:
+        bar.set_postfix(reward=f"{row['mean_reward']:.3f}", kl=f"{row['kl']:.4f}")
+        bar.update(1)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
+    """Run the job of ``cfg`` (in-process, or on Ray services with ``cfg.ray``) and write its outputs."""
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir) / cfg.name
+    with _progress(cfg.iterations) as progress:
+        if cfg.ray:
+            from infra.llm.placement import ray_job_services
+
+            with ray_job_services(cfg.model) as svc:
+                result = run_job(cfg.name, cfg, svc, on_iteration=progress)
+        else:
+            result = run_job(cfg.name, cfg, local_services(cfg), on_iteration=progress)
+    summary = write_outputs(out, cfg, result.rows)
+    buf = io.BytesIO()
+    torch.save(result.weights, buf)
+    write_atomic(out / "model.pt", buf.getvalue())
+    summary["out_dir"] = str(out)
+    return summary

@@ -1,0 +1,121 @@
+"""The tiny transformer, its KV cache, the tasks and the GRPO math."""
+
+import numpy as np
+import pytest
+import torch
+
+from infra.llm.engine import load_engine
+from infra.llm.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
+from infra.llm.model import ModelConfig, TinyCausalLM, sequence_logprobs
+from infra.llm.tasks import EOS, PAD, VOCAB_SIZE, decode, encode, exact_reward, load_task
+
+torch.set_num_threads(1)
+
+
+def _trained_ish_model(seed: int = 0) -> TinyCausalLM:
+    torch.manual_seed(seed)
+    m = TinyCausalLM(ModelConfig(vocab_size=VOCAB_SIZE, d_model=32, n_heads=2, n_layers=2))
+    with torch.no_grad():  # larger weights than the init so that greedy outputs vary across prompts
+        for p in m.parameters():
+            p.mul_(20.0)
+    return m.eval()
+
+
+def test_cached_generation_equals_uncached_greedy_with_left_padding() -> None:
+    model = _trained_ish_model()
+    from infra.llm.engine import left_pad
+
+    prompts = [encode("12+7="), encode("s:9031="), encode("3+4=")]
+    tokens, mask = left_pad(prompts, PAD)
+    cached = model.generate(tokens, mask, 10, eos_id=EOS, temperature=0.0)
+    uncached = model.generate(tokens, mask, 10, eos_id=EOS, temperature=0.0, use_cache=False)
+    assert torch.equal(cached, uncached)
+    # A left-padded row generates what it generates alone.
+    alone = model.generate(*left_pad([prompts[2]], PAD), 10, eos_id=EOS, temperature=0.0)
+    assert torch.equal(cached[2], alone[0])
+    assert len({tuple(r) for r in cached.tolist()}) > 1
+
+
+def test_sequence_logprobs_match_generation_distribution() -> None:
+    model = _trained_ish_model(1)
+    from infra.llm.engine import left_pad
+
+    tokens, mask = left_pad([encode("1+2="), encode("s:21=")], PAD)
+    comp = model.generate(tokens, mask, 4, eos_id=EOS, temperature=0.0)
+    logp = sequence_logprobs(model, tokens, mask, comp)
+    full = torch.cat([tokens, comp], 1)
+    fmask = torch.cat([mask, torch.ones_like(comp, dtype=torch.bool)], 1)
+    # The greedy token is the argmax, so its log-prob is the max over the vocabulary at each step.
+    logits = model(full, fmask)[:, tokens.shape[1] - 1 : -1]
+    assert torch.allclose(logp, torch.log_softmax(logits, -1).max(-1).values, atol=1e-5)
+
+
+def test_generation_rejects_overlong_request() -> None:
+    model = TinyCausalLM(ModelConfig(vocab_size=VOCAB_SIZE, max_len=8))
+    with pytest.raises(ValueError, match="max_len"):
+        model.generate(torch.ones(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.bool), 4, eos_id=EOS)
+
+
+def test_unknown_engine_names_the_adapter_point() -> None:
+    with pytest.raises(ValueError, match="register_engine"):
+        load_engine("vllm", ModelConfig(vocab_size=VOCAB_SIZE), eos_id=EOS, pad_id=PAD)
+
+
+@pytest.mark.parametrize(("name", "size"), [("add", 2), ("sort", 4)])
+def test_tasks_check_answers_exactly(name: str, size: int) -> None:
+    task = load_task(name, size)
+    for prompt in task.sample(np.random.default_rng(0), 20):
+        answer = task.solve(prompt)
+        good = [*encode(answer)[1:], EOS]
+        assert exact_reward(task, prompt, good) == 1.0
+        assert exact_reward(task, prompt, good[:-1]) == 0.0  # no EOS
+        assert exact_reward(task, prompt, [*encode(answer + "1")[1:], EOS]) == 0.0
+        assert decode(good) == (answer, True)
+    assert load_task("add", 2).solve("37+85=") == "122"
+    assert load_task("sort", 4).solve("s:3141=") == "1134"
+    with pytest.raises(ValueError, match="unknown task"):
+        load_task("chess", 1)
+
+
+def test_group_advantages_against_loop() -> None:
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    adv = group_advantages(r)
+    for g in range(3):
+        row = r[g]
+        mean = sum(row.tolist()) / 4
+        std = (sum((x - mean) ** 2 for x in row.tolist()) / 4) ** 0.5
+        for i in range(4):
+            assert adv[g, i].item() == pytest.approx((row[i].item() - mean) / (std + 1e-6), abs=1e-5)
+    assert torch.all(adv[1] == 0)
+
+
+def test_grpo_loss_clips_and_kl_is_zero_at_reference() -> None:
+    logp = torch.log(torch.tensor([[0.5, 0.5]]))
+    old = torch.log(torch.tensor([[0.25, 0.5]]))  # ratio 2 on the first token, 1 on the second
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, stats = grpo_loss(logp, old, logp, torch.tensor([1.0]), mask, clip_eps=0.2, kl_coef=0.1)
+    # Positive advantage: the ratio-2 token is clipped to 1.2; KL is 0 when the reference equals the policy.
+    assert loss.item() == pytest.approx(-(1.2 + 1.0) / 2, abs=1e-6)
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-7)
+    assert stats["clip_frac"] == pytest.approx(0.5)
+
+
+def test_grpo_update_raises_reward_of_rewarded_completion() -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=VOCAB_SIZE, d_model=32, n_heads=2, n_layers=1)
+    trainer = GRPOTrainer(TinyCausalLM(cfg), GRPOConfig(lr=1e-2, kl_coef=0.0), pad_id=PAD, eos_id=EOS)
+    prompts = [encode("s:21=")] * 4
+    good, bad = [*encode("12")[1:], EOS], [*encode("21")[1:], EOS]
+    comps = [good, bad, good, bad]
+    from infra.llm.engine import left_pad
+
+    def logp_good() -> float:
+        t, m = left_pad([prompts[0]], PAD)
+        return sequence_logprobs(trainer.model, t, m, torch.tensor([good])).sum().item()
+
+    before = logp_good()
+    for _ in range(3):
+        trainer.update(prompts, comps, [1.0, 0.0, 1.0, 0.0], group_size=4)
+    assert logp_good() > before + 0.5
+    with pytest.raises(ValueError, match="group_size"):
+        trainer.update(prompts[:3], comps[:3], [1.0, 0.0, 1.0], group_size=2)
