@@ -1,0 +1,194 @@
+"""Trace replay with the FGD simulator's protocol (hkust-adsl/kubernetes-scheduler-simulator).
+
+Protocol (``openb`` pod lists: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...``):
+
+1. Typical pods come from the original pod list (95% coverage, CPU-only pods included).
+2. Pods sorted by name are shuffled with the seed; random copies of the original pods are then
+   appended while the requested GPU capacity stays within ``inflate`` x the cluster's (as in the
+   simulator, the stop test adds the copy's per-GPU milli, the total adds all its GPUs).
+3. All nodes start empty; pods arrive one at a time and never leave; a pod that fits nowhere fails
+   and is skipped.
+4. After every pod the allocated GPU milli is recorded against the arrived GPU milli; the curve
+   at ``k`` % arrived is the mean allocation of the pods whose arrival rounds to ``k`` %.
+
+The simulator breaks score ties with Go's random source; here a numpy generator seeded with the
+same seed does it, so results agree in distribution (mean over seeds), not pod by pod.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from infra.frag import FragModel, PodShape, TypicalPods
+from infra.policies import Demand, Policy
+from infra.resources import MILLI, ClusterState
+
+CURVE_POINTS = 131
+"""Arrival percentages 0..130 at which curves are reported."""
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One pod of a trace."""
+
+    name: str
+    cpu: int
+    mem: int
+    num_gpu: int
+    gpu_milli: int
+    models: frozenset[str]
+
+    @property
+    def shape(self) -> PodShape:
+        """Request shape (typical-pod key)."""
+        return (self.cpu, self.gpu_milli, self.num_gpu, self.models)
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """All milli-GPU the pod takes."""
+        return self.num_gpu * self.gpu_milli
+
+    def demand(self) -> Demand:
+        """The pod as a placement demand."""
+        return Demand(self.cpu, self.mem, self.num_gpu, self.gpu_milli, self.models)
+
+
+def read_pods(path: str | Path) -> list[Pod]:
+    """Read an openb pod list; pods are returned sorted by name."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Pod list {path} not found: pass --pods with an existing CSV file.")
+    need = {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}
+    pods = []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = need - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(
+                f"Pod list {path} lacks columns {sorted(missing)}; expected the openb format {sorted(need)}."
+            )
+        for row in reader:
+            num, milli = int(row["num_gpu"]), int(row["gpu_milli"])
+            if num == 0:
+                milli = 0
+            spec = frozenset(x for x in (row.get("gpu_spec") or "").split("|") if x)
+            pods.append(
+                Pod(row["name"], int(row["cpu_milli"]), int(row["memory_mib"]), num, min(milli, MILLI), spec)
+            )
+    if not pods:
+        raise ValueError(f"Pod list {path} has no pods.")
+    return sorted(pods, key=lambda p: p.name)
+
+
+def arrival_sequence(pods: list[Pod], capacity_milli: int, inflate: float, seed: int) -> list[Pod]:
+    """Shuffle ``pods`` with ``seed`` and append random copies up to ``inflate`` x capacity (step 2)."""
+    rng = np.random.default_rng(seed)
+    seq = [pods[i] for i in rng.permutation(len(pods))]
+    total = sum(p.total_gpu_milli for p in pods)
+    target = inflate * capacity_milli
+    while True:
+        p = pods[int(rng.integers(len(pods)))]
+        if total + p.gpu_milli > target:
+            return seq
+        seq.append(p)
+        total += p.total_gpu_milli
+
+
+@dataclass
+class ReplayResult:
+    """Outcome of one replay.
+
+    Attributes:
+        alloc_curve, frag_curve: ``[131]`` allocation % and fragmentation % of GPU capacity at
+            0..130 % arrived (NaN where no pod arrived near that point).
+        failed: pods that fit nowhere.
+        latencies_ns: ``[P]`` wall-clock decision time of each pod.
+        cpu_latencies_ns: ``[P]`` CPU time of each decision (the wall time minus time the process
+            waited for a core; on a shared machine the fairer figure of the work done).
+        arrived_pct, alloc_pct: ``[P]`` raw series after each pod.
+    """
+
+    alloc_curve: np.ndarray
+    frag_curve: np.ndarray
+    failed: int
+    latencies_ns: np.ndarray
+    cpu_latencies_ns: np.ndarray
+    arrived_pct: np.ndarray
+    alloc_pct: np.ndarray
+
+
+def bin_curve(arrived_pct: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Mean of ``values`` per integer arrival % (0..130); a point with no pod uses +-1 %, else NaN."""
+    key = np.round(arrived_pct)
+    out = np.full(CURVE_POINTS, np.nan)
+    for k in range(CURVE_POINTS):
+        sel = key == k
+        if not sel.any():
+            sel = (key >= k - 1) & (key <= k + 1)
+        if sel.any():
+            out[k] = values[sel].mean()
+    return out
+
+
+def replay(
+    state: ClusterState,
+    sequence: list[Pod],
+    policy: Policy,
+    typical: TypicalPods,
+    seed: int,
+    progress=None,
+) -> ReplayResult:
+    """Place ``sequence`` one pod at a time on an emptied ``state`` with ``policy``.
+
+    Args:
+        state: the cluster; it is reset first and holds the final placement afterwards.
+        sequence: arriving pods (see ``arrival_sequence``).
+        policy: the placement policy.
+        typical: typical pods for the fragmentation metric.
+        seed: seeds the tie-breaking generator.
+        progress: optional callable ``progress(i)`` called every 1000 pods.
+    """
+    state.reset()
+    rng = np.random.default_rng(seed + 1_000_003)
+    state.tie_rank = rng.permutation(state.num_nodes)
+    metric = FragModel(state, typical)
+    capacity = state.total_gpu_milli()
+    n = len(sequence)
+    lat = np.zeros(n, dtype=np.int64)
+    cpu_lat = np.zeros(n, dtype=np.int64)
+    arrived = np.zeros(n)
+    used = np.zeros(n)
+    frag = np.zeros(n)
+    failed = 0
+    arrived_milli = used_milli = 0
+    for i, pod in enumerate(sequence):
+        arrived_milli += pod.total_gpu_milli
+        d = pod.demand()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        choice = policy.choose(state, d, rng)
+        lat[i], cpu_lat[i] = time.perf_counter_ns() - t0, time.thread_time_ns() - c0
+        if choice is None:
+            failed += 1
+        else:
+            state.allocate(choice.node, d.cpu, d.mem, choice.gpus, d.gpu_milli)
+            used_milli += pod.total_gpu_milli
+        arrived[i], used[i] = arrived_milli, used_milli
+        frag[i] = metric.cluster_frag()
+        if progress is not None and i % 1000 == 0:
+            progress(i)
+    arrived_pct = 100.0 * arrived / capacity
+    alloc_pct = 100.0 * used / capacity
+    return ReplayResult(
+        alloc_curve=bin_curve(arrived_pct, alloc_pct),
+        frag_curve=bin_curve(arrived_pct, 100.0 * frag / capacity),
+        failed=failed,
+        latencies_ns=lat,
+        cpu_latencies_ns=cpu_lat,
+        arrived_pct=arrived_pct,
+        alloc_pct=alloc_pct,
+    )
