@@ -12,6 +12,7 @@ PPO gets :class:`PPOConfig`, the policy factory gets the policy's own dataclass 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -436,7 +437,7 @@ def check_task(env: EnvConfig) -> None:
         import gymnasium
 
         if env.task not in gymnasium.registry:
-            close = [k for k in gymnasium.registry if k.split("-")[0].lower() == env.task.split("-")[0].lower()]
+            close = difflib.get_close_matches(env.task, list(gymnasium.registry), n=3, cutoff=0.7)
             hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.registry for valid ids"
             raise ConfigError(f"env.task={env.task!r} is not a registered gymnasium id{hint}")
 

@@ -19,7 +19,7 @@ from torch import nn
 
 def _frame(env: Any, obs: TensorDict) -> np.ndarray | None:
     """Environment 0's camera image ``[H, W, 3]`` (cameras side by side), or the env's own render."""
-    if "rgb" in obs.keys():
+    if "rgb" in obs:
         cams = obs["rgb"][0].numpy()  # [cams, 3, H, W]
         return np.concatenate(list(cams.transpose(0, 2, 3, 1)), axis=1)
     render = getattr(env, "render_frame", None)

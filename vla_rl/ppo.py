@@ -51,8 +51,8 @@ def compute_gae(
             "compute_gae needs reward, value, next_value, terminated and done of one shape [T, N]; got "
             f"{[tuple(x.shape) for x in (reward, value, next_value, terminated, done)]}"
         )
-    not_terminal = 1.0 - terminated.float()
-    not_done = 1.0 - done.float()
+    not_terminal = 1.0 - terminated.to(reward.dtype)
+    not_done = 1.0 - done.to(reward.dtype)
     # TD error: delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminal_t) - V(s_t)
     delta = reward + gamma * next_value * not_terminal - value
     advantage = torch.zeros_like(reward)
