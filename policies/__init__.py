@@ -4,10 +4,12 @@ Build one by name with :func:`load` or from a config dataclass with :func:`make_
 """
 
 from policies.base import ActorCritic
+from policies.encoders import ConvEncoder, SentenceCache, shared_sentence_cache
 from policies.heads import ActionHeadConfig, BinnedHead, GaussianHead
 from policies.mlp import MLPActorCritic, MLPPolicyConfig
 from policies.normalization import RunningNorm
 from policies.registry import MODELS, POLICIES, config_class, load, make_policy
+from policies.vla import VLAConfig, VLAPolicy
 
 __all__ = [
     "MODELS",
@@ -15,11 +17,16 @@ __all__ = [
     "ActionHeadConfig",
     "ActorCritic",
     "BinnedHead",
+    "ConvEncoder",
     "GaussianHead",
     "MLPActorCritic",
     "MLPPolicyConfig",
     "RunningNorm",
+    "SentenceCache",
+    "VLAConfig",
+    "VLAPolicy",
     "config_class",
     "load",
     "make_policy",
+    "shared_sentence_cache",
 ]

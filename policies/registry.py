@@ -7,9 +7,11 @@ from typing import Any
 
 from policies.base import ActorCritic, ObsSpec
 from policies.mlp import MLPActorCritic, MLPPolicyConfig
+from policies.vla import VLAConfig, VLAPolicy
 
 POLICIES: dict[str, tuple[type, type[ActorCritic]]] = {
     "mlp": (MLPPolicyConfig, MLPActorCritic),
+    "vla": (VLAConfig, VLAPolicy),
 }
 """Policy name -> (config dataclass, policy class)."""
 MODELS: dict[str, type] = {name: config for name, (config, _) in POLICIES.items()}

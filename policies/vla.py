@@ -1,0 +1,219 @@
+"""The Vision-Language-Action policy: cameras + instruction + proprioception -> actions and value.
+
+Data flow for a batch of N observations (``C`` cameras, ``d`` = ``cfg.width``)::
+
+    instruction [N] --index--> cached MiniLM embeddings [L, 384] (frozen, set_instructions)
+                               -> Linear+act -> language feature l [N, d]
+    rgb uint8 [N, C, 3, H, W] -> /255, resize to image_size -> shared ConvEncoder per camera
+    proprio [N, P] -> RunningNorm -> Linear+act -> proprio feature p [N, d]
+
+    fusion "film" (default): every convolution of the image encoder is FiLM-modulated by l;
+        each camera's final map is flattened and projected to d; concat(cameras, l, p) -> trunk
+    fusion "transformer": the unmodulated maps become h*w tokens per camera (+ position and
+        camera embeddings), joined by an l token, a p token and a readout token; a small
+        transformer encoder mixes them and the readout token -> trunk
+
+    trunk (MLP) -> action head (Gaussian / binned, optional chunks) and value head
+
+MiniLM runs only in :meth:`VLAPolicy.set_instructions`, once per distinct string in the
+process (a :class:`~policies.encoders.SentenceCache`); the per-step path is an index into a
+buffer. The embeddings buffer is not part of the ``state_dict``: after loading a checkpoint,
+call ``set_instructions`` with the instruction list of the environment you act in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from policies.base import (
+    ACTIVATIONS,
+    Activation,
+    ActorCritic,
+    ObsSpec,
+    build_mlp,
+    obs_entry,
+    require_key,
+    spec_shapes,
+    value_layer,
+)
+from policies.encoders import EMBED_DIM, ConvEncoder, SentenceCache, preprocess_images, shared_sentence_cache
+from policies.heads import ActionHeadConfig, make_head
+from policies.normalization import RunningNorm
+
+
+@dataclass
+class VLAConfig:
+    """Configuration of :class:`VLAPolicy`."""
+
+    image_key: str = "rgb"
+    """Observation key of the camera images, uint8 ``[N, cams, 3, H, W]``."""
+    proprio_key: str = "proprio"
+    """Observation key of proprioception, float ``[N, P]``; empty string to ignore proprioception."""
+    instruction_key: str = "instruction"
+    """Observation key of the instruction index, int64 ``[N]`` into the list given to ``set_instructions``."""
+    image_size: int = 64
+    """Images are resized (area interpolation) to ``image_size`` x ``image_size`` when they differ."""
+    patch_size: int = 4
+    """Kernel and stride of the image encoder's patchify stem."""
+    conv_channels: tuple[int, ...] = (32, 32, 64)
+    """Channels of the stem, then of each 3x3 stride-2 convolution (shared across cameras)."""
+    width: int = 128
+    """Width d of the per-camera image feature, the language feature and the proprio feature."""
+    fusion: Literal["film", "transformer"] = "film"
+    """``film``: language FiLM-modulates every convolution; ``transformer``: tokens mixed by attention."""
+    transformer_layers: int = 2
+    """Encoder layers of the ``transformer`` fusion."""
+    transformer_heads: int = 4
+    """Attention heads of the ``transformer`` fusion (must divide ``width``)."""
+    trunk_sizes: tuple[int, ...] = (256, 256)
+    """Hidden widths of the MLP after fusion, shared by the action and value heads."""
+    activation: Activation = "elu"
+    """Nonlinearity of the encoders and the trunk."""
+    head: ActionHeadConfig = field(default_factory=ActionHeadConfig)
+    """Action head: Gaussian or binned, with optional action chunks."""
+    normalize_proprio: bool = True
+    """Normalise proprioception with running mean/variance (statistics checkpoint with the model)."""
+    obs_clip: float = 10.0
+    """Clip normalised proprioception to ``[-obs_clip, obs_clip]`` (0 disables clipping)."""
+
+
+class VLAPolicy(ActorCritic):
+    """Language-conditioned visuomotor actor-critic (see the module docstring for the data flow).
+
+    Args:
+        cfg: the policy configuration.
+        obs_spec: feature shapes per observation key (or a sample observation TensorDict); must
+            hold ``cfg.image_key`` as ``(cams, 3, H, W)`` and, unless disabled, ``cfg.proprio_key``.
+        action_dim: A, the number of action dimensions.
+        sentences: the frozen sentence-embedding cache; defaults to the process-wide MiniLM one.
+    """
+
+    def __init__(
+        self, cfg: VLAConfig, obs_spec: ObsSpec, action_dim: int, sentences: SentenceCache | None = None
+    ) -> None:
+        super().__init__()
+        shapes = spec_shapes(obs_spec)
+        self.cameras, channels, _, _ = require_key(shapes, cfg.image_key, 4, "VLAPolicy")
+        if channels != 3:
+            raise ValueError(
+                f"observation {cfg.image_key!r} has {channels} channels per camera; expected RGB (3)."
+            )
+        if cfg.fusion == "transformer" and cfg.width % cfg.transformer_heads:
+            raise ValueError(
+                f"width={cfg.width} must be divisible by transformer_heads={cfg.transformer_heads}."
+            )
+        self.cfg = cfg
+        self.sentences = sentences
+        self.instructions: tuple[str, ...] = ()
+        self.register_buffer("instruction_embeddings", torch.zeros(0, EMBED_DIM), persistent=False)
+        act = ACTIVATIONS[cfg.activation]
+        d = cfg.width
+
+        self.language = nn.Sequential(nn.Linear(EMBED_DIM, d), act())
+        film_dim = d if cfg.fusion == "film" else 0
+        self.image_encoder = ConvEncoder(cfg.image_size, cfg.patch_size, cfg.conv_channels, film_dim, act)
+        map_channels, map_size = self.image_encoder.out_channels, self.image_encoder.out_size
+        if cfg.fusion == "film":
+            self.image_proj = nn.Sequential(nn.Flatten(), nn.Linear(map_channels * map_size**2, d), act())
+            fused = d * (self.cameras + 1)
+        else:
+            self.image_proj = nn.Linear(map_channels, d)
+            self.token_pos = nn.Parameter(0.02 * torch.randn(self.cameras, map_size**2, d))
+            self.readout = nn.Parameter(0.02 * torch.randn(1, 1, d))
+            layer = nn.TransformerEncoderLayer(
+                d,
+                cfg.transformer_heads,
+                dim_feedforward=2 * d,
+                dropout=0.0,
+                batch_first=True,
+                norm_first=True,
+            )
+            self.transformer = nn.TransformerEncoder(
+                layer, cfg.transformer_layers, enable_nested_tensor=False
+            )
+            fused = d
+
+        self.proprio_norm: RunningNorm | None = None
+        if cfg.proprio_key:
+            (proprio_dim,) = require_key(shapes, cfg.proprio_key, 1, "VLAPolicy")
+            if cfg.normalize_proprio:
+                self.proprio_norm = RunningNorm(proprio_dim, clip=cfg.obs_clip)
+            self.proprio = nn.Sequential(nn.Linear(proprio_dim, d), act())
+            fused += d if cfg.fusion == "film" else 0
+
+        self.trunk = build_mlp(fused, cfg.trunk_sizes, cfg.activation)
+        out = cfg.trunk_sizes[-1] if cfg.trunk_sizes else fused
+        self.head = make_head(cfg.head, out, action_dim)
+        self.value_head = value_layer(out)
+
+    # --- language -------------------------------------------------------------------------
+    def set_instructions(self, instructions: Sequence[str]) -> None:
+        """Embed ``instructions`` (MiniLM, cached per string) so that index i means ``instructions[i]``."""
+        if isinstance(instructions, str) or not instructions:
+            raise ValueError("set_instructions needs a non-empty list of strings, e.g. env.instructions.")
+        sentences = self.sentences if self.sentences is not None else shared_sentence_cache()
+        embeddings = sentences(list(instructions))
+        self.instructions = tuple(instructions)
+        self.instruction_embeddings = embeddings.to(self.instruction_embeddings.device)
+
+    def _language(self, obs: TensorDictBase) -> torch.Tensor:
+        index = obs_entry(obs, self.cfg.instruction_key)
+        count = self.instruction_embeddings.shape[0]
+        if count == 0:
+            raise RuntimeError(
+                "VLAPolicy has no instructions: call policy.set_instructions(env.instructions) after "
+                "building or loading the policy."
+            )
+        if index.dtype != torch.int64 or index.dim() != 1:
+            raise ValueError(
+                f"{self.cfg.instruction_key!r} must be int64 [N]; got {index.dtype} {tuple(index.shape)}."
+            )
+        if bool((index < 0).any() | (index >= count).any()):
+            raise IndexError(
+                f"instruction index out of range [0, {count}); the policy holds {count} instructions. "
+                f"Call set_instructions with the environment's instruction list."
+            )
+        return self.language(self.instruction_embeddings[index])
+
+    # --- observation -> features ------------------------------------------------------------
+    def _images(self, obs: TensorDictBase) -> torch.Tensor:
+        rgb = obs_entry(obs, self.cfg.image_key)
+        if rgb.dtype != torch.uint8 or rgb.dim() != 5 or rgb.shape[1:3] != (self.cameras, 3):
+            raise ValueError(
+                f"{self.cfg.image_key!r} must be uint8 [N, {self.cameras}, 3, H, W]; got {rgb.dtype} {tuple(rgb.shape)}."
+            )
+        return preprocess_images(rgb, self.cfg.image_size)
+
+    def _proprio(self, obs: TensorDictBase) -> torch.Tensor:
+        x = obs_entry(obs, self.cfg.proprio_key).float()
+        return self.proprio(self.proprio_norm(x) if self.proprio_norm is not None else x)
+
+    def features(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        lang = self._language(obs)
+        n, cams, d = lang.shape[0], self.cameras, self.cfg.width
+        images = self._images(obs)
+        if self.cfg.fusion == "film":
+            maps = self.image_encoder(images, lang.repeat_interleave(cams, dim=0))
+            parts = [self.image_proj(maps).view(n, cams * d), lang]
+            if self.cfg.proprio_key:
+                parts.append(self._proprio(obs))
+            fused = torch.cat(parts, dim=-1)
+        else:
+            maps = self.image_encoder(images)  # [N*cams, C, h, w]
+            tokens = self.image_proj(maps.flatten(2).transpose(1, 2)).view(n, cams, -1, d) + self.token_pos
+            extra = [self.readout.expand(n, -1, -1), lang.unsqueeze(1)]
+            if self.cfg.proprio_key:
+                extra.append(self._proprio(obs).unsqueeze(1))
+            fused = self.transformer(torch.cat([*extra, tokens.view(n, -1, d)], dim=1))[:, 0]
+        x = self.trunk(fused)
+        return x, x
+
+    def update_normalization(self, obs: TensorDictBase) -> None:
+        if self.proprio_norm is not None:
+            self.proprio_norm.update(obs_entry(obs, self.cfg.proprio_key).float())
