@@ -1,0 +1,255 @@
+"""Gang placement: all bundles of a request or none, honouring its constraints.
+
+Bundles tied by ``SameGPU`` become one unit (their CPU, memory and GPU fractions summed, one GPU
+shared). Units tied by ``SameNode`` (or ``SameGPU`` across units) form a node group: its first
+unit goes where the policy says, the others are restricted to that node; if a later unit does not
+fit there, the group is undone and retried with that node excluded (a bounded search).
+``DifferentNodes``, ``PinGPUs`` and constraints naming placed services narrow the masks of each
+``Demand``. Everything taken is applied to the ``ClusterState`` as it goes and undone on failure,
+so a failed gang leaves the state exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from infra.policies import Demand, Policy
+from infra.requests import Bundle, DifferentNodes, GangRequest, PinGPUs, SameGPU, SameNode
+from infra.resources import ClusterState
+
+MAX_GROUP_RETRIES = 8
+"""Nodes tried for the first unit of a same-node group before the gang is declared unplaceable."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where one bundle runs: node name, GPU indices on it, milli-GPU taken on each."""
+
+    bundle: int
+    node: str
+    gpus: tuple[int, ...]
+    gpu_milli: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A placed gang: one assignment per running bundle (bundle index order)."""
+
+    gang: str
+    assignments: tuple[Assignment, ...]
+
+    def nodes(self) -> set[str]:
+        """Names of the nodes the gang uses."""
+        return {a.node for a in self.assignments}
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Bundles placed as one demand (a SameGPU set, or a single bundle)."""
+
+    bundles: tuple[int, ...]
+    cpu: int
+    mem: int
+    num_gpu: int
+    gpu_milli: int
+    models: frozenset[str]
+    gpu_memory_mib: int
+
+
+Taken = tuple[int, tuple[int, ...], int, int, int]
+"""(node, gpus, gpu_milli, cpu, mem) of one allocation on the state."""
+
+
+def _units(req: GangRequest, indices: list[int]) -> list[_Unit]:
+    """Merge SameGPU bundles (within ``indices``) into units."""
+    parent = {i: i for i in indices}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for c in req.constraints:
+        if isinstance(c, SameGPU):
+            members = [i for i in c.bundles if i in parent]
+            for i in members[1:]:
+                parent[root(i)] = root(members[0])
+    groups: dict[int, list[int]] = {}
+    for i in indices:
+        groups.setdefault(root(i), []).append(i)
+    units = []
+    for members in groups.values():
+        bs: list[Bundle] = [req.bundles[i] for i in members]
+        if len(bs) == 1:
+            b = bs[0]
+            units.append(
+                _Unit(
+                    tuple(members),
+                    b.cpu_milli,
+                    b.memory_mib,
+                    b.num_gpu,
+                    b.gpu_milli,
+                    b.gpu_models,
+                    b.gpu_memory_mib,
+                )
+            )
+        else:
+            units.append(
+                _Unit(
+                    tuple(members),
+                    sum(b.cpu_milli for b in bs),
+                    sum(b.memory_mib for b in bs),
+                    1,
+                    sum(b.gpu_fraction for b in bs),
+                    bs[0].gpu_models,
+                    max(b.gpu_memory_mib for b in bs),
+                )
+            )
+    return units
+
+
+def _node_groups(req: GangRequest, units: list[_Unit]) -> list[list[_Unit]]:
+    """Units that must share a node (SameNode/SameGPU), largest request first."""
+    where = {b: k for k, u in enumerate(units) for b in u.bundles}
+    parent = list(range(len(units)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for c in req.constraints:
+        if isinstance(c, SameNode | SameGPU):
+            ks = [where[i] for i in c.bundles if i in where]
+            for k in ks[1:]:
+                parent[root(k)] = root(ks[0])
+    groups: dict[int, list[_Unit]] = {}
+    for k, u in enumerate(units):
+        groups.setdefault(root(k), []).append(u)
+
+    def size(u: _Unit) -> tuple[int, int]:
+        return (u.num_gpu * u.gpu_milli, u.cpu)
+
+    out = [sorted(g, key=size, reverse=True) for g in groups.values()]
+    return sorted(out, key=lambda g: size(g[0]), reverse=True)
+
+
+class GangPlacer:
+    """Places gangs on a ``ClusterState`` with a ``Policy``.
+
+    Args:
+        state: the cluster state (modified in place).
+        policy: the placement policy.
+        rng: random generator handed to the policy.
+    """
+
+    def __init__(self, state: ClusterState, policy: Policy, rng: np.random.Generator) -> None:
+        self.state = state
+        self.policy = policy
+        self.rng = rng
+
+    def place(
+        self,
+        req: GangRequest,
+        indices: list[int],
+        services: dict[str, tuple[int, tuple[int, ...]]],
+        running: dict[int, int] | None = None,
+    ) -> list[tuple[int, Taken]] | None:
+        """Place bundles ``indices`` of ``req``, all or none.
+
+        Args:
+            req: the gang.
+            indices: which bundles to place.
+            services: placed services by name -> (node, GPU indices), for constraints naming them.
+            running: bundles of this gang already placed -> node (a growing elastic gang).
+        Returns:
+            ``[(bundle, taken)]`` for every bundle, or None (the state unchanged).
+        """
+        units = _units(req, indices)
+        gang_nodes = np.zeros(self.state.num_nodes, dtype=bool)
+        node_of: dict[int, int] = dict(running or {})
+        for n in node_of.values():
+            gang_nodes[n] = True
+        done: list[tuple[int, Taken]] = []
+        for group in _node_groups(req, units):
+            placed = self._place_group(req, group, services, node_of, gang_nodes)
+            if placed is None:
+                self.undo(t for _, t in done)
+                return None
+            done += placed
+        return done
+
+    def _place_group(self, req, group, services, node_of, gang_nodes) -> list[tuple[int, Taken]] | None:
+        excluded = np.zeros(self.state.num_nodes, dtype=bool)
+        for _ in range(MAX_GROUP_RETRIES):
+            taken: list[tuple[int, Taken]] = []
+            node = None
+            for u in group:
+                mask, gmask = self._masks(req, u, services, node_of)
+                mask = mask & ~excluded if node is None else mask & (np.arange(mask.size) == node)
+                d = Demand(
+                    u.cpu, u.mem, u.num_gpu, u.gpu_milli, u.models, u.gpu_memory_mib, mask, gmask, gang_nodes
+                )
+                choice = self.policy.choose(self.state, d, self.rng)
+                if choice is None:
+                    break
+                t: Taken = (choice.node, choice.gpus, u.gpu_milli, u.cpu, u.mem)
+                self.state.allocate(choice.node, u.cpu, u.mem, choice.gpus, u.gpu_milli)
+                node = choice.node
+                taken += _split(req, u, t)
+            else:
+                for b, t in taken:
+                    node_of[b] = t[0]
+                    gang_nodes[t[0]] = True
+                return taken
+            self.undo(t for _, t in taken)
+            if node is None:
+                return None
+            excluded[node] = True
+        return None
+
+    def _masks(self, req, u: _Unit, services, node_of) -> tuple[np.ndarray, np.ndarray | None]:
+        """Node and GPU masks imposed on unit ``u`` by the gang's constraints."""
+        st = self.state
+        mask = np.ones(st.num_nodes, dtype=bool)
+        gmask = None
+        mine = set(u.bundles)
+        for c in req.constraints:
+            if isinstance(c, DifferentNodes) and mine & set(c.bundles):
+                for i in c.bundles:
+                    if i not in mine and i in node_of:
+                        mask[node_of[i]] = False
+                for s in c.services:
+                    mask[services[s][0]] = False
+            elif isinstance(c, SameNode | SameGPU) and c.service and mine & set(c.bundles):
+                node, gpus = services[c.service]
+                mask &= np.arange(st.num_nodes) == node
+                if isinstance(c, SameGPU):
+                    gmask = np.zeros_like(st.gpu_exists)
+                    gmask[node, list(gpus)] = True
+            elif isinstance(c, PinGPUs) and c.bundle in mine:
+                node = st.node_index[c.node]
+                mask &= np.arange(st.num_nodes) == node
+                pin = np.zeros_like(st.gpu_exists)
+                pin[node, list(c.gpus)] = True
+                gmask = pin if gmask is None else gmask & pin
+        return mask, gmask
+
+    def undo(self, taken) -> None:
+        """Free allocations made by ``place``."""
+        for node, gpus, milli, cpu, mem in taken:
+            self.state.free(node, cpu, mem, gpus, milli)
+
+
+def _split(req: GangRequest, u: _Unit, t: Taken) -> list[tuple[int, Taken]]:
+    """Per-bundle share of a unit's allocation (SameGPU members share the GPU)."""
+    node, gpus, _, _, _ = t
+    if len(u.bundles) == 1:
+        return [(u.bundles[0], t)]
+    out = []
+    for i in u.bundles:
+        b = req.bundles[i]
+        out.append((i, (node, gpus, b.gpu_fraction, b.cpu_milli, b.memory_mib)))
+    return out
