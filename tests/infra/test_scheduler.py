@@ -108,8 +108,8 @@ def test_preemption_evicts_only_lower_priority_and_tells_the_victim(cluster):
 
 def test_release_serves_the_queue_by_priority(cluster):
     s = Scheduler(cluster, policy="bestfit")
-    s.submit(GangRequest("a", (Bundle(1000, 1024, gpus=4),) * 2))
-    s.submit(GangRequest("b", (Bundle(1000, 1024, gpus=2),)))
+    s.submit(GangRequest("a", (Bundle(1000, 1024, gpus=4),) * 2, priority=3))
+    s.submit(GangRequest("b", (Bundle(1000, 1024, gpus=2),), priority=3))
     s.submit(GangRequest("lo", (Bundle(1000, 1024, gpus=4),), priority=1))
     s.submit(GangRequest("hi", (Bundle(1000, 1024, gpus=4),), priority=2))
     assert s.queue == ["hi", "lo"]
