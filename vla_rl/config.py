@@ -90,6 +90,8 @@ class PPOConfig:
     """Weight of the value loss."""
     clip_value: bool = False
     """Clip the value prediction around the old value by ``clip_coef`` (PPO2's value clipping)."""
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return (as SB3's ``VecNormalize``)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The clipped update's settings."""
 
@@ -154,8 +156,8 @@ class TrainConfig:
     """Also stop once held-out evaluation success reaches this fraction (``None``: never)."""
     checkpoint_every: int = 10
     """Save a checkpoint every this many iterations (and after the last one)."""
-    torch_threads: int = 2
-    """Threads torch may use for inference and updates."""
+    torch_threads: int = 1
+    """Threads torch may use for inference and updates (1 is fastest for small networks on a busy machine)."""
     device: str = "cpu"
     """Torch device of the policy."""
     env: EnvConfig = field(default_factory=EnvConfig)

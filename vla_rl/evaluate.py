@@ -9,6 +9,7 @@ run face the same initial states and instructions and their curves are comparabl
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -107,3 +108,58 @@ def evaluate_policy(
         if of_task and len(names) > 1:
             metrics[f"success/{name}"] = float(np.mean(of_task))
     return metrics, frames
+
+
+def evaluate_checkpoint(
+    path: str | Path,
+    instructions: str = "heldout",
+    episodes: int | None = None,
+    num_envs: int | None = None,
+    seed: int | None = None,
+) -> tuple[dict[str, float], Any, list[np.ndarray]]:
+    """Load a checkpoint's policy and evaluate it on a fresh environment of its task.
+
+    Args:
+        path: A checkpoint file, a ``checkpoints/`` directory or a run directory.
+        instructions: Instruction set, ``train`` or ``heldout`` (``sims`` tasks only).
+        episodes: Episodes to run (default: the run's ``eval.episodes``).
+        num_envs: Parallel environments (default: the run's ``eval.num_envs``).
+        seed: Reset seed (default: the run's evaluation seed).
+
+    Returns:
+        The metrics of :func:`evaluate_policy`, the run config and environment 0's frames.
+
+    Raises:
+        vla_rl.checkpoint.CheckpointError: The checkpoint is missing, corrupt, or does not fit its config.
+        ValueError: An unknown instruction set.
+    """
+    import policies
+    from vla_rl.checkpoint import CheckpointError, load_checkpoint
+    from vla_rl.config import build_config
+    from vla_rl.envs import make_env
+
+    if instructions not in ("train", "heldout"):
+        raise ValueError(f"instructions={instructions!r}; valid: train, heldout")
+    state = load_checkpoint(path)
+    cfg = build_config(state["config"])
+    if cfg.env.kind != "sims" and instructions != "train":
+        instructions = "train"  # gymnasium tasks have a single "instruction set"
+    n = num_envs or cfg.eval.num_envs
+    env = make_env(cfg.env, seed=cfg.seed + 7919, num_envs=n, instructions=instructions, video=True)
+    try:
+        obs = env.reset_td(seed=cfg.seed + 7919)
+        policy = policies.make_policy(cfg.policy, obs, int(np.prod(env.single_action_space.shape)))
+        try:
+            policy.load_state_dict(state["policy"])
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path}: weights do not fit the policy its config describes: {exc}") from exc
+        policy.set_instructions(list(env.instructions))
+        policy.eval()
+        metrics, frames = evaluate_policy(
+            policy, env, episodes or cfg.eval.episodes, seed if seed is not None else cfg.seed + 7919, record=True
+        )
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    return metrics, cfg, frames

@@ -34,6 +34,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from policies import RunningNorm
+
 
 @dataclass
 class Timer:
@@ -93,6 +95,37 @@ class EpisodeStats:
         self.ret, self.length, self.succeeded = state["ret"].clone(), state["length"].clone(), state["succeeded"].clone()
 
 
+class RewardScaler:
+    """Divide rewards by the running standard deviation of the discounted return.
+
+    The reward normalisation of SB3's ``VecNormalize`` and gymnasium's ``NormalizeReward``:
+    ``G <- gamma * G + r`` per environment (reset at episode ends), the running variance of ``G``
+    is tracked, and ``r / sqrt(var + eps)`` (clipped to ``[-clip, clip]``) is what PPO learns from.
+    """
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, eps: float = 1e-8) -> None:
+        self.gamma, self.clip, self.eps = gamma, clip, eps
+        self.ret = torch.zeros(num_envs, dtype=torch.float64)
+        self.norm = RunningNorm((), clip=None)
+
+    def __call__(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """Scale one step's rewards ``[N]`` and update the statistics."""
+        self.ret = self.ret * self.gamma + reward.double()
+        self.norm.update(self.ret)
+        self.ret[done] = 0.0
+        scaled = reward.double() / torch.sqrt(self.norm.var + self.eps)
+        return scaled.clamp(-self.clip, self.clip).to(reward.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Running return and statistics, for checkpoints."""
+        return {"ret": self.ret.clone(), "norm": self.norm.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.ret = state["ret"].clone()
+        self.norm.load_state_dict(state["norm"])
+
+
 def _env_seconds(env: Any) -> dict[str, float]:
     timings = getattr(env, "timings", None)
     return dict(timings) if timings else {}
@@ -135,6 +168,7 @@ def collect_steps(
     timer: Timer,
     stats: EpisodeStats,
     device: torch.device,
+    reward_scaler: RewardScaler | None = None,
 ) -> tuple[TensorDict, TensorDict]:
     """Run ``steps`` decisions of every environment with ``policy`` (PPO collection).
 
@@ -146,6 +180,8 @@ def collect_steps(
         timer: Accumulates simulate/render/infer seconds.
         stats: Episode statistics, updated in place.
         device: Device of the policy.
+        reward_scaler: Optional reward normalisation; the batch then holds scaled rewards
+            (episode statistics always use the raw ones).
 
     Returns:
         The batch ``[T, N]`` (see module docstring) and the observation to act on next.
@@ -175,7 +211,7 @@ def collect_steps(
                     "log_prob": out["log_prob"].cpu(),
                     "value": out["value"].cpu(),
                     "bootstrap": next_value,
-                    "reward": step["reward"],
+                    "reward": step["reward"] if reward_scaler is None else reward_scaler(step["reward"], done),
                     "terminated": step["terminated"],
                     "truncated": truncated,
                     "done": done,

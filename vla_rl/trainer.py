@@ -27,7 +27,7 @@ from vla_rl.envs import make_env
 from vla_rl.evaluate import evaluate_policy
 from vla_rl.grpo import episode_batch, group_advantages
 from vla_rl.ppo import ClippedUpdate, LossWeights, compute_gae
-from vla_rl.rollout import EpisodeStats, Timer, collect_episodes, collect_steps
+from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, collect_episodes, collect_steps
 from vla_rl.runlog import RunLog
 
 
@@ -76,6 +76,9 @@ class Trainer:
             weights = LossWeights(vf_coef=0.0, clip_value=False, norm_adv=False)
         self.updater = ClippedUpdate(self.policy, algo_optim(cfg), weights)
         self.stats = EpisodeStats.zeros(self.env.num_envs)
+        self.reward_scaler = (
+            RewardScaler(self.env.num_envs, cfg.ppo.gamma) if cfg.algo == "ppo" and cfg.ppo.normalize_reward else None
+        )
         self.iteration = 0
         self.env_steps = 0
         self.wall_before = 0.0  # wall seconds of earlier sessions of this run
@@ -154,7 +157,7 @@ class Trainer:
     def _collect_ppo(self, timer: Timer) -> tuple[TensorDict, int]:
         cfg = self.cfg.ppo
         batch, self.obs = collect_steps(
-            self.env, self.policy, self.obs, cfg.rollout_steps, timer, self.stats, self.device
+            self.env, self.policy, self.obs, cfg.rollout_steps, timer, self.stats, self.device, self.reward_scaler
         )
         advantage, returns = compute_gae(
             batch["reward"], batch["value"], batch["next_value"], batch["terminated"], batch["done"],
@@ -225,6 +228,7 @@ class Trainer:
             "env_state": env_state,
             "obs": self.obs.to_dict(),
             "episode_stats": self.stats.state_dict(),
+            "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
             "wandb_id": self.log.wandb_id,
         }
         return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration)
@@ -256,6 +260,8 @@ class Trainer:
         self.env_steps = int(state["env_steps"])
         self.wall_before = float(state["wall_time"])
         self.stats.load_state_dict(state["episode_stats"])
+        if self.reward_scaler is not None:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
         self.obs = TensorDict.from_dict(state["obs"], batch_size=[self.env.num_envs])
         if state["env_state"] is None:
             warnings.warn(

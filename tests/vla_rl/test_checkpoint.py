@@ -12,7 +12,7 @@ def _config(out_dir, **extra):
     data = {
         "out_dir": str(out_dir), "name": "pend", "seed": 3, "total_env_steps": 192, "checkpoint_every": 1,
         "env": {"kind": "gym", "task": "Pendulum-v1", "num_envs": 2},
-        "ppo": {"rollout_steps": 32, "optim": {"epochs": 2, "num_minibatches": 2}},
+        "ppo": {"rollout_steps": 32, "normalize_reward": True, "optim": {"epochs": 2, "num_minibatches": 2}},
         "policy": {"name": "mlp", "hidden_sizes": [16, 16]},
         "eval": {"every": 1, "episodes": 2, "num_envs": 2},
         "log": {"wandb": "disabled", "progress": False, "video": False},

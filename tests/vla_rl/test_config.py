@@ -44,7 +44,7 @@ def test_unknown_sims_task_lists_tasks():
 
 
 def test_grpo_needs_whole_groups():
-    with pytest.raises(ConfigError, match="must be a multiple of grpo.group_size=8"):
+    with pytest.raises(ConfigError, match=r"must be a multiple of grpo\.group_size=8"):
         build_config({"algo": "grpo", "env": {"num_envs": 12}, "policy": {"name": "mlp"}})
 
 
