@@ -1,0 +1,451 @@
+"""Discrete-event simulation of RLVR jobs on GPU groups: dedicated placement vs multiplexing,
+and of request routing across rollout instances.
+
+Workload (all distributions stated here and in docs/llm_jobs.md; times in seconds):
+
+- A job runs ``iterations`` synchronous RLVR iterations: rollout (GPU), reward (CPU), train (GPU).
+- Rollout: ``batch`` sequences; each has ``1 + Geometric`` turns (mean ``turns_mean``; 1 for
+  single-turn jobs); each turn decodes ``LogNormal(median=out_median, sigma=out_sigma)`` tokens
+  (capped at ``out_cap``); between turns the sequence waits on a tool call for
+  ``LogNormal(median=tool_median_s, sigma=tool_sigma)`` seconds (capped at ``tool_cap_s``) and
+  then prefills the tool's ``LogNormal(median=tool_tokens_median, sigma=0.5)`` output tokens.
+- Rollout cost model (continuous batching, simulated in chunks of ``chunk`` tokens): a decode
+  step takes ``decode_step_s + decode_s_per_seq * active`` (memory-bound: it reads the weights
+  once per step); prefill costs ``2 * params / (gpus * peak_flops * prefill_mfu)`` per token.
+- Reward: ``LogNormal(median=reward_median_s, sigma=0.5)`` on CPU (verifier or sandbox tests).
+- Train: ``10 * params * tokens / (gpus * peak_flops * train_mfu)`` (forward+backward, and the
+  old-policy and reference log-probs).
+
+Placement:
+
+- *dedicated*: every job holds its own ``gpus`` GPUs from start to end; rollout and trainer are
+  colocated and stay resident (no swap cost is charged to dedicated jobs).
+- *multiplexed*: jobs are admitted to GPU groups of the same size; a group runs one job's slice
+  at a time (a rollout slice lasts while that job has a sequence not waiting on a tool; a train
+  slice is one update), granted first-come first-served. Switching the group to another job
+  costs a host-to-device copy of the incoming job's state over PCIe (weights for a rollout
+  slice; weights, gradients and Adam state in and out for a train slice), and the KV cache of a
+  job whose slice was taken by another job is gone: its sequences re-prefill their whole context.
+  A job joins a group only if a *profile* simulation of that group (different random draws from
+  the same distributions, what the scheduler can know before running) predicts no member slowed
+  by more than ``max_slowdown``.
+
+Billing: user GPU-hours = GPUs held x time held (dedicated: until the job ends; a group: until
+its last job ends).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from infra.llm.router import EngineCost, InstanceLoad, Router
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    """Distributions and size of one RLVR job (see the module docstring)."""
+
+    name: str
+    kind: str
+    params: float = 7e9
+    gpus: int = 4
+    iterations: int = 10
+    batch: int = 256
+    prompt_median: float = 400.0
+    turns_mean: float = 1.0
+    out_median: float = 1000.0
+    out_sigma: float = 0.8
+    out_cap: int = 16384
+    tool_median_s: float = 0.0
+    tool_sigma: float = 1.0
+    tool_cap_s: float = 120.0
+    tool_tokens_median: float = 300.0
+    reward_median_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Cost model of one GPU (H100-class defaults) and its host link."""
+
+    peak_flops: float = 989e12
+    train_mfu: float = 0.35
+    prefill_mfu: float = 0.5
+    decode_step_s: float = 0.012
+    decode_s_per_seq: float = 0.00004
+    pcie_bytes_per_s: float = 25e9
+    chunk: int = 64
+
+
+def mixed_workload(n_jobs: int = 8, iterations: int = 8) -> list[JobProfile]:
+    """Half single-turn math jobs (long-tailed answers), half multi-turn tool-using agent jobs."""
+    jobs = []
+    for i in range(n_jobs):
+        if i % 2 == 0:
+            jobs.append(JobProfile(f"math{i}", "math", iterations=iterations, batch=512, prompt_median=300,
+                                   out_median=1200, out_sigma=0.9, reward_median_s=30.0))
+        else:
+            jobs.append(JobProfile(f"agent{i}", "agent", iterations=iterations, batch=256, prompt_median=800,
+                                   turns_mean=4.0, out_median=250, out_sigma=0.8, out_cap=4096, tool_median_s=6.0,
+                                   tool_sigma=1.0, reward_median_s=60.0))
+    return jobs
+
+
+@dataclass
+class _Part:
+    """One rollout instance's share of a job's batch (arrays over its sequences)."""
+
+    remaining: np.ndarray  # tokens left in the current turn
+    turns_left: np.ndarray  # tool calls still to come
+    ready_at: np.ndarray  # time the sequence may decode again (its tool call returned)
+    prefill: np.ndarray  # tokens to prefill before decoding resumes
+    context: np.ndarray  # tokens in the sequence so far
+    done: np.ndarray
+    kv_valid: bool = True
+    tokens: float = 0.0
+
+    def next_ready(self) -> float:
+        return float(self.ready_at[~self.done].min()) if not self.done.all() else np.inf
+
+
+@dataclass
+class _Job:
+    p: JobProfile
+    rng: np.random.Generator
+    instances: int
+    iteration: int = 0
+    phase: str = "rollout"
+    ready_at: float = 0.0
+    parts: list[_Part] = field(default_factory=list)
+    rollout_end: float = 0.0
+    end: float = -1.0
+    gpu_busy_s: float = 0.0
+
+    def lognormal(self, median: float, sigma: float, size: int | None = None) -> np.ndarray:
+        return median * np.exp(sigma * self.rng.standard_normal(size))
+
+    def start_rollout(self, t: float) -> None:
+        """New batch, split evenly over the job's rollout instances (data parallel)."""
+        p, n = self.p, self.p.batch
+        extra = self.rng.geometric(1.0 / p.turns_mean, n) - 1 if p.turns_mean > 1 else np.zeros(n, dtype=np.int64)
+        prompt = np.maximum(1, self.lognormal(p.prompt_median, 0.5, n))
+        remaining = self._turn_len(n)
+        self.parts = [
+            _Part(remaining[i::self.instances].copy(), extra[i::self.instances].copy(), np.full(len(prompt[i::self.instances]), t),
+                  prompt[i::self.instances].copy(), prompt[i::self.instances].copy(), np.zeros(len(prompt[i::self.instances]), dtype=bool))
+            for i in range(self.instances)
+        ]
+        self.phase, self.rollout_end = "rollout", t
+
+    def _turn_len(self, n: int) -> np.ndarray:
+        return np.clip(self.lognormal(self.p.out_median, self.p.out_sigma, n), 1, self.p.out_cap)
+
+    def tokens(self) -> float:
+        return sum(part.tokens for part in self.parts)
+
+
+def _run_part(job: _Job, part: _Part, t: float, hw: Hardware) -> float:
+    """Decode one instance's share from ``t`` while some sequence is not waiting on a tool; returns the slice end."""
+    p = job.p
+    prefill_per_tok = 2 * p.params * job.instances / (p.gpus * hw.peak_flops * hw.prefill_mfu)
+    if not part.kv_valid:  # another job's slice evicted the KV cache: sequences re-prefill their context
+        part.prefill = np.where(part.done, 0.0, np.maximum(part.prefill, part.context))
+        part.kv_valid = True
+    while True:
+        active = (~part.done) & (part.ready_at <= t)
+        n = int(active.sum())
+        if n == 0:
+            return t
+        pre = float(part.prefill[active].sum())
+        part.prefill[active] = 0.0
+        step = min(hw.chunk, int(part.remaining[active].min()) + 1)
+        dt = prefill_per_tok * pre + step * (hw.decode_step_s + hw.decode_s_per_seq * n)
+        t += dt
+        job.gpu_busy_s += dt
+        part.remaining[active] -= step
+        part.context[active] += step
+        part.tokens += step * n
+        ended = active & (part.remaining <= 0)
+        if ended.any():
+            tool = ended & (part.turns_left > 0)
+            part.done |= ended & ~tool
+            k = int(tool.sum())
+            if k:
+                part.ready_at[tool] = t + np.minimum(job.lognormal(p.tool_median_s, p.tool_sigma, k), p.tool_cap_s)
+                part.turns_left[tool] -= 1
+                part.remaining[tool] = job._turn_len(k)
+                toks = np.maximum(1, job.lognormal(p.tool_tokens_median, 0.5, k))
+                part.prefill[tool] = toks
+                part.context[tool] += toks
+        if part.done.all():
+            return t
+
+
+def simulate_group(profiles: list[JobProfile], hw: Hardware, seed: int, tp: int = 1) -> dict[str, dict[str, float]]:
+    """Run ``profiles`` sharing one GPU group (a single profile = dedicated placement).
+
+    The group's GPUs form ``gpus / tp`` rollout instances; each instance runs one job's rollout
+    slice at a time (that job's share of its batch on this instance); a train slice takes all GPUs.
+    A job waiting to train has priority: no new rollout slice starts until it has the whole group.
+
+    Returns per job ``jct_s`` and ``gpu_busy_s``; and ``_group``: ``makespan_s``, ``busy_gpu_s``
+    (GPU-seconds spent executing anything, swaps included), ``swap_gpu_s``.
+    """
+    gpus = profiles[0].gpus
+    if any(p.gpus != gpus for p in profiles):
+        raise ValueError("jobs sharing a group must ask for the same number of GPUs.")
+    n_inst = gpus // tp
+    jobs = [_Job(p, np.random.default_rng([seed, i, sum(map(ord, p.name))]), n_inst) for i, p in enumerate(profiles)]
+    for j in jobs:
+        j.start_rollout(0.0)
+    shared = len(jobs) > 1
+    free_at = [0.0] * n_inst
+    on_device: list[tuple[str, str] | None] = [None] * n_inst
+    busy = swaps = 0.0
+    t = 0.0
+
+    def swap_in(i: int, job: _Job, phase: str, t0: float) -> float:
+        nonlocal swaps
+        if not shared or on_device[i] == (job.p.name, phase):
+            return 0.0
+        per_gpu = job.p.params / job.p.gpus
+        s = (2 * per_gpu * tp if phase == "rollout" else 2 * 16 * per_gpu) / hw.pcie_bytes_per_s
+        prev = on_device[i]
+        if prev is not None and prev[0] != job.p.name:
+            for other in jobs:
+                if other.p.name == prev[0] and other.phase == "rollout":
+                    other.parts[i].kv_valid = False
+        on_device[i] = (job.p.name, phase)
+        swaps += s * tp
+        return s
+
+    while any(j.phase != "done" for j in jobs):
+        for j in jobs:  # the CPU verifier finished: the job now waits to train
+            if j.phase == "reward" and j.ready_at <= t:
+                j.phase = "train"
+        trainers = sorted((j for j in jobs if j.phase == "train"), key=lambda j: (j.ready_at, j.p.name))
+        if trainers:
+            if max(free_at) <= t:
+                job = trainers[0]
+                start = t + max(swap_in(i, job, "train", t) for i in range(n_inst))
+                end = start + 10 * job.p.params * job.tokens() / (gpus * hw.peak_flops * hw.train_mfu)
+                job.gpu_busy_s += end - start
+                busy += gpus * (end - t)
+                free_at = [end] * n_inst
+                job.iteration += 1
+                if job.iteration == job.p.iterations:
+                    job.phase, job.end = "done", end
+                else:
+                    job.start_rollout(end)
+        else:
+            for i in range(n_inst):
+                if free_at[i] > t:
+                    continue
+                ready = [j for j in jobs if j.phase == "rollout" and j.parts[i].next_ready() <= t]
+                if not ready:
+                    continue
+                job = min(ready, key=lambda j: (j.parts[i].next_ready(), j.p.name))
+                start = t + swap_in(i, job, "rollout", t)
+                end = _run_part(job, job.parts[i], start, hw)
+                busy += tp * (end - t)
+                free_at[i] = end
+                job.rollout_end = max(job.rollout_end, end)
+                if all(part.done.all() for part in job.parts):
+                    job.phase = "reward"
+                    job.ready_at = job.rollout_end + float(job.lognormal(job.p.reward_median_s, 0.5))
+        # advance to the next event
+        candidates = [f for f in free_at if f > t]
+        for j in jobs:
+            if j.phase == "reward":
+                candidates.append(j.ready_at)
+            elif j.phase == "rollout":
+                candidates += [part.next_ready() for i, part in enumerate(j.parts) if part.next_ready() > t]
+        pending = [c for c in candidates if c > t and np.isfinite(c)]
+        if not pending:
+            if any(j.phase not in ("done",) for j in jobs) and not any(
+                j.phase == "train" for j in jobs
+            ) and all(f <= t for f in free_at):
+                raise RuntimeError("simulation stalled: no job can progress (a bug in the event loop).")
+            if not any(j.phase != "done" for j in jobs):
+                break
+            t = max(free_at) if max(free_at) > t else t
+            continue
+        t = min(pending)
+    out = {j.p.name: {"jct_s": j.end, "gpu_busy_s": j.gpu_busy_s} for j in jobs}
+    makespan = max(j.end for j in jobs)
+    out["_group"] = {"makespan_s": makespan, "busy_gpu_s": busy, "swap_gpu_s": swaps}
+    return out
+
+
+@dataclass
+class PlacementResult:
+    """Outcome of one placement of a workload."""
+
+    groups: list[list[str]]
+    jobs: dict[str, dict[str, float]] = field(default_factory=dict)
+    gpu_hours: float = 0.0
+    gpus_used: int = 0
+    utilisation: float = 0.0
+
+
+def _evaluate(groups: list[list[JobProfile]], hw: Hardware, seed: int) -> PlacementResult:
+    res = PlacementResult([[p.name for p in g] for g in groups])
+    busy_gpu_s = held_gpu_s = 0.0
+    for g in groups:
+        out = simulate_group(g, hw, seed)
+        grp = out.pop("_group")
+        res.jobs.update(out)
+        gpus = g[0].gpus
+        held_gpu_s += gpus * grp["makespan_s"]
+        busy_gpu_s += grp["busy_gpu_s"]
+        res.gpus_used += gpus
+    res.gpu_hours = held_gpu_s / 3600
+    res.utilisation = busy_gpu_s / held_gpu_s
+    return res
+
+
+def plan_groups(profiles: list[JobProfile], hw: Hardware, *, max_slowdown: float, max_gpus: int, seed: int) -> list[list[JobProfile]]:
+    """Greedy admission: each job (longest GPU demand first) joins the first group whose profile
+    simulation keeps every member within ``max_slowdown`` of its dedicated JCT, else opens a group.
+
+    Raises ``ValueError`` when the jobs need more than ``max_gpus`` GPUs even when shared.
+    """
+    alone = {p.name: simulate_group([p], hw, seed)[p.name] for p in profiles}
+    order = sorted(profiles, key=lambda p: -alone[p.name]["gpu_busy_s"])
+    groups: list[list[JobProfile]] = []
+    for p in order:
+        for g in groups:
+            if g[0].gpus != p.gpus:
+                continue
+            trial = simulate_group([*g, p], hw, seed)
+            if all(trial[q.name]["jct_s"] <= max_slowdown * alone[q.name]["jct_s"] for q in [*g, p]):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    need = sum(g[0].gpus for g in groups)
+    if need > max_gpus:
+        raise ValueError(f"the workload needs {need} GPUs even when multiplexed, more than the cluster's {max_gpus}.")
+    return groups
+
+
+def dedicated_placement(profiles: list[JobProfile], hw: Hardware, *, cluster_gpus: int, seed: int = 0) -> PlacementResult:
+    """Every job on its own GPUs (evaluated on ``seed``)."""
+    need = sum(p.gpus for p in profiles)
+    if need > cluster_gpus:
+        raise ValueError(f"dedicated placement needs {need} GPUs but the cluster has {cluster_gpus}; add GPUs or run fewer jobs.")
+    return _evaluate([[p] for p in profiles], hw, seed)
+
+
+def multiplexed_placement(
+    profiles: list[JobProfile],
+    hw: Hardware,
+    dedicated: PlacementResult,
+    *,
+    cluster_gpus: int,
+    max_slowdown: float,
+    seed: int = 0,
+    profile_seed: int = 1,
+    profile_iterations: int = 3,
+) -> PlacementResult:
+    """Jobs packed into shared GPU groups by :func:`plan_groups` (planned on a short profile run with
+    ``profile_seed``, evaluated on ``seed``); each job's ``slowdown`` is its JCT over its dedicated JCT."""
+    profile = [replace(p, iterations=min(p.iterations, profile_iterations)) for p in profiles]
+    plan = plan_groups(profile, hw, max_slowdown=max_slowdown, max_gpus=cluster_gpus, seed=profile_seed)
+    by_name = {p.name: p for p in profiles}
+    mux = _evaluate([[by_name[p.name] for p in g] for g in plan], hw, seed)
+    for name, r in mux.jobs.items():
+        r["slowdown"] = r["jct_s"] / dedicated.jobs[name]["jct_s"]
+    return mux
+
+
+# ------------------------------------------------------------------------------------- routing
+
+
+@dataclass(frozen=True)
+class RouterWorkload:
+    """Requests to a pool of rollout instances (Poisson arrivals)."""
+
+    requests: int = 4000
+    rate_per_s: float = 40.0
+    short_prompt_median: float = 300.0
+    long_prompt_median: float = 6000.0
+    long_fraction: float = 0.15
+    """Share of requests with a long prompt (multi-turn agent contexts)."""
+    out_median: float = 400.0
+    out_sigma: float = 1.0
+    out_cap: int = 8192
+
+
+def simulate_routing(router: Router, instances: int, wl: RouterWorkload, cost: EngineCost, seed: int) -> dict[str, float]:
+    """Route ``wl`` over ``instances`` engines with continuous batching and chunked prefill (see
+    :mod:`infra.llm.router`); returns TTFT percentiles and mean end-to-end latency."""
+    rng = np.random.default_rng(seed)
+    n = wl.requests
+    arrivals = np.cumsum(rng.exponential(1.0 / wl.rate_per_s, n))
+    long = rng.random(n) < wl.long_fraction
+    prompt = np.where(long, wl.long_prompt_median, wl.short_prompt_median) * np.exp(0.5 * rng.standard_normal(n))
+    prompt = np.maximum(1, prompt).astype(np.int64)
+    out = np.clip(wl.out_median * np.exp(wl.out_sigma * rng.standard_normal(n)), 1, wl.out_cap).astype(np.int64)
+    queue: list[list[list[int]]] = [[] for _ in range(instances)]  # [request, prompt tokens left]
+    running: list[dict[int, int]] = [{} for _ in range(instances)]  # request -> tokens left
+    step_end = [np.inf] * instances
+    step_plan: list[tuple[list[tuple[int, int]], list[int]]] = [([], [])] * instances
+    ttft = np.zeros(n)
+    finish = np.zeros(n)
+    events: list[tuple[float, int, int]] = [(float(arrivals[i]), 0, i) for i in range(n)]  # (time, kind, id)
+    heapq.heapify(events)
+
+    def start_step(k: int, t: float) -> None:
+        budget, plan = cost.chunk_tokens, []
+        for item in queue[k]:
+            if budget == 0:
+                break
+            take = min(budget, item[1])
+            plan.append((item[0], take))
+            budget -= take
+        decoding = list(running[k])
+        if not plan and not decoding:
+            step_end[k] = np.inf
+            return
+        step_plan[k] = (plan, decoding)
+        step_end[k] = t + cost.step_time(cost.chunk_tokens - budget, len(decoding))
+        heapq.heappush(events, (step_end[k], 1, k))
+
+    def load(k: int) -> InstanceLoad:
+        return InstanceLoad(len(queue[k]) + len(running[k]), int(sum(q[1] for q in queue[k])), len(running[k]))
+
+    while events:
+        t, kind, i = heapq.heappop(events)
+        if kind == 0:
+            k = router.choose(int(prompt[i]), [load(j) for j in range(instances)])
+            queue[k].append([i, int(prompt[i])])
+            if step_end[k] == np.inf:
+                start_step(k, t)
+            continue
+        k = i
+        plan, decoding = step_plan[k]
+        for r in decoding:
+            running[k][r] -= 1
+            if running[k][r] == 0:
+                del running[k][r]
+                finish[r] = t
+        for r, take in plan:
+            item = next(q for q in queue[k] if q[0] == r)
+            item[1] -= take
+            if item[1] == 0:
+                queue[k].remove(item)
+                ttft[r] = t - arrivals[r]  # the prefill step emits the first token
+                if out[r] > 1:
+                    running[k][r] = int(out[r]) - 1
+                else:
+                    finish[r] = t
+        start_step(k, t)
+    return {
+        "ttft_p50_s": float(np.percentile(ttft, 50)),
+        "ttft_p99_s": float(np.percentile(ttft, 99)),
+        "ttft_mean_s": float(ttft.mean()),
+        "e2e_mean_s": float((finish - arrivals).mean()),
+    }
