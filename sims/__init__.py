@@ -1,1 +1,18 @@
-"""sims package."""
+"""Simulators: the language-conditioned tabletop suite on batched MuJoCo, with in-loop rendering.
+
+Public API: :func:`make_vec_env` / :class:`SimVectorEnv` (gymnasium ``VectorEnv`` + TensorDict
+view), :class:`RenderConfig`, the task registry (:data:`TASK_NAMES`), and the single-environment
+gymnasium ids registered by :mod:`sims.single` (``sims/Reach-v0``, ...).
+"""
+
+import os
+
+# Headless rendering by default: MuJoCo picks its GL backend when it is first imported.
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+
+from sims.render import BatchRenderer, RenderConfig
+from sims.tasks import TASK_NAMES, TASKS
+from sims.vec_env import EnvConfig, SimVectorEnv, make_vec_env
+
+__all__ = ["TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "make_vec_env"]

@@ -1,0 +1,147 @@
+"""Physics backends behind one small interface.
+
+A backend holds ``num_envs`` simulations of one model and offers:
+
+- ``set_state(ids, qpos, mocap_pos, ctrl)``: start those simulations afresh from these values
+  (velocities, warm starts and time zeroed);
+- ``step(ctrl)``: apply controls [N, nu] to all simulations and advance ``frame_skip`` substeps;
+- ``qpos``, ``qvel``, ``mocap_pos``: the current state, arrays of the backend's module ``xp``;
+- ``xp``: the array module (``numpy`` or ``jax.numpy``) that :func:`sims.tasks.evaluate` runs with.
+
+:class:`BatchBackend` runs ``mujoco.batch.Batch`` (threaded CPU, bit-identical at any thread
+count); :class:`MjxBackend` runs MJX (``jax.vmap`` + ``jax.jit``; the Warp implementation when
+``impl="warp"`` and it is installed).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import mujoco
+import mujoco.batch
+import numpy as np
+
+BACKENDS = ("batch", "mjx")
+
+
+class BatchBackend:
+    """``mujoco.batch.Batch``: many simulations of one model on a thread pool."""
+
+    xp = np
+
+    def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, num_threads: int | None = None):
+        """Args: model; num_envs simulations; frame_skip substeps per step; num_threads (None: all CPUs)."""
+        self.model = model
+        self.frame_skip = frame_skip
+        nthread = num_threads if num_threads is not None else (os.cpu_count() or 1)
+        self.batch = mujoco.batch.Batch(model, num_envs, nthread=max(1, min(nthread, num_envs)))
+        self._qpos = self.batch.bind("qpos")
+        self._qvel = self.batch.bind("qvel")
+        self._ctrl = self.batch.bind("ctrl")
+        self._mocap_pos = self.batch.bind("mocap_pos")
+
+    @property
+    def qpos(self) -> np.ndarray:
+        return self._qpos
+
+    @property
+    def qvel(self) -> np.ndarray:
+        return self._qvel
+
+    @property
+    def mocap_pos(self) -> np.ndarray:
+        return self._mocap_pos
+
+    def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
+        """Restart simulations ``ids`` from these positions, mocap placements and controls."""
+        self.batch.reset(ids, stage=mujoco.mjtStage.mjSTAGE_NONE)
+        self._qpos[ids] = qpos
+        self._mocap_pos[ids] = mocap_pos
+        self._ctrl[ids] = ctrl
+
+    def step(self, ctrl: np.ndarray) -> None:
+        """Apply ``ctrl`` [N, nu] and advance every simulation by ``frame_skip`` substeps."""
+        self._ctrl[:] = ctrl
+        self.batch.step(nstep=self.frame_skip)
+
+
+class MjxBackend:
+    """MJX: the same model vmapped and jitted with JAX (CPU or accelerator)."""
+
+    def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, impl: str | None = None):
+        """Args: model; num_envs simulations; frame_skip substeps per step; impl ("jax", "warp" or None)."""
+        import jax
+        import jax.numpy as jnp
+        from mujoco import mjx
+
+        self.xp = jnp
+        self.frame_skip = frame_skip
+        self.mjx_model = mjx.put_model(model, impl=impl) if impl else mjx.put_model(model)
+        data0 = mjx.make_data(self.mjx_model)
+        self._data = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (num_envs, *x.shape)), data0)
+        self._data0 = data0
+
+        def substeps(data: Any, ctrl: Any) -> Any:
+            data = data.replace(ctrl=ctrl)
+
+            def body(d: Any, _: Any) -> tuple[Any, None]:
+                return mjx.step(self.mjx_model, d), None
+
+            return jax.lax.scan(body, data, None, length=frame_skip)[0]
+
+        def restart(data: Any, mask: Any, qpos: Any, mocap_pos: Any, ctrl: Any) -> Any:
+            fresh = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (mask.shape[0], *x.shape)), data0)
+            fresh = fresh.replace(qpos=qpos, mocap_pos=mocap_pos, ctrl=ctrl)
+            fresh = jax.vmap(mjx.forward, in_axes=(None, 0))(self.mjx_model, fresh)
+
+            def choose(new: Any, old: Any) -> Any:
+                return jnp.where(mask.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+
+            return jax.tree_util.tree_map(choose, fresh, data)
+
+        self._step = jax.jit(jax.vmap(substeps))
+        self._restart = jax.jit(restart)
+
+    @property
+    def qpos(self) -> Any:
+        return self._data.qpos
+
+    @property
+    def qvel(self) -> Any:
+        return self._data.qvel
+
+    @property
+    def mocap_pos(self) -> Any:
+        return self._data.mocap_pos
+
+    def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
+        """Restart simulations ``ids`` from these positions, mocap placements and controls."""
+        n = self._data.qpos.shape[0]
+        mask = np.zeros(n, dtype=bool)
+        mask[ids] = True
+        full_qpos = np.array(self._data.qpos)
+        full_mocap = np.array(self._data.mocap_pos)
+        full_ctrl = np.array(self._data.ctrl)
+        full_qpos[ids], full_mocap[ids], full_ctrl[ids] = qpos, mocap_pos, ctrl
+        self._data = self._restart(self._data, mask, full_qpos, full_mocap, full_ctrl)
+
+    def step(self, ctrl: np.ndarray) -> None:
+        """Apply ``ctrl`` [N, nu] and advance every simulation by ``frame_skip`` substeps."""
+        self._data = self._step(self._data, self.xp.asarray(ctrl))
+
+
+def make_backend(name: str, model: mujoco.MjModel, num_envs: int, frame_skip: int,
+                 num_threads: int | None = None) -> BatchBackend | MjxBackend:
+    """Create backend ``name`` ("batch", "mjx" or "mjx-warp").
+
+    Raises:
+        ValueError: an unknown name; the message lists the valid ones.
+    """
+    if name == "batch":
+        return BatchBackend(model, num_envs, frame_skip, num_threads)
+    if name == "mjx":
+        return MjxBackend(model, num_envs, frame_skip)
+    if name == "mjx-warp":
+        return MjxBackend(model, num_envs, frame_skip, impl="warp")
+    raise ValueError(f"unknown backend {name!r}; valid backends: batch, mjx, mjx-warp")

@@ -1,0 +1,214 @@
+"""Batched in-loop rendering on the CPU: MuJoCo's OpenGL renderer on EGL, fast settings, tiled.
+
+Speed comes from three things, each measured (docs/sims.md):
+
+- fast visual settings: no multisampling (``offsamples=0``), no shadows, reflections, skybox or
+  fog, flat primitives only;
+- tiling: a worker renders many environments into tiles of one large offscreen buffer and reads
+  it back once, instead of one ``glReadPixels`` and pipeline flush per frame;
+- a pool of GL contexts, one per worker thread (MuJoCo's calls release the GIL), each rendering
+  a contiguous slice of the environments.
+
+Frames come out as uint8 [N, cams, 3, H, W] (and linear depth in metres [N, cams, H, W]).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+from sims import scene as S
+
+_FAST_OFF_FLAGS = (
+    mujoco.mjtRndFlag.mjRND_SHADOW,
+    mujoco.mjtRndFlag.mjRND_REFLECTION,
+    mujoco.mjtRndFlag.mjRND_SKYBOX,
+    mujoco.mjtRndFlag.mjRND_FOG,
+    mujoco.mjtRndFlag.mjRND_HAZE,
+)
+
+
+@dataclass(frozen=True)
+class RenderConfig:
+    """What and how to render.
+
+    Attributes:
+        width, height: frame size in pixels.
+        cameras: camera names, from ``sims.scene.CAMERAS`` ("front", "wrist").
+        depth: also return linear depth in metres.
+        num_contexts: GL contexts (worker threads); None: one per CPU core.
+        tile_frames: frames per readback (tiles of one offscreen buffer), at most what fits in 1024x1024.
+    """
+
+    width: int = 64
+    height: int = 64
+    cameras: tuple[str, ...] = ("front",)
+    depth: bool = False
+    num_contexts: int | None = None
+    tile_frames: int = 64
+
+    def validate(self) -> None:
+        """Raise ValueError naming a bad field and the valid values."""
+        unknown = [c for c in self.cameras if c not in S.CAMERAS]
+        if unknown or not self.cameras:
+            raise ValueError(f"unknown cameras {unknown or self.cameras}; valid cameras: {S.CAMERAS}")
+        if not (8 <= self.width <= 1024 and 8 <= self.height <= 1024):
+            raise ValueError(f"frame size {self.width}x{self.height}; width and height must be in [8, 1024]")
+        if self.tile_frames < 1 or (self.num_contexts is not None and self.num_contexts < 1):
+            raise ValueError("tile_frames and num_contexts must be at least 1")
+
+
+class _Worker:
+    """One GL context with its own model copy (for per-episode colours), data and scene."""
+
+    def __init__(self, model: mujoco.MjModel, config: RenderConfig):
+        from mujoco.gl_context import GLContext
+
+        self.model = copy.copy(model)
+        self.data = mujoco.MjData(self.model)
+        self.config = config
+        self.cols = max(1, min(1024 // config.width, config.tile_frames))
+        self.rows = max(1, min(1024 // config.height, -(-config.tile_frames // self.cols)))
+        self.gl = GLContext(self.cols * config.width, self.rows * config.height)
+        self.gl.make_current()
+        self.context = mujoco.MjrContext(self.model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
+        self.scene = mujoco.MjvScene(self.model, maxgeom=self.model.ngeom + 10)
+        for flag in _FAST_OFF_FLAGS:
+            self.scene.flags[flag] = 0
+        self.option = mujoco.MjvOption()
+        self.cameras = []
+        for name in config.cameras:
+            cam = mujoco.MjvCamera()
+            cam.type = mujoco.mjtCamera.mjCAMERA_FIXED
+            cam.fixedcamid = self.model.camera(name).id
+            self.cameras.append(cam)
+        h, w = self.rows * config.height, self.cols * config.width
+        self.rgb = np.empty((h, w, 3), np.uint8)
+        self.depth = np.empty((h, w), np.float32) if config.depth else None
+        extent = self.model.stat.extent
+        self.znear = self.model.vis.map.znear * extent
+        self.zfar = self.model.vis.map.zfar * extent
+
+    def render(self, qpos: np.ndarray, mocap_pos: np.ndarray, rgba: np.ndarray, colour_geoms: np.ndarray,
+               out_rgb: np.ndarray, out_depth: np.ndarray | None) -> None:
+        """Render envs given by qpos [n, nq] etc. into out_rgb [n, cams, 3, H, W] (and depth)."""
+        self.gl.make_current()
+        cfg, m, d = self.config, self.model, self.data
+        frames = [(i, c) for i in range(len(qpos)) for c in range(len(self.cameras))]
+        per_tile = self.rows * self.cols
+        for start in range(0, len(frames), per_tile):
+            chunk = frames[start:start + per_tile]
+            last_env = -1
+            for t, (i, c) in enumerate(chunk):
+                if i != last_env:
+                    d.qpos[:] = qpos[i]
+                    d.mocap_pos[:] = mocap_pos[i]
+                    mujoco.mj_kinematics(m, d)
+                    mujoco.mj_camlight(m, d)
+                    m.geom_rgba[colour_geoms] = rgba[i]
+                    last_env = i
+                row, col = divmod(t, self.cols)
+                rect = mujoco.MjrRect(col * cfg.width, row * cfg.height, cfg.width, cfg.height)
+                mujoco.mjv_updateScene(m, d, self.option, None, self.cameras[c],
+                                       mujoco.mjtCatBit.mjCAT_ALL, self.scene)
+                mujoco.mjr_render(rect, self.scene, self.context)
+            mujoco.mjr_readPixels(self.rgb, self.depth, mujoco.MjrRect(0, 0, self.rgb.shape[1], self.rgb.shape[0]),
+                                  self.context)
+            # OpenGL's origin is the bottom left: row r of tiles starts r*H rows from the bottom.
+            for t, (i, c) in enumerate(chunk):
+                row, col = divmod(t, self.cols)
+                y0 = row * cfg.height
+                xs = slice(col * cfg.width, (col + 1) * cfg.width)
+                tile = self.rgb[y0:y0 + cfg.height, xs][::-1]
+                out_rgb[i, c] = tile.transpose(2, 0, 1)
+                if out_depth is not None:
+                    z = self.depth[y0:y0 + cfg.height, xs][::-1]
+                    out_depth[i, c] = self.znear / (1.0 - z * (1.0 - self.znear / self.zfar))
+
+    def close(self) -> None:
+        self.gl.make_current()
+        self.context.free()
+        self.gl.free()
+
+
+class BatchRenderer:
+    """Render many environments of one model with a pool of GL contexts (see module docstring)."""
+
+    def __init__(self, model: mujoco.MjModel, config: RenderConfig | None = None):
+        """Create ``config.num_contexts`` GL contexts, each in its own worker thread."""
+        self.config = config or RenderConfig()
+        self.config.validate()
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        n = self.config.num_contexts or os.cpu_count() or 1
+        self._local = threading.local()
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._model = model
+        self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="sims-render")
+        self.num_contexts = n
+        self._on_every_thread(self._worker)  # each context is created in the thread that uses it
+
+    def _on_every_thread(self, fn) -> None:
+        """Run ``fn`` once in each worker thread (a barrier keeps the calls on distinct threads)."""
+        barrier = threading.Barrier(self.num_contexts)
+
+        def call(_: int) -> None:
+            fn()
+            barrier.wait(timeout=60)
+
+        list(self._pool.map(call, range(self.num_contexts)))
+
+    def _worker(self) -> _Worker:
+        worker = getattr(self._local, "worker", None)
+        if worker is None:
+            worker = _Worker(self._model, self.config)
+            self._local.worker = worker
+            with self._lock:
+                self._workers.append(worker)
+        return worker
+
+    def render(self, qpos: np.ndarray, mocap_pos: np.ndarray, rgba: np.ndarray,
+               layout: S.SceneLayout) -> dict[str, np.ndarray]:
+        """Frames of every environment.
+
+        Args:
+            qpos: [N, nq]; mocap_pos: [N, nmocap, 3]: the states.
+            rgba: [N, len(layout.colour_geoms), 4] colours of the recoloured geoms.
+            layout: the scene's addresses.
+
+        Returns:
+            ``rgb`` uint8 [N, cams, 3, H, W], and ``depth`` float32 [N, cams, H, W] if configured.
+        """
+        cfg = self.config
+        n, cams = len(qpos), len(cfg.cameras)
+        out = {"rgb": np.empty((n, cams, 3, cfg.height, cfg.width), np.uint8)}
+        if cfg.depth:
+            out["depth"] = np.empty((n, cams, cfg.height, cfg.width), np.float32)
+        bounds = np.linspace(0, n, self.num_contexts + 1).astype(int)
+
+        def job(k: int) -> None:
+            lo, hi = bounds[k], bounds[k + 1]
+            if hi > lo:
+                self._worker().render(qpos[lo:hi], mocap_pos[lo:hi], rgba[lo:hi], layout.colour_geoms,
+                                      out["rgb"][lo:hi], out["depth"][lo:hi] if cfg.depth else None)
+
+        list(self._pool.map(job, range(self.num_contexts)))
+        return out
+
+    def close(self) -> None:
+        """Free every GL context and stop the worker threads."""
+        def free() -> None:
+            worker = getattr(self._local, "worker", None)
+            if worker is not None:
+                worker.close()
+                self._local.worker = None
+
+        self._on_every_thread(free)
+        self._pool.shutdown()

@@ -1,0 +1,261 @@
+"""The tabletop scene, built from primitives with ``mujoco.MjSpec``.
+
+One scene serves every task (so a multi-task suite runs in one batch of one model):
+
+- a table (the plane ``z = 0``);
+- a Cartesian gantry hand: slide joints x, y, z driven by position actuators, and a two-finger
+  gripper (two slide joints, one position actuator each); the arm bodies are gravity compensated;
+- five free objects: three cubes (``block``), a ``ball`` and a ``cylinder``;
+- two flat target pads, two push buttons (spring-loaded caps on a base) and a drawer cabinet,
+  all on mocap bodies so that their placement is simulation state, randomised per episode.
+
+Positions that the tasks read (tip, object centres, pads, button caps, drawer handle) are affine
+in ``qpos`` and ``mocap_pos``, so every backend computes them without running kinematics; see
+:class:`SceneLayout`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+#: Geometry constants (metres).
+CUBE_HALF = 0.02
+BALL_RADIUS = 0.022
+CYL_RADIUS = 0.02
+CYL_HALF_HEIGHT = 0.022
+PAD_RADIUS = 0.045
+HAND_HOME_Z = 0.25  # hand body height at z-joint 0
+FINGER_HALF = (0.012, 0.006, 0.03)
+TIP_BELOW_HAND = 0.06  # tip site below the hand body origin
+FINGER_OPEN = 0.045  # per-finger opening at the open limit
+BUTTON_TRAVEL = 0.015
+BUTTON_CAP_Z = 0.028  # cap body height above its base at rest
+DRAWER_TRAVEL = 0.15
+HANDLE_OFFSET = np.array([0.0, -0.125, 0.06])  # handle centre from the cabinet origin, drawer closed
+ARM_RANGE = ((-0.3, 0.3), (-0.3, 0.32), (-0.21, 0.15))  # slide joint ranges x, y, z
+
+#: Names of the free objects, their shape nouns (as instructions say them), and the colourable
+#: entities in order: objects, pads, button caps.
+OBJECT_NAMES = ("cube0", "cube1", "cube2", "ball", "cylinder")
+OBJECT_NOUNS = ("block", "block", "block", "ball", "cylinder")
+NUM_CUBES = 3
+NUM_PADS = 2
+NUM_BUTTONS = 2
+CAMERAS = ("front", "wrist")
+
+
+@dataclass(frozen=True)
+class SceneLayout:
+    """Addresses into the compiled model that the tasks and backends use.
+
+    Attributes:
+        arm_qpos: qpos addresses of the x, y, z slides, [3].
+        finger_qpos: qpos addresses of the two finger slides, [2].
+        object_qpos: first qpos address of each free object's joint, [5].
+        button_qpos: qpos address of each button cap's slide, [2].
+        drawer_qpos: qpos address of the drawer slide.
+        arm_qvel: qvel addresses of the x, y, z slides, [3].
+        finger_qvel: qvel addresses of the finger slides, [2].
+        pad_mocap: mocap ids of the pads, [2].
+        button_mocap: mocap ids of the button bases, [2].
+        drawer_mocap: mocap id of the cabinet.
+        colour_geoms: geom ids recoloured per episode: objects (5), pads (2), button caps (2).
+        qpos0: the model's default qpos, [nq].
+    """
+
+    arm_qpos: np.ndarray
+    finger_qpos: np.ndarray
+    object_qpos: np.ndarray
+    button_qpos: np.ndarray
+    drawer_qpos: int
+    arm_qvel: np.ndarray
+    finger_qvel: np.ndarray
+    pad_mocap: np.ndarray
+    button_mocap: np.ndarray
+    drawer_mocap: int
+    colour_geoms: np.ndarray
+    qpos0: np.ndarray
+
+
+@dataclass(frozen=True)
+class SceneConfig:
+    """What the scene is built with.
+
+    Attributes:
+        timestep: physics timestep in seconds.
+        fast_visual: fast rendering settings (no multisampling, no shadows); off gives MuJoCo's
+            defaults, for the benchmark's baseline.
+    """
+
+    timestep: float = 0.005
+    fast_visual: bool = True
+
+
+def _look_at_quat(pos: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Quaternion of a camera at ``pos`` looking at ``target`` with a horizontal x axis."""
+    forward = target - pos
+    forward /= np.linalg.norm(forward)
+    z = -forward
+    x = np.cross(np.array([0.0, 0.0, 1.0]), z)
+    x /= np.linalg.norm(x)
+    y = np.cross(z, x)
+    quat = np.zeros(4)
+    mujoco.mju_mat2Quat(quat, np.stack([x, y, z], axis=1).ravel())
+    return quat
+
+
+def _box(body: mujoco.MjsBody, name: str, half: tuple[float, float, float], pos, rgba, **kw):
+    return body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_BOX, size=list(half), pos=list(pos),
+                         rgba=list(rgba), **kw)
+
+
+def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
+    """Build the scene's MjSpec (uncompiled), so callers can edit it further."""
+    config = config or SceneConfig()
+    spec = mujoco.MjSpec()
+    spec.modelname = "tabletop"
+    spec.option.timestep = config.timestep
+    spec.option.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
+    spec.option.iterations = 20
+    spec.option.ls_iterations = 10
+    spec.compiler.autolimits = True
+    if config.fast_visual:
+        spec.visual.quality.offsamples = 0
+        spec.visual.quality.shadowsize = 0
+    spec.visual.global_.offwidth = 1024
+    spec.visual.global_.offheight = 1024
+    grey = (0.5, 0.5, 0.5, 1.0)
+    dark = (0.25, 0.25, 0.28, 1.0)
+    wb = spec.worldbody
+
+    wb.add_geom(name="table", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0.6, 0.6, 0.01],
+                rgba=[0.78, 0.72, 0.62, 1.0], friction=[1.0, 0.005, 0.0001])
+    wb.add_light(name="sun", pos=[0.0, -0.3, 1.5], dir=[0.0, 0.2, -1.0], castshadow=False,
+                 diffuse=[0.8, 0.8, 0.8], ambient=[0.35, 0.35, 0.35],
+                 type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL)
+    front_pos = np.array([0.0, -0.62, 0.55])
+    wb.add_camera(name="front", pos=front_pos.tolist(),
+                  quat=_look_at_quat(front_pos, np.array([0.0, 0.03, 0.0])).tolist(), fovy=55.0)
+
+    # Gantry hand: slides x, y, z on nested bodies; the hand holds the palm, fingers and wrist camera.
+    hand_parent = wb
+    for axis, rng in zip("xyz", ARM_RANGE):
+        link = hand_parent.add_body(name=f"slide_{axis}", pos=[0, 0, HAND_HOME_Z if axis == "x" else 0],
+                                    gravcomp=1.0)
+        link.add_joint(name=f"arm_{axis}", type=mujoco.mjtJoint.mjJNT_SLIDE,
+                       axis=[float(axis == "x"), float(axis == "y"), float(axis == "z")],
+                       range=list(rng), damping=5.0, armature=0.01)
+        link.mass, link.explicitinertial = 0.2, True
+        link.inertia = [1e-3, 1e-3, 1e-3]
+        hand_parent = link
+    hand = hand_parent.add_body(name="hand", gravcomp=1.0)
+    _box(hand, "palm", (0.02, 0.06, 0.012), (0, 0, 0), dark, contype=0, conaffinity=0)
+    hand.add_geom(name="column", type=mujoco.mjtGeom.mjGEOM_CAPSULE, fromto=[0, 0, 0.012, 0, 0, 0.3],
+                  size=[0.012, 0, 0], rgba=list(grey), contype=0, conaffinity=0)
+    hand.add_site(name="tip", pos=[0, 0, -TIP_BELOW_HAND], size=[0.005, 0, 0])
+    wrist_pos = np.array([0.0, -0.09, 0.03])
+    hand.add_camera(name="wrist", pos=wrist_pos.tolist(),
+                    quat=_look_at_quat(wrist_pos, np.array([0.0, 0.0, -TIP_BELOW_HAND])).tolist(), fovy=75.0)
+    for side, sign in (("left", 1.0), ("right", -1.0)):
+        finger = hand.add_body(name=f"finger_{side}", gravcomp=1.0)
+        finger.add_joint(name=f"finger_{side}", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, sign, 0],
+                         range=[0.0, FINGER_OPEN], damping=2.0, armature=0.005)
+        _box(finger, f"finger_{side}", FINGER_HALF, (0, sign * FINGER_HALF[1], -0.012 - FINGER_HALF[2]),
+             dark, friction=[1.5, 0.005, 0.0001], mass=0.03)
+    spec.add_exclude(bodyname1="finger_left", bodyname2="finger_right")
+
+    # Free objects, resting on the table; colours are set per episode.
+    for name in OBJECT_NAMES:
+        body = wb.add_body(name=name, pos=[0, 0, 0.03])
+        body.add_freejoint(name=name)
+        if name == "ball":
+            body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_SPHERE, size=[BALL_RADIUS, 0, 0],
+                          rgba=list(grey), mass=0.04, friction=[1.0, 0.005, 0.001])
+        elif name == "cylinder":
+            body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_CYLINDER,
+                          size=[CYL_RADIUS, CYL_HALF_HEIGHT, 0], rgba=list(grey), mass=0.04)
+        else:
+            _box(body, name, (CUBE_HALF,) * 3, (0, 0, 0), grey, mass=0.04)
+
+    for i in range(NUM_PADS):
+        pad = wb.add_body(name=f"pad{i}", mocap=True, pos=[0, 0, 0])
+        pad.add_geom(name=f"pad{i}", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=[PAD_RADIUS, 0.001, 0],
+                     pos=[0, 0, 0.001], rgba=list(grey), contype=0, conaffinity=0)
+
+    for i in range(NUM_BUTTONS):
+        base = wb.add_body(name=f"button{i}", mocap=True, pos=[0, 0, 0])
+        _box(base, f"button{i}_base", (0.035, 0.035, 0.01), (0, 0, 0.01), grey)
+        cap = base.add_body(name=f"button{i}_cap", pos=[0, 0, BUTTON_CAP_Z], gravcomp=1.0)
+        cap.add_joint(name=f"button{i}", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, 0, 1],
+                      range=[-BUTTON_TRAVEL, 0.0], stiffness=40.0, damping=1.0)
+        cap.add_geom(name=f"button{i}_cap", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=[0.025, 0.008, 0],
+                     rgba=list(grey), mass=0.02)
+        spec.add_exclude(bodyname1=f"button{i}", bodyname2=f"button{i}_cap")
+
+    # Drawer cabinet: opening faces -y (towards the camera); the drawer slides out along -y.
+    wood = (0.55, 0.38, 0.22, 1.0)
+    cab = wb.add_body(name="cabinet", mocap=True, pos=[0, 0.33, 0])
+    for gname, half, pos in (
+        ("cab_top", (0.1, 0.08, 0.01), (0, 0, 0.11)),
+        ("cab_left", (0.01, 0.08, 0.05), (-0.09, 0, 0.05)),
+        ("cab_right", (0.01, 0.08, 0.05), (0.09, 0, 0.05)),
+        ("cab_back", (0.08, 0.01, 0.05), (0, 0.07, 0.05)),
+    ):
+        _box(cab, gname, half, pos, wood)
+    drawer = cab.add_body(name="drawer", pos=[0, 0, 0])
+    drawer.add_joint(name="drawer", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, -1, 0],
+                     range=[0.0, DRAWER_TRAVEL], damping=3.0)
+    _box(drawer, "drawer_bottom", (0.078, 0.07, 0.005), (0, 0, 0.01), wood, mass=0.2)
+    _box(drawer, "drawer_front", (0.08, 0.008, 0.045), (0, -0.078, 0.05), (0.65, 0.48, 0.3, 1.0), mass=0.1)
+    _box(drawer, "handle", (0.04, 0.006, 0.006), tuple(HANDLE_OFFSET), dark, mass=0.02)
+    for sx in (-0.035, 0.035):
+        _box(drawer, f"handle_post{'l' if sx < 0 else 'r'}", (0.005, 0.02, 0.005),
+             (sx, HANDLE_OFFSET[1] + 0.02, HANDLE_OFFSET[2]), dark, mass=0.005)
+    spec.add_exclude(bodyname1="cabinet", bodyname2="drawer")
+
+    # Actuators: position servos on the slides (targets = joint positions) and the fingers.
+    for axis, rng in zip("xyz", ARM_RANGE):
+        act = spec.add_actuator(name=f"arm_{axis}", target=f"arm_{axis}",
+                                trntype=mujoco.mjtTrn.mjTRN_JOINT, ctrlrange=list(rng), forcerange=[-40, 40])
+        act.set_to_position(kp=600.0, kv=40.0)
+    for side in ("left", "right"):
+        act = spec.add_actuator(name=f"finger_{side}", target=f"finger_{side}",
+                                trntype=mujoco.mjtTrn.mjTRN_JOINT, ctrlrange=[0.0, FINGER_OPEN],
+                                forcerange=[-8, 8])
+        act.set_to_position(kp=150.0, kv=4.0)
+    return spec
+
+
+def build_model(config: SceneConfig | None = None) -> tuple[mujoco.MjModel, SceneLayout]:
+    """Compile the scene; return the model and the addresses the tasks need."""
+    model = build_spec(config).compile()
+
+    def qadr(name: str) -> int:
+        return int(model.jnt_qposadr[model.joint(name).id])
+
+    def vadr(name: str) -> int:
+        return int(model.jnt_dofadr[model.joint(name).id])
+
+    def mocap(name: str) -> int:
+        return int(model.body_mocapid[model.body(name).id])
+
+    colour_geoms = [*OBJECT_NAMES, *(f"pad{i}" for i in range(NUM_PADS)),
+                    *(f"button{i}_cap" for i in range(NUM_BUTTONS))]
+    layout = SceneLayout(
+        arm_qpos=np.array([qadr(f"arm_{a}") for a in "xyz"]),
+        finger_qpos=np.array([qadr("finger_left"), qadr("finger_right")]),
+        object_qpos=np.array([qadr(n) for n in OBJECT_NAMES]),
+        button_qpos=np.array([qadr(f"button{i}") for i in range(NUM_BUTTONS)]),
+        drawer_qpos=qadr("drawer"),
+        arm_qvel=np.array([vadr(f"arm_{a}") for a in "xyz"]),
+        finger_qvel=np.array([vadr("finger_left"), vadr("finger_right")]),
+        pad_mocap=np.array([mocap(f"pad{i}") for i in range(NUM_PADS)]),
+        button_mocap=np.array([mocap(f"button{i}") for i in range(NUM_BUTTONS)]),
+        drawer_mocap=mocap("cabinet"),
+        colour_geoms=np.array([model.geom(n).id for n in colour_geoms]),
+        qpos0=model.qpos0.copy(),
+    )
+    return model, layout

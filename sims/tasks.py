@@ -1,0 +1,295 @@
+"""The language-conditioned task suite: instructions, episode sampling, rewards and success.
+
+Every task shares the scene of :mod:`sims.scene`. An episode names one or two *entities*
+(``a`` and ``b``) of the scene: the five objects (0-4), the two target pads (5-6), the two button
+caps (7-8) and the drawer handle (9). Rewards, success and observations are computed by
+:func:`evaluate`, written once against an array module ``xp`` (``numpy`` or ``jax.numpy``), so
+every backend shares it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sims import scene as S
+
+#: Colour palette: name -> RGBA. Distinct at 64x64; the rendering test checks them.
+PALETTE: dict[str, tuple[float, float, float, float]] = {
+    "red": (0.9, 0.1, 0.1, 1.0),
+    "green": (0.1, 0.75, 0.15, 1.0),
+    "blue": (0.1, 0.25, 0.95, 1.0),
+    "yellow": (0.95, 0.85, 0.1, 1.0),
+    "purple": (0.6, 0.15, 0.8, 1.0),
+    "cyan": (0.05, 0.8, 0.85, 1.0),
+}
+COLOUR_NAMES = tuple(PALETTE)
+PALETTE_RGBA = np.array(list(PALETTE.values()), dtype=np.float32)
+
+NUM_OBJECTS = len(S.OBJECT_NAMES)
+PAD0 = NUM_OBJECTS  # entity index of the first pad
+BUTTON0 = PAD0 + S.NUM_PADS  # entity index of the first button cap
+HANDLE = BUTTON0 + S.NUM_BUTTONS  # entity index of the drawer handle
+NUM_ENTITIES = HANDLE + 1
+NUM_COLOURED = HANDLE  # objects, pads and buttons carry a colour each
+ENTITY_NOUNS = (*S.OBJECT_NOUNS, *("target",) * S.NUM_PADS, *("button",) * S.NUM_BUTTONS, "drawer")
+
+#: Grid of start cells for objects, pads and buttons (x, y), jittered per episode.
+_CELLS = np.array([(x, y) for x in (-0.2, -0.1, 0.0, 0.1, 0.2) for y in (-0.2, -0.1, 0.0, 0.1)])
+_JITTER = 0.015
+CAP_TOP = S.BUTTON_CAP_Z + 0.016  # cap top surface above its base, at rest
+
+PROPRIO_DIM = 13
+STATE_DIM = 3 + 3 + 3 + 3 * NUM_ENTITIES + S.NUM_BUTTONS + 1
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: instruction templates, what an episode names, and its length.
+
+    Attributes:
+        name: registry name.
+        train: instruction templates used in training; ``{a}`` and ``{b}`` name the entities.
+        heldout: paraphrases never used in training, for evaluation.
+        a_choices: entity indices the instruction's first entity is drawn from.
+        b_choices: entity indices of the second entity (empty: the task names one).
+        max_steps: episode length in control steps (truncation).
+    """
+
+    name: str
+    train: tuple[str, ...]
+    heldout: tuple[str, ...]
+    a_choices: tuple[int, ...]
+    b_choices: tuple[int, ...]
+    max_steps: int
+
+    def templates(self, which: str) -> tuple[str, ...]:
+        """The templates of instruction set ``which`` ("train" or "heldout")."""
+        return self.train if which == "train" else self.heldout
+
+
+_CUBES = tuple(range(S.NUM_CUBES))
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task("reach",
+             ("reach the {a}", "move to the {a}", "go to the {a}", "touch the {a}", "reach for the {a}",
+              "move the gripper to the {a}"),
+             ("bring your hand over to the {a}", "approach the {a}", "put the gripper next to the {a}"),
+             tuple(range(NUM_OBJECTS)), (), 50),
+        Task("push",
+             ("push the {a} to the {b}", "slide the {a} onto the {b}", "move the {a} to the {b}",
+              "shove the {a} over to the {b}"),
+             ("nudge the {a} until it is on the {b}", "get the {a} onto the {b} by pushing it"),
+             _CUBES, (PAD0, PAD0 + 1), 100),
+        Task("lift",
+             ("pick up the {a}", "lift the {a}", "grab the {a} and raise it", "raise the {a} off the table"),
+             ("take the {a} and hold it up high", "grasp the {a} and lift it up"),
+             _CUBES, (), 100),
+        Task("stack",
+             ("put the {a} on the {b}", "stack the {a} on top of the {b}", "place the {a} onto the {b}",
+              "set the {a} on the {b}"),
+             ("build a tower with the {a} on the {b}", "rest the {a} on top of the {b}"),
+             _CUBES, _CUBES, 120),
+        Task("press",
+             ("press the {a}", "push down the {a}", "push the {a}", "hit the {a}"),
+             ("depress the {a}", "give the {a} a press"),
+             (BUTTON0, BUTTON0 + 1), (), 60),
+        Task("drawer",
+             ("open the drawer", "pull the drawer open", "pull out the drawer", "slide the drawer open"),
+             ("get the drawer open", "draw the drawer out toward you"),
+             (HANDLE,), (), 100),
+    )
+}
+TASK_NAMES = tuple(TASKS)
+INSTRUCTION_SETS = ("train", "heldout")
+
+
+def resolve_tasks(task: str) -> tuple[str, ...]:
+    """Task names for ``task``: one name, or ``"suite"`` for all of them.
+
+    Raises:
+        ValueError: an unknown name; the message lists the valid ones.
+    """
+    if task == "suite":
+        return TASK_NAMES
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASK_NAMES)} or 'suite'")
+    return (task,)
+
+
+def _phrase(entity: int, colour: int) -> str:
+    noun = ENTITY_NOUNS[entity]
+    return noun if entity == HANDLE else f"{COLOUR_NAMES[colour]} {noun}"
+
+
+def instruction_table(task_names: tuple[str, ...], which: str) -> list[str]:
+    """Every instruction string the tasks can issue from instruction set ``which``, sorted.
+
+    Raises:
+        ValueError: ``which`` is not "train" or "heldout".
+    """
+    if which not in INSTRUCTION_SETS:
+        raise ValueError(f"unknown instruction set {which!r}; use one of {INSTRUCTION_SETS}")
+    strings: set[str] = set()
+    colours = range(len(COLOUR_NAMES))
+    for name in task_names:
+        task = TASKS[name]
+        a_phrases = {_phrase(e, c) for e in task.a_choices for c in colours}
+        b_phrases = {_phrase(e, c) for e in task.b_choices for c in colours} or {""}
+        for template in task.templates(which):
+            strings.update(template.format(a=a, b=b) for a in a_phrases for b in b_phrases)
+    return sorted(strings)
+
+
+@dataclass
+class Episode:
+    """What one sampled episode is: its task, scene layout, colours and instruction (numpy).
+
+    Attributes:
+        task: index into the env's task names.
+        a, b: entity indices the instruction names (``b`` = ``a`` when it names one).
+        colours: palette index of each coloured entity, [NUM_COLOURED].
+        text: the instruction string.
+        qpos: initial joint positions, [nq].
+        mocap_pos: positions of the mocap bodies, [nmocap, 3].
+    """
+
+    task: int
+    a: int
+    b: int
+    colours: np.ndarray
+    text: str
+    qpos: np.ndarray
+    mocap_pos: np.ndarray
+
+
+def sample_episode(rng: np.random.Generator, task_names: tuple[str, ...], which: str,
+                   layout: S.SceneLayout, nmocap: int) -> Episode:
+    """Sample an episode: task, layout, colours, instruction paraphrase, arm start."""
+    task_idx = int(rng.integers(len(task_names)))
+    task = TASKS[task_names[task_idx]]
+    n_placed = NUM_OBJECTS + S.NUM_PADS + S.NUM_BUTTONS
+    cells = _CELLS[rng.choice(len(_CELLS), n_placed, replace=False)]
+    cells = cells + rng.uniform(-_JITTER, _JITTER, cells.shape)
+    colours = np.concatenate([
+        rng.choice(len(COLOUR_NAMES), NUM_OBJECTS, replace=False),
+        rng.choice(len(COLOUR_NAMES), S.NUM_PADS, replace=False),
+        rng.choice(len(COLOUR_NAMES), S.NUM_BUTTONS, replace=False),
+    ])
+    a = int(rng.choice(task.a_choices))
+    b = int(rng.choice([e for e in task.b_choices if e != a])) if task.b_choices else a
+    templates = task.templates(which)
+    template = templates[int(rng.integers(len(templates)))]
+    text = template.format(a=_phrase(a, int(colours[a]) if a < NUM_COLOURED else 0),
+                           b=_phrase(b, int(colours[b]) if b < NUM_COLOURED else 0))
+
+    qpos = layout.qpos0.copy()
+    qpos[layout.arm_qpos] = (*rng.uniform(-0.05, 0.05, 2), 0.0)
+    qpos[layout.finger_qpos] = S.FINGER_OPEN
+    z_rest = (S.CUBE_HALF, S.CUBE_HALF, S.CUBE_HALF, S.BALL_RADIUS, S.CYL_HALF_HEIGHT)
+    for i, adr in enumerate(layout.object_qpos):
+        qpos[adr:adr + 3] = (*cells[i], z_rest[i])
+        qpos[adr + 3:adr + 7] = (1.0, 0.0, 0.0, 0.0)
+    mocap_pos = np.zeros((nmocap, 3))
+    mocap_pos[layout.pad_mocap, :2] = cells[NUM_OBJECTS:PAD0 + S.NUM_PADS]
+    mocap_pos[layout.button_mocap, :2] = cells[BUTTON0:HANDLE]
+    mocap_pos[layout.drawer_mocap] = (rng.uniform(-0.12, 0.12), 0.33, 0.0)
+    return Episode(task_idx, a, b, colours, text, qpos, mocap_pos)
+
+
+def entity_positions(xp: Any, qpos, mocap_pos, layout: S.SceneLayout):
+    """Positions of the task entities, [N, NUM_ENTITIES, 3], from qpos [N, nq] and mocap_pos."""
+    objects = qpos[:, layout.object_qpos[:, None] + np.arange(3)]
+    pads = mocap_pos[:, layout.pad_mocap]
+    caps = mocap_pos[:, layout.button_mocap] + xp.stack(
+        [xp.zeros_like(qpos[:, layout.button_qpos]), xp.zeros_like(qpos[:, layout.button_qpos]),
+         CAP_TOP + qpos[:, layout.button_qpos]], axis=-1)
+    handle = mocap_pos[:, layout.drawer_mocap] + xp.asarray(S.HANDLE_OFFSET) + xp.stack(
+        [xp.zeros_like(qpos[:, layout.drawer_qpos]), -qpos[:, layout.drawer_qpos],
+         xp.zeros_like(qpos[:, layout.drawer_qpos])], axis=-1)
+    return xp.concatenate([objects, pads, caps, handle[:, None]], axis=1)
+
+
+def tip_position(xp: Any, qpos, layout: S.SceneLayout):
+    """Gripper tip (between the fingertips), [N, 3]."""
+    arm = qpos[:, layout.arm_qpos]
+    return arm + xp.asarray([0.0, 0.0, S.HAND_HOME_Z - S.TIP_BELOW_HAND])
+
+
+def _closeness(xp: Any, distance, scale: float):
+    """Dense shaping in (0, 1]: 1 at distance 0."""
+    return 1.0 - xp.tanh(scale * distance)
+
+
+def _norm(xp: Any, v):
+    return xp.sqrt(xp.sum(v * v, axis=-1))
+
+
+def evaluate(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[str, ...],
+             layout: S.SceneLayout) -> dict[str, Any]:
+    """Observations, reward and success of every environment, for any array module.
+
+    Args:
+        xp: ``numpy`` or ``jax.numpy``.
+        qpos: [N, nq]; qvel: [N, nv]; mocap_pos: [N, nmocap, 3].
+        task_ids: [N] index into ``task_names``; a, b: [N] entity indices of the instruction.
+        task_names: the env's tasks.
+        layout: the scene's addresses.
+
+    Returns:
+        ``proprio`` [N, PROPRIO_DIM], ``state`` [N, STATE_DIM] (float32), ``reward`` [N] float32,
+        ``success`` [N] bool.
+    """
+    ents = entity_positions(xp, qpos, mocap_pos, layout)
+    tip = tip_position(xp, qpos, layout)
+    pa = xp.take_along_axis(ents, a[:, None, None], axis=1)[:, 0]
+    pb = xp.take_along_axis(ents, b[:, None, None], axis=1)[:, 0]
+    press_all = -qpos[:, layout.button_qpos]
+    press = xp.take_along_axis(press_all, xp.clip(a - BUTTON0, 0, S.NUM_BUTTONS - 1)[:, None], axis=1)[:, 0]
+    drawer = qpos[:, layout.drawer_qpos]
+    reach = _closeness(xp, _norm(xp, tip - pa), 10.0)
+    height = pa[:, 2] - S.CUBE_HALF
+    stack_goal = pb + xp.asarray([0.0, 0.0, 2 * S.CUBE_HALF])
+    behind_handle = pa + xp.asarray([0.0, 0.015, 0.0])
+    push_err = _norm(xp, pa[:, :2] - pb[:, :2])
+    stack_xy = _norm(xp, pa[:, :2] - stack_goal[:, :2])
+    stack_z = xp.abs(pa[:, 2] - stack_goal[:, 2])
+
+    # Per task: (reward, success, point the tip should go to, where entity a should go).
+    per_task = {
+        "reach": (reach, _norm(xp, tip - pa) < 0.05, pa, pa),
+        "push": (0.5 * reach + 1.5 * _closeness(xp, push_err, 5.0), push_err < 0.04, pa, pb),
+        "lift": (0.5 * reach + 2.0 * xp.clip(height / 0.08, 0.0, 1.0), height > 0.08, pa,
+                 pa + xp.asarray([0.0, 0.0, 0.1])),
+        "stack": (0.5 * reach + 0.5 * xp.clip(height / 0.05, 0.0, 1.0)
+                  + 1.5 * _closeness(xp, _norm(xp, pa - stack_goal), 5.0),
+                  (stack_xy < 0.02) & (stack_z < 0.01), pa, stack_goal),
+        "press": (0.5 * reach + 1.5 * xp.clip(press / 0.01, 0.0, 1.0), press > 0.01, pa, pa),
+        "drawer": (0.5 * _closeness(xp, _norm(xp, tip - behind_handle), 10.0)
+                   + 1.5 * xp.clip(drawer / 0.1, 0.0, 1.0), drawer > 0.1, behind_handle,
+                   pa + xp.asarray([0.0, -0.1, 0.0])),
+    }
+    chosen = [per_task[name] for name in task_names]
+    if len(chosen) == 1:
+        reward, success, tip_goal, obj_goal = chosen[0]
+    else:
+        def pick(k: int):
+            stacked = xp.stack([c[k] for c in chosen], axis=1)
+            index = task_ids.reshape((-1,) + (1,) * (stacked.ndim - 1))
+            return xp.take_along_axis(stacked, index, axis=1)[:, 0]
+        reward, success, tip_goal, obj_goal = (pick(k) for k in range(4))
+
+    fingers = qpos[:, layout.finger_qpos]
+    proprio = xp.concatenate([qpos[:, layout.arm_qpos], qvel[:, layout.arm_qvel], fingers,
+                              qvel[:, layout.finger_qvel], tip], axis=1)
+    state = xp.concatenate([tip_goal - tip, obj_goal - pa, tip, ents.reshape(ents.shape[0], -1),
+                            press_all, drawer[:, None]], axis=1)
+    return {
+        "proprio": proprio.astype(xp.float32),
+        "state": state.astype(xp.float32),
+        "reward": reward.astype(xp.float32),
+        "success": success,
+    }
