@@ -35,19 +35,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--resume", action="store_true", help="continue runs/NAME from checkpoints/latest.pt")
+    parser.add_argument("--ray", metavar="ADDRESS", default=None,
+                        help="run on a Ray cluster ('local' starts one): sets fleet.address (and fleet.mode=colocated "
+                             "unless the config picks another fleet mode)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     args = parser.parse_args(argv)
+    overrides = list(args.overrides)
     try:
-        cfg = load_config(args.config, args.overrides)
-        trainer = Trainer(cfg, resume=args.resume)
+        if args.ray is not None:
+            overrides.append(f"fleet.address={args.ray}")
+            if load_config(args.config, overrides).fleet.mode == "inprocess":
+                overrides.append("fleet.mode=colocated")
+        cfg = load_config(args.config, overrides)
+        if cfg.fleet.mode != "inprocess":
+            from vla_rl.fleet import run_job
+
+            print(f"training {cfg.run_name} on Ray ({cfg.fleet.mode}), results in {Path(cfg.out_dir) / cfg.run_name}")
+            summary = run_job(cfg, resume=args.resume)
+        else:
+            trainer = Trainer(cfg, resume=args.resume)
+            print(f"training {cfg.run_name}: {cfg.algo} on {cfg.env.kind}:{cfg.env.task}, results in {trainer.run_dir}")
+            try:
+                summary = trainer.train()
+            finally:
+                trainer.close()
     except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"training {cfg.run_name}: {cfg.algo} on {cfg.env.kind}:{cfg.env.task}, results in {trainer.run_dir}")
-    try:
-        summary = trainer.train()
-    finally:
-        trainer.close()
     final = summary["final_eval"]
     print("\nfinal evaluation:")
     for key, value in sorted(final.items()):

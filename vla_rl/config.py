@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import yaml
 
+from vla_rl.fleet.config import FleetConfig, validate_fleet
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -172,6 +174,8 @@ class TrainConfig:
     """Evaluation section."""
     log: LogConfig = field(default_factory=LogConfig)
     """Logging section."""
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    """Where the job's components run (``inprocess``, or Ray modes; see ``vla_rl.fleet``)."""
 
     @property
     def run_name(self) -> str:
@@ -185,7 +189,7 @@ class TrainConfig:
 
 # Keys that may differ between a checkpoint's config and a resumed run's config.
 RESUMABLE_KEYS = frozenset(
-    {"total_env_steps", "stop_success", "checkpoint_every", "torch_threads", "device"}
+    {"total_env_steps", "stop_success", "checkpoint_every", "torch_threads", "device", "fleet.address"}
     | {"eval." + f.name for f in dataclasses.fields(EvalConfig)}
     | {"log." + f.name for f in dataclasses.fields(LogConfig)}
 )
@@ -420,6 +424,7 @@ def validate(cfg: TrainConfig) -> None:
     if bad_sets:
         raise ConfigError(f"eval.sets has unknown instruction set(s) {bad_sets}; valid: train, heldout")
     check_task(cfg.env)
+    validate_fleet(cfg)
 
 
 def algo_optim(cfg: TrainConfig) -> OptimConfig:

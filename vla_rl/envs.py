@@ -32,9 +32,13 @@ class GymTensorEnv:
         env: A gymnasium ``VectorEnv`` created with ``autoreset_mode=SAME_STEP`` and a Box action space.
         task_name: The environment id, reported as the only task.
         max_episode_steps: The episode length limit, if any.
+        env_offset: Index of this env's first environment in a larger, sharded set: reset seeds are
+            shifted by it, so shard environments equal those of one unsharded vector env.
     """
 
-    def __init__(self, env: gym.vector.VectorEnv, task_name: str, max_episode_steps: int | None) -> None:
+    def __init__(
+        self, env: gym.vector.VectorEnv, task_name: str, max_episode_steps: int | None, env_offset: int = 0
+    ) -> None:
         mode = env.metadata.get("autoreset_mode")
         if mode != gym.vector.AutoresetMode.SAME_STEP:
             raise ValueError(
@@ -53,6 +57,7 @@ class GymTensorEnv:
         self.instructions = [""]
         self.max_episode_steps = max_episode_steps
         self._render_failed = False
+        self.env_offset = env_offset
 
     def _obs_td(self, obs: Any) -> TensorDict:
         n = self.num_envs
@@ -66,7 +71,7 @@ class GymTensorEnv:
 
     def reset_td(self, seed: int | None = None) -> TensorDict:
         """Reset every environment; returns the observation TensorDict ``[N]``."""
-        obs, _ = self.env.reset(seed=seed)
+        obs, _ = self.env.reset(seed=None if seed is None else seed + self.env_offset)
         return self._obs_td(obs)
 
     def step_td(self, action: torch.Tensor) -> TensorDict:
@@ -179,6 +184,7 @@ def make_env(
     instructions: str = "train",
     group_size: int = 1,
     video: bool = False,
+    env_offset: int = 0,
 ) -> Any:
     """Build the environment ``cfg`` names, with the TensorDict view.
 
@@ -190,6 +196,7 @@ def make_env(
         group_size: Consecutive environments sharing each episode's initial state (GRPO).
         video: Gymnasium tasks only: render ``rgb_array`` frames for evaluation videos
             (``sims`` videos come from the camera observation).
+        env_offset: Index of the first environment within a sharded set (the Ray fleet's shards).
     """
     n = num_envs or cfg.num_envs
     if cfg.kind == "sims":
@@ -200,6 +207,8 @@ def make_env(
             kwargs["render"] = {"height": cfg.image_size, "width": cfg.image_size}
         if group_size > 1:
             kwargs["group_size"] = group_size
+        if env_offset:
+            kwargs["env_offset"] = env_offset
         if cfg.max_episode_steps is not None:
             kwargs["max_episode_steps"] = cfg.max_episode_steps
         return sims.make_vec_env(cfg.task, n, **kwargs)
@@ -208,4 +217,4 @@ def make_env(
     fns = [lambda: gym.make(cfg.task, max_episode_steps=limit, render_mode=render_mode) for _ in range(n)]
     vec_cls = gym.vector.SyncVectorEnv if cfg.vectorization == "sync" else gym.vector.AsyncVectorEnv
     vec = vec_cls(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    return GymTensorEnv(vec, cfg.task, limit)
+    return GymTensorEnv(vec, cfg.task, limit, env_offset)

@@ -27,6 +27,7 @@ key                   shape / dtype               meaning
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,9 +167,7 @@ def collect_steps(
     obs: TensorDict,
     steps: int,
     timer: Timer,
-    stats: EpisodeStats,
     device: torch.device,
-    reward_scaler: RewardScaler | None = None,
 ) -> tuple[TensorDict, TensorDict]:
     """Run ``steps`` decisions of every environment with ``policy`` (PPO collection).
 
@@ -178,13 +177,10 @@ def collect_steps(
         obs: Observation ``[N]`` to act on first (carried over from the previous iteration).
         steps: Decisions T per environment.
         timer: Accumulates simulate/render/infer seconds.
-        stats: Episode statistics, updated in place.
         device: Device of the policy.
-        reward_scaler: Optional reward normalisation; the batch then holds scaled rewards
-            (episode statistics always use the raw ones).
 
     Returns:
-        The batch ``[T, N]`` (see module docstring) and the observation to act on next.
+        The batch ``[T, N]`` (see module docstring; raw rewards) and the observation to act on next.
     """
     records = []
     for _ in range(steps):
@@ -201,8 +197,6 @@ def collect_steps(
             with torch.no_grad():
                 next_value[truncated] = policy.value(step["final_observation"][truncated].to(device)).cpu()
             timer.add("infer", time.perf_counter() - start)
-        chunk = out["action"].shape[1] if out["action"].dim() == 3 else 1
-        stats.record(step["reward"], step["success"], done, chunk)
         records.append(
             TensorDict(
                 {
@@ -211,7 +205,7 @@ def collect_steps(
                     "log_prob": out["log_prob"].cpu(),
                     "value": out["value"].cpu(),
                     "bootstrap": next_value,
-                    "reward": step["reward"] if reward_scaler is None else reward_scaler(step["reward"], done),
+                    "reward": step["reward"],
                     "terminated": step["terminated"],
                     "truncated": truncated,
                     "done": done,
@@ -230,6 +224,96 @@ def collect_steps(
     next_value = torch.cat([batch["value"][1:], last_value[None]], dim=0)
     batch["next_value"] = torch.where(batch["truncated"], batch.pop("bootstrap"), next_value)
     return batch, obs
+
+
+def account(batch: TensorDict, stats: EpisodeStats, reward_scaler: RewardScaler | None) -> None:
+    """Episode bookkeeping of a collected ``[T, N]`` batch, whichever collector produced it.
+
+    Records each step into ``stats`` (raw rewards) and, with a ``reward_scaler``, replaces
+    ``batch["reward"]`` by the scaled rewards PPO learns from, step by step in time order.
+    """
+    chunk = batch["action"].shape[2] if batch["action"].dim() == 4 else 1
+    scaled = []
+    for t in range(batch.batch_size[0]):
+        reward, done = batch["reward"][t], batch["done"][t]
+        stats.record(reward, batch["success"][t], done, chunk)
+        if reward_scaler is not None:
+            scaled.append(reward_scaler(reward, done))
+    if reward_scaler is not None:
+        batch["reward"] = torch.stack(scaled)
+
+
+class LocalCollector:
+    """The in-process collector: one vector env stepped in this process.
+
+    The trainer talks to every collector through this surface (the Ray fleet of
+    ``vla_rl.fleet`` offers the same): ``num_envs``, ``instructions``, ``task_names``,
+    ``single_action_space``, ``max_episode_steps``, ``reset(seed)``, ``collect(policy, steps, timer)``,
+    ``get_state()``/``set_state()``, ``metrics()`` and ``close()``.
+
+    Args:
+        env: A vector env with the TensorDict view.
+        device: Device of the policy.
+    """
+
+    def __init__(self, env: Any, device: torch.device) -> None:
+        self.env = env
+        self.device = device
+        self.num_envs = env.num_envs
+        self.instructions = list(env.instructions)
+        self.task_names = list(env.task_names)
+        self.single_action_space = env.single_action_space
+        self.max_episode_steps = env.max_episode_steps
+        self.obs: TensorDict | None = None
+
+    def reset(self, seed: int | None) -> TensorDict:
+        """Reset every environment; returns (and carries) the first observation ``[N]``."""
+        self.obs = self.env.reset_td(seed=seed)
+        return self.obs
+
+    def collect(self, policy: nn.Module, steps: int, timer: Timer) -> TensorDict:
+        """``steps`` decisions of PPO experience, continuing from the carried observation."""
+        if self.obs is None:
+            raise RuntimeError("LocalCollector.collect before reset(seed)")
+        batch, self.obs = collect_steps(self.env, policy, self.obs, steps, timer, self.device)
+        return batch
+
+    def collect_episodes(
+        self, policy: nn.Module, seed: int | None, max_decisions: int, timer: Timer
+    ) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
+        """GRPO experience: see :func:`collect_episodes`."""
+        return collect_episodes(self.env, policy, seed, max_decisions, timer, self.device)
+
+    def get_state(self) -> dict[str, Any]:
+        """The environments' state (``None`` if they cannot snapshot) and the carried observation."""
+        try:
+            env_state = self.env.get_state()
+        except (AttributeError, NotImplementedError):
+            env_state = None
+        return {"env": env_state, "obs": None if self.obs is None else self.obs.to_dict()}
+
+    def set_state(self, state: dict[str, Any], reset_seed: int) -> None:
+        """Restore :meth:`get_state`'s result; without an env snapshot, reset with ``reset_seed`` and warn."""
+        if state["env"] is None:
+            warnings.warn(
+                f"the checkpoint holds no environment state ({type(self.env).__name__} cannot snapshot); "
+                "environments restart from fresh episodes, so this continuation is not bit-identical",
+                stacklevel=2,
+            )
+            self.reset(reset_seed)
+            return
+        self.env.set_state(state["env"])
+        self.obs = None if state["obs"] is None else TensorDict.from_dict(state["obs"], batch_size=[self.num_envs])
+
+    def metrics(self) -> dict[str, float]:
+        """Collector-specific metrics (none in process)."""
+        return {}
+
+    def close(self) -> None:
+        """Close the environment."""
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            close()
 
 
 def collect_episodes(

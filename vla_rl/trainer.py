@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from vla_rl.envs import make_env
 from vla_rl.evaluate import evaluate_policy
 from vla_rl.grpo import episode_batch, group_advantages
 from vla_rl.ppo import ClippedUpdate, LossWeights, compute_gae
-from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, collect_episodes, collect_steps
+from vla_rl.rollout import EpisodeStats, LocalCollector, RewardScaler, Timer, account
 from vla_rl.runlog import RunLog
 
 
@@ -44,13 +43,15 @@ class Trainer:
     Args:
         cfg: The validated run configuration.
         resume: Continue from the run directory's latest checkpoint (an error if there is none).
+        collector: Where training experience comes from (see :class:`vla_rl.rollout.LocalCollector`);
+            ``None`` steps the configured environment in this process.
 
     Raises:
         vla_rl.checkpoint.CheckpointError: ``resume`` without a usable checkpoint, a checkpoint whose
             config differs from ``cfg``, or a run directory that already holds checkpoints without ``resume``.
     """
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
+    def __init__(self, cfg: TrainConfig, resume: bool = False, collector: Any = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -65,19 +66,21 @@ class Trainer:
         seed_everything(cfg.seed)
         self.device = torch.device(cfg.device)
         self.group_size = cfg.grpo.group_size if cfg.algo == "grpo" else 1
-        self.env = make_env(cfg.env, seed=cfg.seed, group_size=self.group_size)
-        self.obs = self.env.reset_td(seed=cfg.seed)
-        action_dim = int(np.prod(self.env.single_action_space.shape))
-        self.policy = policies.make_policy(cfg.policy, self.obs, action_dim).to(self.device)
-        self.policy.set_instructions(list(self.env.instructions))
+        if collector is None:
+            collector = LocalCollector(make_env(cfg.env, seed=cfg.seed, group_size=self.group_size), self.device)
+        self.collector = collector
+        first_obs = collector.reset(cfg.seed)
+        action_dim = int(np.prod(collector.single_action_space.shape))
+        self.policy = policies.make_policy(cfg.policy, first_obs, action_dim).to(self.device)
+        self.policy.set_instructions(list(collector.instructions))
         if cfg.algo == "ppo":
             weights = LossWeights(vf_coef=cfg.ppo.vf_coef, clip_value=cfg.ppo.clip_value, norm_adv=cfg.ppo.norm_adv)
         else:  # GRPO: no critic; advantages are already normalised within each group.
             weights = LossWeights(vf_coef=0.0, clip_value=False, norm_adv=False)
         self.updater = ClippedUpdate(self.policy, algo_optim(cfg), weights)
-        self.stats = EpisodeStats.zeros(self.env.num_envs)
+        self.stats = EpisodeStats.zeros(collector.num_envs)
         self.reward_scaler = (
-            RewardScaler(self.env.num_envs, cfg.ppo.gamma) if cfg.algo == "ppo" and cfg.ppo.normalize_reward else None
+            RewardScaler(collector.num_envs, cfg.ppo.gamma) if cfg.algo == "ppo" and cfg.ppo.normalize_reward else None
         )
         self.iteration = 0
         self.env_steps = 0
@@ -144,6 +147,7 @@ class Trainer:
         self.env_steps += steps
         elapsed = time.perf_counter() - start
         metrics |= self.stats.pop_summary()
+        metrics |= self.collector.metrics()
         metrics |= {f"time/{k}": v for k, v in timer.seconds.items()}
         metrics |= {
             "iteration": float(self.iteration),
@@ -156,9 +160,8 @@ class Trainer:
 
     def _collect_ppo(self, timer: Timer) -> tuple[TensorDict, int]:
         cfg = self.cfg.ppo
-        batch, self.obs = collect_steps(
-            self.env, self.policy, self.obs, cfg.rollout_steps, timer, self.stats, self.device, self.reward_scaler
-        )
+        batch = self.collector.collect(self.policy, cfg.rollout_steps, timer)
+        account(batch, self.stats, self.reward_scaler)
         advantage, returns = compute_gae(
             batch["reward"], batch["value"], batch["next_value"], batch["terminated"], batch["done"],
             cfg.gamma, cfg.gae_lambda,
@@ -170,8 +173,8 @@ class Trainer:
 
     def _collect_grpo(self, timer: Timer) -> tuple[TensorDict, int]:
         seed = self.cfg.seed if self.iteration == 0 else None
-        limit = self.env.max_episode_steps
-        batch, returns, success = collect_episodes(self.env, self.policy, seed, limit, timer, self.device)
+        limit = self.collector.max_episode_steps
+        batch, returns, success = self.collector.collect_episodes(self.policy, seed, limit, timer)
         advantage = group_advantages(returns, self.group_size, self.cfg.grpo.std_eps)
         alive = batch["alive"]
         chunk = _chunk_len(batch["action"], batch.batch_dims)
@@ -213,10 +216,6 @@ class Trainer:
 
     def save(self) -> Path:
         """Write a checkpoint of the current state (atomically); returns its path."""
-        try:
-            env_state = self.env.get_state()
-        except (AttributeError, NotImplementedError):
-            env_state = None
         payload = {
             "config": self.config_dict,
             "iteration": self.iteration,
@@ -225,8 +224,7 @@ class Trainer:
             "policy": self.policy.state_dict(),
             "updater": self.updater.state_dict(),
             "rng": ckpt.rng_state(),
-            "env_state": env_state,
-            "obs": self.obs.to_dict(),
+            "collector": self.collector.get_state(),
             "episode_stats": self.stats.state_dict(),
             "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
             "wandb_id": self.log.wandb_id,
@@ -262,16 +260,7 @@ class Trainer:
         self.stats.load_state_dict(state["episode_stats"])
         if self.reward_scaler is not None:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
-        self.obs = TensorDict.from_dict(state["obs"], batch_size=[self.env.num_envs])
-        if state["env_state"] is None:
-            warnings.warn(
-                f"the checkpoint holds no environment state ({type(self.env).__name__} cannot snapshot); "
-                "environments restart from fresh episodes, so this continuation is not bit-identical",
-                stacklevel=2,
-            )
-            self.obs = self.env.reset_td(seed=self.cfg.seed + self.iteration)
-        else:
-            self.env.set_state(state["env_state"])
+        self.collector.set_state(state["collector"], reset_seed=self.cfg.seed + self.iteration)
         ckpt.set_rng_state(state["rng"])
 
     # --------------------------------------------------------------------------------------- summary
@@ -298,7 +287,8 @@ class Trainer:
 
     def close(self) -> None:
         """Close the environments."""
-        for env in [self.env, *self.eval_envs.values()]:
+        self.collector.close()
+        for env in self.eval_envs.values():
             close = getattr(env, "close", None)
             if close is not None:
                 close()

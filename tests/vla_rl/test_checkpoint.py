@@ -54,7 +54,7 @@ def test_resumed_run_produces_the_same_iterates(tmp_path, monkeypatch):
     opt_b = resumed.updater.optimizer.state_dict()["state"]
     for idx in opt_a:
         assert torch.equal(opt_a[idx]["exp_avg_sq"], opt_b[idx]["exp_avg_sq"])
-    assert (straight.obs == resumed.obs).all()
+    assert (straight.collector.obs == resumed.collector.obs).all()
     row_a, row_b = straight.log.rows[-1], resumed.log.rows[-1]
     for key in ("policy_loss", "value_loss", "approx_kl", "eval/train/return"):
         assert row_a[key] == row_b[key], key

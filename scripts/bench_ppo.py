@@ -1,0 +1,168 @@
+#!/usr/bin/env python
+"""State PPO against Stable-Baselines3 PPO on gymnasium HalfCheetah-v5, side by side.
+
+``python scripts/bench_ppo.py [--steps 1000000] [--seeds 0,1] [--json PATH]``
+
+Both learners use the same network (separate 64-64 tanh actor and critic MLPs, state-independent
+log-std), the same PPO hyper-parameters (2048 steps per update, 10 epochs, 32 minibatches of 64,
+lr 3e-4 annealed, clip 0.2, GAE 0.95, gamma 0.99) and the same observation and reward
+normalisation (running statistics; SB3 through ``VecNormalize``). SB3 steps one environment (its
+standard setting for MuJoCo); ours steps ``--envs`` environments x ``2048 / envs`` steps, the same
+2048 transitions per update. Figures: final return (mean of the last 10 training episodes, raw
+reward), wall time, and our PPO iteration's time split simulate/render/infer/update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import torch
+
+from vla_rl.config import CONFIG_DIR, load_config
+from vla_rl.trainer import Trainer
+
+TASK = "HalfCheetah-v5"
+
+
+def last_episodes_mean(rows: list[dict[str, float]], count: int = 10) -> float:
+    """Mean raw return of (about) the last ``count`` finished training episodes, from per-iteration rows."""
+    total, n = 0.0, 0.0
+    for row in reversed(rows):
+        if "episodes" in row:
+            total += row["episode_return"] * row["episodes"]
+            n += row["episodes"]
+            if n >= count:
+                break
+    return total / max(n, 1.0)
+
+
+def run_ours(steps: int, seed: int, envs: int, out_dir: Path) -> dict[str, float]:
+    """Train our PPO; returns final return, wall time and the mean iteration time split."""
+    cfg = load_config(
+        CONFIG_DIR / "halfcheetah_ppo.yaml",
+        [
+            f"total_env_steps={steps}", f"seed={seed}", f"env.num_envs={envs}", f"ppo.rollout_steps={2048 // envs}",
+            f"out_dir={out_dir}", f"name=ours-s{seed}-{int(time.time())}", "log.wandb=disabled", "log.video=false",
+            "eval.every=0", f"checkpoint_every={10**9}", "log.progress=false",
+        ],
+    )
+    start = time.perf_counter()
+    trainer = Trainer(cfg)
+    summary = trainer.train()
+    wall = time.perf_counter() - start
+    trainer.close()
+    rows = trainer.log.rows
+    split = {k: float(np.mean([r[f"time/{k}"] for r in rows])) for k in ("simulate", "render", "infer", "update")}
+    return {
+        "final_return": last_episodes_mean(rows),
+        "wall_s": wall,
+        "env_steps": float(summary["env_steps"]),
+        "steps_per_s": summary["env_steps"] / wall,
+        **{f"iteration_{k}_s": v for k, v in split.items()},
+        "iteration_total_s": float(np.mean([r["time/iteration"] for r in rows])),
+    }
+
+
+def run_sb3(steps: int, seed: int) -> dict[str, float]:
+    """Train Stable-Baselines3 PPO with the matching settings; returns final return and wall time."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    start = time.perf_counter()
+    env = VecNormalize(make_vec_env(TASK, n_envs=1, seed=seed), norm_obs=True, norm_reward=True, gamma=0.99)
+    model = PPO(
+        "MlpPolicy", env, n_steps=2048, batch_size=64, n_epochs=10, learning_rate=lambda f: 3e-4 * f,
+        gamma=0.99, gae_lambda=0.95, clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
+        policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.Tanh},
+        seed=seed, device="cpu", verbose=0,
+    )
+    model.learn(total_timesteps=steps)
+    wall = time.perf_counter() - start
+    returns = [ep["r"] for ep in list(model.ep_info_buffer)[-10:]]
+    env.close()
+    return {"final_return": float(np.mean(returns)), "wall_s": wall, "env_steps": float(steps), "steps_per_s": steps / wall}
+
+
+def machine() -> dict[str, object]:
+    """Cores, CPU model and package versions of this machine."""
+    import gymnasium
+    import mujoco
+    import stable_baselines3
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cores": os.cpu_count(), "cpu": cpu, "gpu": None, "python": platform.python_version(),
+        "torch": torch.__version__, "gymnasium": gymnasium.__version__, "mujoco": mujoco.__version__,
+        "stable_baselines3": stable_baselines3.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both learners over the seeds, print the comparison, optionally write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1_000_000, help="environment steps per run")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+    parser.add_argument("--envs", type=int, default=8, help="our parallel environments (2048 must be divisible)")
+    parser.add_argument("--skip-sb3", action="store_true", help="run only our PPO")
+    parser.add_argument("--out-dir", type=Path, default=Path("runs/bench_ppo"), help="our runs' directory")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    if 2048 % args.envs:
+        parser.error(f"--envs={args.envs} must divide 2048 (the transitions per update)")
+    torch.set_num_threads(1)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results: dict[str, dict] = {"ours": {}, "sb3": {}}
+    for seed in seeds:
+        print(f"[seed {seed}] our PPO, {args.steps} steps ...", flush=True)
+        results["ours"][f"seed{seed}"] = run_ours(args.steps, seed, args.envs, args.out_dir)
+        print(f"  {results['ours'][f'seed{seed}']}", flush=True)
+        if not args.skip_sb3:
+            print(f"[seed {seed}] Stable-Baselines3 PPO, {args.steps} steps ...", flush=True)
+            results["sb3"][f"seed{seed}"] = run_sb3(args.steps, seed)
+            print(f"  {results['sb3'][f'seed{seed}']}", flush=True)
+    for name in ("ours", "sb3"):
+        runs = list(results[name].values())
+        if runs:
+            results[name]["final_return_mean"] = float(np.mean([r["final_return"] for r in runs]))
+            results[name]["final_return_std"] = float(np.std([r["final_return"] for r in runs]))
+            results[name]["wall_s_mean"] = float(np.mean([r["wall_s"] for r in runs]))
+    if results["sb3"]:
+        results["wall_speedup_x_vs_sb3"] = results["sb3"]["wall_s_mean"] / results["ours"]["wall_s_mean"]
+    print("\nHalfCheetah-v5 PPO, same network and steps")
+    for name in ("ours", "sb3"):
+        r = results[name]
+        if r:
+            print(f"  {name:5s} final return {r['final_return_mean']:9.1f} +- {r['final_return_std']:.1f}   "
+                  f"wall {r['wall_s_mean']:7.1f} s")
+    if "wall_speedup_x_vs_sb3" in results:
+        print(f"  wall-time speed-up vs SB3: {results['wall_speedup_x_vs_sb3']:.2f}x")
+    if args.json:
+        out = {
+            "machine": machine(),
+            "config": {"task": TASK, "steps": args.steps, "seeds": seeds, "our_envs": args.envs, "sb3_envs": 1,
+                       "net": "separate 64-64 tanh actor and critic", "note": "shared 2-core machine; other jobs ran"},
+            "results": results,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, indent=2))
+        tmp.replace(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
