@@ -1,0 +1,242 @@
+"""The trainer's view of the fleet: a collector (see :class:`vla_rl.rollout.LocalCollector`) over Ray
+simulator shards and the batching inference server.
+
+One ``collect(policy, T)``:
+
+1. pushes the policy's weights to the server as version ``v`` (the module itself the first time and
+   after a server restart), with the trainer's torch RNG state in synchronous mode;
+2. asks every shard for a T-step rollout that may be answered only by version ``v`` or newer;
+3. watches them: a restarted server gets the weights again (its requests were retried by Ray and
+   wait for them, so none is lost); a shard that dies aborts the attempt — pending requests are
+   cancelled, every shard is rolled back to its state at the start of the iteration (taken before
+   step 2), and the iteration is collected again, so the batch is complete and the same as without
+   the fault;
+4. concatenates the shards' ``[T, n]`` batches into ``[T, N]`` and, in synchronous mode, takes the
+   server's RNG state back, so the trainer continues exactly as in process.
+
+In asynchronous mode the next rollout starts as soon as a batch is handed over, so the shards
+simulate while the trainer updates; a batch then comes from the previous version (staleness 1,
+reported as ``fleet/staleness``), and one older than ``fleet.sync.max_staleness`` is collected again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from tensordict import TensorDict
+from torch import nn
+
+from vla_rl.fleet.config import FleetConfig
+from vla_rl.rollout import Timer
+
+POLL_S = 0.5
+"""Seconds between health checks of the server while shards collect."""
+
+
+class FleetError(RuntimeError):
+    """The fleet cannot go on (a component died more often than ``fleet.max_restarts``, or hung)."""
+
+
+class FleetCollector:
+    """Collect PPO experience with Ray shards and an inference server.
+
+    Args:
+        fleet: the run's ``fleet`` section.
+        workers: :class:`~vla_rl.fleet.worker.RolloutWorker` actor handles, in shard order
+            (restartable: ``max_restarts > 0``, ``max_task_retries = 0``).
+        server: :class:`~vla_rl.fleet.inference.InferenceServer` actor handle (restartable with
+            ``max_task_retries = -1`` so requests in flight survive its restart).
+        num_envs: N, the environments of all shards.
+    """
+
+    def __init__(self, fleet: FleetConfig, workers: list[Any], server: Any, num_envs: int) -> None:
+        self.fleet = fleet
+        self.workers = workers
+        self.server = server
+        self.num_envs = num_envs
+        info = ray.get(workers[0].describe.remote(), timeout=fleet.collect_timeout_s)
+        self.instructions = info["instructions"]
+        self.task_names = info["task_names"]
+        self.single_action_space = info["single_action_space"]
+        self.max_episode_steps = info["max_episode_steps"]
+        self.synchronous = fleet.sync.mode == "sync"
+        self.version = 0
+        self._server_has_module = False
+        self._inflight: _Attempt | None = None  # async: the rollout running while the trainer updates
+        self._metrics: dict[str, float] = {}
+        self.restarts = {"shard": 0, "server": 0}
+
+    # ------------------------------------------------------------------------------ collector API
+    def reset(self, seed: int | None) -> TensorDict:
+        """Reset every shard's environments; returns the first observation ``[N]``."""
+        self._drain_inflight()
+        return torch.cat(self._get([w.reset.remote(seed) for w in self.workers]))
+
+    def collect(self, policy: nn.Module, steps: int, timer: Timer) -> TensorDict:
+        """``steps`` decisions of every environment (see the module docstring); adds ``version`` ``[T, N]``."""
+        self.version += 1
+        start = time.perf_counter()
+        if self.synchronous:
+            rng = torch.get_rng_state()
+            self._push(policy, rng)
+            batch, seconds = self._complete(self._start(steps, self.version), policy, rng)
+            torch.set_rng_state(self._get(self.server.rng_state.remote()))
+        else:
+            batch, seconds = self._collect_async(policy, steps)
+        if self.fleet.offload:
+            self._get(self.server.offload.remote())
+        wall = time.perf_counter() - start
+        counters = self._get(self.server.pop_counters.remote())
+        for key in ("simulate", "render", "wait"):
+            timer.add(key, seconds.get(key, 0.0))
+        timer.add("infer", counters["infer_s"])
+        staleness = (self.version - batch["version"]).float()
+        self._metrics = {
+            "fleet/staleness": float(staleness.mean()),
+            "fleet/staleness_max": float(staleness.max()),
+            "fleet/version": float(self.version),
+            "fleet/batch_envs": counters["envs"] / max(counters["batches"], 1.0),
+            "fleet/collect_s": wall,
+            "fleet/shard_restarts": float(self.restarts["shard"]),
+            "fleet/server_restarts": float(self.restarts["server"]),
+        }
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        """Every shard's environments and carried observations, and the weights version."""
+        self._drain_inflight()
+        return {"shards": self._get([w.get_state.remote() for w in self.workers]), "version": self.version}
+
+    def set_state(self, state: dict[str, Any], reset_seed: int) -> None:
+        """Restore :meth:`get_state`'s result (``reset_seed`` is unused: shards always snapshot)."""
+        self._drain_inflight()
+        if len(state["shards"]) != len(self.workers):
+            raise ValueError(
+                f"the checkpoint holds {len(state['shards'])} shards but fleet.shards={len(self.workers)}; "
+                "resume with the run's original fleet.shards"
+            )
+        self._get([w.set_state.remote(s) for w, s in zip(self.workers, state["shards"])])
+        self.version = int(state["version"])
+
+    def metrics(self) -> dict[str, float]:
+        """The last collection's fleet metrics (staleness, batch size, restarts)."""
+        return dict(self._metrics)
+
+    def close(self) -> None:
+        """Stop waiting for in-flight work (the job owns the actors and kills them)."""
+        self._inflight = None
+
+    # ------------------------------------------------------------------------------ internals
+    def _get(self, refs: Any) -> Any:
+        return ray.get(refs, timeout=self.fleet.collect_timeout_s)
+
+    def _push(self, policy: nn.Module, rng_state: torch.Tensor | None) -> None:
+        """Send weights ``self.version`` (and the module when the server has none)."""
+        state = {k: v.detach().cpu() for k, v in policy.state_dict().items()}
+        module = None if self._server_has_module else _cpu_copy(policy)
+        self._get(self.server.set_weights.remote(state, self.version, rng_state, module))
+        self._server_has_module = True
+
+    def _snapshot(self) -> list[Any]:
+        return self._get([w.get_state.remote() for w in self.workers])
+
+    def _start(self, steps: int, version: int) -> _Attempt:
+        """Snapshot the idle shards, then start their rollouts at ``version``."""
+        snapshot = self._snapshot()
+        return _Attempt([w.rollout.remote(steps, version) for w in self.workers], snapshot, steps, version)
+
+    def _complete(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> tuple[TensorDict, dict[str, float]]:
+        """Wait for ``attempt``; if a shard dies, roll all back to the snapshot and collect again."""
+        for _ in range(self.fleet.max_restarts + 1):
+            try:
+                return self._finish(attempt.refs, policy, rng)
+            except RayActorError:
+                self.restarts["shard"] += 1
+                self._recover(attempt, policy, rng)
+                attempt.refs = [w.rollout.remote(attempt.steps, attempt.version) for w in self.workers]
+        raise FleetError(f"shards died more than fleet.max_restarts={self.fleet.max_restarts} times in one iteration")
+
+    def _finish(self, refs: list[Any], policy: nn.Module, rng: torch.Tensor | None) -> tuple[TensorDict, dict[str, float]]:
+        """Wait for rollouts, re-pushing weights to a restarted server; concatenate shards."""
+        deadline = time.monotonic() + self.fleet.collect_timeout_s
+        pending = list(refs)
+        while pending:
+            if time.monotonic() > deadline:
+                raise FleetError(f"collection exceeded fleet.collect_timeout_s={self.fleet.collect_timeout_s}")
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            for ref in done:
+                ray.get(ref)  # raises RayActorError if that shard died
+            if pending:
+                self._heal_server(policy, rng)
+        results = ray.get(refs)
+        batch = torch.cat([r[0] for r in results], dim=1)
+        seconds: dict[str, float] = {}
+        for _, shard_seconds in results:
+            for key, value in shard_seconds.items():
+                seconds[key] = seconds.get(key, 0.0) + value / len(results)
+        return batch, seconds
+
+    def _heal_server(self, policy: nn.Module, rng: torch.Tensor | None) -> None:
+        """If the server came back without weights, push them (its retried requests then proceed)."""
+        try:
+            status = ray.get(self.server.status.remote(), timeout=POLL_S)
+        except GetTimeoutError:
+            return  # restarting, or busy with a batch: look again at the next poll
+        if status["version"] < self.version:
+            self.restarts["server"] += 1
+            self._server_has_module = False
+            self._push(policy, rng)
+
+    def _recover(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> None:
+        """After a shard died: cancel the attempt, wait for the shard's restart, roll every shard back."""
+        self._get(self.server.cancel_pending.remote())
+        for ref in attempt.refs:
+            with contextlib.suppress(RayActorError, RayTaskError):
+                self._get(ref)  # the dead shard, and the others whose requests were just cancelled
+        self._get([w.ping.remote() for w in self.workers])  # calls wait until a restarting shard is back
+        self._get([w.set_state.remote(s) for w, s in zip(self.workers, attempt.snapshot)])
+        self._get(self.server.cancel_pending.remote())
+        if rng is not None:
+            self._push(policy, rng)  # the server's sampling restarts from the iteration's RNG state
+
+    def _collect_async(self, policy: nn.Module, steps: int) -> tuple[TensorDict, dict[str, float]]:
+        """Take the batch collected during the last update; start the next one with the newest weights."""
+        if self._inflight is None:
+            self._push(policy, None)
+            self._inflight = self._start(steps, self.version)
+        attempt, self._inflight = self._inflight, None
+        batch, seconds = self._complete(attempt, policy, None)
+        if self.version - int(batch["version"].min()) > self.fleet.sync.max_staleness:
+            self._push(policy, None)
+            batch, seconds = self._complete(self._start(steps, self.version), policy, None)
+        self._push(policy, None)
+        self._inflight = self._start(steps, self.version)
+        return batch, seconds
+
+    def _drain_inflight(self) -> None:
+        """Wait for an asynchronous rollout in flight (its batch is dropped) so the shards are idle."""
+        if self._inflight is not None:
+            refs, self._inflight = self._inflight.refs, None
+            ray.wait(refs, num_returns=len(refs), timeout=self.fleet.collect_timeout_s)
+
+
+@dataclass
+class _Attempt:
+    """Rollouts in flight, with the shards' states at their start (to collect them again)."""
+
+    refs: list[Any]
+    snapshot: list[Any]
+    steps: int
+    version: int
+
+
+def _cpu_copy(policy: nn.Module) -> nn.Module:
+    """A CPU copy of the policy module to ship to the server (the trainer's copy stays where it is)."""
+    return copy.deepcopy(policy).cpu()

@@ -1,0 +1,231 @@
+"""The ``fleet`` section of a run: where the job's components run and how they talk.
+
+Typed dataclasses, no string mini-language: each component (simulator shards, the inference server,
+the trainer) gets a :class:`ComponentPlacement` saying how much CPU and GPU it takes and, optionally,
+which node and GPU indices it is pinned to. :func:`validate_fleet` checks the section against the
+rest of the run config and raises :class:`~vla_rl.config.ConfigError` naming the fix; it never edits
+the config. Mode defaults (which GPU share each component takes when the user gives none) are
+derived by :func:`resolved_placement`, a pure function, so the config stays what the user wrote.
+
+This module imports neither Ray nor torch: the run config is parsed without starting anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from vla_rl.config import TrainConfig
+
+Mode = Literal["inprocess", "colocated", "disaggregated", "pipelined"]
+MODES: tuple[str, ...] = ("inprocess", "colocated", "disaggregated", "pipelined")
+
+
+@dataclass
+class ComponentPlacement:
+    """Resources and pinning of one component (each shard gets one of these)."""
+
+    cpus: float = 1.0
+    """CPU cores reserved (logical on Ray; may exceed the physical cores of a test box)."""
+    memory_mib: int = 1024
+    """Host memory reserved, MiB."""
+    gpu: float | None = None
+    """GPU share: ``0`` none, ``0 < gpu < 1`` a fraction of one GPU, an integer ``>= 1`` whole GPUs;
+    ``None`` takes the mode's default (see :func:`resolved_placement`)."""
+    node: str = ""
+    """Pin to this node of ``fleet.cluster`` (``""``: the scheduler chooses)."""
+    gpu_ids: tuple[int, ...] = ()
+    """Pin to these GPU indices of ``node`` (needs ``node``; empty: the scheduler chooses)."""
+
+
+@dataclass
+class ClusterSpec:
+    """The nodes the job is placed on: ``nodes`` alike machines named ``node0``, ``node1`` ..."""
+
+    nodes: int = 1
+    """Number of nodes."""
+    cpus: int = 8
+    """Logical CPUs per node offered to the scheduler."""
+    memory_mib: int = 16384
+    """Host memory per node, MiB."""
+    gpus: int = 2
+    """GPUs per node (logical on a CPU-only machine)."""
+    gpu_model: str = "logical"
+    """GPU model name (``"H200"``, or ``"logical"`` for GPUs declared on a CPU machine)."""
+
+    @property
+    def node_names(self) -> list[str]:
+        """Names of the nodes, in order."""
+        return [f"node{i}" for i in range(self.nodes)]
+
+
+@dataclass
+class InferenceSettings:
+    """The batching inference server (one per job)."""
+
+    max_batch: int | None = None
+    """Environments per forward pass; ``None``: all N (co-located/disaggregated) or N / stages (pipelined)."""
+    timeout_ms: float | None = None
+    """Serve a partial batch after its first request waited this long; ``None``: wait for ``max_batch``
+    environments (exact, deterministic batches — what synchronous mode uses by default)."""
+    threads: int = 1
+    """Torch threads of the server process."""
+
+
+@dataclass
+class SyncSettings:
+    """Weight synchronisation trainer -> inference server."""
+
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: every iteration's experience comes from the newest weights (identical learning to
+    in-process); ``async``: shards collect the next batch while the trainer updates (one version behind)."""
+    max_staleness: int = 1
+    """``async`` only: a batch older than this many versions is discarded and collected again."""
+
+
+@dataclass
+class FleetConfig:
+    """Where the training job's components run: in this process, or as Ray actors placed by ``infra``."""
+
+    mode: Mode = "inprocess"
+    """``inprocess`` (no Ray), ``colocated`` (all components share GPU(s)), ``disaggregated`` (simulators
+    and inference on some GPUs, trainer on others) or ``pipelined`` (co-located placement with each
+    shard's envs split into ``stages`` whose simulation overlaps the inference of the others)."""
+    address: str = "local"
+    """Ray cluster: ``local`` starts one on this machine with ``cluster``'s nodes (logical GPUs), or an
+    address such as ``auto`` / ``HOST:PORT`` of a cluster whose nodes carry infra's node resources."""
+    shards: int = 2
+    """Simulator shards; each holds ``env.num_envs / shards`` environments."""
+    stages: int = 2
+    """Pipeline stages per shard (``pipelined`` only; must divide the envs of a shard)."""
+    offload: bool = False
+    """``colocated``: move the inference model off the GPU while the trainer updates."""
+    policy: str = "fgd-pack"
+    """Placement policy of infra's scheduler (``infra.policies.names()``)."""
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    """The nodes to place on (for ``address=local`` they are also started)."""
+    shard: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0))
+    """Placement of every simulator shard."""
+    inference: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0))
+    """Placement of the inference server."""
+    trainer: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0, memory_mib=4096))
+    """Placement of the trainer."""
+    server: InferenceSettings = field(default_factory=InferenceSettings)
+    """Batching of the inference server."""
+    sync: SyncSettings = field(default_factory=SyncSettings)
+    """Weight synchronisation."""
+    max_restarts: int = 3
+    """Restarts allowed per component (shards, server, trainer) before the job fails."""
+    collect_timeout_s: float = 600.0
+    """An iteration's collection that takes longer than this raises (a hung component)."""
+
+    @property
+    def num_stages(self) -> int:
+        """Stages per shard actually used (1 unless pipelined)."""
+        return self.stages if self.mode == "pipelined" else 1
+
+
+#: GPU share of each component when the user gives none, per mode (shard share is for all shards together).
+MODE_GPU_DEFAULTS: dict[str, dict[str, float]] = {
+    "colocated": {"shard": 0.3, "inference": 0.3, "trainer": 0.4},
+    "pipelined": {"shard": 0.3, "inference": 0.3, "trainer": 0.4},
+    "disaggregated": {"shard": 0.5, "inference": 0.5, "trainer": 1.0},
+}
+
+
+def resolved_placement(fleet: FleetConfig) -> dict[str, ComponentPlacement]:
+    """Each component's placement with the mode's GPU defaults filled in (``fleet`` is not changed).
+
+    Returns:
+        ``{"shard": ..., "inference": ..., "trainer": ...}``; the shard entry is per shard.
+    """
+    defaults = MODE_GPU_DEFAULTS.get(fleet.mode, {"shard": 0.0, "inference": 0.0, "trainer": 0.0})
+    out = {}
+    for name in ("shard", "inference", "trainer"):
+        comp: ComponentPlacement = getattr(fleet, name)
+        if comp.gpu is None:
+            share = defaults[name] / fleet.shards if name == "shard" else defaults[name]
+            comp = replace(comp, gpu=round(share, 3))
+        out[name] = comp
+    return out
+
+
+def _error(message: str) -> Exception:
+    from vla_rl.config import ConfigError
+
+    return ConfigError(message)
+
+
+def _check_component(name: str, comp: ComponentPlacement, cluster: ClusterSpec) -> None:
+    where = f"fleet.{name}"
+    if comp.cpus <= 0 or comp.memory_mib <= 0:
+        raise _error(f"{where}.cpus={comp.cpus} and {where}.memory_mib={comp.memory_mib} must be positive")
+    if comp.gpu is not None:
+        if comp.gpu < 0:
+            raise _error(f"{where}.gpu={comp.gpu} must be >= 0 (0: no GPU, 0.25: a quarter of one, 2: two GPUs)")
+        if comp.gpu >= 1 and not float(comp.gpu).is_integer():
+            raise _error(
+                f"{where}.gpu={comp.gpu}: shares above one GPU must be whole GPUs; use {int(comp.gpu)} or a fraction < 1"
+            )
+        if 0 < comp.gpu < 0.001:
+            raise _error(f"{where}.gpu={comp.gpu} is below the scheduler's unit (0.001 GPU); use 0 or at least 0.001")
+    if comp.node and comp.node not in cluster.node_names:
+        raise _error(f"{where}.node={comp.node!r} is not in fleet.cluster; nodes: {', '.join(cluster.node_names)}")
+    if comp.gpu_ids:
+        if not comp.node:
+            raise _error(f"{where}.gpu_ids={list(comp.gpu_ids)} needs {where}.node (GPU indices are per node)")
+        count = cluster.gpus
+        bad = [g for g in comp.gpu_ids if not 0 <= g < count]
+        if bad:
+            raise _error(f"{where}.gpu_ids has {bad}; node {comp.node!r} has GPUs 0..{count - 1}")
+
+
+def validate_fleet(cfg: TrainConfig) -> None:
+    """Check the ``fleet`` section against the run config; raise ``ConfigError`` naming the fix.
+
+    Never modifies ``cfg``.
+    """
+    fleet = cfg.fleet
+    if fleet.mode not in MODES:
+        raise _error(f"fleet.mode={fleet.mode!r} is not a valid choice; valid: {', '.join(MODES)}")
+    if fleet.mode == "inprocess":
+        return
+    if cfg.algo != "ppo":
+        raise _error(f"fleet.mode={fleet.mode} runs PPO only; use algo=ppo or fleet.mode=inprocess for {cfg.algo}")
+    if fleet.shards < 1 or cfg.env.num_envs % fleet.shards:
+        raise _error(
+            f"fleet.shards={fleet.shards} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
+            "(each shard holds the same number of environments)"
+        )
+    per_shard = cfg.env.num_envs // fleet.shards
+    if fleet.mode == "pipelined" and (fleet.stages < 2 or per_shard % fleet.stages):
+        raise _error(
+            f"fleet.stages={fleet.stages} must be >= 2 and divide the {per_shard} environments of a shard "
+            "(env.num_envs / fleet.shards) in pipelined mode"
+        )
+    if fleet.offload and fleet.mode != "colocated":
+        raise _error(f"fleet.offload=true applies to fleet.mode=colocated only (got {fleet.mode}); drop it")
+    if fleet.sync.max_staleness < 1:
+        raise _error(f"fleet.sync.max_staleness={fleet.sync.max_staleness} must be >= 1")
+    server = fleet.server
+    if server.max_batch is not None and server.max_batch < 1:
+        raise _error(f"fleet.server.max_batch={server.max_batch} must be >= 1 (or null for the mode's default)")
+    if server.timeout_ms is not None and server.timeout_ms <= 0:
+        raise _error(f"fleet.server.timeout_ms={server.timeout_ms} must be > 0 (or null: wait for a full batch)")
+    if server.threads < 1 or fleet.max_restarts < 0 or fleet.collect_timeout_s <= 0:
+        raise _error("fleet.server.threads >= 1, fleet.max_restarts >= 0 and fleet.collect_timeout_s > 0 are required")
+    c = fleet.cluster
+    if c.nodes < 1 or c.cpus < 1 or c.memory_mib < 1 or c.gpus < 0:
+        raise _error(
+            f"fleet.cluster: nodes={c.nodes}, cpus={c.cpus}, memory_mib={c.memory_mib} must be >= 1 and gpus={c.gpus} >= 0"
+        )
+    for name, comp in resolved_placement(fleet).items():
+        _check_component(name, comp, c)
+    # Disaggregated: a whole-GPU trainer never shares a GPU with fractional simulators and inference.
+    trainer_gpu = fleet.trainer.gpu
+    if fleet.mode == "disaggregated" and trainer_gpu is not None and 0 < trainer_gpu < 1:
+        raise _error(
+            f"fleet.trainer.gpu={trainer_gpu}: disaggregated mode gives the trainer whole GPUs (an integer) so it "
+            "never shares one with simulators and inference; use colocated for sharing"
+        )

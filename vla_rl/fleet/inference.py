@@ -1,0 +1,279 @@
+"""The policy-inference server: batches requests from simulator shards, serves versioned weights.
+
+Shards send :class:`Request` s (an observation ``[n]`` to act on, and the final observations of
+episodes truncated at their last step, whose values bootstrap the return). The server gathers
+requests until ``max_batch`` environments wait, or until the first waited ``timeout_s`` (``None``:
+wait for a full batch), orders them by key (shard, stage) and runs the policy once on their
+concatenation: ``act`` on the observations, ``value`` on the bootstrap observations. Ordered full
+batches make the fleet's forward passes the in-process trainer's, sample for sample.
+
+Weights arrive with a version (:meth:`InferenceCore.set_weights`); every :class:`Reply` carries
+the version that produced it, and a request waits until the server holds at least its
+``min_version`` — so a restarted server (which comes back without weights) holds requests until
+the trainer pushes weights again, and none is answered by stale or random weights.
+
+:class:`InferenceCore` is plain asyncio (tested without Ray); :class:`InferenceServer` is the
+Ray actor around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+
+class RequestsCancelled(RuntimeError):
+    """Pending requests were cancelled because the iteration is being collected again."""
+
+
+@dataclass
+class Request:
+    """One shard stage's request.
+
+    Attributes:
+        key: ``(shard, stage)``; a batch is ordered by it.
+        obs: observation ``[n]``: actions are sampled for it, or only values when ``value_only``.
+        bootstrap_obs: final observations ``[m]`` of truncated episodes (values only), or ``None``.
+        value_only: compute values of ``obs`` instead of acting (the last step of a rollout).
+        min_version: answer only with weights of at least this version.
+    """
+
+    key: tuple[int, int]
+    obs: TensorDict
+    bootstrap_obs: TensorDict | None = None
+    value_only: bool = False
+    min_version: int = 0
+
+
+@dataclass
+class Reply:
+    """The answer to a :class:`Request`.
+
+    Attributes:
+        action: ``[n, (K,) A]`` (``None`` when ``value_only``).
+        log_prob: ``[n]`` (``None`` when ``value_only``).
+        value: ``[n]`` values of ``obs``.
+        bootstrap_value: ``[m]`` values of ``bootstrap_obs`` (empty when none).
+        version: weights version that produced this reply.
+    """
+
+    action: torch.Tensor | None
+    log_prob: torch.Tensor | None
+    value: torch.Tensor
+    bootstrap_value: torch.Tensor
+    version: int
+
+
+class InferenceCore:
+    """Batching, versioned policy inference inside one asyncio loop.
+
+    Args:
+        policy: actor-critic with ``act(obs)`` and ``value(obs)``.
+        max_batch: environments per forward pass (a batch is served once this many wait).
+        timeout_s: serve a partial batch once its oldest request waited this long; ``None``: never.
+        device: torch device of the policy.
+    """
+
+    def __init__(self, policy: nn.Module | None, max_batch: int, timeout_s: float | None, device: str = "cpu") -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch} must be at least 1")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s} must be positive, or None to wait for full batches")
+        self.policy = None if policy is None else policy.eval()
+        self.device = torch.device(device)
+        self.max_batch = max_batch
+        self.timeout_s = timeout_s
+        self.version = -1  # no weights yet: every request waits for set_weights
+        self._pending: list[tuple[Request, asyncio.Future, float]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self.counters = {"infer_s": 0.0, "batches": 0.0, "envs": 0.0, "requests": 0.0}
+
+    # ------------------------------------------------------------------------------ weights
+    def set_weights(
+        self, state: dict[str, torch.Tensor], version: int, rng_state: torch.Tensor | None = None,
+        module: nn.Module | None = None,
+    ) -> int:
+        """Load ``state`` as weights ``version`` (and the torch RNG state, when given); serve what waited.
+
+        Args:
+            state: the policy's ``state_dict``.
+            version: its version (never lower than the one held).
+            rng_state: torch RNG state to sample with from now on (synchronous mode), or ``None``.
+            module: the policy module, needed when the server holds none (first push, after a restart).
+
+        Returns:
+            The version now held.
+        """
+        if version < self.version:
+            raise ValueError(f"weights version {version} is older than the held {self.version}; versions only grow")
+        if module is not None:
+            self.policy = module.eval()
+        if self.policy is None:
+            raise ValueError("the server holds no policy module yet; pass module= with the first weights")
+        self.policy.to(self.device)
+        self.policy.load_state_dict(state)
+        self.version = version
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        self._serve()
+        return version
+
+    def offload(self) -> None:
+        """Move the model to host memory while the trainer uses the device (weights are kept)."""
+        if self.policy is not None:
+            self.policy.to("cpu")
+
+    # ------------------------------------------------------------------------------ requests
+    async def infer(self, request: Request) -> Reply:
+        """Queue ``request`` and return its reply once its batch has run."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future, time.monotonic()))
+        self.counters["requests"] += 1
+        self._serve()
+        return await future
+
+    def cancel_pending(self) -> int:
+        """Fail every waiting request with :class:`RequestsCancelled`; returns how many."""
+        pending, self._pending = self._pending, []
+        for _, future, _ in pending:
+            if not future.done():
+                future.set_exception(RequestsCancelled("the iteration is being collected again"))
+        return len(pending)
+
+    def _ready(self) -> list[tuple[Request, asyncio.Future, float]]:
+        return [p for p in self._pending if p[0].min_version <= self.version]
+
+    def _serve(self) -> None:
+        """Run full batches now; arm the timeout for a partial one."""
+        while True:
+            ready = self._ready()
+            envs = sum(p[0].obs.batch_size[0] for p in ready)
+            if not ready or envs < self.max_batch:
+                break
+            self._run(self._take(ready))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        ready = self._ready()
+        if ready and self.timeout_s is not None:
+            wait = max(0.0, min(p[2] for p in ready) + self.timeout_s - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(wait, self._flush_partial)
+
+    def _flush_partial(self) -> None:
+        self._timer = None
+        ready = self._ready()
+        if ready:
+            self._run(self._take(ready))
+        self._serve()
+
+    def _take(self, ready: list[tuple[Request, asyncio.Future, float]]) -> list[tuple[Request, asyncio.Future, float]]:
+        """Up to ``max_batch`` environments of ready requests, in key order (at least one request)."""
+        batch, envs = [], 0
+        for item in sorted(ready, key=lambda p: p[0].key):
+            n = item[0].obs.batch_size[0]
+            if batch and envs + n > self.max_batch:
+                break
+            batch.append(item)
+            envs += n
+        taken = {id(item) for item in batch}
+        self._pending = [p for p in self._pending if id(p) not in taken]
+        return batch
+
+    def _run(self, batch: list[tuple[Request, asyncio.Future, float]]) -> None:
+        """One forward pass over the concatenated requests; resolve their futures."""
+        start = time.perf_counter()
+        acting = [r for r, _, _ in batch if not r.value_only]
+        valuing = [r for r, _, _ in batch if r.value_only]
+        boot = [r.bootstrap_obs for r, _, _ in batch if r.bootstrap_obs is not None and r.bootstrap_obs.batch_size[0]]
+        with torch.no_grad():
+            acted = self.policy.act(torch.cat([r.obs for r in acting]).to(self.device)).cpu() if acting else None
+            values = self.policy.value(torch.cat([r.obs for r in valuing]).to(self.device)).cpu() if valuing else None
+            boot_values = self.policy.value(torch.cat(boot).to(self.device)).cpu() if boot else None
+        a = v = b = 0
+        for request, future, _ in batch:
+            n = request.obs.batch_size[0]
+            m = 0 if request.bootstrap_obs is None else request.bootstrap_obs.batch_size[0]
+            bootstrap = boot_values[b : b + m] if m else torch.zeros(0)
+            b += m
+            if request.value_only:
+                reply = Reply(None, None, values[v : v + n], bootstrap, self.version)
+                v += n
+            else:
+                part = acted[a : a + n]
+                reply = Reply(part["action"], part["log_prob"], part["value"], bootstrap, self.version)
+                a += n
+            if not future.done():
+                future.set_result(reply)
+        self.counters["infer_s"] += time.perf_counter() - start
+        self.counters["batches"] += 1
+        self.counters["envs"] += sum(r.obs.batch_size[0] for r, _, _ in batch)
+
+    @property
+    def num_pending(self) -> int:
+        """Requests waiting for a batch or for weights."""
+        return len(self._pending)
+
+    def pop_counters(self) -> dict[str, float]:
+        """Seconds of forward passes, batches, environments and requests served since the last call."""
+        out, self.counters = self.counters, dict.fromkeys(self.counters, 0.0)
+        return out
+
+
+class InferenceServer:
+    """Ray actor around :class:`InferenceCore` (start it with ``max_concurrency`` above the shard count).
+
+    It starts without a policy: the first :meth:`set_weights` brings the module (pickled once;
+    later only weights travel), and so does the first one after a restart.
+
+    Args:
+        max_batch: environments per forward pass.
+        timeout_s: partial-batch timeout, or ``None``.
+        device: torch device.
+        threads: torch threads of this process.
+    """
+
+    def __init__(self, max_batch: int, timeout_s: float | None, device: str = "cpu", threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.core = InferenceCore(None, max_batch, timeout_s, device)
+        try:
+            import ray
+
+            self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        except (ImportError, RuntimeError):
+            self.restarted = False
+
+    async def infer(self, request: Request) -> Reply:
+        """See :meth:`InferenceCore.infer`."""
+        return await self.core.infer(request)
+
+    async def set_weights(
+        self, state: dict[str, torch.Tensor], version: int, rng_state: torch.Tensor | None = None,
+        module: nn.Module | None = None,
+    ) -> int:
+        """See :meth:`InferenceCore.set_weights`."""
+        return self.core.set_weights(state, version, rng_state, module)
+
+    async def status(self) -> dict[str, float]:
+        """Held version, whether this incarnation is a restart, requests waiting."""
+        return {"version": self.core.version, "restarted": self.restarted, "pending": self.core.num_pending}
+
+    async def rng_state(self) -> torch.Tensor:
+        """The torch RNG state of the server process (sampling advanced it)."""
+        return torch.get_rng_state()
+
+    async def cancel_pending(self) -> int:
+        """See :meth:`InferenceCore.cancel_pending`."""
+        return self.core.cancel_pending()
+
+    async def offload(self) -> None:
+        """See :meth:`InferenceCore.offload`."""
+        self.core.offload()
+
+    async def pop_counters(self) -> dict[str, float]:
+        """See :meth:`InferenceCore.pop_counters`."""
+        return self.core.pop_counters()

@@ -1,0 +1,175 @@
+"""A simulator shard: a slice of the job's environments that runs rollouts against the inference server.
+
+Shard ``k`` of ``S`` holds environments ``[k n, (k + 1) n)`` of the job's ``N = S n``, as ``P``
+vector environments of ``n / P`` each (its pipeline stages; ``P = 1`` unless pipelined). Each
+vector env is built with its ``env_offset``, so it samples exactly the episodes those
+environments would sample in one in-process vector env of N.
+
+A rollout of T decisions keeps one inference request in flight per stage: while the server
+answers stage ``s``, the shard steps (simulates and renders) the other stages, so with ``P >= 2``
+inference hides behind simulation. Observations, actions and the reply's weights version are
+recorded per step; the result is the ``[T, n]`` batch of :mod:`vla_rl.rollout` (raw rewards,
+``next_value`` from the server's values and bootstrap values), plus ``version``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from vla_rl.config import EnvConfig
+from vla_rl.envs import make_env
+from vla_rl.fleet.inference import Reply, Request
+from vla_rl.rollout import Timer, env_step
+
+
+def _get(ref: Any) -> Reply:
+    """Resolve a server reply (a Ray ObjectRef, or the reply itself in-process)."""
+    if isinstance(ref, Reply):
+        return ref
+    import ray
+
+    return ray.get(ref)
+
+
+class RolloutWorker:
+    """Simulator shard ``shard``: environments ``[offset, offset + num_envs)`` in ``stages`` stages.
+
+    Args:
+        env_cfg: the run's environment section.
+        shard: this shard's index (orders its requests in the server's batches).
+        offset: global index of its first environment.
+        num_envs: environments of this shard (a multiple of ``stages``).
+        stages: pipeline stages P.
+        seed: the run's seed (environments are built with it, as in-process).
+        server: inference server handle with ``infer.remote(Request)``.
+        threads: torch threads of this process.
+    """
+
+    def __init__(
+        self, env_cfg: EnvConfig, shard: int, offset: int, num_envs: int, stages: int, seed: int, server: Any,
+        threads: int = 1,
+    ) -> None:
+        if stages < 1 or num_envs % stages:
+            raise ValueError(f"stages={stages} must be >= 1 and divide the shard's num_envs={num_envs}")
+        torch.set_num_threads(threads)
+        self.shard = shard
+        self.server = server
+        per = num_envs // stages
+        self.envs = [make_env(env_cfg, seed=seed, num_envs=per, env_offset=offset + s * per) for s in range(stages)]
+        self.obs: list[TensorDict | None] = [None] * stages
+
+    def describe(self) -> dict[str, Any]:
+        """What the trainer needs to know of the environments (same for every shard)."""
+        env = self.envs[0]
+        return {
+            "instructions": list(env.instructions),
+            "task_names": list(env.task_names),
+            "single_action_space": env.single_action_space,
+            "max_episode_steps": env.max_episode_steps,
+        }
+
+    def ping(self) -> int:
+        """Liveness check; returns the shard index."""
+        return self.shard
+
+    def reset(self, seed: int) -> TensorDict:
+        """Reset every environment with ``seed``; returns the shard's observation ``[n]``."""
+        self.obs = [env.reset_td(seed=seed) for env in self.envs]
+        return torch.cat(self.obs)
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything that determines the next rollout: each stage's env state and carried observation."""
+        return {"envs": [env.get_state() for env in self.envs], "obs": [o.to_dict() for o in self.obs]}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned."""
+        for env, env_state in zip(self.envs, state["envs"]):
+            env.set_state(env_state)
+        self.obs = [TensorDict.from_dict(o, batch_size=[env.num_envs]) for o, env in zip(state["obs"], self.envs)]
+
+    def set_obs(self, obs: TensorDict) -> None:
+        """Replace the carried observation ``[n]`` (after a resume whose environments were re-reset)."""
+        self.obs = list(torch.split(obs, [env.num_envs for env in self.envs]))
+
+    def rollout(self, steps: int, min_version: int) -> tuple[TensorDict, dict[str, float]]:
+        """Run ``steps`` decisions of every environment with the server's policy.
+
+        Args:
+            steps: decisions T.
+            min_version: the oldest weights version the server may answer with.
+
+        Returns:
+            The ``[T, n]`` batch and this shard's seconds ``simulate``, ``render`` and ``wait``
+            (blocked on the server: inference not hidden by simulation, plus transport).
+        """
+        if any(o is None for o in self.obs):
+            raise RuntimeError(f"shard {self.shard}: call reset() (or set_state) before rollout()")
+        timer = Timer()
+        stages = range(len(self.envs))
+        records: list[list[TensorDict]] = [[] for _ in stages]
+        truncated_prev: list[torch.Tensor | None] = [None for _ in stages]
+        pending = [self._ask(s, None, False, min_version) for s in stages]
+        for t in range(steps):
+            for s in stages:
+                reply = self._wait(pending[s], timer)
+                self._fill_bootstrap(records[s], truncated_prev[s], reply)
+                step = env_step(self.envs[s], reply.action, timer)
+                truncated = step["truncated"] & ~step["terminated"]
+                records[s].append(
+                    TensorDict(
+                        {
+                            "obs": self.obs[s],
+                            "action": reply.action,
+                            "log_prob": reply.log_prob,
+                            "value": reply.value,
+                            "version": torch.full((self.envs[s].num_envs,), reply.version, dtype=torch.int64),
+                            "bootstrap": torch.zeros(self.envs[s].num_envs),
+                            "reward": step["reward"],
+                            "terminated": step["terminated"],
+                            "truncated": truncated,
+                            "done": step["terminated"] | step["truncated"],
+                            "success": step["success"],
+                        },
+                        batch_size=[self.envs[s].num_envs],
+                    )
+                )
+                self.obs[s] = step["observation"]
+                truncated_prev[s] = truncated
+                final = step["final_observation"][truncated] if truncated.any() else None
+                pending[s] = self._ask(s, final, t == steps - 1, min_version)
+        batches = []
+        for s in stages:
+            reply = self._wait(pending[s], timer)
+            self._fill_bootstrap(records[s], truncated_prev[s], reply)
+            batch = torch.stack(records[s], dim=0)
+            # V(s_{t+1}): the next step's value, V(obs_T) after the last one, V(final obs) where truncated.
+            following = torch.cat([batch["value"][1:], reply.value[None]], dim=0)
+            batch["next_value"] = torch.where(batch["truncated"], batch.pop("bootstrap"), following)
+            batches.append(batch)
+        return torch.cat(batches, dim=1), dict(timer.seconds)
+
+    def _ask(self, stage: int, bootstrap: TensorDict | None, value_only: bool, min_version: int) -> Any:
+        request = Request((self.shard, stage), self.obs[stage], bootstrap, value_only, min_version)
+        return self.server.infer.remote(request)
+
+    @staticmethod
+    def _wait(ref: Any, timer: Timer) -> Reply:
+        start = time.perf_counter()
+        reply = _get(ref)
+        timer.add("wait", time.perf_counter() - start)
+        return reply
+
+    @staticmethod
+    def _fill_bootstrap(records: list[TensorDict], truncated: torch.Tensor | None, reply: Reply) -> None:
+        """Write the values of the previous step's truncated final observations into its record."""
+        if truncated is not None and truncated.any():
+            records[-1]["bootstrap"][truncated] = reply.bootstrap_value
+
+    def close(self) -> None:
+        """Close the environments."""
+        for env in self.envs:
+            env.close()
