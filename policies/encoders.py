@@ -24,14 +24,14 @@ def _conv_out(size: int, patch: int, layers: int) -> int:
 
 class ConvEncoder(nn.Module):
     """A patchify stem and stride-2 3x3 convolutions over one camera image, with coordinate
-    channels and optional FiLM.
+    channels and FiLM conditioning.
 
     The input is ``[B, 3, H, W]`` float in ``[0, 1]``; two coordinate channels (x, y in
     ``[-1, 1]``, CoordConv) are appended so positions are easy to read out. The first
     convolution is a non-overlapping ``patch`` x ``patch`` stem (kernel = stride = ``patch``, as
     in ViT and ConvNeXt): it is what keeps the encoder cheap on a CPU, since a 3x3 stride-2
     first layer on the full-resolution image costs about twice as much forward and backward.
-    The later convolutions are 3x3 with stride 2. After each convolution, when ``cond`` is given, the feature map is modulated per channel as
+    The later convolutions are 3x3 with stride 2. After each convolution the feature map is modulated per channel as
     ``x * (1 + gamma(cond)) + beta(cond)`` (FiLM, Perez et al. 2018, as in RT-1's image tokenizer)
     before the activation. The output is the final feature map ``[B, C, h, w]``.
 
@@ -39,7 +39,7 @@ class ConvEncoder(nn.Module):
         image_size: H = W of the (resized) input; a multiple of ``patch``.
         patch: kernel and stride of the stem convolution.
         channels: output channels of the stem, then of each 3x3 stride-2 convolution.
-        cond_dim: width of the conditioning vector for FiLM (``0`` disables FiLM).
+        cond_dim: width of the conditioning vector for FiLM.
         activation: the nonlinearity class.
     """
 
@@ -68,25 +68,21 @@ class ConvEncoder(nn.Module):
             nn.init.orthogonal_(conv.weight, gain=math.sqrt(2.0))
             nn.init.zeros_(conv.bias)
             self.convs.append(conv)
-            if cond_dim:
-                film = nn.Linear(cond_dim, 2 * c)
-                nn.init.zeros_(film.weight)  # start as the identity modulation
-                nn.init.zeros_(film.bias)
-                self.films.append(film)
+            film = nn.Linear(cond_dim, 2 * c)
+            nn.init.zeros_(film.weight)  # start as the identity modulation
+            nn.init.zeros_(film.bias)
+            self.films.append(film)
             width = c
         self.act = activation()
         self.out_channels = width
         self.out_size = _conv_out(image_size, patch, len(channels) - 1)
 
-    def forward(self, images: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """``images`` ``[B, 3, H, W]`` in ``[0, 1]``, ``cond`` ``[B, cond_dim]`` -> ``[B, C, h, w]``."""
         x = torch.cat([images - 0.5, self.coords.expand(images.shape[0], -1, -1, -1)], dim=1)
-        for i, conv in enumerate(self.convs):
-            x = conv(x)
-            if self.films:
-                gamma, beta = self.films[i](cond).unsqueeze(-1).unsqueeze(-1).chunk(2, dim=1)
-                x = x * (1.0 + gamma) + beta
-            x = self.act(x)
+        for conv, film in zip(self.convs, self.films):
+            gamma, beta = film(cond).unsqueeze(-1).unsqueeze(-1).chunk(2, dim=1)
+            x = self.act(conv(x) * (1.0 + gamma) + beta)
         return x
 
 
