@@ -1,0 +1,241 @@
+"""Replay a GPU-cluster pod trace with several placement policies and seeds (FGD simulator protocol).
+
+    python scripts/replay_trace.py \
+        --pods ../shared/traces/alibaba-openb-2023/openb_pod_list_default.csv \
+        --nodes ../shared/traces/alibaba-openb-2023/openb_node_list_gpu_node.csv \
+        --policies random,bestfit,fgd,fgd-pack --seeds 42-51 --inflate 1.3 --json runs/replay.json
+
+Prints a table per policy (allocation % at 100% and 130% arrived, mean and std over seeds,
+fragmentation %, failed pods, decision latency p50/p99) and, with ``--json``, writes the figures
+plus a PNG of allocation % against arrived % beside the JSON. ``--expected`` compares the means
+with a reference CSV of the FGD simulator (columns ``sc_policy,seed,0..130``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from infra import policies
+from infra.frag import TypicalPods
+from infra.resources import Cluster, ClusterState
+from infra.trace import ReplayResult, arrival_sequence, read_pods, replay
+
+REFERENCE_NAMES = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FGD"}
+"""Our policy names -> the FGD simulator's names in expected_alloc_default.csv."""
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"42-51"`` or ``"42,43,50"`` -> list of seeds."""
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-"))
+            if hi < lo:
+                raise ValueError
+            return list(range(lo, hi + 1))
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--seeds {text!r}: give a range like 42-51 or a list like 42,43,44"
+        ) from None
+
+
+def machine() -> dict[str, object]:
+    """Where the figures were measured."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": cpu,
+        "gpu": None,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def summarize(results: list[ReplayResult], seconds: list[float]) -> dict[str, float]:
+    """Figures of one policy over its seeds."""
+    alloc = np.array([r.alloc_curve for r in results])
+    frag = np.array([r.frag_curve for r in results])
+    lat = np.concatenate([r.latencies_ns for r in results]) / 1e6
+    cpu_lat = np.concatenate([r.cpu_latencies_ns for r in results]) / 1e6
+    failed = np.array([r.failed for r in results], dtype=float)
+    return {
+        "alloc_pct_at_100_mean": float(alloc[:, 100].mean()),
+        "alloc_pct_at_100_std": float(alloc[:, 100].std()),
+        "alloc_pct_at_130_mean": float(alloc[:, 130].mean()),
+        "alloc_pct_at_130_std": float(alloc[:, 130].std()),
+        "frag_pct_at_100_mean": float(frag[:, 100].mean()),
+        "frag_pct_at_130_mean": float(frag[:, 130].mean()),
+        "failed_pods_mean": float(failed.mean()),
+        "failed_pods_std": float(failed.std()),
+        "decision_latency_p50_ms": float(np.percentile(lat, 50)),
+        "decision_latency_p99_ms": float(np.percentile(lat, 99)),
+        "decision_cpu_latency_p50_ms": float(np.percentile(cpu_lat, 50)),
+        "decision_cpu_latency_p99_ms": float(np.percentile(cpu_lat, 99)),
+        "replay_seconds_per_seed": float(np.mean(seconds)),
+    }
+
+
+def read_expected(path: Path) -> dict[str, tuple[float, float]]:
+    """Reference means at 100% and 130% arrived, by simulator policy name."""
+    rows: dict[str, list[tuple[float, float]]] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            rows.setdefault(row["sc_policy"], []).append((float(row["100"]), float(row["130"])))
+    return {k: tuple(np.mean(v, axis=0)) for k, v in rows.items()}
+
+
+def write_atomic(path: Path, write) -> None:
+    """Write a file through a temporary file in the same folder, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> None:
+    """Mean allocation % against arrived % per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    x = np.arange(curves[next(iter(curves))].size)
+    ax.plot(x, np.minimum(x, 100), "k:", lw=1, label="ideal")
+    for name, curve in curves.items():
+        ax.plot(x, curve, lw=1.5, label=name)
+    ax.set(xlabel="arrived GPU demand (% of capacity)", ylabel="allocated GPU (% of capacity)", title=title)
+    ax.set_xlim(60, x[-1])
+    ax.set_ylim(60, 100)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pods", required=True, type=Path, help="pod list CSV (openb columns)")
+    ap.add_argument(
+        "--nodes", required=True, type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)"
+    )
+    ap.add_argument(
+        "--policies", default="random,bestfit,fgd,fgd-pack", help=f"comma list of {policies.names()}"
+    )
+    ap.add_argument("--seeds", default="42-51", type=parse_seeds, help="a range 42-51 or a list 42,43")
+    ap.add_argument("--inflate", default=1.3, type=float, help="append pod copies up to this x GPU capacity")
+    ap.add_argument("--json", type=Path, help="write figures here (and a PNG plot beside it)")
+    ap.add_argument("--expected", type=Path, help="reference CSV of the FGD simulator to compare with")
+    args = ap.parse_args()
+    names = [p for p in args.policies.split(",") if p]
+    for name in names:
+        policies.load(name)  # fail early with the list of valid names
+    if args.inflate < 1.0:
+        ap.error(f"--inflate {args.inflate}: must be >= 1.0 (1.3 replays 130% of the GPU capacity)")
+
+    console = Console(width=160)
+    state = ClusterState(Cluster.from_csv(args.nodes))
+    pods = read_pods(args.pods)
+    typical = TypicalPods.from_shapes([p.shape for p in pods])
+    capacity = state.total_gpu_milli()
+    sequences = {s: arrival_sequence(pods, capacity, args.inflate, s) for s in args.seeds}
+
+    summary: dict[str, dict[str, float]] = {}
+    curves: dict[str, np.ndarray] = {}
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("replay", total=len(names) * len(args.seeds))
+        for name in names:
+            results, seconds = [], []
+            for s in args.seeds:
+                progress.update(task, description=f"{name} seed {s}")
+                t0 = time.perf_counter()
+                results.append(replay(state, sequences[s], policies.load(name, typical=typical), typical, s))
+                seconds.append(time.perf_counter() - t0)
+                progress.advance(task)
+            summary[name] = summarize(results, seconds)
+            curves[name] = np.nanmean([r.alloc_curve for r in results], axis=0)
+
+    expected = read_expected(args.expected) if args.expected else {}
+    table = Table(
+        title=f"{args.pods.name} on {args.nodes.name}, seeds {args.seeds[0]}..{args.seeds[-1]}, inflate {args.inflate}"
+    )
+    for col in (
+        "policy",
+        "alloc@100 %",
+        "alloc@130 %",
+        "frag@100 %",
+        "failed",
+        "p50 ms",
+        "p99 ms",
+        "p99 cpu ms",
+        "s/seed",
+    ):
+        table.add_column(col, justify="right")
+    for name, r in summary.items():
+        ref = expected.get(REFERENCE_NAMES.get(name, ""))
+        if ref:
+            r["reference_alloc_pct_at_100"], r["reference_alloc_pct_at_130"] = ref
+        note = f" (ref {ref[0]:.2f})" if ref else ""
+        table.add_row(
+            name,
+            f"{r['alloc_pct_at_100_mean']:.2f} ± {r['alloc_pct_at_100_std']:.2f}{note}",
+            f"{r['alloc_pct_at_130_mean']:.2f} ± {r['alloc_pct_at_130_std']:.2f}",
+            f"{r['frag_pct_at_100_mean']:.2f}",
+            f"{r['failed_pods_mean']:.0f}",
+            f"{r['decision_latency_p50_ms']:.3f}",
+            f"{r['decision_latency_p99_ms']:.3f}",
+            f"{r['decision_cpu_latency_p99_ms']:.3f}",
+            f"{r['replay_seconds_per_seed']:.1f}",
+        )
+    console.print(table)
+
+    if args.json:
+        png = args.json.with_suffix(".png")
+        plot(curves, png, f"{args.pods.stem} ({len(args.seeds)} seeds)")
+        out = {
+            "machine": machine(),
+            "config": {
+                "pods": str(args.pods),
+                "nodes": str(args.nodes),
+                "policies": names,
+                "seeds": args.seeds,
+                "inflate": args.inflate,
+                "num_nodes": state.num_nodes,
+                "gpu_capacity_milli": capacity,
+                "typical_pod_shapes": len(typical.shapes),
+                "plot": str(png),
+            },
+            "results": summary,
+            "alloc_curve_mean": {
+                k: [None if np.isnan(v) else round(float(v), 3) for v in c] for k, c in curves.items()
+            },
+        }
+        write_atomic(args.json, lambda tmp: Path(tmp).write_text(json.dumps(out, indent=2)))
+        console.print(f"wrote {args.json} and {png}")
+
+
+if __name__ == "__main__":
+    main()
