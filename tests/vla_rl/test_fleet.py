@@ -1,0 +1,214 @@
+"""Fleet pieces without Ray: config validation, gang translation, the batching server, the shard's rollout."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import policies
+from infra.scheduler import PinGPUs, SameGPU, SameNode
+from vla_rl.config import ConfigError, build_config
+from vla_rl.envs import make_env
+from vla_rl.fleet.config import resolved_placement
+from vla_rl.fleet.inference import InferenceCore, Request, RequestsCancelled
+from vla_rl.fleet.placement import PlacementError, job_request, place_job
+from vla_rl.fleet.worker import RolloutWorker
+from vla_rl.rollout import Timer, collect_steps
+
+
+def _config(**fleet):
+    return build_config(
+        {
+            "seed": 5,
+            "env": {"kind": "gym", "task": "Pendulum-v1", "num_envs": 4, "max_episode_steps": 7},
+            "policy": {"name": "mlp", "hidden_sizes": [16, 16]},
+            "fleet": fleet,
+            "log": {"wandb": "disabled", "progress": False, "video": False},
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("fleet", "extra", "message"),
+    [
+        ({"mode": "colocated", "shards": 3}, {}, "divide env.num_envs=4"),
+        ({"mode": "pipelined", "shards": 2, "stages": 3}, {}, "fleet.stages=3"),
+        ({"mode": "colocated", "offload": True, "shards": 2, "trainer": {"gpu": 1.5}}, {}, "whole GPUs"),
+        ({"mode": "disaggregated", "offload": True}, {}, "offload=true applies to fleet.mode=colocated"),
+        ({"mode": "colocated", "shard": {"node": "node7"}}, {}, "node='node7' is not in fleet.cluster"),
+        ({"mode": "colocated", "shard": {"gpu_ids": [0]}}, {}, "needs fleet.shard.node"),
+        ({"mode": "colocated", "inference": {"node": "node0", "gpu_ids": [5]}}, {}, "node 'node0' has GPUs 0..1"),
+        ({"mode": "disaggregated", "trainer": {"gpu": 0.5}}, {}, "disaggregated mode gives the trainer whole GPUs"),
+        ({"mode": "colocated", "server": {"timeout_ms": 0}}, {}, "timeout_ms=0"),
+        ({"mode": "ring"}, {}, "fleet.mode='ring' is not a valid choice"),
+        ({"mode": "colocated"}, {"algo": "grpo"}, "runs PPO only"),
+    ],
+)
+def test_invalid_fleet_sections_name_the_fix(fleet, extra, message):
+    data = {
+        "env": {"kind": "sims", "task": "reach", "num_envs": 4},
+        "policy": {"name": "mlp"},
+        "grpo": {"group_size": 2},
+        "fleet": fleet,
+        **extra,
+    }
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_config(data)
+
+
+def test_mode_defaults_are_derived_without_editing_the_config():
+    cfg = _config(mode="disaggregated", shards=2)
+    comps = resolved_placement(cfg.fleet)
+    assert cfg.fleet.shard.gpu is None  # the user's section is untouched
+    assert comps["trainer"].gpu == 1.0 and comps["shard"].gpu == pytest.approx(0.25)
+    assert sum(comps[c].gpu for c in ("inference",)) + 2 * comps["shard"].gpu <= 1.0
+
+
+# ---------------------------------------------------------------------------------------- placement
+
+
+def test_colocated_job_shares_one_gpu():
+    cfg = _config(mode="colocated", shards=2)
+    _, placement, layout = place_job(cfg.fleet, "job")
+    gpus = {(a.node, a.gpus) for a in placement.assignments}
+    assert len(gpus) == 1, f"colocated components spread over {gpus}"
+    assert any(isinstance(c, SameGPU) and len(c.bundles) == 4 for c in layout.gang.constraints)
+    assert [layout.roles[a.bundle][0] for a in placement.assignments] == ["shard", "shard", "inference", "trainer"]
+
+
+def test_disaggregated_trainer_gets_its_own_gpu():
+    cfg = _config(mode="disaggregated", shards=2)
+    _, placement, layout = place_job(cfg.fleet, "job")
+    by_role = {layout.roles[a.bundle]: a for a in placement.assignments}
+    trainer, server = by_role[("trainer", 0)], by_role[("inference", 0)]
+    assert trainer.gpu_milli == 1000 and trainer.gpus != server.gpus
+    assert by_role[("shard", 0)].gpus == by_role[("shard", 1)].gpus == server.gpus
+
+
+def test_pins_and_multi_node_clusters():
+    cfg = _config(
+        mode="colocated", shards=2, cluster={"nodes": 2, "gpus": 2},
+        shard={"node": "node1", "gpu_ids": [1]},
+    )
+    layout = job_request(cfg.fleet, "job")
+    assert PinGPUs(0, "node1", (1,)) in layout.gang.constraints
+    assert any(isinstance(c, SameNode) for c in layout.gang.constraints)
+    _, placement, _ = place_job(cfg.fleet, "job")
+    assert {(a.node, a.gpus) for a in placement.assignments} == {("node1", (1,))}
+
+
+def test_a_job_that_does_not_fit_says_what_to_change():
+    cfg = _config(mode="disaggregated", shards=2, cluster={"gpus": 1})
+    with pytest.raises(PlacementError, match=r"does not fit fleet\.cluster"):
+        place_job(cfg.fleet, "job")
+    with pytest.raises(PlacementError, match="inprocess places nothing"):
+        job_request(_config().fleet, "job")
+
+
+# ---------------------------------------------------------------------------------------- server
+
+
+def _policy(cfg, obs):
+    torch.manual_seed(0)
+    return policies.make_policy(cfg.policy, obs, 1)
+
+
+def _obs(n, start=0.0):
+    from tensordict import TensorDict
+
+    state = torch.arange(start, start + 3 * n, dtype=torch.float32).reshape(n, 3) / 10
+    return TensorDict({"state": state, "task": torch.zeros(n, dtype=torch.int64),
+                       "instruction": torch.zeros(n, dtype=torch.int64)}, batch_size=[n])
+
+
+def test_server_batches_in_key_order_with_the_trainers_randomness():
+    cfg = _config()
+    policy = _policy(cfg, _obs(2))
+    parts = {(1, 0): _obs(3, 100.0), (0, 1): _obs(2, 50.0), (0, 0): _obs(2)}
+    rng = torch.get_rng_state()
+
+    async def serve():
+        core = InferenceCore(None, max_batch=7, timeout_s=None)
+        tasks = [asyncio.ensure_future(core.infer(Request(k, o, min_version=3))) for k, o in parts.items()]
+        await asyncio.sleep(0)
+        assert not any(t.done() for t in tasks)  # no weights yet: everything waits
+        core.set_weights(policy.state_dict(), 3, rng_state=rng, module=copy.deepcopy(policy))
+        replies = await asyncio.gather(*tasks)
+        return core, dict(zip(parts, replies))
+
+    core, replies = asyncio.run(serve())
+    assert core.pop_counters()["batches"] == 1
+    torch.set_rng_state(rng)
+    with torch.no_grad():
+        expected = policy.act(torch.cat([parts[(0, 0)], parts[(0, 1)], parts[(1, 0)]]))
+    got = torch.cat([replies[k].action for k in [(0, 0), (0, 1), (1, 0)]])
+    assert torch.equal(got, expected["action"])
+    assert {r.version for r in replies.values()} == {3}
+
+
+def test_server_timeout_serves_partial_batches_and_cancel_fails_waiters():
+    cfg = _config()
+    policy = _policy(cfg, _obs(2))
+
+    async def serve():
+        core = InferenceCore(copy.deepcopy(policy), max_batch=100, timeout_s=0.01)
+        core.set_weights(policy.state_dict(), 1)
+        reply = await asyncio.wait_for(core.infer(Request((0, 0), _obs(2), _obs(1), value_only=True)), 5)
+        waiting = asyncio.ensure_future(core.infer(Request((0, 0), _obs(2), min_version=9)))
+        await asyncio.sleep(0.05)
+        assert core.cancel_pending() == 1
+        with pytest.raises(RequestsCancelled):
+            await waiting
+        with pytest.raises(ValueError, match="older than the held"):
+            core.set_weights(policy.state_dict(), 0)
+        return reply
+
+    reply = asyncio.run(serve())
+    assert reply.action is None and reply.value.shape == (2,) and reply.bootstrap_value.shape == (1,)
+    with torch.no_grad():
+        assert torch.equal(reply.value, policy.value(_obs(2)))
+
+
+# ---------------------------------------------------------------------------------------- shard
+
+
+class _LocalServer:
+    """``infer.remote(request)`` answered at once by an :class:`InferenceCore` (one request per batch)."""
+
+    def __init__(self, core: InferenceCore) -> None:
+        self.infer = SimpleNamespace(remote=lambda request: asyncio.run(core.infer(request)))
+
+
+def test_shard_rollout_equals_the_in_process_collection():
+    cfg = _config()
+    env = make_env(cfg.env, seed=cfg.seed)
+    obs = env.reset_td(seed=cfg.seed)
+    policy = _policy(cfg, obs)
+    torch.manual_seed(11)
+    rng = torch.get_rng_state()
+    expected, _ = collect_steps(env, policy, obs, 16, Timer(), torch.device("cpu"))
+
+    core = InferenceCore(copy.deepcopy(policy), max_batch=4, timeout_s=None)
+    core.set_weights(policy.state_dict(), 2, rng_state=rng)
+    worker = RolloutWorker(cfg.env, 0, 0, 4, 1, cfg.seed, _LocalServer(core))
+    worker.reset(cfg.seed)
+    batch, seconds = worker.rollout(16, min_version=2)
+    assert expected["truncated"].any(), "the test should cover bootstrapping at truncation"
+    for key, value in expected.items(include_nested=True, leaves_only=True):
+        assert torch.equal(batch[key], value), key
+    assert torch.equal(batch["version"], torch.full((16, 4), 2))
+    assert seconds["simulate"] > 0 and "wait" in seconds
+
+
+def test_split_shards_see_the_episodes_of_one_env():
+    cfg = _config()
+    whole = make_env(cfg.env, seed=cfg.seed).reset_td(seed=cfg.seed)
+    parts = [make_env(cfg.env, seed=cfg.seed, num_envs=2, env_offset=o).reset_td(seed=cfg.seed) for o in (0, 2)]
+    assert torch.equal(torch.cat(parts)["state"], whole["state"])
