@@ -12,7 +12,10 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 
 from sims.render import BatchRenderer, RenderConfig
+from sims.single import SingleEnv, gym_id, register_all
 from sims.tasks import TASK_NAMES, TASKS
 from sims.vec_env import EnvConfig, SimVectorEnv, make_vec_env
 
-__all__ = ["TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "make_vec_env"]
+register_all()
+
+__all__ = ["TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "SingleEnv", "gym_id", "make_vec_env"]

@@ -86,8 +86,8 @@ class SceneConfig:
 
     Attributes:
         timestep: physics timestep in seconds.
-        fast_visual: fast rendering settings (no multisampling, no shadows); off gives MuJoCo's
-            defaults, for the benchmark's baseline.
+        fast_visual: fast rendering settings (no multisampling, no shadow map, coarse tessellation
+            of round primitives); off gives MuJoCo's defaults, for the benchmark's baseline.
     """
 
     timestep: float = 0.005
@@ -125,20 +125,26 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
     if config.fast_visual:
         spec.visual.quality.offsamples = 0
         spec.visual.quality.shadowsize = 0
+        spec.visual.quality.numslices = 10
+        spec.visual.quality.numstacks = 5
+        spec.visual.quality.numquads = 1
+    spec.visual.headlight.diffuse = [0.3, 0.3, 0.3]
+    spec.visual.headlight.ambient = [0.05, 0.05, 0.05]
     spec.visual.global_.offwidth = 1024
     spec.visual.global_.offheight = 1024
     grey = (0.5, 0.5, 0.5, 1.0)
     dark = (0.25, 0.25, 0.28, 1.0)
     wb = spec.worldbody
 
-    wb.add_geom(name="table", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0.6, 0.6, 0.01],
-                rgba=[0.78, 0.72, 0.62, 1.0], friction=[1.0, 0.005, 0.0001])
+    # A plane's third size is its rendering grid spacing: 1 m draws one quad, not thousands.
+    wb.add_geom(name="table", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0.6, 0.6, 1.0],
+                rgba=[0.6, 0.55, 0.48, 1.0], friction=[1.0, 0.005, 0.0001])
     wb.add_light(name="sun", pos=[0.0, -0.3, 1.5], dir=[0.0, 0.2, -1.0], castshadow=False,
-                 diffuse=[0.8, 0.8, 0.8], ambient=[0.35, 0.35, 0.35],
+                 diffuse=[0.6, 0.6, 0.6], ambient=[0.25, 0.25, 0.25],
                  type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL)
-    front_pos = np.array([0.0, -0.62, 0.55])
+    front_pos = np.array([0.0, -0.42, 0.78])
     wb.add_camera(name="front", pos=front_pos.tolist(),
-                  quat=_look_at_quat(front_pos, np.array([0.0, 0.03, 0.0])).tolist(), fovy=55.0)
+                  quat=_look_at_quat(front_pos, np.array([0.0, 0.06, 0.0])).tolist(), fovy=50.0)
 
     # Gantry hand: slides x, y, z on nested bodies; the hand holds the palm, fingers and wrist camera.
     hand_parent = wb
@@ -156,9 +162,9 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
     hand.add_geom(name="column", type=mujoco.mjtGeom.mjGEOM_CAPSULE, fromto=[0, 0, 0.012, 0, 0, 0.3],
                   size=[0.012, 0, 0], rgba=list(grey), contype=0, conaffinity=0)
     hand.add_site(name="tip", pos=[0, 0, -TIP_BELOW_HAND], size=[0.005, 0, 0])
-    wrist_pos = np.array([0.0, -0.09, 0.03])
+    wrist_pos = np.array([0.0, -0.1, 0.05])
     hand.add_camera(name="wrist", pos=wrist_pos.tolist(),
-                    quat=_look_at_quat(wrist_pos, np.array([0.0, 0.0, -TIP_BELOW_HAND])).tolist(), fovy=75.0)
+                    quat=_look_at_quat(wrist_pos, np.array([0.0, 0.08, -0.25])).tolist(), fovy=80.0)
     for side, sign in (("left", 1.0), ("right", -1.0)):
         finger = hand.add_body(name=f"finger_{side}", gravcomp=1.0)
         finger.add_joint(name=f"finger_{side}", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, sign, 0],

@@ -41,6 +41,11 @@ _CELLS = np.array([(x, y) for x in (-0.2, -0.1, 0.0, 0.1, 0.2) for y in (-0.2, -
 _JITTER = 0.015
 CAP_TOP = S.BUTTON_CAP_Z + 0.016  # cap top surface above its base, at rest
 
+#: Reach: the tip should come within REACH_TOLERANCE of a point REACH_HOVER above the object's
+#: centre (just over it, so that the fingers do not knock it away on the way).
+REACH_HOVER = 0.05
+REACH_TOLERANCE = 0.04
+
 PROPRIO_DIM = 13
 STATE_DIM = 3 + 3 + 3 + 3 * NUM_ENTITIES + S.NUM_BUTTONS + 1
 
@@ -251,6 +256,8 @@ def evaluate(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[s
     press = xp.take_along_axis(press_all, xp.clip(a - BUTTON0, 0, S.NUM_BUTTONS - 1)[:, None], axis=1)[:, 0]
     drawer = qpos[:, layout.drawer_qpos]
     reach = _closeness(xp, _norm(xp, tip - pa), 10.0)
+    hover = pa + xp.asarray([0.0, 0.0, REACH_HOVER])
+    hover_dist = _norm(xp, tip - hover)
     height = pa[:, 2] - S.CUBE_HALF
     stack_goal = pb + xp.asarray([0.0, 0.0, 2 * S.CUBE_HALF])
     behind_handle = pa + xp.asarray([0.0, 0.015, 0.0])
@@ -260,7 +267,7 @@ def evaluate(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[s
 
     # Per task: (reward, success, point the tip should go to, where entity a should go).
     per_task = {
-        "reach": (reach, _norm(xp, tip - pa) < 0.05, pa, pa),
+        "reach": (_closeness(xp, hover_dist, 10.0), hover_dist < REACH_TOLERANCE, hover, pa),
         "push": (0.5 * reach + 1.5 * _closeness(xp, push_err, 5.0), push_err < 0.04, pa, pb),
         "lift": (0.5 * reach + 2.0 * xp.clip(height / 0.08, 0.0, 1.0), height > 0.08, pa,
                  pa + xp.asarray([0.0, 0.0, 0.1])),

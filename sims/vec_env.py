@@ -155,22 +155,22 @@ class SimVectorEnv(gym.vector.VectorEnv):
         ctrl[:, 3:] = S.FINGER_OPEN
         self._backend.set_state(ids, qpos, mocap, ctrl)
 
-    def _observe(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Observation of every environment, with reward and success, at the current state."""
-        xp = self._backend.xp
-        b = self._backend
-        out = T.evaluate(xp, b.qpos, b.qvel, b.mocap_pos, xp.asarray(self._task), xp.asarray(self._a),
-                         xp.asarray(self._b), self.task_names, self.layout)
+    def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Observation, reward and success of environments ``ids`` (None: all) at the current state."""
+        xp, b = self._backend.xp, self._backend
+        sel = slice(None) if ids is None else ids
+        qpos, qvel, mocap = b.qpos[sel], b.qvel[sel], b.mocap_pos[sel]
+        out = T.evaluate(xp, qpos, qvel, mocap, xp.asarray(self._task[sel]), xp.asarray(self._a[sel]),
+                         xp.asarray(self._b[sel]), self.task_names, self.layout)
         obs = {
             "proprio": np.asarray(out["proprio"]),
             "state": np.asarray(out["state"]),
-            "instruction": self._instruction.copy(),
-            "task": self._task.copy(),
+            "instruction": self._instruction[sel].copy(),
+            "task": self._task[sel].copy(),
         }
         if self._renderer is not None:
-            qpos, mocap = np.asarray(b.qpos), np.asarray(b.mocap_pos)
-            frames = self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours], self.layout)
-            obs.update(frames)
+            obs.update(self._renderer.render(np.asarray(qpos), np.asarray(mocap),
+                                             T.PALETTE_RGBA[self._colours[sel]], self.layout))
         return obs, np.asarray(out["reward"]), np.asarray(out["success"])
 
     # ----------------------------------------------------------------------------- core
@@ -218,7 +218,9 @@ class SimVectorEnv(gym.vector.VectorEnv):
             final = {k: v.copy() for k, v in obs.items()}
             ids = np.flatnonzero(done)
             self._start_episodes(ids)
-            obs = self._observe()[0]  # the frame of the episodes that go on is unchanged
+            fresh = self._observe(ids)[0]
+            for key, value in fresh.items():
+                obs[key][ids] = value
         self._obs = obs
         return {"observation": obs, "final_observation": final, "reward": reward.astype(np.float32),
                 "terminated": terminated, "truncated": truncated, "success": success.astype(bool)}
@@ -239,7 +241,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         if len(ids):
             self._start_episodes(ids)
         self._obs = self._observe()[0]
-        return self._obs
+        return {k: v.copy() for k, v in self._obs.items()}
 
     # ----------------------------------------------------------------------------- gymnasium
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

@@ -1,0 +1,181 @@
+"""The vector environment: API contract, bad input, seeding, autoreset, grouping, scripted success."""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+
+import sims
+from sims import tasks as T
+from sims.vec_env import ACTION_DIM, make_vec_env
+
+
+def scripted_reach(obs: dict[str, np.ndarray]) -> np.ndarray:
+    """Move the tip towards the task's tip goal (state[:, :3]) with the gripper open."""
+    goal = obs["state"][:, :3]
+    return np.concatenate([np.clip(goal / 0.03, -1, 1), -np.ones((len(goal), 1))], 1).astype(np.float32)
+
+
+@pytest.mark.parametrize("task", [*sims.TASK_NAMES, "suite"])
+def test_every_task_steps_with_contract_shapes(task: str) -> None:
+    env = make_vec_env(task, 4, seed=0, num_threads=1)
+    obs, _ = env.reset()
+    assert env.single_observation_space.contains({k: v[0] for k, v in obs.items()})
+    assert obs["proprio"].dtype == np.float32 and obs["proprio"].shape == (4, T.PROPRIO_DIM)
+    assert obs["state"].shape == (4, T.STATE_DIM)
+    assert obs["instruction"].dtype == np.int64 and (obs["instruction"] < len(env.instructions)).all()
+    for _ in range(3):
+        obs, reward, term, trunc, _info = env.step(env.action_space.sample())
+        assert reward.dtype == np.float32 and np.isfinite(reward).all()
+        assert term.dtype == bool and trunc.dtype == bool
+    texts = [env.instructions[i] for i in obs["instruction"]]
+    assert all(isinstance(t, str) and t for t in texts)
+
+
+def test_instruction_sets_are_disjoint_and_name_the_colour() -> None:
+    for task in sims.TASK_NAMES:
+        train = set(T.instruction_table((task,), "train"))
+        heldout = set(T.instruction_table((task,), "heldout"))
+        assert train and heldout and not train & heldout, task
+    env = make_vec_env("reach", 8, seed=3, num_threads=1, instructions="heldout")
+    obs, _ = env.reset()
+    for i in range(8):
+        text = env.instructions[obs["instruction"][i]]
+        colour = T.COLOUR_NAMES[env._colours[i, env._a[i]]]
+        assert colour in text and text in T.instruction_table(("reach",), "heldout")
+
+
+def test_unknown_task_lists_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown task 'fly'.*reach.*drawer"):
+        make_vec_env("fly", 2)
+    with pytest.raises(ValueError, match="heldout"):
+        make_vec_env("reach", 2, instructions="test")
+    with pytest.raises(ValueError, match="group_size"):
+        make_vec_env("reach", 6, group_size=4)
+
+
+def test_bad_actions_raise_and_leave_every_env_untouched() -> None:
+    env = make_vec_env("push", 3, seed=1, num_threads=1)
+    env.reset()
+    env.step(np.zeros((3, ACTION_DIM), np.float32))
+    qpos = env._backend.qpos.copy()
+    steps = env._steps.copy()
+    with pytest.raises(ValueError, match=r"expected \(3, 4\)"):
+        env.step(np.zeros((3, 3), np.float32))
+    bad = np.zeros((3, ACTION_DIM), np.float32)
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"NaN or inf for environments \[1\]"):
+        env.step(bad)
+    bad[1, 2] = np.inf
+    with pytest.raises(ValueError, match="NaN or inf"):
+        env.step(bad)
+    np.testing.assert_array_equal(env._backend.qpos, qpos)
+    np.testing.assert_array_equal(env._steps, steps)
+
+
+def test_out_of_range_actions_are_clipped() -> None:
+    runs = []
+    for scale in (1.0, 7.0):
+        env = make_vec_env("reach", 2, seed=5, num_threads=1)
+        env.reset()
+        action = np.array([[1, -1, 1, 1], [-1, 1, -1, -1]], np.float32) * scale
+        for _ in range(3):
+            obs = env.step(action)[0]
+        runs.append(obs["proprio"])
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def _rollout(num_threads: int, steps: int = 30) -> list[np.ndarray]:
+    env = make_vec_env("suite", 8, seed=11, num_threads=num_threads)
+    obs, _ = env.reset()
+    rng = np.random.default_rng(0)
+    out = [obs["state"].copy(), obs["instruction"].copy()]
+    for _ in range(steps):
+        obs, reward, term, trunc, _ = env.step(rng.uniform(-1, 1, (8, ACTION_DIM)).astype(np.float32))
+        out += [obs["state"].copy(), reward, term | trunc]
+    return out
+
+
+def test_same_seed_identical_at_any_thread_count() -> None:
+    a, b = _rollout(1), _rollout(2)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    env = make_vec_env("suite", 8, seed=12, num_threads=2)
+    assert not np.array_equal(env.reset()[0]["state"], a[0])
+
+
+def test_group_size_shares_initial_states() -> None:
+    env = make_vec_env("suite", 8, seed=2, group_size=4, num_threads=1)
+    obs, _ = env.reset()
+    for g in (0, 4):
+        for k in ("state", "instruction", "task"):
+            assert (obs[k][g:g + 4] == obs[k][g]).all()
+    assert not np.array_equal(obs["state"][0], obs["state"][4])
+    np.testing.assert_array_equal(env._colours[0], env._colours[3])
+
+
+def test_same_step_autoreset_keeps_final_observation_and_truncates() -> None:
+    env = make_vec_env("reach", 6, seed=4, num_threads=1)
+    obs, _ = env.reset()
+    first_instruction = obs["instruction"].copy()
+    for _ in range(T.TASKS["reach"].max_steps):
+        out = env.step_arrays(np.zeros((6, ACTION_DIM), np.float32))  # standing still: no success
+        if out["truncated"].any():
+            break
+    assert out["truncated"].all() and not out["terminated"].any()
+    final, nxt = out["final_observation"], out["observation"]
+    np.testing.assert_array_equal(final["instruction"], first_instruction)
+    assert not np.allclose(final["state"], nxt["state"])  # new layouts after the reset
+    assert (env._steps == 0).all()
+
+
+def test_scripted_reach_succeeds_and_terminates() -> None:
+    env = make_vec_env("reach", 16, seed=7, num_threads=1, instructions="heldout")
+    obs, _ = env.reset()
+    done = np.zeros(16, bool)
+    success = np.zeros(16, bool)
+    for _ in range(T.TASKS["reach"].max_steps):
+        obs, _reward, term, trunc, info = env.step(scripted_reach(obs))
+        success |= term & ~done
+        done |= term | trunc
+    assert success.mean() >= 0.9
+    assert info["success"][term].all()
+
+
+def test_partial_reset_by_mask() -> None:
+    env = make_vec_env("reach", 4, seed=0, num_threads=1)
+    obs, _ = env.reset()
+    env.step(np.ones((4, ACTION_DIM), np.float32))
+    before = env._backend.qpos.copy()
+    mask = np.array([True, False, False, True])
+    obs2, _ = env.reset(options={"reset_mask": mask})
+    np.testing.assert_array_equal(env._backend.qpos[~mask], before[~mask])
+    assert not np.allclose(obs2["state"][mask], obs["state"][mask])
+    with pytest.raises(ValueError, match="bool array of shape"):
+        env.reset(options={"reset_mask": np.ones(3, bool)})
+
+
+def test_tensordict_view() -> None:
+    env = make_vec_env("suite", 4, seed=0, num_threads=1, group_size=2)
+    td = env.reset_td(seed=1)
+    assert td.batch_size == torch.Size([4]) and td["proprio"].dtype == torch.float32
+    assert td["instruction"].dtype == torch.int64 and td["task"].dtype == torch.int64
+    out = env.step_td(torch.zeros(4, ACTION_DIM))
+    assert set(out.keys()) >= {"observation", "final_observation", "reward", "terminated", "truncated",
+                               "success"}
+    assert out["reward"].shape == (4,) and out["success"].dtype == torch.bool
+    assert out["observation", "state"].shape == (4, T.STATE_DIM)
+    with pytest.raises(ValueError, match="NaN"):
+        env.step_td(torch.full((4, ACTION_DIM), float("nan")))
+
+
+@pytest.mark.parametrize("task", ["reach", "suite"])
+def test_gymnasium_single_env_passes_check_env(task: str) -> None:
+    env = gymnasium.make(sims.gym_id(task))
+    check_env(env.unwrapped, skip_render_check=True)
+    obs, _ = env.reset(seed=3)
+    assert env.observation_space.contains(obs)
+    env.close()
