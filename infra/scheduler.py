@@ -98,6 +98,10 @@ class Scheduler:
         g = self._gang(name)
         return self._placement(g) if g.taken else None
 
+    def request(self, name: str) -> GangRequest:
+        """The request of gang ``name`` (KeyError if unknown)."""
+        return self._gang(name).req
+
     def services(self) -> dict[str, tuple[int, tuple[int, ...]]]:
         """Placed services ``"<gang>/<bundle>"`` -> (node index, GPU indices)."""
         return {f"{n}/{b}": (t[0], t[1]) for n, g in self._gangs.items() for b, t in g.taken.items()}
