@@ -1,0 +1,82 @@
+"""Rendering: frames show each object in its episode colour where it is, tiles land in the right env."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import pytest
+
+from sims import tasks as T
+from sims.render import RenderConfig
+from sims.vec_env import make_vec_env
+
+SIZE = 96
+
+
+def _project(model: mujoco.MjModel, data: mujoco.MjData, cam: int, point: np.ndarray) -> tuple[int, int, float]:
+    """Pixel (row, col) and camera-axis depth of a world point in camera ``cam`` (SIZE x SIZE)."""
+    rel = data.cam_xmat[cam].reshape(3, 3).T @ (point - data.cam_xpos[cam])
+    f = 0.5 * SIZE / np.tan(np.deg2rad(model.cam_fovy[cam]) / 2)
+    col = 0.5 * SIZE + f * rel[0] / -rel[2]
+    row = 0.5 * SIZE - f * rel[1] / -rel[2]
+    return int(row), int(col), float(-rel[2])
+
+
+def _nearest_colour(pixel: np.ndarray) -> int:
+    """Palette index whose chromaticity is nearest the pixel's (shading changes brightness only)."""
+    chroma = pixel / max(pixel.sum(), 1.0)
+    palette = T.PALETTE_RGBA[:, :3] / T.PALETTE_RGBA[:, :3].sum(1, keepdims=True)
+    return int(np.argmin(np.linalg.norm(palette - chroma, axis=1)))
+
+
+def test_frames_show_objects_in_their_colours() -> None:
+    config = RenderConfig(width=SIZE, height=SIZE, cameras=("front",), depth=True, num_contexts=2,
+                          tile_frames=3)
+    env = make_vec_env("suite", 8, seed=21, num_threads=1, render=config)
+    obs, _ = env.reset()
+    assert obs["rgb"].shape == (8, 1, 3, SIZE, SIZE) and obs["rgb"].dtype == np.uint8
+    assert obs["depth"].shape == (8, 1, SIZE, SIZE)
+    model, cam = env.model, env.model.camera("front").id
+    data = mujoco.MjData(model)
+    checked = 0
+    for i in range(8):
+        data.qpos[:] = env._backend.qpos[i]
+        data.mocap_pos[:] = env._backend.mocap_pos[i]
+        mujoco.mj_kinematics(model, data)
+        mujoco.mj_camlight(model, data)
+        for geom, colour in zip(env.layout.colour_geoms, env._colours[i]):
+            top = data.geom_xpos[geom] + np.array([0.0, 0.0, model.geom_size[geom][2] * 0.5])
+            if model.geom_type[geom] == mujoco.mjtGeom.mjGEOM_SPHERE:
+                top = data.geom_xpos[geom].copy()
+            row, col, dist = _project(model, data, cam, top)
+            depth = obs["depth"][i, 0, row, col]
+            if abs(depth - dist) > 0.03:  # hidden behind the arm or another object
+                continue
+            pixel = obs["rgb"][i, 0, :, row, col].astype(float)
+            assert _nearest_colour(pixel) == colour, (i, model.geom(geom).name, pixel, T.COLOUR_NAMES[colour])
+            checked += 1
+    assert checked >= 40  # most of the 72 coloured entities are in view
+    # Different envs (tiles of different workers) show different scenes.
+    assert not np.array_equal(obs["rgb"][0], obs["rgb"][5])
+    env.close()
+
+
+@pytest.mark.parametrize("cameras", [("front", "wrist")])
+def test_multi_camera_frames_follow_the_arm(cameras: tuple[str, ...]) -> None:
+    env = make_vec_env("reach", 2, seed=0, num_threads=1,
+                       render=RenderConfig(width=32, height=32, cameras=cameras, num_contexts=1))
+    obs, _ = env.reset()
+    assert obs["rgb"].shape == (2, 2, 3, 32, 32)
+    for _ in range(4):
+        moved = env.step(np.tile([[1.0, 0.0, 0.0, -1.0]], (2, 1)).astype(np.float32))[0]
+    front_change = np.abs(moved["rgb"][:, 0].astype(int) - obs["rgb"][:, 0]).mean()
+    wrist_change = np.abs(moved["rgb"][:, 1].astype(int) - obs["rgb"][:, 1]).mean()
+    assert front_change > 0 and wrist_change > front_change  # the wrist camera rides on the hand
+    env.close()
+
+
+def test_bad_render_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="valid cameras"):
+        RenderConfig(cameras=("top",)).validate()
+    with pytest.raises(ValueError, match="frame size"):
+        RenderConfig(width=4).validate()
