@@ -1,4 +1,5 @@
-"""One way to call a service, in-process or as a Ray actor: ``handle.call(method, *args)``."""
+"""One way to call a service: ``handle.call(method, *args)`` (in-process here; Ray actors in
+:mod:`infra.llm.placement`)."""
 
 from __future__ import annotations
 
@@ -21,16 +22,3 @@ class LocalHandle:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.service, method)(*args, **kwargs)
-
-
-class RayHandle:
-    """A service running as a Ray actor; every call is bounded by ``timeout_s``."""
-
-    def __init__(self, actor: Any, timeout_s: float = 120.0) -> None:
-        self.actor = actor
-        self.timeout_s = timeout_s
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        import ray
-
-        return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)

@@ -4,7 +4,7 @@ and of request routing across rollout instances.
 Workload (all distributions stated here and in docs/llm_jobs.md; times in seconds):
 
 - A job runs ``iterations`` synchronous RLVR iterations: rollout (GPU), reward (CPU), train (GPU).
-- Rollout: ``batch`` sequences; each has ``1 + Geometric`` turns (mean ``turns_mean``; 1 for
+- Rollout: ``batch`` sequences with ``LogNormal(prompt_median, prompt_sigma)`` prompt tokens; each has ``1 + Geometric`` turns (mean ``turns_mean``; 1 for
   single-turn jobs); each turn decodes ``LogNormal(median=out_median, sigma=out_sigma)`` tokens
   (capped at ``out_cap``); between turns the sequence waits on a tool call for
   ``LogNormal(median=tool_median_s, sigma=tool_sigma)`` seconds (capped at ``tool_cap_s``) and
@@ -13,7 +13,7 @@ Workload (all distributions stated here and in docs/llm_jobs.md; times in second
   step takes ``decode_step_s + decode_s_per_seq * active`` (memory-bound: it reads the weights
   once per step); prefill costs ``2 * params / (gpus * peak_flops * prefill_mfu)`` per token.
 - Reward: ``LogNormal(median=reward_median_s, sigma=0.5)`` on CPU (verifier or sandbox tests).
-- Train: ``10 * params * tokens / (gpus * peak_flops * train_mfu)`` (forward+backward, and the
+- Train: ``10 * params * generated_tokens / (gpus * peak_flops * train_mfu)`` (forward+backward, and the
   old-policy and reference log-probs).
 
 Placement:
@@ -55,6 +55,7 @@ class JobProfile:
     iterations: int = 10
     batch: int = 256
     prompt_median: float = 400.0
+    prompt_sigma: float = 0.5
     turns_mean: float = 1.0
     out_median: float = 1000.0
     out_sigma: float = 0.8
@@ -103,6 +104,7 @@ class _Part:
     prefill: np.ndarray  # tokens to prefill before decoding resumes
     context: np.ndarray  # tokens in the sequence so far
     done: np.ndarray
+    rng: np.random.Generator
     kv_valid: bool = True
     tokens: float = 0.0
 
@@ -113,8 +115,9 @@ class _Part:
 @dataclass
 class _Job:
     p: JobProfile
-    rng: np.random.Generator
+    seed: int
     instances: int
+    rng: np.random.Generator = field(init=False)
     iteration: int = 0
     phase: str = "rollout"
     ready_at: float = 0.0
@@ -123,27 +126,36 @@ class _Job:
     end: float = -1.0
     gpu_busy_s: float = 0.0
 
-    def lognormal(self, median: float, sigma: float, size: int | None = None) -> np.ndarray:
-        return median * np.exp(sigma * self.rng.standard_normal(size))
-
     def start_rollout(self, t: float) -> None:
-        """New batch, split evenly over the job's rollout instances (data parallel)."""
+        """New batch, split evenly over the job's rollout instances (data parallel).
+
+        Draws come from streams keyed by (seed, job, iteration, instance), so a job sees the same
+        workload whether it runs alone or shared (common random numbers).
+        """
+        key = [self.seed, sum(ord(c) * 31**k for k, c in enumerate(self.p.name)) % 2**31, self.iteration]
+        self.rng = np.random.default_rng(key)
         p, n = self.p, self.p.batch
         extra = self.rng.geometric(1.0 / p.turns_mean, n) - 1 if p.turns_mean > 1 else np.zeros(n, dtype=np.int64)
-        prompt = np.maximum(1, self.lognormal(p.prompt_median, 0.5, n))
-        remaining = self._turn_len(n)
-        self.parts = [
-            _Part(remaining[i::self.instances].copy(), extra[i::self.instances].copy(), np.full(len(prompt[i::self.instances]), t),
-                  prompt[i::self.instances].copy(), prompt[i::self.instances].copy(), np.zeros(len(prompt[i::self.instances]), dtype=bool))
-            for i in range(self.instances)
-        ]
+        prompt = np.maximum(1, _lognormal(self.rng, p.prompt_median, p.prompt_sigma, n))
+        remaining = _turn_len(p, self.rng, n)
+        self.parts = []
+        for i in range(self.instances):
+            sl = slice(i, None, self.instances)
+            m = len(prompt[sl])
+            self.parts.append(_Part(remaining[sl].copy(), extra[sl].copy(), np.full(m, t), prompt[sl].copy(),
+                                    prompt[sl].copy(), np.zeros(m, dtype=bool), np.random.default_rng([*key, i])))
         self.phase, self.rollout_end = "rollout", t
-
-    def _turn_len(self, n: int) -> np.ndarray:
-        return np.clip(self.lognormal(self.p.out_median, self.p.out_sigma, n), 1, self.p.out_cap)
 
     def tokens(self) -> float:
         return sum(part.tokens for part in self.parts)
+
+
+def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int | None = None) -> np.ndarray:
+    return median * np.exp(sigma * rng.standard_normal(size))
+
+
+def _turn_len(p: JobProfile, rng: np.random.Generator, n: int) -> np.ndarray:
+    return np.clip(_lognormal(rng, p.out_median, p.out_sigma, n), 1, p.out_cap)
 
 
 def _run_part(job: _Job, part: _Part, t: float, hw: Hardware) -> float:
@@ -160,7 +172,7 @@ def _run_part(job: _Job, part: _Part, t: float, hw: Hardware) -> float:
             return t
         pre = float(part.prefill[active].sum())
         part.prefill[active] = 0.0
-        step = min(hw.chunk, int(part.remaining[active].min()) + 1)
+        step = min(hw.chunk, max(1, int(np.ceil(part.remaining[active].min()))))
         dt = prefill_per_tok * pre + step * (hw.decode_step_s + hw.decode_s_per_seq * n)
         t += dt
         job.gpu_busy_s += dt
@@ -173,10 +185,10 @@ def _run_part(job: _Job, part: _Part, t: float, hw: Hardware) -> float:
             part.done |= ended & ~tool
             k = int(tool.sum())
             if k:
-                part.ready_at[tool] = t + np.minimum(job.lognormal(p.tool_median_s, p.tool_sigma, k), p.tool_cap_s)
+                part.ready_at[tool] = t + np.minimum(_lognormal(part.rng, p.tool_median_s, p.tool_sigma, k), p.tool_cap_s)
                 part.turns_left[tool] -= 1
-                part.remaining[tool] = job._turn_len(k)
-                toks = np.maximum(1, job.lognormal(p.tool_tokens_median, 0.5, k))
+                part.remaining[tool] = _turn_len(p, part.rng, k)
+                toks = np.maximum(1, _lognormal(part.rng, p.tool_tokens_median, 0.5, k))
                 part.prefill[tool] = toks
                 part.context[tool] += toks
         if part.done.all():
@@ -197,7 +209,7 @@ def simulate_group(profiles: list[JobProfile], hw: Hardware, seed: int, tp: int 
     if any(p.gpus != gpus for p in profiles):
         raise ValueError("jobs sharing a group must ask for the same number of GPUs.")
     n_inst = gpus // tp
-    jobs = [_Job(p, np.random.default_rng([seed, i, sum(map(ord, p.name))]), n_inst) for i, p in enumerate(profiles)]
+    jobs = [_Job(p, seed, n_inst) for p in profiles]
     for j in jobs:
         j.start_rollout(0.0)
     shared = len(jobs) > 1
@@ -254,7 +266,7 @@ def simulate_group(profiles: list[JobProfile], hw: Hardware, seed: int, tp: int 
                 job.rollout_end = max(job.rollout_end, end)
                 if all(part.done.all() for part in job.parts):
                     job.phase = "reward"
-                    job.ready_at = job.rollout_end + float(job.lognormal(job.p.reward_median_s, 0.5))
+                    job.ready_at = job.rollout_end + float(_lognormal(job.rng, job.p.reward_median_s, 0.5))
         # advance to the next event
         candidates = [f for f in free_at if f > t]
         for j in jobs:

@@ -1,0 +1,290 @@
+"""Placing the LLM services on the cluster through the scheduler, and keeping them alive.
+
+A *GPU group* is one gang request: a rollout bundle and a trainer bundle sharing the same GPU
+(``SameGPU``, affinity: a job's trainer and rollout on the same GPU) — or the same node on a
+cluster without GPUs. The reward service is a CPU-only gang. The scheduler decides where;
+``infra.ray_backend`` starts each service as a Ray actor pinned to the chosen node and GPU.
+
+:class:`ResilientService` is the handle the job loop uses for a placed service: when the actor
+dies (node failure, OOM, ``ray.kill``) it starts a new one on the same placement, re-registers
+every job from the driver-side copy of the state it pushed (weights for the rollout), and re-sends
+the call that was in flight. :class:`RolloutPool` spreads a generation batch over several rollout
+instances with a router (:mod:`infra.llm.router`) and re-sends a dead instance's share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from infra.llm.model import ModelConfig
+from infra.llm.multiplex import BYTES_PER_PARAM_WEIGHTS, GPUGroup
+from infra.llm.rlvr import JobServices
+from infra.llm.router import InstanceLoad, RoundRobin, Router
+from infra.llm.services import RewardService, RolloutService, TrainerService
+
+
+@dataclass(frozen=True)
+class ServiceSizes:
+    """Resources asked for each service (CPU in milli-cores, memory in MiB, GPU share in milli-GPU)."""
+
+    rollout_cpu_milli: int = 500
+    trainer_cpu_milli: int = 500
+    reward_cpu_milli: int = 250
+    rollout_memory_mib: int = 1024
+    trainer_memory_mib: int = 2048
+    reward_memory_mib: int = 256
+    gpu_share_milli: int = 500
+    """Share of the group's GPU each of rollout and trainer declares (they time-slice it)."""
+
+
+def group_request(name: str, sizes: ServiceSizes, *, gpu: bool, weights_mib: int = 0) -> Any:
+    """The gang of one GPU group: bundle 0 rollout, bundle 1 trainer, on one GPU (or one node)."""
+    from infra.scheduler import Bundle, GangRequest, SameGPU, SameNode
+
+    share = sizes.gpu_share_milli if gpu else 0
+    mem = weights_mib if gpu else 0
+    bundles = (
+        Bundle(sizes.rollout_cpu_milli, sizes.rollout_memory_mib, gpu_fraction=share, gpu_memory_mib=mem, name="rollout"),
+        Bundle(sizes.trainer_cpu_milli, sizes.trainer_memory_mib, gpu_fraction=share, gpu_memory_mib=mem, name="trainer"),
+    )
+    return GangRequest(name, bundles, (SameGPU((0, 1)) if gpu else SameNode((0, 1)),))
+
+
+class ResilientService:
+    """A service actor that is restarted on the same placement when it dies.
+
+    Calls that carry job state (``register_job``, then the latest ``update_weights`` per job) are
+    kept on the driver and replayed onto a new actor; ``unregister_job`` drops them.
+    """
+
+    REPLAY = frozenset({"register_job", "update_weights"})
+    FORGET = frozenset({"unregister_job"})
+
+    def __init__(self, start: Callable[[], Any], *, timeout_s: float = 120.0, max_restarts: int = 3) -> None:
+        self._start = start
+        self.timeout_s = timeout_s
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.actor = start()
+        self._state: dict[str, list[tuple[str, tuple, dict]]] = {}
+
+    def _remember(self, method: str, args: tuple, kwargs: dict) -> None:
+        job = args[0] if args else kwargs.get("job")
+        if method == "register_job":
+            self._state[job] = [(method, args, kwargs)]
+        elif method == "update_weights":
+            calls = [c for c in self._state.get(job, []) if c[0] != "update_weights"]
+            self._state[job] = [*calls, (method, args, kwargs)]
+        elif method in self.FORGET:
+            self._state.pop(job, None)
+
+    def restart(self) -> None:
+        """Start a fresh actor on the same placement and replay every job's state onto it."""
+        import ray
+
+        if self.restarts >= self.max_restarts:
+            raise RuntimeError(f"service died {self.restarts + 1} times; giving up (max_restarts={self.max_restarts}).")
+        self.restarts += 1
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor)
+        self.actor = self._start()
+        for calls in self._state.values():
+            for method, args, kwargs in calls:
+                ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Start ``method`` on the actor; returns its object ref (the caller gathers it)."""
+        if method in self.REPLAY or method in self.FORGET:
+            self._remember(method, args, kwargs)
+        return getattr(self.actor, method).remote(*args, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method``; if the actor died meanwhile, restart it and re-send the call."""
+        import ray
+
+        while True:
+            ref = self.submit(method, *args, **kwargs)
+            try:
+                return ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.RayActorError:
+                self.restart()
+
+
+class RolloutPool:
+    """Several rollout instances behind a router; speaks the rollout service's ``call`` interface.
+
+    ``generate`` splits the batch into chunks of ``chunk`` prompts, routes each chunk with the
+    router (loads: outstanding chunks, queued prompt tokens, sequences decoding), gathers the
+    results in order, and re-sends the chunks of an instance that died to its restarted actor.
+    """
+
+    def __init__(self, instances: list[ResilientService], router: Router | None = None, chunk: int = 32) -> None:
+        if not instances:
+            raise ValueError("RolloutPool needs at least one rollout instance.")
+        self.instances = instances
+        self.router = router or RoundRobin()
+        self.chunk = chunk
+        self.resent = 0
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "generate":
+            return self._generate(*args, **kwargs)
+        results = [inst.call(method, *args, **kwargs) for inst in self.instances]
+        return results[0]
+
+    def _generate(self, job: str, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, seed: int = 0) -> tuple[list[list[int]], int]:
+        import ray
+
+        chunks = [prompts[i : i + self.chunk] for i in range(0, len(prompts), self.chunk)]
+        loads = [[0, 0, 0] for _ in self.instances]  # outstanding, queued prompt tokens, decoding sequences
+        pending: dict[Any, tuple[int, int]] = {}  # ref -> (chunk index, instance)
+
+        def send(c: int, k: int) -> None:
+            ref = self.instances[k].submit("generate", job, chunks[c], max_new_tokens, temperature, seed * 1009 + c)
+            pending[ref] = (c, k)
+            loads[k][0] += 1
+            loads[k][1] += sum(map(len, chunks[c]))
+            loads[k][2] += len(chunks[c])
+
+        for c, chunk in enumerate(chunks):
+            k = self.router.choose(sum(map(len, chunk)), [InstanceLoad(*load) for load in loads])
+            send(c, k)
+        out: list[list[list[int]] | None] = [None] * len(chunks)
+        versions = set()
+        timeout = self.instances[0].timeout_s
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+            if not ready:
+                raise TimeoutError(f"no rollout chunk finished within {timeout} s ({len(pending)} outstanding).")
+            ref = ready[0]
+            c, k = pending.pop(ref)
+            loads[k][0] -= 1
+            loads[k][1] -= sum(map(len, chunks[c]))
+            loads[k][2] -= len(chunks[c])
+            try:
+                out[c], version = ray.get(ref)
+                versions.add(version)
+            except ray.exceptions.RayActorError:
+                dead = [(r, ck) for r, ck in pending.items() if ck[1] == k]
+                for r, _ in dead:
+                    pending.pop(r)
+                self.instances[k].restart()
+                for cc in [c, *[ck[0] for _, ck in dead]]:
+                    self.resent += 1
+                    send(cc, k)
+        if len(versions) != 1:
+            raise RuntimeError(f"rollout instances served different weight versions {sorted(versions)} for job {job!r}.")
+        return [row for part in out for row in part], versions.pop()
+
+
+@dataclass
+class ServicePlane:
+    """The LLM services placed on a cluster: GPU groups, a reward service, and their gangs."""
+
+    scheduler: Any
+    backend: Any
+    model: ModelConfig
+    sizes: ServiceSizes
+    gangs: list[str]
+    groups: list[GPUGroup]
+    reward: ResilientService
+
+    def close(self) -> None:
+        """Kill the actors and release the gangs."""
+        import ray
+
+        handles = [self.reward, *[h for g in self.groups for h in (g.rollout, g.trainer)]]
+        for h in handles:
+            for inst in getattr(h, "instances", [h]):
+                with contextlib.suppress(Exception):
+                    ray.kill(inst.actor)
+        for name in self.gangs:
+            with contextlib.suppress(Exception):
+                self.scheduler.release(name)
+
+
+def place_services(
+    scheduler: Any, backend: Any, model: ModelConfig, *, groups: int = 1, rollout_instances: int = 1,
+    sizes: ServiceSizes | None = None, router: Router | None = None, chunk: int = 32, engine: str = "torch",
+    timeout_s: float = 120.0,
+) -> ServicePlane:
+    """Place ``groups`` GPU groups (each with ``rollout_instances`` rollout actors behind ``router``, fed
+    chunks of ``chunk`` prompts, and one trainer) and a reward service through ``scheduler``, start
+    their actors with ``backend``, return the plane.
+
+    Raises the scheduler's ``RequestError`` when a group cannot be placed (the reason names the
+    resource that is missing), after releasing what was placed.
+    """
+    from infra.scheduler import Bundle, GangRequest, RequestError
+
+    sizes = sizes or ServiceSizes()
+    has_gpu = bool(scheduler.cluster.gpu_models)
+    weights_mib = math.ceil(model.num_params() * BYTES_PER_PARAM_WEIGHTS / 2**20)
+    gangs: list[str] = []
+    out: list[GPUGroup] = []
+
+    def start(placement: Any, bundle: int, cls: type, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        return lambda: backend.start_actor(placement, bundle, cls, *args, **kwargs)
+
+    try:
+        for g in range(groups):
+            name = f"llm-group-{g}-{os.getpid()}"
+            placement = scheduler.submit(group_request(name, sizes, gpu=has_gpu, weights_mib=weights_mib))
+            if placement is None:
+                scheduler.release(name)
+                raise RequestError(f"GPU group {g} does not fit the free resources now; free GPUs or ask for fewer groups.")
+            gangs.append(name)
+            device = "cuda" if has_gpu else "cpu"
+            rollouts = [ResilientService(start(placement, 0, RolloutService, model, engine=engine, device=device), timeout_s=timeout_s)
+                        for _ in range(rollout_instances)]
+            trainer = ResilientService(start(placement, 1, TrainerService, device=device), timeout_s=timeout_s)
+            node = placement.assignments[0].node
+            spec = next(n for n in scheduler.cluster.nodes if n.name == node)
+            gpu_mem = spec.gpus[placement.assignments[0].gpus[0]].memory_mib if placement.assignments[0].gpus else 0
+            out.append(GPUGroup(
+                name, node, gpu_memory_mib=gpu_mem or spec.memory_mib, num_gpus=max(1, len(placement.assignments[0].gpus)),
+                host_memory_mib=sizes.rollout_memory_mib + sizes.trainer_memory_mib,
+                rollout=RolloutPool(rollouts, router, chunk) if rollout_instances > 1 else rollouts[0], trainer=trainer,
+            ))
+        name = f"llm-reward-{os.getpid()}"
+        placement = scheduler.submit(GangRequest(name, (Bundle(sizes.reward_cpu_milli, sizes.reward_memory_mib, name="reward"),)))
+        if placement is None:
+            scheduler.release(name)
+            raise RequestError("the reward service does not fit the free CPU/memory now.")
+        gangs.append(name)
+        reward = ResilientService(start(placement, 0, RewardService), timeout_s=timeout_s)
+    except BaseException:
+        ServicePlane(scheduler, backend, model, sizes, gangs, out, None).close()  # type: ignore[arg-type]
+        raise
+    return ServicePlane(scheduler, backend, model, sizes, gangs, out, reward)
+
+
+@contextlib.contextmanager
+def ray_job_services(model: ModelConfig, *, num_cpus: int = 2) -> Iterator[JobServices]:
+    """A local single-node Ray cluster with the three services placed by the scheduler (``llm_rlvr.py ray=true``)."""
+    import ray
+
+    from infra.ray_backend import RayBackend, node_resources
+    from infra.scheduler import Cluster, Node, Scheduler
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    node = Node("local", cpu_milli=num_cpus * 1000, memory_mib=8192)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=num_cpus, resources=node_resources(node), include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1")
+    scheduler = Scheduler(Cluster((node,)), policy="bestfit")
+    plane = place_services(scheduler, RayBackend(scheduler), model)
+    try:
+        g = plane.groups[0]
+        yield JobServices(rollout=g.rollout, reward=plane.reward, trainer=g.trainer)
+    finally:
+        plane.close()
+        if started:
+            ray.shutdown()
+
