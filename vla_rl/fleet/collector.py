@@ -67,7 +67,8 @@ class FleetCollector:
         self.single_action_space = info["single_action_space"]
         self.max_episode_steps = info["max_episode_steps"]
         self.synchronous = fleet.sync.mode == "sync"
-        self.version = 0
+        # Versions only grow: a resumed trainer continues after whatever the server already holds.
+        self.version = max(0, int(self._get(server.status.remote())["version"]))
         self._server_has_module = False
         self._inflight: _Attempt | None = None  # async: the rollout running while the trainer updates
         self._metrics: dict[str, float] = {}
@@ -123,7 +124,7 @@ class FleetCollector:
                 "resume with the run's original fleet.shards"
             )
         self._get([w.set_state.remote(s) for w, s in zip(self.workers, state["shards"])])
-        self.version = int(state["version"])
+        self.version = max(self.version, int(state["version"]))
 
     def metrics(self) -> dict[str, float]:
         """The last collection's fleet metrics (staleness, batch size, restarts)."""
