@@ -258,6 +258,7 @@ class Scheduler:
             self._log(
                 "preempted", v.req.name, by=g.req.name, priority=v.req.priority, by_priority=g.req.priority
             )
+        self._drain()  # a victim may still fit elsewhere
         return True
 
     def _free(self, g: _Gang) -> None:
