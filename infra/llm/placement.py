@@ -42,17 +42,23 @@ class ServiceSizes:
     """Share of the group's GPU each of rollout and trainer declares (they time-slice it)."""
 
 
-def group_request(name: str, sizes: ServiceSizes, *, gpu: bool, weights_mib: int = 0) -> Any:
-    """The gang of one GPU group: bundle 0 rollout, bundle 1 trainer, on one GPU (or one node)."""
+def group_request(name: str, sizes: ServiceSizes, *, gpu: bool, weights_mib: int = 0, rollout_instances: int = 1) -> Any:
+    """The gang of one GPU group: bundles ``0..k-1`` rollout instances, bundle ``k`` the trainer, all on
+    one GPU (``SameGPU``; ``SameNode`` on a cluster without GPUs). ``weights_mib`` is the GPU memory the
+    largest model of the group needs: the scheduler refuses the gang when no GPU has that much."""
     from infra.scheduler import Bundle, GangRequest, SameGPU, SameNode
 
-    share = sizes.gpu_share_milli if gpu else 0
+    k = rollout_instances
+    share = sizes.gpu_share_milli // k if gpu else 0
     mem = weights_mib if gpu else 0
-    bundles = (
-        Bundle(sizes.rollout_cpu_milli, sizes.rollout_memory_mib, gpu_fraction=share, gpu_memory_mib=mem, name="rollout"),
-        Bundle(sizes.trainer_cpu_milli, sizes.trainer_memory_mib, gpu_fraction=share, gpu_memory_mib=mem, name="trainer"),
+    rollouts = tuple(
+        Bundle(sizes.rollout_cpu_milli, sizes.rollout_memory_mib, gpu_fraction=share, gpu_memory_mib=mem, name=f"rollout{i}")
+        for i in range(k)
     )
-    return GangRequest(name, bundles, (SameGPU((0, 1)) if gpu else SameNode((0, 1)),))
+    trainer = Bundle(sizes.trainer_cpu_milli, sizes.trainer_memory_mib, gpu_fraction=sizes.gpu_share_milli if gpu else 0,
+                     gpu_memory_mib=mem, name="trainer")
+    together = tuple(range(k + 1))
+    return GangRequest(name, (*rollouts, trainer), (SameGPU(together) if gpu else SameNode(together),))
 
 
 class ResilientService:
@@ -196,16 +202,9 @@ class ServicePlane:
 
     def close(self) -> None:
         """Kill the actors and release the gangs."""
-        import ray
-
-        handles = [self.reward, *[h for g in self.groups for h in (g.rollout, g.trainer)]]
-        for h in handles:
-            for inst in getattr(h, "instances", [h]):
-                with contextlib.suppress(Exception):
-                    ray.kill(inst.actor)
         for name in self.gangs:
             with contextlib.suppress(Exception):
-                self.scheduler.release(name)
+                self.backend.release(name)
 
 
 def place_services(
@@ -220,8 +219,12 @@ def place_services(
     Raises the scheduler's ``RequestError`` when a group cannot be placed (the reason names the
     resource that is missing), after releasing what was placed.
     """
+    import ray
+
     from infra.scheduler import Bundle, GangRequest, RequestError
 
+    if rollout_instances < 1:
+        raise ValueError(f"rollout_instances={rollout_instances}; a GPU group needs at least one rollout instance.")
     sizes = sizes or ServiceSizes()
     has_gpu = bool(scheduler.cluster.gpu_models)
     weights_mib = math.ceil(model.num_params() * BYTES_PER_PARAM_WEIGHTS / 2**20)
@@ -229,20 +232,23 @@ def place_services(
     out: list[GPUGroup] = []
 
     def start(placement: Any, bundle: int, cls: type, *args: Any, **kwargs: Any) -> Callable[[], Any]:
-        return lambda: backend.start_actor(placement, bundle, cls, *args, **kwargs)
+        remote = ray.remote(cls)
+        return lambda: backend.start_actor(placement, bundle, remote, *args, **kwargs)
 
     try:
         for g in range(groups):
             name = f"llm-group-{g}-{os.getpid()}"
-            placement = scheduler.submit(group_request(name, sizes, gpu=has_gpu, weights_mib=weights_mib))
+            placement = scheduler.submit(
+                group_request(name, sizes, gpu=has_gpu, weights_mib=weights_mib, rollout_instances=rollout_instances)
+            )
             if placement is None:
                 scheduler.release(name)
                 raise RequestError(f"GPU group {g} does not fit the free resources now; free GPUs or ask for fewer groups.")
             gangs.append(name)
             device = "cuda" if has_gpu else "cpu"
-            rollouts = [ResilientService(start(placement, 0, RolloutService, model, engine=engine, device=device), timeout_s=timeout_s)
-                        for _ in range(rollout_instances)]
-            trainer = ResilientService(start(placement, 1, TrainerService, device=device), timeout_s=timeout_s)
+            rollouts = [ResilientService(start(placement, i, RolloutService, model, engine=engine, device=device), timeout_s=timeout_s)
+                        for i in range(rollout_instances)]
+            trainer = ResilientService(start(placement, rollout_instances, TrainerService, device=device), timeout_s=timeout_s)
             node = placement.assignments[0].node
             spec = next(n for n in scheduler.cluster.nodes if n.name == node)
             gpu_mem = spec.gpus[placement.assignments[0].gpus[0]].memory_mib if placement.assignments[0].gpus else 0
