@@ -74,6 +74,14 @@ class FragModel:
             else:
                 groups.setdefault((milli, num, models), []).append((cpu, p))
         keys = list(groups)
+        gpu_pods = [
+            (cpu, milli * num, p)
+            for (cpu, milli, num, _), p in zip(typical.shapes, typical.freqs)
+            if milli and num
+        ]
+        gpu_weight = sum(g * p for _, g, p in gpu_pods)
+        # Mean CPU milli per GPU milli of the typical GPU pods (0 without GPU pods).
+        self.cpu_per_gpu_milli = sum(c * p for c, _, p in gpu_pods) / gpu_weight if gpu_weight else 0.0
         self.milli = np.array([k[0] for k in keys], dtype=np.int64)  # [S]
         self.num = np.array([k[1] for k in keys], dtype=np.int64)  # [S]
         self.p_group = np.array([sum(p for _, p in groups[k]) for k in keys])  # [S]

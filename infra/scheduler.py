@@ -72,7 +72,7 @@ class Scheduler:
     """
 
     def __init__(
-        self, cluster: Cluster, policy: str = "fgd-pack", typical: TypicalPods | None = None, seed: int = 0
+        self, cluster: Cluster, policy: str = "fgd-strand", typical: TypicalPods | None = None, seed: int = 0
     ) -> None:
         self.cluster = cluster
         self.state = ClusterState(cluster)

@@ -3,7 +3,7 @@
     python scripts/replay_trace.py \
         --pods ../shared/traces/alibaba-openb-2023/openb_pod_list_default.csv \
         --nodes ../shared/traces/alibaba-openb-2023/openb_node_list_gpu_node.csv \
-        --policies random,bestfit,fgd,fgd-pack --seeds 42-51 --inflate 1.3 --json runs/replay.json
+        --policies random,bestfit,fgd,fgd-strand --seeds 42-51 --inflate 1.3 --json runs/replay.json
 
 Prints a table per policy (allocation % at 100% and 130% arrived, mean and std over seeds,
 fragmentation %, failed pods, decision latency p50/p99) and, with ``--json``, writes the figures
@@ -143,7 +143,7 @@ def main() -> None:
         "--nodes", required=True, type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)"
     )
     ap.add_argument(
-        "--policies", default="random,bestfit,fgd,fgd-pack", help=f"comma list of {policies.names()}"
+        "--policies", default="random,bestfit,fgd,fgd-strand", help=f"comma list of {policies.names()}"
     )
     ap.add_argument("--seeds", default="42-51", type=parse_seeds, help="a range 42-51 or a list 42,43")
     ap.add_argument("--inflate", default=1.3, type=float, help="append pod copies up to this x GPU capacity")

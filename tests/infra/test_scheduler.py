@@ -51,7 +51,7 @@ def test_whole_gpu_request_needs_fully_free_gpus(cluster):
 
 
 def test_same_gpu_same_node_different_nodes_and_pins(cluster):
-    s = Scheduler(cluster, policy="fgd-pack")
+    s = Scheduler(cluster, policy="fgd-strand")
     p = s.submit(
         GangRequest(
             "job",
