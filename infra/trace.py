@@ -5,7 +5,8 @@ Protocol (``openb`` pod lists: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu
 1. Typical pods come from the original pod list (95% coverage, CPU-only pods included).
 2. Pods sorted by name are shuffled with the seed; random copies of the original pods are then
    appended while the requested GPU capacity stays within ``inflate`` x the cluster's (as in the
-   simulator, the stop test adds the copy's per-GPU milli, the total adds all its GPUs).
+   simulator, the stop test adds the copy's per-GPU milli, the total adds all its GPUs); a
+   workload already above that loses random pods until it is within.
 3. All nodes start empty; pods arrive one at a time and never leave; a pod that fits nowhere fails
    and is skipped.
 4. After every pod the allocated GPU milli is recorded against the arrived GPU milli; the curve
@@ -85,12 +86,76 @@ def read_pods(path: str | Path) -> list[Pod]:
     return sorted(pods, key=lambda p: p.name)
 
 
+VARIANTS = ("gpushare", "multigpu", "gpuspec")
+"""Workload variants (after the FGD paper's): more GPU sharing, more multi-GPU pods, GPU-model constraints."""
+
+
+def make_variant(pods: list[Pod], kind: str, fraction: float, models: list[str], seed: int) -> list[Pod]:
+    """A workload of the same columns with one property changed, drawn reproducibly from ``pods``.
+
+    Args:
+        pods: the original pods.
+        kind: ``gpushare``: ``fraction`` of the GPU pods share a GPU (whole-GPU pods are replaced by
+            copies of random sharing pods); ``multigpu``: ``fraction`` of the GPU pods ask for 2, 4
+            or 8 GPUs (single-GPU pods replaced by copies of random multi-GPU pods); ``gpuspec``:
+            ``fraction`` of the GPU pods may only use one GPU model, drawn from ``models`` in
+            proportion to how often it appears there (one entry per GPU of the cluster).
+        fraction: the target share of GPU pods, in [0, 1].
+        models: GPU models of the cluster, one entry per GPU (``gpuspec`` only).
+        seed: seeds the random choices.
+    """
+    if kind not in VARIANTS:
+        raise ValueError(f"unknown workload variant {kind!r}; choose one of {VARIANTS}.")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"variant fraction {fraction} must be in [0, 1].")
+    rng = np.random.default_rng(seed)
+    out = list(pods)
+    gpu_idx = [i for i, p in enumerate(out) if p.num_gpu]
+    want = round(fraction * len(gpu_idx))
+
+    def replace_with(pool: list[Pod], victims: list[int]) -> None:
+        if not pool:
+            raise ValueError(f"variant {kind}: the workload has no pods of the kind to copy.")
+        for i in victims:
+            src = pool[int(rng.integers(len(pool)))]
+            out[i] = Pod(out[i].name, src.cpu, src.mem, src.num_gpu, src.gpu_milli, src.models)
+
+    if kind == "gpuspec":
+        if not models:
+            raise ValueError("variant gpuspec needs the cluster's GPU models (one entry per GPU).")
+        for i in rng.choice(gpu_idx, size=want, replace=False):
+            p = out[i]
+            out[i] = Pod(
+                p.name,
+                p.cpu,
+                p.mem,
+                p.num_gpu,
+                p.gpu_milli,
+                frozenset({models[int(rng.integers(len(models)))]}),
+            )
+        return out
+    is_kind = (lambda p: p.gpu_milli < MILLI) if kind == "gpushare" else (lambda p: p.num_gpu > 1)
+    have = [i for i in gpu_idx if is_kind(out[i])]
+    others = [i for i in gpu_idx if not is_kind(out[i])]
+    if kind == "multigpu":
+        others = [i for i in others if out[i].gpu_milli == MILLI]
+    pool = [out[i] for i in have]
+    need = max(0, want - len(have))
+    replace_with(pool, [int(i) for i in rng.choice(others, size=min(need, len(others)), replace=False)])
+    return out
+
+
 def arrival_sequence(pods: list[Pod], capacity_milli: int, inflate: float, seed: int) -> list[Pod]:
-    """Shuffle ``pods`` with ``seed`` and append random copies up to ``inflate`` x capacity (step 2)."""
+    """Shuffle ``pods`` with ``seed``, then append random copies up to (or drop random pods down to)
+    ``inflate`` x capacity (step 2)."""
     rng = np.random.default_rng(seed)
     seq = [pods[i] for i in rng.permutation(len(pods))]
     total = sum(p.total_gpu_milli for p in pods)
     target = inflate * capacity_milli
+    while total > target:  # a workload above the target loses random pods instead
+        total -= seq.pop(int(rng.integers(len(seq)))).total_gpu_milli
+    if total < sum(p.total_gpu_milli for p in pods):
+        return seq
     while True:
         p = pods[int(rng.integers(len(pods)))]
         if total + p.gpu_milli > target:

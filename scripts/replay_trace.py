@@ -30,7 +30,7 @@ from rich.table import Table
 from infra import policies
 from infra.frag import TypicalPods
 from infra.resources import Cluster, ClusterState
-from infra.trace import ReplayResult, arrival_sequence, read_pods, replay
+from infra.trace import VARIANTS, ReplayResult, arrival_sequence, make_variant, read_pods, replay
 
 REFERENCE_NAMES = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FGD"}
 """Our policy names -> the FGD simulator's names in expected_alloc_default.csv."""
@@ -147,6 +147,11 @@ def main() -> None:
     )
     ap.add_argument("--seeds", default="42-51", type=parse_seeds, help="a range 42-51 or a list 42,43")
     ap.add_argument("--inflate", default=1.3, type=float, help="append pod copies up to this x GPU capacity")
+    ap.add_argument(
+        "--variant",
+        help=f"replay a variant of the pod list instead: KIND:FRACTION with KIND in {VARIANTS}, e.g. gpushare:0.8",
+    )
+    ap.add_argument("--variant-seed", type=int, default=0, help="seed of the variant's random changes")
     ap.add_argument("--json", type=Path, help="write figures here (and a PNG plot beside it)")
     ap.add_argument("--expected", type=Path, help="reference CSV of the FGD simulator to compare with")
     args = ap.parse_args()
@@ -159,6 +164,14 @@ def main() -> None:
     console = Console(width=160)
     state = ClusterState(Cluster.from_csv(args.nodes))
     pods = read_pods(args.pods)
+    if args.variant:
+        kind, _, frac = args.variant.partition(":")
+        try:
+            fraction = float(frac)
+        except ValueError:
+            ap.error(f"--variant {args.variant!r}: give KIND:FRACTION, e.g. multigpu:0.3")
+        models = [g.model for n in state.cluster.nodes for g in n.gpus]
+        pods = make_variant(pods, kind, fraction, models, args.variant_seed)
     typical = TypicalPods.from_shapes([p.shape for p in pods])
     capacity = state.total_gpu_milli()
     sequences = {s: arrival_sequence(pods, capacity, args.inflate, s) for s in args.seeds}
@@ -179,8 +192,9 @@ def main() -> None:
             curves[name] = np.nanmean([r.alloc_curve for r in results], axis=0)
 
     expected = read_expected(args.expected) if args.expected else {}
+    workload = args.pods.name + (f" [{args.variant}]" if args.variant else "")
     table = Table(
-        title=f"{args.pods.name} on {args.nodes.name}, seeds {args.seeds[0]}..{args.seeds[-1]}, inflate {args.inflate}"
+        title=f"{workload} on {args.nodes.name}, seeds {args.seeds[0]}..{args.seeds[-1]}, inflate {args.inflate}"
     )
     for col in (
         "policy",
@@ -214,7 +228,7 @@ def main() -> None:
 
     if args.json:
         png = args.json.with_suffix(".png")
-        plot(curves, png, f"{args.pods.stem} ({len(args.seeds)} seeds)")
+        plot(curves, png, f"{workload} ({len(args.seeds)} seeds)")
         out = {
             "machine": machine(),
             "config": {
@@ -223,6 +237,8 @@ def main() -> None:
                 "policies": names,
                 "seeds": args.seeds,
                 "inflate": args.inflate,
+                "variant": args.variant,
+                "variant_seed": args.variant_seed if args.variant else None,
                 "num_nodes": state.num_nodes,
                 "gpu_capacity_milli": capacity,
                 "typical_pod_shapes": len(typical.shapes),
