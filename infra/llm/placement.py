@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,7 @@ class ResilientService:
         self.restarts = 0
         self.actor = start()
         self._state: dict[str, list[tuple[str, tuple, dict]]] = {}
+        self._lock = threading.RLock()
 
     def _remember(self, method: str, args: tuple, kwargs: dict) -> None:
         job = args[0] if args else kwargs.get("job")
@@ -89,36 +91,42 @@ class ResilientService:
         elif method in self.FORGET:
             self._state.pop(job, None)
 
-    def restart(self) -> None:
-        """Start a fresh actor on the same placement and replay every job's state onto it."""
+    def restart(self, dead: Any) -> None:
+        """Replace the actor ``dead`` by a fresh one on the same placement and replay every job's state
+        onto it (a no-op when another caller already replaced it)."""
         import ray
 
-        if self.restarts >= self.max_restarts:
-            raise RuntimeError(f"service died {self.restarts + 1} times; giving up (max_restarts={self.max_restarts}).")
-        self.restarts += 1
-        with contextlib.suppress(Exception):
-            ray.kill(self.actor)
-        self.actor = self._start()
-        for calls in self._state.values():
-            for method, args, kwargs in calls:
-                ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
+        with self._lock:
+            if self.actor is not dead:
+                return
+            if self.restarts >= self.max_restarts:
+                raise RuntimeError(f"service died {self.restarts + 1} times; giving up (max_restarts={self.max_restarts}).")
+            self.restarts += 1
+            with contextlib.suppress(Exception):
+                ray.kill(dead)
+            self.actor = self._start()
+            for calls in list(self._state.values()):
+                for method, args, kwargs in calls:
+                    ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
 
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Start ``method`` on the actor; returns its object ref (the caller gathers it)."""
-        if method in self.REPLAY or method in self.FORGET:
-            self._remember(method, args, kwargs)
-        return getattr(self.actor, method).remote(*args, **kwargs)
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """Start ``method`` on the actor; returns (object ref, the actor it went to)."""
+        with self._lock:
+            if method in self.REPLAY or method in self.FORGET:
+                self._remember(method, args, kwargs)
+            actor = self.actor
+        return getattr(actor, method).remote(*args, **kwargs), actor
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method``; if the actor died meanwhile, restart it and re-send the call."""
         import ray
 
         while True:
-            ref = self.submit(method, *args, **kwargs)
+            ref, actor = self.submit(method, *args, **kwargs)
             try:
                 return ray.get(ref, timeout=self.timeout_s)
             except ray.exceptions.RayActorError:
-                self.restart()
+                self.restart(actor)
 
 
 class RolloutPool:
@@ -148,11 +156,11 @@ class RolloutPool:
 
         chunks = [prompts[i : i + self.chunk] for i in range(0, len(prompts), self.chunk)]
         loads = [[0, 0, 0] for _ in self.instances]  # outstanding, queued prompt tokens, decoding sequences
-        pending: dict[Any, tuple[int, int]] = {}  # ref -> (chunk index, instance)
+        pending: dict[Any, tuple[int, int, Any]] = {}  # ref -> (chunk index, instance, actor)
 
         def send(c: int, k: int) -> None:
-            ref = self.instances[k].submit("generate", job, chunks[c], max_new_tokens, temperature, seed * 1009 + c)
-            pending[ref] = (c, k)
+            ref, actor = self.instances[k].submit("generate", job, chunks[c], max_new_tokens, temperature, seed * 1009 + c)
+            pending[ref] = (c, k, actor)
             loads[k][0] += 1
             loads[k][1] += sum(map(len, chunks[c]))
             loads[k][2] += len(chunks[c])
@@ -168,7 +176,7 @@ class RolloutPool:
             if not ready:
                 raise TimeoutError(f"no rollout chunk finished within {timeout} s ({len(pending)} outstanding).")
             ref = ready[0]
-            c, k = pending.pop(ref)
+            c, k, actor = pending.pop(ref)
             loads[k][0] -= 1
             loads[k][1] -= sum(map(len, chunks[c]))
             loads[k][2] -= len(chunks[c])
@@ -176,10 +184,10 @@ class RolloutPool:
                 out[c], version = ray.get(ref)
                 versions.add(version)
             except ray.exceptions.RayActorError:
-                dead = [(r, ck) for r, ck in pending.items() if ck[1] == k]
+                dead = [(r, ck) for r, ck in pending.items() if ck[2] is actor]
                 for r, _ in dead:
                     pending.pop(r)
-                self.instances[k].restart()
+                self.instances[k].restart(actor)
                 for cc in [c, *[ck[0] for _, ck in dead]]:
                     self.resent += 1
                     send(cc, k)
