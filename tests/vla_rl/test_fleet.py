@@ -48,6 +48,7 @@ def _config(**fleet):
         ({"mode": "disaggregated", "trainer": {"gpu": 0.5}}, {}, "disaggregated mode gives the trainer whole GPUs"),
         ({"mode": "colocated", "server": {"timeout_ms": 0}}, {}, "timeout_ms=0"),
         ({"mode": "ring"}, {}, "fleet.mode='ring' is not a valid choice"),
+        ({"mode": "colocated", "policy": "tetris"}, {}, "fleet.policy='tetris' is not a placement policy"),
         ({"mode": "colocated"}, {"algo": "grpo"}, "runs PPO only"),
     ],
 )

@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from tensordict import TensorDict
 from torch import nn
 
@@ -201,11 +201,24 @@ class FleetCollector:
         for ref in attempt.refs:
             with contextlib.suppress(RayActorError, RayTaskError):
                 self._get(ref)  # the dead shard, and the others whose requests were just cancelled
-        self._get([w.ping.remote() for w in self.workers])  # calls wait until a restarting shard is back
+        self._await_shards()
         self._get([w.set_state.remote(s) for w, s in zip(self.workers, attempt.snapshot)])
         self._get(self.server.cancel_pending.remote())
         if rng is not None:
             self._push(policy, rng)  # the server's sampling restarts from the iteration's RNG state
+
+    def _await_shards(self) -> None:
+        """Wait until every shard answers (a restarting one refuses calls until it is back)."""
+        deadline = time.monotonic() + self.fleet.collect_timeout_s
+        for worker in self.workers:
+            while True:
+                try:
+                    self._get(worker.ping.remote())
+                    break
+                except ActorUnavailableError:
+                    if time.monotonic() > deadline:
+                        raise FleetError(f"a shard did not come back within {self.fleet.collect_timeout_s}s") from None
+                    time.sleep(POLL_S / 5)
 
     def _collect_async(self, policy: nn.Module, steps: int) -> tuple[TensorDict, dict[str, float]]:
         """Take the batch collected during the last update; start the next one with the newest weights."""

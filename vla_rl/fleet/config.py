@@ -101,8 +101,8 @@ class FleetConfig:
     """Pipeline stages per shard (``pipelined`` only; must divide the envs of a shard)."""
     offload: bool = False
     """``colocated``: move the inference model off the GPU while the trainer updates."""
-    policy: str = "fgd-pack"
-    """Placement policy of infra's scheduler (``infra.policies.names()``)."""
+    policy: str = ""
+    """Placement policy of infra's scheduler (one of ``infra.policies.names()``; ``""``: the scheduler's default)."""
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     """The nodes to place on (for ``address=local`` they are also started)."""
     shard: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0))
@@ -215,6 +215,11 @@ def validate_fleet(cfg: TrainConfig) -> None:
         raise _error(f"fleet.server.timeout_ms={server.timeout_ms} must be > 0 (or null: wait for a full batch)")
     if server.threads < 1 or fleet.max_restarts < 0 or fleet.collect_timeout_s <= 0:
         raise _error("fleet.server.threads >= 1, fleet.max_restarts >= 0 and fleet.collect_timeout_s > 0 are required")
+    if fleet.policy:
+        from infra.policies import names
+
+        if fleet.policy not in names():
+            raise _error(f"fleet.policy={fleet.policy!r} is not a placement policy; valid: {', '.join(names())}")
     c = fleet.cluster
     if c.nodes < 1 or c.cpus < 1 or c.memory_mib < 1 or c.gpus < 0:
         raise _error(

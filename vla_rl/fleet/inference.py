@@ -92,6 +92,7 @@ class InferenceCore:
         self._pending: list[tuple[Request, asyncio.Future, float]] = []
         self._timer: asyncio.TimerHandle | None = None
         self.counters = {"infer_s": 0.0, "batches": 0.0, "envs": 0.0, "requests": 0.0}
+        self.total_batches = 0  # since this incarnation started (``counters`` are reset when read)
 
     # ------------------------------------------------------------------------------ weights
     def set_weights(
@@ -211,6 +212,7 @@ class InferenceCore:
                 future.set_result(reply)
         self.counters["infer_s"] += time.perf_counter() - start
         self.counters["batches"] += 1
+        self.total_batches += 1
         self.counters["envs"] += sum(r.obs.batch_size[0] for r, _, _ in batch)
 
     @property
@@ -259,8 +261,10 @@ class InferenceServer:
         return self.core.set_weights(state, version, rng_state, module)
 
     async def status(self) -> dict[str, float]:
-        """Held version, whether this incarnation is a restart, requests waiting."""
-        return {"version": self.core.version, "restarted": self.restarted, "pending": self.core.num_pending}
+        """Held version, whether this incarnation is a restart, requests waiting, batches served."""
+        core = self.core
+        return {"version": core.version, "restarted": self.restarted, "pending": core.num_pending,
+                "batches": core.total_batches}
 
     async def rng_state(self) -> torch.Tensor:
         """The torch RNG state of the server process (sampling advanced it)."""

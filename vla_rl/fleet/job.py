@@ -22,7 +22,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from infra.ray_backend import RayBackend, node_args
-from infra.scheduler import Placement
+from infra.scheduler import Placement, Scheduler
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError
 from vla_rl.fleet.config import FleetConfig
@@ -108,9 +108,9 @@ class Fleet:
     workers: list[Any]
     server: Any
 
-    def start_trainer(self, cfg: Any, resume: bool) -> Any:
-        """Start a trainer actor on the trainer's bundle."""
-        trainer_cls = ray.remote(max_restarts=0)(TrainerActor)
+    def start_trainer(self, cfg: Any, resume: bool, attempt: int = 0) -> Any:
+        """Start a trainer actor on the trainer's bundle, named ``"<gang>:trainer:<attempt>"``."""
+        trainer_cls = ray.remote(max_restarts=0, name=f"{self.placement.gang}:trainer:{attempt}")(TrainerActor)
         return self.backend.start_actor(
             self.placement, self.layout.bundle("trainer"), trainer_cls, cfg, resume, self.workers, self.server,
             os.getcwd(),
@@ -126,14 +126,20 @@ def default_batch(fleet: FleetConfig, num_envs: int) -> int:
     return fleet.server.max_batch or num_envs // fleet.num_stages
 
 
-def start_fleet(cfg: Any, name: str | None = None) -> Fleet:
+def start_fleet(cfg: Any, name: str | None = None, scheduler: Scheduler | None = None) -> Fleet:
     """Place the job's gang and start its inference server and shards (the trainer comes later).
+
+    Args:
+        cfg: the run config.
+        name: the gang's name (default: the run name).
+        scheduler: the scheduler that owns the Ray cluster's resources, when several jobs share it
+            (default: a new one over ``fleet.cluster``, for a cluster this job has alone).
 
     Raises:
         vla_rl.fleet.placement.PlacementError: the job does not fit ``fleet.cluster``.
     """
     fleet: FleetConfig = cfg.fleet
-    scheduler, placement, layout = place_job(fleet, name or cfg.run_name)
+    scheduler, placement, layout = place_job(fleet, name or cfg.run_name, scheduler)
     backend = RayBackend(scheduler)
     timeout = None if fleet.server.timeout_ms is None else fleet.server.timeout_ms / 1000
     server_cls = ray.remote(max_restarts=fleet.max_restarts, max_task_retries=-1, max_concurrency=SERVER_CONCURRENCY)(
@@ -170,7 +176,7 @@ def run_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
         fleet = start_fleet(cfg)
         try:
             for attempt in range(cfg.fleet.max_restarts + 1):
-                trainer = fleet.start_trainer(cfg, resume=resume or (attempt > 0 and latest.exists()))
+                trainer = fleet.start_trainer(cfg, resume or (attempt > 0 and latest.exists()), attempt)
                 try:
                     return ray.get(trainer.train.remote())
                 except RayActorError:

@@ -127,7 +127,9 @@ def place_job(fleet: FleetConfig, name: str, scheduler: Scheduler | None = None)
     Raises:
         PlacementError: the request is invalid for the cluster, or it does not fit now.
     """
-    scheduler = scheduler or Scheduler(cluster_of(fleet.cluster), policy=fleet.policy)
+    if scheduler is None:
+        options = {"policy": fleet.policy} if fleet.policy else {}
+        scheduler = Scheduler(cluster_of(fleet.cluster), **options)
     layout = job_request(fleet, name)
     try:
         placement = scheduler.submit(layout.gang)

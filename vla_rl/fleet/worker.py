@@ -86,7 +86,9 @@ class RolloutWorker:
         return {"envs": [env.get_state() for env in self.envs], "obs": [o.to_dict() for o in self.obs]}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`get_state` returned."""
+        """Restore what :meth:`get_state` returned (also into a freshly restarted shard)."""
+        if any(o is None for o in self.obs):
+            self.reset(seed=None)  # environments of a new process must be started before being overwritten
         for env, env_state in zip(self.envs, state["envs"]):
             env.set_state(env_state)
         self.obs = [TensorDict.from_dict(o, batch_size=[env.num_envs]) for o, env in zip(state["obs"], self.envs)]

@@ -1,0 +1,181 @@
+"""The fleet on a real (local, loopback) Ray cluster with logical GPUs: identical learning, modes, faults.
+
+Components are killed for real with ``ray.kill``. One Ray session serves the whole module and is
+always shut down; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import policies
+from vla_rl.checkpoint import LATEST, load_checkpoint
+from vla_rl.config import build_config
+from vla_rl.fleet.collector import FleetCollector
+from vla_rl.fleet.job import run_job, start_fleet
+from vla_rl.rollout import Timer
+from vla_rl.trainer import Trainer
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def _config(tmp_path, name, total_steps=256, **fleet):
+    return build_config(
+        {
+            "out_dir": str(tmp_path), "name": name, "seed": 3, "total_env_steps": total_steps, "checkpoint_every": 1,
+            "env": {"kind": "gym", "task": "Pendulum-v1", "num_envs": 4, "max_episode_steps": 7},
+            "ppo": {"rollout_steps": 8, "normalize_reward": True, "optim": {"epochs": 2, "num_minibatches": 2}},
+            "policy": {"name": "mlp", "hidden_sizes": [16, 16]},
+            "eval": {"every": 0},
+            "log": {"wandb": "disabled", "progress": False, "video": False},
+            "fleet": {"shards": 2, **fleet},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One Ray node with 4 logical GPUs, and the scheduler that shares them among this module's fleets."""
+    from infra.ray_backend import node_args
+    from infra.scheduler import Scheduler
+    from vla_rl.fleet.config import ClusterSpec
+    from vla_rl.fleet.placement import cluster_of
+
+    cluster = cluster_of(ClusterSpec(gpus=4))
+    ray.init(**node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    try:
+        yield Scheduler(cluster)
+    finally:
+        ray.shutdown()
+
+
+def _when(condition, timeout_s=60.0):
+    """Poll ``condition`` until it holds (False after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(ray_session, tmp_path, capsys):
+    # run_job places the job with a scheduler of its own: it must run while no other fleet of this module does.
+    assert not ray_session.placements
+    local = Trainer(_config(tmp_path, "local"))
+    local.train()
+    local.close()
+
+    cfg = _config(tmp_path, "ray", mode="colocated")
+    latest = tmp_path / "ray" / "checkpoints" / LATEST
+    killed = []
+
+    def kill_trainer_after_two_checkpoints():
+        if _when(lambda: latest.exists() and load_checkpoint(latest)["iteration"] >= 2):
+            ray.kill(ray.get_actor(f"{cfg.run_name}:trainer:0"))
+            killed.append(True)
+
+    killer = threading.Thread(target=kill_trainer_after_two_checkpoints, daemon=True)
+    killer.start()
+    summary = run_job(cfg)
+    killer.join(timeout=5)
+
+    assert killed, "the trainer was not killed mid-run; the test proves nothing"
+    assert "trainer actor died" in capsys.readouterr().out
+    assert summary["iterations"] == local.iteration == 8
+    want = load_checkpoint(tmp_path / "local" / "checkpoints" / LATEST)["policy"]
+    got = load_checkpoint(latest)["policy"]
+    for key, value in want.items():
+        assert torch.equal(got[key], value), f"{key} differs between in-process and Ray"
+
+
+@pytest.fixture(scope="module")
+def colocated(ray_session, tmp_path_factory):
+    cfg = _config(tmp_path_factory.mktemp("fleet"), "faults", mode="colocated")
+    fleet = start_fleet(cfg, name="faults", scheduler=ray_session)
+    try:
+        collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
+        obs = collector.reset(cfg.seed)
+        torch.manual_seed(0)
+        yield fleet, collector, policies.make_policy(cfg.policy, obs, 1)
+    finally:
+        fleet.close()
+
+
+def _kill_mid_collection(server, victim, batches):
+    """A started thread that kills ``victim`` (restartably) once ``server`` answered ``batches`` more batches."""
+    served = ray.get(server.status.remote())["batches"]
+
+    def kill():
+        if _when(lambda: ray.get(server.status.remote())["batches"] >= served + batches):
+            ray.kill(victim, no_restart=False)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_killed_shard_iteration_is_recollected_exactly(colocated):
+    fleet, collector, policy = colocated
+    steps = 64
+    state, rng = collector.get_state(), torch.get_rng_state()
+    reference = collector.collect(policy, steps, Timer())
+    after_reference = torch.get_rng_state()
+
+    collector.set_state(state, reset_seed=0)
+    torch.set_rng_state(rng)
+    killer = _kill_mid_collection(fleet.server, fleet.workers[1], steps // 4)
+    batch = collector.collect(policy, steps, Timer())
+    killer.join(timeout=5)
+
+    assert collector.metrics()["fleet/shard_restarts"] == 1
+    assert batch.batch_size == reference.batch_size == torch.Size([steps, 4])
+    assert (batch["version"] == reference["version"] + 1).all()  # one push later, same experience:
+    for key, value in reference.exclude("version").items(include_nested=True, leaves_only=True):
+        assert torch.equal(batch[key], value), f"re-collected {key} differs"
+    assert torch.equal(torch.get_rng_state(), after_reference)
+
+
+def test_inference_server_restart_loses_no_requests(colocated):
+    fleet, collector, policy = colocated
+    steps = 64
+    killer = _kill_mid_collection(fleet.server, fleet.server, steps // 4)
+    batch = collector.collect(policy, steps, Timer())
+    killer.join(timeout=5)
+
+    metrics = collector.metrics()
+    assert metrics["fleet/server_restarts"] >= 1
+    assert ray.get(fleet.server.status.remote())["restarted"]
+    assert batch.batch_size == torch.Size([steps, 4])
+    assert torch.isfinite(batch["action"]).all() and torch.isfinite(batch["next_value"]).all()
+    assert (batch["version"] == collector.version).all(), "a request was answered by stale weights"
+
+
+@pytest.mark.parametrize(
+    ("mode", "sync"),
+    [("disaggregated", "sync"), ("pipelined", "sync"), ("colocated", "async")],
+)
+def test_modes_collect_complete_versioned_batches(ray_session, tmp_path, mode, sync):
+    cfg = _config(tmp_path, mode, mode=mode, sync={"mode": sync}, server={"timeout_ms": 5.0})
+    fleet = start_fleet(cfg, name=f"{mode}-{sync}", scheduler=ray_session)
+    try:
+        collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
+        obs = collector.reset(cfg.seed)
+        policy = policies.make_policy(cfg.policy, obs, 1)
+        staleness = []
+        for _ in range(3):
+            timer = Timer()
+            batch = collector.collect(policy, 8, timer)
+            staleness.append(collector.metrics()["fleet/staleness"])
+            assert batch.batch_size == torch.Size([8, 4])
+            assert timer.seconds["simulate"] > 0 and timer.seconds["infer"] > 0
+        expected = [0.0, 1.0, 1.0] if sync == "async" else [0.0, 0.0, 0.0]
+        assert staleness == expected
+        collector.close()
+    finally:
+        fleet.close()
