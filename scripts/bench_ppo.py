@@ -99,11 +99,9 @@ def machine() -> dict[str, object]:
     import mujoco
     import stable_baselines3
 
-    cpu = platform.processor()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+    cpu = models[0] if models else platform.processor()
     return {
         "cores": os.cpu_count(), "cpu": cpu, "gpu": None, "python": platform.python_version(),
         "torch": torch.__version__, "gymnasium": gymnasium.__version__, "mujoco": mujoco.__version__,

@@ -49,7 +49,9 @@ class EnvConfig:
     vectorization: Literal["sync", "async"] = "sync"
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None
-    """Episode length limit; ``None`` keeps the environment's own limit."""
+    """Episode length limit (gymnasium only); ``None`` keeps the environment's own limit."""
+    terminate_on_success: bool = True
+    """End a ``sims`` episode at its first success (else it runs to its step limit)."""
 
 
 @dataclass

@@ -204,13 +204,13 @@ def make_env(
 
         kwargs: dict[str, Any] = {"seed": seed, "instructions": instructions, "backend": cfg.backend}
         if cfg.render:
-            kwargs["render"] = {"height": cfg.image_size, "width": cfg.image_size}
+            kwargs["render"] = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size)
         if group_size > 1:
             kwargs["group_size"] = group_size
         if env_offset:
             kwargs["env_offset"] = env_offset
-        if cfg.max_episode_steps is not None:
-            kwargs["max_episode_steps"] = cfg.max_episode_steps
+        if not cfg.terminate_on_success:
+            kwargs["terminate_on_success"] = False
         return sims.make_vec_env(cfg.task, n, **kwargs)
     limit = cfg.max_episode_steps or gym.spec(cfg.task).max_episode_steps
     render_mode = "rgb_array" if video else None

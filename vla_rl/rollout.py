@@ -263,7 +263,7 @@ class LocalCollector:
         self.instructions = list(env.instructions)
         self.task_names = list(env.task_names)
         self.single_action_space = env.single_action_space
-        self.max_episode_steps = env.max_episode_steps
+        self.max_episode_steps: int | None = getattr(env, "max_episode_steps", None)
         self.obs: TensorDict | None = None
 
     def reset(self, seed: int | None) -> TensorDict:

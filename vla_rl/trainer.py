@@ -200,14 +200,17 @@ class Trainer:
                         self.cfg.env, seed=self.cfg.seed + 7919, num_envs=self.cfg.eval.num_envs,
                         instructions=which, video=record,
                     )
+                env = self.eval_envs[which]
+                self.policy.set_instructions(list(env.instructions))  # this set's instruction table
                 metrics, frames = evaluate_policy(
-                    self.policy, self.eval_envs[which], episodes or self.cfg.eval.episodes,
+                    self.policy, env, episodes or self.cfg.eval.episodes,
                     seed=self.cfg.seed + 7919, device=self.device, record=record,
                 )
                 out |= {f"eval/{which}/{k}": v for k, v in metrics.items()}
                 if record:
                     self.log.video(frames, f"iter_{self.iteration:06d}_{which}")
         finally:
+            self.policy.set_instructions(list(self.collector.instructions))
             ckpt.set_rng_state(saved)
         out["eval/return"] = out[f"eval/{sets[-1]}/return"]
         return out
