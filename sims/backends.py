@@ -6,7 +6,8 @@ A backend holds ``num_envs`` simulations of one model and offers:
   (velocities, warm starts and time zeroed);
 - ``step(ctrl)``: apply controls [N, nu] to all simulations and advance ``frame_skip`` substeps;
 - ``qpos``, ``qvel``, ``mocap_pos``: the current state, arrays of the backend's module ``xp``;
-- ``xp``: the array module (``numpy`` or ``jax.numpy``) that :func:`sims.tasks.evaluate` runs with.
+- ``xp``: the array module (``numpy`` or ``jax.numpy``) that :func:`sims.tasks.evaluate` runs with;
+- ``compile(fn)``: ``fn`` as the backend runs it (jitted for MJX).
 
 :class:`BatchBackend` runs ``mujoco.batch.Batch`` (threaded CPU, bit-identical at any thread
 count); :class:`MjxBackend` runs MJX (``jax.vmap`` + ``jax.jit``; the Warp implementation when
@@ -40,6 +41,10 @@ class BatchBackend:
         self._qvel = self.batch.bind("qvel")
         self._ctrl = self.batch.bind("ctrl")
         self._mocap_pos = self.batch.bind("mocap_pos")
+
+    def compile(self, fn: Any) -> Any:
+        """``fn`` as this backend runs it (numpy: as it is)."""
+        return fn
 
     @property
     def qpos(self) -> np.ndarray:
@@ -93,7 +98,6 @@ class MjxBackend:
         def restart(data: Any, mask: Any, qpos: Any, mocap_pos: Any, ctrl: Any) -> Any:
             fresh = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (mask.shape[0], *x.shape)), data0)
             fresh = fresh.replace(qpos=qpos, mocap_pos=mocap_pos, ctrl=ctrl)
-            fresh = jax.vmap(mjx.forward, in_axes=(None, 0))(self.mjx_model, fresh)
 
             def choose(new: Any, old: Any) -> Any:
                 return jnp.where(mask.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
@@ -102,6 +106,12 @@ class MjxBackend:
 
         self._step = jax.jit(jax.vmap(substeps))
         self._restart = jax.jit(restart)
+
+    def compile(self, fn: Any) -> Any:
+        """``fn`` jitted (array arguments traced, the rest static by closure)."""
+        import jax
+
+        return jax.jit(fn)
 
     @property
     def qpos(self) -> Any:

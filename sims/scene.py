@@ -6,8 +6,11 @@ One scene serves every task (so a multi-task suite runs in one batch of one mode
 - a Cartesian gantry hand: slide joints x, y, z driven by position actuators, and a two-finger
   gripper (two slide joints, one position actuator each); the arm bodies are gravity compensated;
 - five free objects: three cubes (``block``), a ``ball`` and a ``cylinder``;
-- two flat target pads, two push buttons (spring-loaded caps on a base) and a drawer cabinet,
-  all on mocap bodies so that their placement is simulation state, randomised per episode.
+- two flat target pads (mocap bodies), two push buttons (spring-loaded caps on a base) and a
+  drawer cabinet. Buttons and cabinet are placed by *placement joints*: slides with a huge
+  armature, which contacts cannot move, so that their placement is simulation state (qpos),
+  randomised per episode. (Mocap bodies cannot carry jointed children: MJX places a mocap body's
+  children from the model, not from ``mocap_pos``.)
 
 Positions that the tasks read (tip, object centres, pads, button caps, drawer handle) are affine
 in ``qpos`` and ``mocap_pos``, so every backend computes them without running kinematics; see
@@ -34,6 +37,8 @@ FINGER_OPEN = 0.045  # per-finger opening at the open limit
 BUTTON_TRAVEL = 0.015
 BUTTON_CAP_Z = 0.028  # cap body height above its base at rest
 DRAWER_TRAVEL = 0.15
+CABINET_Y = 0.33
+PLACEMENT_ARMATURE = 1e6  # kg: 40 N of finger force moves a placed body ~1e-5 m in an episode
 HANDLE_OFFSET = np.array([0.0, -0.125, 0.06])  # handle centre from the cabinet origin, drawer closed
 ARM_RANGE = ((-0.3, 0.3), (-0.3, 0.32), (-0.21, 0.15))  # slide joint ranges x, y, z
 
@@ -56,12 +61,12 @@ class SceneLayout:
         finger_qpos: qpos addresses of the two finger slides, [2].
         object_qpos: first qpos address of each free object's joint, [5].
         button_qpos: qpos address of each button cap's slide, [2].
+        button_place_qpos: qpos addresses of each button's placement slides x, y, [2, 2].
+        cabinet_place_qpos: qpos address of the cabinet's placement slide x.
         drawer_qpos: qpos address of the drawer slide.
         arm_qvel: qvel addresses of the x, y, z slides, [3].
         finger_qvel: qvel addresses of the finger slides, [2].
         pad_mocap: mocap ids of the pads, [2].
-        button_mocap: mocap ids of the button bases, [2].
-        drawer_mocap: mocap id of the cabinet.
         colour_geoms: geom ids recoloured per episode: objects (5), pads (2), button caps (2).
         qpos0: the model's default qpos, [nq].
     """
@@ -70,12 +75,12 @@ class SceneLayout:
     finger_qpos: np.ndarray
     object_qpos: np.ndarray
     button_qpos: np.ndarray
+    button_place_qpos: np.ndarray
+    cabinet_place_qpos: int
     drawer_qpos: int
     arm_qvel: np.ndarray
     finger_qvel: np.ndarray
     pad_mocap: np.ndarray
-    button_mocap: np.ndarray
-    drawer_mocap: int
     colour_geoms: np.ndarray
     qpos0: np.ndarray
 
@@ -110,6 +115,28 @@ def _look_at_quat(pos: np.ndarray, target: np.ndarray) -> np.ndarray:
 def _box(body: mujoco.MjsBody, name: str, half: tuple[float, float, float], pos, rgba, **kw):
     return body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_BOX, size=list(half), pos=list(pos),
                          rgba=list(rgba), **kw)
+
+
+def _placed_body(parent: mujoco.MjsBody, name: str, axes: str, pos) -> mujoco.MjsBody:
+    """A body positioned by slide joints along ``axes`` that contacts cannot move (see module doc)."""
+    body = parent.add_body(name=name, pos=list(pos))
+    for axis in axes:
+        body.add_joint(name=f"{name}_place_{axis}", type=mujoco.mjtJoint.mjJNT_SLIDE,
+                       axis=[float(axis == "x"), float(axis == "y"), 0.0], armature=PLACEMENT_ARMATURE,
+                       damping=PLACEMENT_ARMATURE)
+    return body
+
+
+def _visual_cylinder(body: mujoco.MjsBody, name: str, radius: float, half_height: float, pos, rgba,
+                     mass: float) -> None:
+    """A cylinder seen as a cylinder but colliding as the box around it.
+
+    MJX implements no cylinder-box collisions; a box collider keeps both backends on the same
+    physics. The collider sits in geom group 3, which the renderer hides.
+    """
+    body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=[radius, half_height, 0],
+                  pos=list(pos), rgba=list(rgba), contype=0, conaffinity=0, density=0.0)
+    _box(body, f"{name}_collider", (radius, radius, half_height), pos, rgba, mass=mass, group=3)
 
 
 def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
@@ -181,8 +208,7 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
             body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_SPHERE, size=[BALL_RADIUS, 0, 0],
                           rgba=list(grey), mass=0.04, friction=[1.0, 0.005, 0.001])
         elif name == "cylinder":
-            body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_CYLINDER,
-                          size=[CYL_RADIUS, CYL_HALF_HEIGHT, 0], rgba=list(grey), mass=0.04)
+            _visual_cylinder(body, name, CYL_RADIUS, CYL_HALF_HEIGHT, (0, 0, 0), grey, mass=0.04)
         else:
             _box(body, name, (CUBE_HALF,) * 3, (0, 0, 0), grey, mass=0.04)
 
@@ -192,23 +218,21 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
                      pos=[0, 0, 0.001], rgba=list(grey), contype=0, conaffinity=0)
 
     for i in range(NUM_BUTTONS):
-        base = wb.add_body(name=f"button{i}", mocap=True, pos=[0, 0, 0])
-        _box(base, f"button{i}_base", (0.035, 0.035, 0.01), (0, 0, 0.01), grey)
+        base = _placed_body(wb, f"button{i}", "xy", (0, 0, 0))
+        _box(base, f"button{i}_base", (0.035, 0.035, 0.0095), (0, 0, 0.0105), grey)  # clear of the table
         cap = base.add_body(name=f"button{i}_cap", pos=[0, 0, BUTTON_CAP_Z], gravcomp=1.0)
         cap.add_joint(name=f"button{i}", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, 0, 1],
-                      range=[-BUTTON_TRAVEL, 0.0], stiffness=40.0, damping=1.0)
-        cap.add_geom(name=f"button{i}_cap", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=[0.025, 0.008, 0],
-                     rgba=list(grey), mass=0.02)
-        spec.add_exclude(bodyname1=f"button{i}", bodyname2=f"button{i}_cap")
+                      range=[-BUTTON_TRAVEL, 0.004], stiffness=40.0, damping=1.0)
+        _visual_cylinder(cap, f"button{i}_cap", 0.025, 0.008, (0, 0, 0), grey, mass=0.02)
 
     # Drawer cabinet: opening faces -y (towards the camera); the drawer slides out along -y.
     wood = (0.55, 0.38, 0.22, 1.0)
-    cab = wb.add_body(name="cabinet", mocap=True, pos=[0, 0.33, 0])
+    cab = _placed_body(wb, "cabinet", "x", (0, CABINET_Y, 0))
     for gname, half, pos in (
         ("cab_top", (0.1, 0.08, 0.01), (0, 0, 0.11)),
-        ("cab_left", (0.01, 0.08, 0.05), (-0.09, 0, 0.05)),
-        ("cab_right", (0.01, 0.08, 0.05), (0.09, 0, 0.05)),
-        ("cab_back", (0.08, 0.01, 0.05), (0, 0.07, 0.05)),
+        ("cab_left", (0.01, 0.08, 0.049), (-0.09, 0, 0.051)),
+        ("cab_right", (0.01, 0.08, 0.049), (0.09, 0, 0.051)),
+        ("cab_back", (0.08, 0.01, 0.049), (0, 0.07, 0.051)),
     ):
         _box(cab, gname, half, pos, wood)
     drawer = cab.add_body(name="drawer", pos=[0, 0, 0])
@@ -220,7 +244,6 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
     for sx in (-0.035, 0.035):
         _box(drawer, f"handle_post{'l' if sx < 0 else 'r'}", (0.005, 0.02, 0.005),
              (sx, HANDLE_OFFSET[1] + 0.02, HANDLE_OFFSET[2]), dark, mass=0.005)
-    spec.add_exclude(bodyname1="cabinet", bodyname2="drawer")
 
     # Actuators: position servos on the slides (targets = joint positions) and the fingers.
     for axis, rng in zip("xyz", ARM_RANGE):
@@ -255,12 +278,12 @@ def build_model(config: SceneConfig | None = None) -> tuple[mujoco.MjModel, Scen
         finger_qpos=np.array([qadr("finger_left"), qadr("finger_right")]),
         object_qpos=np.array([qadr(n) for n in OBJECT_NAMES]),
         button_qpos=np.array([qadr(f"button{i}") for i in range(NUM_BUTTONS)]),
+        button_place_qpos=np.array([[qadr(f"button{i}_place_{a}") for a in "xy"] for i in range(NUM_BUTTONS)]),
+        cabinet_place_qpos=qadr("cabinet_place_x"),
         drawer_qpos=qadr("drawer"),
         arm_qvel=np.array([vadr(f"arm_{a}") for a in "xyz"]),
         finger_qvel=np.array([vadr("finger_left"), vadr("finger_right")]),
         pad_mocap=np.array([mocap(f"pad{i}") for i in range(NUM_PADS)]),
-        button_mocap=np.array([mocap(f"button{i}") for i in range(NUM_BUTTONS)]),
-        drawer_mocap=mocap("cabinet"),
         colour_geoms=np.array([model.geom(n).id for n in colour_geoms]),
         qpos0=model.qpos0.copy(),
     )

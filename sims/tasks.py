@@ -198,10 +198,10 @@ def sample_episode(rng: np.random.Generator, task_names: tuple[str, ...], which:
     for i, adr in enumerate(layout.object_qpos):
         qpos[adr:adr + 3] = (*cells[i], z_rest[i])
         qpos[adr + 3:adr + 7] = (1.0, 0.0, 0.0, 0.0)
+    qpos[layout.button_place_qpos] = cells[BUTTON0:HANDLE]
+    qpos[layout.cabinet_place_qpos] = rng.uniform(-0.12, 0.12)
     mocap_pos = np.zeros((nmocap, 3))
     mocap_pos[layout.pad_mocap, :2] = cells[NUM_OBJECTS:PAD0 + S.NUM_PADS]
-    mocap_pos[layout.button_mocap, :2] = cells[BUTTON0:HANDLE]
-    mocap_pos[layout.drawer_mocap] = (rng.uniform(-0.12, 0.12), 0.33, 0.0)
     return Episode(task_idx, a, b, colours, text, qpos, mocap_pos)
 
 
@@ -209,12 +209,11 @@ def entity_positions(xp: Any, qpos, mocap_pos, layout: S.SceneLayout):
     """Positions of the task entities, [N, NUM_ENTITIES, 3], from qpos [N, nq] and mocap_pos."""
     objects = qpos[:, layout.object_qpos[:, None] + np.arange(3)]
     pads = mocap_pos[:, layout.pad_mocap]
-    caps = mocap_pos[:, layout.button_mocap] + xp.stack(
-        [xp.zeros_like(qpos[:, layout.button_qpos]), xp.zeros_like(qpos[:, layout.button_qpos]),
-         CAP_TOP + qpos[:, layout.button_qpos]], axis=-1)
-    handle = mocap_pos[:, layout.drawer_mocap] + xp.asarray(S.HANDLE_OFFSET) + xp.stack(
-        [xp.zeros_like(qpos[:, layout.drawer_qpos]), -qpos[:, layout.drawer_qpos],
-         xp.zeros_like(qpos[:, layout.drawer_qpos])], axis=-1)
+    caps = xp.concatenate([qpos[:, layout.button_place_qpos], CAP_TOP + qpos[:, layout.button_qpos, None]],
+                          axis=-1)
+    drawer = qpos[:, layout.drawer_qpos]
+    handle = xp.asarray(S.HANDLE_OFFSET + np.array([0.0, S.CABINET_Y, 0.0])) + xp.stack(
+        [qpos[:, layout.cabinet_place_qpos], -drawer, xp.zeros_like(drawer)], axis=-1)
     return xp.concatenate([objects, pads, caps, handle[:, None]], axis=1)
 
 

@@ -98,6 +98,10 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self._instruction_index = {s: i for i, s in enumerate(self.instructions)}
         self._backend = make_backend(config.backend, self.model, self.num_envs, config.frame_skip,
                                      config.num_threads)
+        xp = self._backend.xp
+        self._evaluate = self._backend.compile(
+            lambda qpos, qvel, mocap, task, a, b: T.evaluate(xp, qpos, qvel, mocap, task, a, b,
+                                                             self.task_names, self.layout))
         self._renderer = None
         if config.render is not None:
             from sims.render import BatchRenderer
@@ -156,22 +160,24 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self._backend.set_state(ids, qpos, mocap, ctrl)
 
     def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Observation, reward and success of environments ``ids`` (None: all) at the current state."""
+        """Observation, reward and success of environments ``ids`` (None: all) at the current state.
+
+        The task code runs on every environment (one compiled shape for jitted backends).
+        """
         xp, b = self._backend.xp, self._backend
+        out = self._evaluate(b.qpos, b.qvel, b.mocap_pos, xp.asarray(self._task), xp.asarray(self._a),
+                             xp.asarray(self._b))
         sel = slice(None) if ids is None else ids
-        qpos, qvel, mocap = b.qpos[sel], b.qvel[sel], b.mocap_pos[sel]
-        out = T.evaluate(xp, qpos, qvel, mocap, xp.asarray(self._task[sel]), xp.asarray(self._a[sel]),
-                         xp.asarray(self._b[sel]), self.task_names, self.layout)
         obs = {
-            "proprio": np.asarray(out["proprio"]),
-            "state": np.asarray(out["state"]),
+            "proprio": np.asarray(out["proprio"])[sel],
+            "state": np.asarray(out["state"])[sel],
             "instruction": self._instruction[sel].copy(),
             "task": self._task[sel].copy(),
         }
         if self._renderer is not None:
-            obs.update(self._renderer.render(np.asarray(qpos), np.asarray(mocap),
-                                             T.PALETTE_RGBA[self._colours[sel]], self.layout))
-        return obs, np.asarray(out["reward"]), np.asarray(out["success"])
+            qpos, mocap = np.asarray(b.qpos)[sel], np.asarray(b.mocap_pos)[sel]
+            obs.update(self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours[sel]], self.layout))
+        return obs, np.asarray(out["reward"])[sel], np.asarray(out["success"])[sel]
 
     # ----------------------------------------------------------------------------- core
     def _check_action(self, action: Any) -> np.ndarray:
