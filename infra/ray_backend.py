@@ -25,8 +25,9 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from infra.placement import Placement
+from infra.requests import GangRequest
 from infra.resources import MILLI, Node
-from infra.scheduler import Scheduler
+from infra.scheduler import PreemptCallback, Scheduler
 
 NODE_MARK = 0.001
 """Amount of ``sched_node_<name>`` each bundle takes (the node holds 1000 of it)."""
@@ -80,6 +81,30 @@ class RayBackend:
         self._placements: dict[str, Placement] = {}
         self._specs: dict[tuple[str, int], _ActorSpec] = {}
         self._actors: dict[tuple[str, int], Any] = {}
+
+    def submit(self, req: GangRequest, on_preempt: PreemptCallback | None = None) -> Placement | None:
+        """``Scheduler.submit`` whose preemptions also stop the victims' Ray actors.
+
+        A victim's ``on_preempt`` runs first (its actors still live, so it can checkpoint), then its
+        actors and placement group go; its actors restart when ``restart(gang)`` is called after
+        it is placed again.
+        """
+
+        def evict(gang: str, reason: str) -> None:
+            if on_preempt is not None:
+                on_preempt(gang, reason)
+            self._drop(gang)
+
+        return self.scheduler.submit(req, on_preempt=evict)
+
+    def restart(self, gang: str) -> Placement | None:
+        """Start again the recorded actors of ``gang`` if it runs (after a preemption); its placement."""
+        placement = self.scheduler.placement(gang)
+        if placement is not None and gang not in self._groups:
+            self.realize(placement)
+            for key in [k for k in self._specs if k[0] == gang]:
+                self._launch(*key)
+        return placement
 
     def bundle_resources(self, placement: Placement) -> list[dict[str, float]]:
         """Ray bundles of a placement: CPU, the node mark and the chosen GPUs."""

@@ -42,30 +42,38 @@ def _node_ids(ray_nodes):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_actors_run_on_the_chosen_node_and_gpus_and_move_when_the_node_is_lost(ray_cluster):
+def test_actors_follow_the_plan_through_node_loss_and_preemption(ray_cluster):
     cluster, rc, ray_nodes = ray_cluster
     ids = _node_ids(ray_nodes)
-    sched = Scheduler(cluster, policy="bestfit")
-    backend = RayBackend(sched, timeout_s=60)
+    backend = RayBackend(Scheduler(cluster, policy="bestfit"), timeout_s=60)
+    told = []
     # A policy server and its renderer on the same node, one whole GPU and a fraction of another.
     req = GangRequest(
         "job", (Bundle(500, 256, gpus=1), Bundle(500, 256, gpu_fraction=300)), constraints=(SameNode((0, 1)),)
     )
-    p = sched.submit(req)
+    p = backend.submit(req, on_preempt=lambda gang, why: told.append(why))
     server = backend.start_actor(p, 0, Probe)
     renderer = backend.start_actor(p, 1, Probe)
     a = {x.bundle: x for x in p.assignments}
-    node_id, cuda = ray.get(server.where.remote(), timeout=60)
-    assert node_id == ids[a[0].node] and cuda == ",".join(map(str, a[0].gpus))
-    node_id2, cuda2 = ray.get(renderer.where.remote(), timeout=60)
-    assert node_id2 == ids[a[1].node] and cuda2 == str(a[1].gpus[0])
+    assert ray.get(server.where.remote(), timeout=60) == (ids[a[0].node], ",".join(map(str, a[0].gpus)))
+    assert ray.get(renderer.where.remote(), timeout=60) == (ids[a[1].node], str(a[1].gpus[0]))
 
+    # The node dies under the gang: the scheduler moves it, the backend restarts its actors there.
     lost = a[0].node
     rc.remove_node(ray_nodes[lost])
-    moved = backend.remove_node(lost)
-    q = moved["job"]
-    assert q is not None and q.nodes() == {"w1" if lost == "w0" else "w0"}
-    new_id, _ = ray.get(backend.actor("job", 0).where.remote(), timeout=60)
-    assert new_id == ids[next(iter(q.nodes()))]
+    q = backend.remove_node(lost)["job"]
+    other = "w1" if lost == "w0" else "w0"
+    assert q is not None and q.nodes() == {other} and "lost" in told[-1]
+    assert ray.get(backend.actor("job", 0).where.remote(), timeout=60)[0] == ids[other]
+
+    # A higher-priority gang takes both GPUs of the last node: the job is told, then stopped.
+    old = backend.actor("job", 0)
+    assert backend.submit(GangRequest("urgent", (Bundle(500, 256, gpus=2),), priority=5)) is not None
+    assert "preempted" in told[-1] and backend.scheduler.queue == ["job"]
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(old.where.remote(), timeout=60)
+    backend.release("urgent")
+    assert backend.restart("job") is not None
+    assert ray.get(backend.actor("job", 0).where.remote(), timeout=60)[0] == ids[other]
     backend.release("job")
-    assert sched.placements == {}
+    assert backend.scheduler.placements == {}
