@@ -36,6 +36,9 @@ class EnvConfig:
         backend: ``"batch"`` (mujoco.batch, CPU threads), ``"mjx"`` or ``"mjx-warp"``.
         group_size: consecutive groups of this many environments share every episode's initial
             state (layout, colours, instruction), as GRPO needs; 1 for independent environments.
+        env_offset: global index of this set's first environment, when a fleet of shards splits
+            one large set: environment i draws its episodes as environment ``env_offset + i`` would,
+            so the shards together equal one set of the same total size.
         num_threads: physics threads for the batch backend (None: all CPUs).
         frame_skip: physics substeps per control step (timestep 5 ms).
         max_delta: largest gripper move per control step, metres.
@@ -49,6 +52,7 @@ class EnvConfig:
     render: RenderConfig | None = None
     backend: str = "batch"
     group_size: int = 1
+    env_offset: int = 0
     num_threads: int | None = None
     frame_skip: int = 8
     max_delta: float = 0.03
@@ -67,8 +71,11 @@ class EnvConfig:
             raise ValueError(f"backend={self.backend!r}; valid backends: batch, mjx, mjx-warp")
         if self.num_envs < 1:
             raise ValueError(f"num_envs={self.num_envs}; it must be at least 1")
-        if self.group_size < 1 or self.num_envs % self.group_size:
-            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs}")
+        if self.group_size < 1 or self.num_envs % self.group_size or self.env_offset % self.group_size:
+            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs} "
+                             f"and env_offset={self.env_offset}")
+        if self.env_offset < 0:
+            raise ValueError(f"env_offset={self.env_offset}; it must be >= 0")
         if self.frame_skip < 1 or self.max_delta <= 0:
             raise ValueError(f"frame_skip={self.frame_skip} and max_delta={self.max_delta} must be positive")
         return task_names
@@ -145,7 +152,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         qpos = np.empty((len(ids), nq))
         mocap = np.empty((len(ids), nmocap, 3))
         for k, i in enumerate(ids):
-            group = i // self.config.group_size
+            group = (self.config.env_offset + i) // self.config.group_size
             rng = np.random.default_rng([self._seed, group, int(self._episode[i])])
             ep = T.sample_episode(rng, self.task_names, self.config.instructions, self.layout, nmocap)
             self._task[i], self._a[i], self._b[i] = ep.task, ep.a, ep.b

@@ -179,3 +179,11 @@ def test_gymnasium_single_env_passes_check_env(task: str) -> None:
     obs, _ = env.reset(seed=3)
     assert env.observation_space.contains(obs)
     env.close()
+
+
+def test_shards_with_env_offset_equal_one_large_set() -> None:
+    whole = make_vec_env("suite", 8, seed=4, num_threads=1, group_size=2).reset_arrays()
+    for offset in (0, 4):
+        part = make_vec_env("suite", 4, seed=4, num_threads=1, group_size=2, env_offset=offset).reset_arrays()
+        for key in ("state", "instruction", "task"):
+            np.testing.assert_array_equal(part[key], whole[key][offset:offset + 4])
