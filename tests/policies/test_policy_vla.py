@@ -159,3 +159,19 @@ def test_language_conditions_vision_in_supervised_pointing() -> None:
     assert chance < 0.5
     assert train_acc > chance + 0.4, (train_acc, chance)
     assert heldout_acc > chance + 0.3, (heldout_acc, chance)
+
+
+def test_checkpoint_round_trip_restores_outputs_after_set_instructions() -> None:
+    torch.manual_seed(0)
+    policy = _policy()
+    obs = _obs(n=64)
+    policy.update_normalization(obs)
+    assert policy.proprio_norm.count.item() == 64
+    restored = VLAPolicy(policy.cfg, SPEC, 3, sentences=_fake_sentences())
+    restored.load_state_dict(policy.state_dict())
+    restored.set_instructions(INSTRUCTIONS)
+    assert torch.equal(restored.proprio_norm.mean, policy.proprio_norm.mean)
+    assert torch.equal(
+        restored.act(obs, deterministic=True)["action"], policy.act(obs, deterministic=True)["action"]
+    )
+    assert torch.equal(restored.value(obs), policy.value(obs))
