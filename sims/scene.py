@@ -95,7 +95,7 @@ class SceneConfig:
             of round primitives); off gives MuJoCo's defaults, for the benchmark's baseline.
     """
 
-    timestep: float = 0.005
+    timestep: float = 0.01
     fast_visual: bool = True
 
 

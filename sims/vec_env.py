@@ -40,7 +40,7 @@ class EnvConfig:
             one large set: environment i draws its episodes as environment ``env_offset + i`` would,
             so the shards together equal one set of the same total size.
         num_threads: physics threads for the batch backend (None: all CPUs).
-        frame_skip: physics substeps per control step (timestep 5 ms).
+        frame_skip: physics substeps per control step (timestep 10 ms: 40 ms per step).
         max_delta: largest gripper move per control step, metres.
         terminate_on_success: end an episode (``terminated``) at its first success.
     """
@@ -54,7 +54,7 @@ class EnvConfig:
     group_size: int = 1
     env_offset: int = 0
     num_threads: int | None = None
-    frame_skip: int = 8
+    frame_skip: int = 4
     max_delta: float = 0.03
     terminate_on_success: bool = True
 

@@ -1,0 +1,248 @@
+"""Simulator and renderer throughput, side by side in one run (DESIGN.md benchmark contract).
+
+    python scripts/bench_sims.py --json runs/bench_sims.json
+
+Figures (``results`` keys name the figure and unit):
+
+- ``full_step_steps_per_s``: SimVectorEnv.step with state observations (physics, observations,
+  reward, autoresets), N environments; ``raw_physics_steps_per_s``: ``mujoco.batch`` stepping the
+  same model with the same substeps and threads, nothing else; their ratio;
+- ``gym_async_steps_per_s``: gymnasium's ``AsyncVectorEnv`` over single-environment copies of the
+  same task (one process each) and the ratio of the full step to it;
+- ``render_frames_per_s``: 64x64 RGB, one camera, through the batched renderer;
+  ``default_renderer_frames_per_s``: ``mujoco.Renderer`` with MuJoCo's default visual settings
+  on the same scene, one frame at a time; their ratio; a sweep over GL contexts and
+  ``LP_NUM_THREADS`` (each setting in a fresh process: Mesa reads it once);
+- ``full_step_render_steps_per_s``: the full step with 64x64 RGB observations;
+- ``mjx_cpu_steps_per_s`` and ``mjx_cpu_compile_s``: the MJX backend on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+import sims
+from sims import tasks as T
+from sims.render import BatchRenderer, RenderConfig
+from sims.scene import SceneConfig, build_model
+from sims.vec_env import ACTION_DIM, EnvConfig, make_vec_env
+
+
+def machine() -> dict:
+    """Cores, CPU model, GPU (none here) and package versions."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": cpu,
+        "gpu": None,
+        "load_average_1m_at_start": os.getloadavg()[0],
+        "python": platform.python_version(),
+        "packages": {p: version(p) for p in ("mujoco", "numpy", "gymnasium", "jax", "torch", "tensordict")},
+    }
+
+
+def timed(fn, seconds: float, min_calls: int = 3) -> float:
+    """Calls per second of ``fn`` over about ``seconds`` (after one warm-up call)."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return calls / (time.perf_counter() - start)
+
+
+def bench_full_and_raw(task: str, n: int, threads: int, seconds: float) -> dict:
+    env = make_vec_env(task, n, seed=0, num_threads=threads)
+    env.reset()
+    rng = np.random.default_rng(0)
+    actions = [rng.uniform(-1, 1, (n, ACTION_DIM)).astype(np.float32) for _ in range(16)]
+    k = iter(range(1 << 60))
+    full = timed(lambda: env.step(actions[next(k) % 16]), seconds) * n
+    batch = mujoco.batch.Batch(env.model, n, nthread=threads)
+    batch.qpos = env._backend.qpos.copy()
+    batch.mocap_pos = env._backend.mocap_pos.copy()
+    ctrl = batch.bind("ctrl")
+    ctrl[:] = env._backend.batch.bind("ctrl")
+
+    def raw() -> None:
+        ctrl[:] = ctrl  # the same control write the env does, then the same substeps
+        batch.step(nstep=env.config.frame_skip)
+
+    raw_rate = timed(raw, seconds) * n
+    return {"full_step_steps_per_s": full, "raw_physics_steps_per_s": raw_rate,
+            "ratio_full_step_vs_raw_physics": full / raw_rate}
+
+
+def bench_gym_async(task: str, copies: int, seconds: float) -> float:
+    """Steps/s of gymnasium's AsyncVectorEnv over ``copies`` single-env processes."""
+    vec = gym.vector.AsyncVectorEnv([lambda: gym.make(sims.gym_id(task)) for _ in range(copies)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        vec.reset(seed=0)
+        rng = np.random.default_rng(0)
+        rate = timed(lambda: vec.step(rng.uniform(-1, 1, (copies, ACTION_DIM)).astype(np.float32)), seconds)
+    finally:
+        vec.close()
+    return rate * copies
+
+
+def scene_states(n: int):
+    """n random episode states of the suite, for rendering."""
+    env = make_vec_env("suite", n, seed=0, num_threads=1)
+    env.reset()
+    return env, (env._backend.qpos.copy(), env._backend.mocap_pos.copy(), T.PALETTE_RGBA[env._colours])
+
+
+def bench_render(n: int, contexts: int, seconds: float) -> float:
+    env, (qpos, mocap, rgba) = scene_states(n)
+    renderer = BatchRenderer(env.model, RenderConfig(num_contexts=contexts))
+    try:
+        return timed(lambda: renderer.render(qpos, mocap, rgba, env.layout), seconds) * n
+    finally:
+        renderer.close()
+
+
+def bench_default_renderer(n: int, seconds: float) -> float:
+    """mujoco.Renderer, MuJoCo's default visual settings, 64x64, one frame per call."""
+    env, (qpos, mocap, rgba) = scene_states(n)
+    model, _ = build_model(SceneConfig(fast_visual=False))
+    data = mujoco.MjData(model)
+    renderer = mujoco.Renderer(model, 64, 64)
+    frames = 0
+
+    def one_pass() -> None:
+        nonlocal frames
+        for i in range(n):
+            data.qpos[:], data.mocap_pos[:] = qpos[i], mocap[i]
+            model.geom_rgba[env.layout.colour_geoms] = rgba[i]
+            mujoco.mj_kinematics(model, data)
+            mujoco.mj_camlight(model, data)
+            renderer.update_scene(data, "front")
+            renderer.render()
+        frames += n
+
+    try:
+        return timed(one_pass, seconds, min_calls=1) * n
+    finally:
+        renderer.close()
+
+
+def bench_full_render(task: str, n: int, threads: int, seconds: float) -> float:
+    env = make_vec_env(task, n, seed=0, num_threads=threads, render=True)
+    env.reset()
+    rng = np.random.default_rng(0)
+    try:
+        return timed(lambda: env.step(rng.uniform(-1, 1, (n, ACTION_DIM)).astype(np.float32)), seconds) * n
+    finally:
+        env.close()
+
+
+def bench_mjx(task: str, n: int, seconds: float) -> dict:
+    start = time.perf_counter()
+    env = make_vec_env(task, n, seed=0, backend="mjx")
+    env.reset()
+    zero = np.zeros((n, ACTION_DIM), np.float32)
+    env.step(zero)
+    compile_s = time.perf_counter() - start
+    rate = timed(lambda: env.step(zero), seconds) * n
+    return {"mjx_cpu_steps_per_s": rate, "mjx_cpu_compile_s": compile_s, "mjx_cpu_num_envs": n}
+
+
+def render_sweep(n: int, seconds: float) -> dict:
+    """Render frames/s per (GL contexts, LP_NUM_THREADS), each in a fresh process."""
+    out = {}
+    for lp in ("0", "1", "2"):
+        for contexts in (1, 2):
+            env = {**os.environ, "LP_NUM_THREADS": lp, "MUJOCO_GL": "egl"}
+            cmd = [sys.executable, __file__, "--render-only", str(contexts), "--envs", str(n),
+                   "--seconds", str(seconds)]
+            result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=True)
+            out[f"contexts_{contexts}_lp_{lp}"] = float(result.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, help="write the figures here (atomically)")
+    parser.add_argument("--task", default="reach", choices=[*sims.TASK_NAMES, "suite"])
+    parser.add_argument("--envs", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seconds", type=float, default=3.0, help="timing window per figure")
+    parser.add_argument("--gym-copies", type=int, default=8, help="AsyncVectorEnv processes")
+    parser.add_argument("--mjx-envs", type=int, default=64)
+    parser.add_argument("--skip-mjx", action="store_true")
+    parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--render-only", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.render_only:
+        print(bench_render(args.envs, args.render_only, args.seconds))
+        return
+
+    console = Console()
+    host = machine()
+    results: dict = {}
+    with console.status("full step vs raw mujoco.batch physics"):
+        results.update(bench_full_and_raw(args.task, args.envs, args.threads, args.seconds))
+    with console.status(f"gymnasium AsyncVectorEnv, {args.gym_copies} processes"):
+        results["gym_async_steps_per_s"] = bench_gym_async(args.task, args.gym_copies, args.seconds)
+    results["ratio_full_step_vs_gym_async"] = results["full_step_steps_per_s"] / results["gym_async_steps_per_s"]
+    with console.status("batched renderer, 64x64 RGB, one camera"):
+        results["render_frames_per_s"] = bench_render(args.envs, args.threads, args.seconds)
+    with console.status("mujoco.Renderer with default settings"):
+        results["default_renderer_frames_per_s"] = bench_default_renderer(32, args.seconds)
+    results["ratio_render_vs_default_renderer"] = (results["render_frames_per_s"]
+                                                   / results["default_renderer_frames_per_s"])
+    with console.status("full step with 64x64 RGB observations"):
+        results["full_step_render_steps_per_s"] = bench_full_render(args.task, args.envs, args.threads,
+                                                                    args.seconds)
+    if not args.skip_sweep:
+        with console.status("render sweep: GL contexts x LP_NUM_THREADS"):
+            results["render_frames_per_s_sweep"] = render_sweep(args.envs, args.seconds)
+    if not args.skip_mjx:
+        with console.status("MJX on the CPU (includes XLA compilation)"):
+            results.update(bench_mjx(args.task, args.mjx_envs, args.seconds))
+
+    table = Table(title=f"sims benchmark: {args.task}, {args.envs} envs, {args.threads} threads")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in results.items():
+        shown = json.dumps({k: round(v) for k, v in value.items()}) if isinstance(value, dict) else f"{value:,.2f}"
+        table.add_row(key, shown)
+    console.print(table)
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "render_only")}
+        config["frame_skip"] = EnvConfig().frame_skip
+        report = {"machine": host, "config": config, "results": results}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        tmp.replace(args.json)
+        console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
