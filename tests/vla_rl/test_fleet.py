@@ -14,7 +14,7 @@ from infra.scheduler import PinGPUs, SameGPU, SameNode
 from vla_rl.config import ConfigError, build_config
 from vla_rl.envs import make_env
 from vla_rl.fleet.config import resolved_placement
-from vla_rl.fleet.inference import InferenceCore, Request, RequestsCancelled
+from vla_rl.fleet.inference import InferenceCore, Request, RequestsCancelled, from_wire, to_wire
 from vla_rl.fleet.placement import PlacementError, job_request, place_job
 from vla_rl.fleet.worker import RolloutWorker
 from vla_rl.rollout import Timer, collect_steps
@@ -137,7 +137,7 @@ def test_server_batches_in_key_order_with_the_trainers_randomness():
 
     async def serve():
         core = InferenceCore(None, max_batch=7, timeout_s=None)
-        tasks = [asyncio.ensure_future(core.infer(Request(k, o, min_version=3))) for k, o in parts.items()]
+        tasks = [asyncio.ensure_future(core.infer(Request(k, to_wire(o), min_version=3))) for k, o in parts.items()]
         await asyncio.sleep(0)
         assert not any(t.done() for t in tasks)  # no weights yet: everything waits
         core.set_weights(policy.state_dict(), 3, rng_state=rng, module=copy.deepcopy(policy))
@@ -149,7 +149,7 @@ def test_server_batches_in_key_order_with_the_trainers_randomness():
     torch.set_rng_state(rng)
     with torch.no_grad():
         expected = policy.act(torch.cat([parts[(0, 0)], parts[(0, 1)], parts[(1, 0)]]))
-    got = torch.cat([replies[k].action for k in [(0, 0), (0, 1), (1, 0)]])
+    got = torch.cat([torch.from_numpy(replies[k].action) for k in [(0, 0), (0, 1), (1, 0)]])
     assert torch.equal(got, expected["action"])
     assert {r.version for r in replies.values()} == {3}
 
@@ -161,8 +161,8 @@ def test_server_timeout_serves_partial_batches_and_cancel_fails_waiters():
     async def serve():
         core = InferenceCore(copy.deepcopy(policy), max_batch=100, timeout_s=0.01)
         core.set_weights(policy.state_dict(), 1)
-        reply = await asyncio.wait_for(core.infer(Request((0, 0), _obs(2), _obs(1), value_only=True)), 5)
-        waiting = asyncio.ensure_future(core.infer(Request((0, 0), _obs(2), min_version=9)))
+        reply = await asyncio.wait_for(core.infer(Request((0, 0), to_wire(_obs(2)), to_wire(_obs(1)), value_only=True)), 5)
+        waiting = asyncio.ensure_future(core.infer(Request((0, 0), to_wire(_obs(2)), min_version=9)))
         await asyncio.sleep(0.05)
         assert core.cancel_pending() == 1
         with pytest.raises(RequestsCancelled):
@@ -174,7 +174,7 @@ def test_server_timeout_serves_partial_batches_and_cancel_fails_waiters():
     reply = asyncio.run(serve())
     assert reply.action is None and reply.value.shape == (2,) and reply.bootstrap_value.shape == (1,)
     with torch.no_grad():
-        assert torch.equal(reply.value, policy.value(_obs(2)))
+        assert torch.equal(torch.from_numpy(reply.value), policy.value(_obs(2)))
 
 
 # ---------------------------------------------------------------------------------------- shard
@@ -200,7 +200,8 @@ def test_shard_rollout_equals_the_in_process_collection():
     core.set_weights(policy.state_dict(), 2, rng_state=rng)
     worker = RolloutWorker(cfg.env, 0, 0, 4, 1, cfg.seed, _LocalServer(core))
     worker.reset(cfg.seed)
-    batch, seconds = worker.rollout(16, min_version=2)
+    wire, seconds = worker.rollout(16, min_version=2)
+    batch = from_wire(wire, batch_dims=2)
     assert expected["truncated"].any(), "the test should cover bootstrapping at truncation"
     for key, value in expected.items(include_nested=True, leaves_only=True):
         assert torch.equal(batch[key], value), key

@@ -102,7 +102,7 @@ def colocated(ray_session, tmp_path_factory):
         collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
         obs = collector.reset(cfg.seed)
         torch.manual_seed(0)
-        yield fleet, collector, policies.make_policy(cfg.policy, obs, 1)
+        yield fleet, collector, policies.make_policy(cfg.policy, obs, 1), cfg
     finally:
         fleet.close()
 
@@ -121,7 +121,7 @@ def _kill_mid_collection(server, victim, batches):
 
 
 def test_killed_shard_iteration_is_recollected_exactly(colocated):
-    fleet, collector, policy = colocated
+    fleet, collector, policy, _ = colocated
     steps = 64
     state, rng = collector.get_state(), torch.get_rng_state()
     reference = collector.collect(policy, steps, Timer())
@@ -142,7 +142,7 @@ def test_killed_shard_iteration_is_recollected_exactly(colocated):
 
 
 def test_inference_server_restart_loses_no_requests(colocated):
-    fleet, collector, policy = colocated
+    fleet, collector, policy, _ = colocated
     steps = 64
     killer = _kill_mid_collection(fleet.server, fleet.server, steps // 4)
     batch = collector.collect(policy, steps, Timer())
@@ -156,26 +156,34 @@ def test_inference_server_restart_loses_no_requests(colocated):
     assert (batch["version"] == collector.version).all(), "a request was answered by stale weights"
 
 
-@pytest.mark.parametrize(
-    ("mode", "sync"),
-    [("disaggregated", "sync"), ("pipelined", "sync"), ("colocated", "async")],
-)
-def test_modes_collect_complete_versioned_batches(ray_session, tmp_path, mode, sync):
-    cfg = _config(tmp_path, mode, mode=mode, sync={"mode": sync}, server={"timeout_ms": 5.0})
-    fleet = start_fleet(cfg, name=f"{mode}-{sync}", scheduler=ray_session)
+def _collect_three(collector, policy):
+    """Three collections; returns their staleness metric (and checks shapes and timings)."""
+    staleness = []
+    for _ in range(3):
+        timer = Timer()
+        batch = collector.collect(policy, 8, timer)
+        staleness.append(collector.metrics()["fleet/staleness"])
+        assert batch.batch_size == torch.Size([8, 4])
+        assert timer.seconds["simulate"] > 0 and timer.seconds["infer"] > 0
+    return staleness
+
+
+def test_async_collection_runs_one_version_behind(colocated):
+    fleet, _, policy, cfg = colocated
+    cfg.fleet.sync.mode = "async"  # the fixture's fleet, a collector in asynchronous mode
+    collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
+    collector.reset(cfg.seed)
+    assert _collect_three(collector, policy) == [0.0, 1.0, 1.0]
+    collector.get_state()  # waits for the rollout in flight, leaving the shards idle
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "pipelined"])
+def test_modes_collect_complete_versioned_batches(ray_session, tmp_path, mode):
+    cfg = _config(tmp_path, mode, mode=mode, server={"timeout_ms": 5.0})
+    fleet = start_fleet(cfg, name=mode, scheduler=ray_session)
     try:
         collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
-        obs = collector.reset(cfg.seed)
-        policy = policies.make_policy(cfg.policy, obs, 1)
-        staleness = []
-        for _ in range(3):
-            timer = Timer()
-            batch = collector.collect(policy, 8, timer)
-            staleness.append(collector.metrics()["fleet/staleness"])
-            assert batch.batch_size == torch.Size([8, 4])
-            assert timer.seconds["simulate"] > 0 and timer.seconds["infer"] > 0
-        expected = [0.0, 1.0, 1.0] if sync == "async" else [0.0, 0.0, 0.0]
-        assert staleness == expected
-        collector.close()
+        policy = policies.make_policy(cfg.policy, collector.reset(cfg.seed), 1)
+        assert _collect_three(collector, policy) == [0.0, 0.0, 0.0]
     finally:
         fleet.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from vla_rl.fleet.config import FleetConfig
+from vla_rl.fleet.inference import from_wire
 from vla_rl.rollout import Timer
 
 POLL_S = 0.5
@@ -116,14 +118,14 @@ class FleetCollector:
         return {"shards": self._get([w.get_state.remote() for w in self.workers]), "version": self.version}
 
     def set_state(self, state: dict[str, Any], reset_seed: int) -> None:
-        """Restore :meth:`get_state`'s result (``reset_seed`` is unused: shards always snapshot)."""
+        """Restore :meth:`get_state`'s result; environments that could not snapshot are reset with ``reset_seed``."""
         self._drain_inflight()
         if len(state["shards"]) != len(self.workers):
             raise ValueError(
                 f"the checkpoint holds {len(state['shards'])} shards but fleet.shards={len(self.workers)}; "
                 "resume with the run's original fleet.shards"
             )
-        self._get([w.set_state.remote(s) for w, s in zip(self.workers, state["shards"])])
+        self._restore(state["shards"], reset_seed)
         self.version = max(self.version, int(state["version"]))
 
     def metrics(self) -> dict[str, float]:
@@ -177,7 +179,7 @@ class FleetCollector:
             if pending:
                 self._heal_server(policy, rng)
         results = ray.get(refs)
-        batch = torch.cat([r[0] for r in results], dim=1)
+        batch = torch.cat([from_wire(r[0], batch_dims=2) for r in results], dim=1)
         seconds: dict[str, float] = {}
         for _, shard_seconds in results:
             for key, value in shard_seconds.items():
@@ -202,10 +204,20 @@ class FleetCollector:
             with contextlib.suppress(RayActorError, RayTaskError):
                 self._get(ref)  # the dead shard, and the others whose requests were just cancelled
         self._await_shards()
-        self._get([w.set_state.remote(s) for w, s in zip(self.workers, attempt.snapshot)])
+        self._restore(attempt.snapshot, reset_seed=1_000_003 * self.version + self.restarts["shard"])
         self._get(self.server.cancel_pending.remote())
         if rng is not None:
             self._push(policy, rng)  # the server's sampling restarts from the iteration's RNG state
+
+    def _restore(self, states: list[Any], reset_seed: int) -> None:
+        """Put every shard back into ``states``; warn when some environments had to be reset instead."""
+        exact = self._get([w.set_state.remote(s, reset_seed) for w, s in zip(self.workers, states)])
+        if not all(exact):
+            warnings.warn(
+                "some shard environments cannot snapshot their state and were reset instead: the continuation "
+                "is complete but not identical to an uninterrupted run",
+                stacklevel=3,
+            )
 
     def _await_shards(self) -> None:
         """Wait until every shard answers (a restarting one refuses calls until it is back)."""

@@ -7,6 +7,10 @@ wait for a full batch), orders them by key (shard, stage) and runs the policy on
 concatenation: ``act`` on the observations, ``value`` on the bootstrap observations. Ordered full
 batches make the fleet's forward passes the in-process trainer's, sample for sample.
 
+Observations and replies travel as flat dicts of numpy arrays (:func:`to_wire`/:func:`from_wire`):
+Ray ships numpy arrays zero-copy, while pickling torch tensors or TensorDicts costs about three
+times as much per call (measured: 1.6 ms against 5.6 ms per round trip of a 16-env RGB observation).
+
 Weights arrive with a version (:meth:`InferenceCore.set_weights`); every :class:`Reply` carries
 the version that produced it, and a request waits until the server holds at least its
 ``min_version`` — so a restarted server (which comes back without weights) holds requests until
@@ -22,9 +26,38 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
+
+Wire = dict[str, np.ndarray]
+"""A TensorDict on the wire: its leaves as numpy arrays under dotted keys."""
+
+
+def to_wire(td: TensorDict) -> Wire:
+    """Flatten ``td`` (nested keys joined by dots) into numpy arrays that share its memory."""
+    return {key: value.numpy() for key, value in td.flatten_keys(".").items()}
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array`` (copied if read-only, as arrays Ray delivers from its object store are)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def from_wire(data: Wire, batch_dims: int = 1) -> TensorDict:
+    """The TensorDict of :func:`to_wire`'s output, with ``batch_dims`` leading batch dimensions."""
+    tensors = {k: as_tensor(v) for k, v in data.items()}
+    shape = next(iter(tensors.values())).shape[:batch_dims]
+    return TensorDict(tensors, batch_size=shape).unflatten_keys(".")
+
+
+def _size(data: Wire | None) -> int:
+    return 0 if not data else len(next(iter(data.values())))
+
+
+def _cat(parts: list[Wire]) -> TensorDict:
+    return from_wire({key: np.concatenate([p[key] for p in parts]) for key in parts[0]})
 
 
 class RequestsCancelled(RuntimeError):
@@ -37,22 +70,22 @@ class Request:
 
     Attributes:
         key: ``(shard, stage)``; a batch is ordered by it.
-        obs: observation ``[n]``: actions are sampled for it, or only values when ``value_only``.
+        obs: observation ``[n]`` (:func:`to_wire`): actions are sampled for it, or only values when ``value_only``.
         bootstrap_obs: final observations ``[m]`` of truncated episodes (values only), or ``None``.
         value_only: compute values of ``obs`` instead of acting (the last step of a rollout).
         min_version: answer only with weights of at least this version.
     """
 
     key: tuple[int, int]
-    obs: TensorDict
-    bootstrap_obs: TensorDict | None = None
+    obs: Wire
+    bootstrap_obs: Wire | None = None
     value_only: bool = False
     min_version: int = 0
 
 
 @dataclass
 class Reply:
-    """The answer to a :class:`Request`.
+    """The answer to a :class:`Request` (numpy arrays).
 
     Attributes:
         action: ``[n, (K,) A]`` (``None`` when ``value_only``).
@@ -62,10 +95,10 @@ class Reply:
         version: weights version that produced this reply.
     """
 
-    action: torch.Tensor | None
-    log_prob: torch.Tensor | None
-    value: torch.Tensor
-    bootstrap_value: torch.Tensor
+    action: np.ndarray | None
+    log_prob: np.ndarray | None
+    value: np.ndarray
+    bootstrap_value: np.ndarray
     version: int
 
 
@@ -153,7 +186,7 @@ class InferenceCore:
         """Run full batches now; arm the timeout for a partial one."""
         while True:
             ready = self._ready()
-            envs = sum(p[0].obs.batch_size[0] for p in ready)
+            envs = sum(_size(p[0].obs) for p in ready)
             if not ready or envs < self.max_batch:
                 break
             self._run(self._take(ready))
@@ -176,7 +209,7 @@ class InferenceCore:
         """Up to ``max_batch`` environments of ready requests, in key order (at least one request)."""
         batch, envs = [], 0
         for item in sorted(ready, key=lambda p: p[0].key):
-            n = item[0].obs.batch_size[0]
+            n = _size(item[0].obs)
             if batch and envs + n > self.max_batch:
                 break
             batch.append(item)
@@ -188,32 +221,32 @@ class InferenceCore:
     def _run(self, batch: list[tuple[Request, asyncio.Future, float]]) -> None:
         """One forward pass over the concatenated requests; resolve their futures."""
         start = time.perf_counter()
-        acting = [r for r, _, _ in batch if not r.value_only]
-        valuing = [r for r, _, _ in batch if r.value_only]
-        boot = [r.bootstrap_obs for r, _, _ in batch if r.bootstrap_obs is not None and r.bootstrap_obs.batch_size[0]]
+        acting = [r.obs for r, _, _ in batch if not r.value_only]
+        valuing = [r.obs for r, _, _ in batch if r.value_only]
+        boot = [r.bootstrap_obs for r, _, _ in batch if _size(r.bootstrap_obs)]
         with torch.no_grad():
-            acted = self.policy.act(torch.cat([r.obs for r in acting]).to(self.device)).cpu() if acting else None
-            values = self.policy.value(torch.cat([r.obs for r in valuing]).to(self.device)).cpu() if valuing else None
-            boot_values = self.policy.value(torch.cat(boot).to(self.device)).cpu() if boot else None
+            acted = self.policy.act(_cat(acting).to(self.device)).cpu() if acting else None
+            values = self.policy.value(_cat(valuing).to(self.device)).cpu().numpy() if valuing else None
+            boot_values = self.policy.value(_cat(boot).to(self.device)).cpu().numpy() if boot else None
+        if acted is not None:
+            actions, log_probs, acted_values = (acted[k].numpy() for k in ("action", "log_prob", "value"))
         a = v = b = 0
         for request, future, _ in batch:
-            n = request.obs.batch_size[0]
-            m = 0 if request.bootstrap_obs is None else request.bootstrap_obs.batch_size[0]
-            bootstrap = boot_values[b : b + m] if m else torch.zeros(0)
+            n, m = _size(request.obs), _size(request.bootstrap_obs)
+            bootstrap = boot_values[b : b + m] if m else np.zeros(0, np.float32)
             b += m
             if request.value_only:
                 reply = Reply(None, None, values[v : v + n], bootstrap, self.version)
                 v += n
             else:
-                part = acted[a : a + n]
-                reply = Reply(part["action"], part["log_prob"], part["value"], bootstrap, self.version)
+                reply = Reply(actions[a : a + n], log_probs[a : a + n], acted_values[a : a + n], bootstrap, self.version)
                 a += n
             if not future.done():
                 future.set_result(reply)
         self.counters["infer_s"] += time.perf_counter() - start
         self.counters["batches"] += 1
         self.total_batches += 1
-        self.counters["envs"] += sum(r.obs.batch_size[0] for r, _, _ in batch)
+        self.counters["envs"] += sum(_size(r.obs) for r, _, _ in batch)
 
     @property
     def num_pending(self) -> int:

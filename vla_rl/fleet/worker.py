@@ -22,8 +22,16 @@ from tensordict import TensorDict
 
 from vla_rl.config import EnvConfig
 from vla_rl.envs import make_env
-from vla_rl.fleet.inference import Reply, Request
+from vla_rl.fleet.inference import Reply, Request, Wire, as_tensor, to_wire
 from vla_rl.rollout import Timer, env_step
+
+
+def _env_state(env: Any) -> Any:
+    """The env's snapshot, or ``None`` if it cannot take one."""
+    try:
+        return env.get_state()
+    except (AttributeError, NotImplementedError):
+        return None
 
 
 def _get(ref: Any) -> Reply:
@@ -82,22 +90,35 @@ class RolloutWorker:
         return torch.cat(self.obs)
 
     def get_state(self) -> dict[str, Any]:
-        """Everything that determines the next rollout: each stage's env state and carried observation."""
-        return {"envs": [env.get_state() for env in self.envs], "obs": [o.to_dict() for o in self.obs]}
+        """Everything that determines the next rollout: each stage's env state (``None`` for an env that
+        cannot snapshot) and carried observation."""
+        return {"envs": [_env_state(env) for env in self.envs], "obs": [o.to_dict() for o in self.obs]}
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`get_state` returned (also into a freshly restarted shard)."""
+    def set_state(self, state: dict[str, Any], reset_seed: int) -> bool:
+        """Restore what :meth:`get_state` returned (also into a freshly restarted shard).
+
+        A stage whose env could not snapshot is reset with ``reset_seed`` instead.
+
+        Returns:
+            True if every stage was restored exactly.
+        """
         if any(o is None for o in self.obs):
             self.reset(seed=None)  # environments of a new process must be started before being overwritten
-        for env, env_state in zip(self.envs, state["envs"]):
-            env.set_state(env_state)
-        self.obs = [TensorDict.from_dict(o, batch_size=[env.num_envs]) for o, env in zip(state["obs"], self.envs)]
+        exact = True
+        for s, (env, env_state) in enumerate(zip(self.envs, state["envs"])):
+            if env_state is None:
+                self.obs[s] = env.reset_td(seed=reset_seed)
+                exact = False
+            else:
+                env.set_state(env_state)
+                self.obs[s] = TensorDict.from_dict(state["obs"][s], batch_size=[env.num_envs])
+        return exact
 
     def set_obs(self, obs: TensorDict) -> None:
         """Replace the carried observation ``[n]`` (after a resume whose environments were re-reset)."""
         self.obs = list(torch.split(obs, [env.num_envs for env in self.envs]))
 
-    def rollout(self, steps: int, min_version: int) -> tuple[TensorDict, dict[str, float]]:
+    def rollout(self, steps: int, min_version: int) -> tuple[Wire, dict[str, float]]:
         """Run ``steps`` decisions of every environment with the server's policy.
 
         Args:
@@ -105,7 +126,7 @@ class RolloutWorker:
             min_version: the oldest weights version the server may answer with.
 
         Returns:
-            The ``[T, n]`` batch and this shard's seconds ``simulate``, ``render`` and ``wait``
+            The ``[T, n]`` batch (:func:`~vla_rl.fleet.inference.to_wire`) and this shard's seconds ``simulate``, ``render`` and ``wait``
             (blocked on the server: inference not hidden by simulation, plus transport).
         """
         if any(o is None for o in self.obs):
@@ -119,15 +140,16 @@ class RolloutWorker:
             for s in stages:
                 reply = self._wait(pending[s], timer)
                 self._fill_bootstrap(records[s], truncated_prev[s], reply)
-                step = env_step(self.envs[s], reply.action, timer)
+                action = as_tensor(reply.action)
+                step = env_step(self.envs[s], action, timer)
                 truncated = step["truncated"] & ~step["terminated"]
                 records[s].append(
                     TensorDict(
                         {
                             "obs": self.obs[s],
-                            "action": reply.action,
-                            "log_prob": reply.log_prob,
-                            "value": reply.value,
+                            "action": action,
+                            "log_prob": as_tensor(reply.log_prob),
+                            "value": as_tensor(reply.value),
                             "version": torch.full((self.envs[s].num_envs,), reply.version, dtype=torch.int64),
                             "bootstrap": torch.zeros(self.envs[s].num_envs),
                             "reward": step["reward"],
@@ -149,13 +171,16 @@ class RolloutWorker:
             self._fill_bootstrap(records[s], truncated_prev[s], reply)
             batch = torch.stack(records[s], dim=0)
             # V(s_{t+1}): the next step's value, V(obs_T) after the last one, V(final obs) where truncated.
-            following = torch.cat([batch["value"][1:], reply.value[None]], dim=0)
+            following = torch.cat([batch["value"][1:], as_tensor(reply.value)[None]], dim=0)
             batch["next_value"] = torch.where(batch["truncated"], batch.pop("bootstrap"), following)
             batches.append(batch)
-        return torch.cat(batches, dim=1), dict(timer.seconds)
+        return to_wire(torch.cat(batches, dim=1)), dict(timer.seconds)
 
     def _ask(self, stage: int, bootstrap: TensorDict | None, value_only: bool, min_version: int) -> Any:
-        request = Request((self.shard, stage), self.obs[stage], bootstrap, value_only, min_version)
+        request = Request(
+            (self.shard, stage), to_wire(self.obs[stage]), None if bootstrap is None else to_wire(bootstrap),
+            value_only, min_version,
+        )
         return self.server.infer.remote(request)
 
     @staticmethod
@@ -169,7 +194,7 @@ class RolloutWorker:
     def _fill_bootstrap(records: list[TensorDict], truncated: torch.Tensor | None, reply: Reply) -> None:
         """Write the values of the previous step's truncated final observations into its record."""
         if truncated is not None and truncated.any():
-            records[-1]["bootstrap"][truncated] = reply.bootstrap_value
+            records[-1]["bootstrap"][truncated] = as_tensor(reply.bootstrap_value)
 
     def close(self) -> None:
         """Close the environments."""

@@ -1,0 +1,194 @@
+#!/usr/bin/env python
+"""Throughput of the training job per placement mode: in process, and on a local Ray cluster.
+
+    python scripts/bench_placement.py --json runs/bench_placement.json
+    python scripts/bench_placement.py --iterations 6 env.num_envs=64 --json out.json
+
+Runs the same job (``--config``, default ``configs/default.yaml``, plus ``key=value`` overrides)
+for a few PPO iterations in each mode — ``inprocess`` (no Ray), then ``colocated``,
+``disaggregated`` and ``pipelined`` through ``vla_rl.fleet.run_job`` on one local Ray cluster
+whose logical GPUs are declared by ``fleet.cluster`` (loopback, CPU only) — and reports, from each
+run's metrics.csv without its first (warm-up) iteration, env-steps/s and the seconds per
+iteration spent simulating, rendering, inferring, updating and waiting. ``wait`` is the time shards
+sat blocked on the inference server (inference that simulation did not hide, plus transport), so
+``infer - wait`` is the inference the mode hid behind simulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+from rich.console import Console
+from rich.table import Table
+
+from vla_rl.config import TrainConfig, load_config
+
+MODES = ("inprocess", "colocated", "disaggregated", "pipelined")
+PHASES = ("simulate", "render", "infer", "update", "wait")
+
+
+def machine() -> dict[str, object]:
+    """Cores, CPU model, GPU and package versions of this machine."""
+    import mujoco
+    import ray
+    import torch
+
+    cpu = platform.processor()
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
+        cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cores": os.cpu_count(), "cpu_model": cpu, "gpu": gpu, "python": platform.python_version(),
+        "torch": torch.__version__, "ray": ray.__version__, "mujoco": mujoco.__version__,
+    }
+
+
+def mode_config(args: argparse.Namespace, mode: str, out_dir: Path) -> TrainConfig:
+    """The benchmarked job in ``mode``: no evaluation, no videos, ``--iterations`` iterations."""
+    base = load_config(args.config, args.overrides)
+    steps = args.iterations * base.env.num_envs * base.ppo.rollout_steps
+    fixed = [
+        f"fleet.mode={mode}", f"total_env_steps={steps}", f"out_dir={out_dir}", f"name=bench-{mode}",
+        "eval.every=0", "stop_success=null", "checkpoint_every=1000", "log.wandb=disabled", "log.progress=false",
+        "log.video=false",
+    ]
+    return load_config(args.config, [*args.overrides, *fixed])
+
+
+def run_mode(cfg: TrainConfig) -> list[dict[str, float]]:
+    """Train ``cfg`` (in process or on Ray, by its fleet mode); returns metrics.csv's rows."""
+    if cfg.fleet.mode == "inprocess":
+        from vla_rl.trainer import Trainer
+
+        trainer = Trainer(cfg)
+        try:
+            summary = trainer.train()
+        finally:
+            trainer.close()
+    else:
+        from vla_rl.fleet.job import run_job
+
+        summary = run_job(cfg)
+    with open(summary["metrics"], newline="") as f:
+        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+
+
+def summarize(rows: list[dict[str, float]], warmup: int) -> dict[str, float]:
+    """Env-steps/s and mean seconds per iteration by phase, over the rows after ``warmup``."""
+    kept = rows[warmup:] or rows
+    wall = sum(r["time/iteration"] for r in kept)
+    steps = kept[-1]["env_steps"] - (rows[warmup - 1]["env_steps"] if warmup and len(rows) > warmup else 0.0)
+    out = {"env_steps_per_s": steps / wall, "iteration_s": wall / len(kept), "iterations_measured": float(len(kept))}
+    for phase in PHASES:
+        out[f"{phase}_s_per_iter"] = sum(r.get(f"time/{phase}", 0.0) for r in kept) / len(kept)
+    out["infer_hidden_s_per_iter"] = max(0.0, out["infer_s_per_iter"] - out["wait_s_per_iter"])
+    if any("fleet/batch_envs" in r for r in kept):
+        out["server_batch_envs"] = sum(r.get("fleet/batch_envs", 0.0) for r in kept) / len(kept)
+    return out
+
+
+def ratios(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Ray overhead against in-process, and pipelined against co-located."""
+    out: dict[str, float] = {}
+    sps = {mode: r["env_steps_per_s"] for mode, r in results.items()}
+    if "inprocess" in sps:
+        for mode in MODES[1:]:
+            if mode in sps:
+                out[f"ray_overhead_pct_{mode}"] = 100.0 * (1.0 - sps[mode] / sps["inprocess"])
+    if "pipelined" in sps and "colocated" in sps:
+        out["ratio_pipelined_vs_colocated"] = sps["pipelined"] / sps["colocated"]
+    return out
+
+
+def print_table(results: dict[str, dict[str, float]], extra: dict[str, float]) -> None:
+    """The human summary."""
+    table = Table(title="placement modes: env-steps/s and seconds per iteration")
+    for col in ("mode", "env-steps/s", "iter s", *PHASES, "hidden infer"):
+        table.add_column(col, justify="right")
+    for mode, r in results.items():
+        table.add_row(
+            mode, f"{r['env_steps_per_s']:.0f}", f"{r['iteration_s']:.2f}",
+            *(f"{r[f'{p}_s_per_iter']:.2f}" for p in PHASES), f"{r['infer_hidden_s_per_iter']:.2f}",
+        )
+    console = Console(width=140)
+    console.print(table)
+    for key, value in extra.items():
+        console.print(f"{key}: {value:.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every requested mode, print the table, optionally write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--iterations", type=int, default=5, help="PPO iterations per mode (the first is warm-up)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--json", type=Path, default=None, help="write machine/config/results as JSON")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes has unknown mode(s) {unknown}; valid: {', '.join(MODES)}")
+    if args.iterations < 2:
+        parser.error(f"--iterations={args.iterations}: need at least 2 (the first is warm-up)")
+
+    out_dir = Path(tempfile.mkdtemp(prefix="bench_placement_"))
+    results: dict[str, dict[str, float]] = {}
+    configs = {mode: mode_config(args, mode, out_dir) for mode in modes}
+    console = Console()
+    try:
+        if "inprocess" in configs:
+            console.print("[bold]inprocess[/bold] ...")
+            results["inprocess"] = summarize(run_mode(configs["inprocess"]), warmup=1)
+        ray_modes = [m for m in modes if m != "inprocess"]
+        if ray_modes:
+            from vla_rl.fleet.job import ray_cluster
+
+            with ray_cluster(configs[ray_modes[0]].fleet):
+                for mode in ray_modes:
+                    console.print(f"[bold]{mode}[/bold] on the local Ray cluster ...")
+                    results[mode] = summarize(run_mode(configs[mode]), warmup=1)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+    extra = ratios(results)
+    print_table(results, extra)
+    if args.json:
+        cfg = configs[modes[0]]
+        payload = {
+            "machine": machine(),
+            "config": {
+                "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
+                "iterations": args.iterations, "warmup_iterations": 1, "num_envs": cfg.env.num_envs,
+                "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
+                "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
+                "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
+                            "gpu_model": cfg.fleet.cluster.gpu_model},
+            },
+            "results": {**results, "comparisons": extra},
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(payload, indent=2))
+        tmp.replace(args.json)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
