@@ -119,3 +119,8 @@ def test_grpo_update_raises_reward_of_rewarded_completion() -> None:
     assert logp_good() > before + 0.5
     with pytest.raises(ValueError, match="group_size"):
         trainer.update(prompts[:3], comps[:3], [1.0, 0.0, 1.0], group_size=2)
+
+
+def test_num_params_matches_the_module() -> None:
+    cfg = ModelConfig(vocab_size=VOCAB_SIZE, d_model=48, n_heads=3, n_layers=2, max_len=20)
+    assert cfg.num_params() == sum(p.numel() for p in TinyCausalLM(cfg).parameters())
