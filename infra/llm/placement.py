@@ -15,6 +15,7 @@ instances with a router (:mod:`infra.llm.router`) and re-sends a dead instance's
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import threading
@@ -27,6 +28,9 @@ from infra.llm.multiplex import BYTES_PER_PARAM_WEIGHTS, GPUGroup
 from infra.llm.rlvr import JobServices
 from infra.llm.router import InstanceLoad, RoundRobin, Router
 from infra.llm.services import RewardService, RolloutService, TrainerService
+
+_PLANES = itertools.count()
+"""Numbers the service planes of this process, so that their gang names never collide."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +242,7 @@ def place_services(
     weights_mib = math.ceil(model.num_params() * BYTES_PER_PARAM_WEIGHTS / 2**20)
     gangs: list[str] = []
     out: list[GPUGroup] = []
+    prefix = f"llm{os.getpid()}-{next(_PLANES)}"
 
     def start(placement: Any, bundle: int, cls: type, *args: Any, **kwargs: Any) -> Callable[[], Any]:
         remote = ray.remote(cls)
@@ -245,7 +250,7 @@ def place_services(
 
     try:
         for g in range(groups):
-            name = f"llm-group-{g}-{os.getpid()}"
+            name = f"{prefix}-group{g}"
             placement = scheduler.submit(
                 group_request(name, sizes, gpu=has_gpu, weights_mib=weights_mib, rollout_instances=rollout_instances)
             )
@@ -265,7 +270,7 @@ def place_services(
                 host_memory_mib=sizes.rollout_memory_mib + sizes.trainer_memory_mib,
                 rollout=RolloutPool(rollouts, router, chunk) if rollout_instances > 1 else rollouts[0], trainer=trainer,
             ))
-        name = f"llm-reward-{os.getpid()}"
+        name = f"{prefix}-reward"
         placement = scheduler.submit(GangRequest(name, (Bundle(sizes.reward_cpu_milli, sizes.reward_memory_mib, name="reward"),)))
         if placement is None:
             scheduler.release(name)

@@ -97,3 +97,13 @@ def test_jobs_multiplexed_on_ray_services_do_not_overlap_or_mix(plane) -> None:
     s = sorted((x for x in trainer_slices if x.job in ("a", "b")), key=lambda x: x.start)
     assert all(b.start >= a.end for a, b in itertools.pairwise(s))
     assert {x.job for x in s} == {"a", "b"}
+
+
+@pytest.mark.timeout(240)
+def test_rlvr_script_path_on_ray_services(plane, tmp_path) -> None:
+    from infra.llm.rlvr import run_rlvr
+
+    cfg = dataclasses.replace(_cfg("on_ray", 4, iterations=2), ray=True, out_dir=str(tmp_path), threads=1)
+    summary = run_rlvr(cfg)
+    assert (tmp_path / "on_ray" / "metrics.csv").exists() and (tmp_path / "on_ray" / "model.pt").exists()
+    assert 0.0 <= summary["mean_reward_last_iters"] <= 1.0
