@@ -23,6 +23,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         cfg = apply_overrides(RLVRConfig(), argv)
+        cfg.check()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

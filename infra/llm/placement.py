@@ -214,9 +214,13 @@ class ServicePlane:
 
     def close(self) -> None:
         """Kill the actors and release the gangs."""
-        for name in self.gangs:
-            with contextlib.suppress(Exception):
-                self.backend.release(name)
+        _release(self.backend, self.gangs)
+
+
+def _release(backend: Any, gangs: list[str]) -> None:
+    for name in gangs:
+        with contextlib.suppress(Exception):
+            backend.release(name)
 
 
 def place_services(
@@ -265,7 +269,7 @@ def place_services(
             node = placement.assignments[0].node
             spec = next(n for n in scheduler.cluster.nodes if n.name == node)
             gpu_mem = spec.gpus[placement.assignments[0].gpus[0]].memory_mib if placement.assignments[0].gpus else 0
-            out.append(GPUGroup(
+            out.append(GPUGroup(  # without a GPU the "device" is host memory: the node's memory bounds a model
                 name, node, gpu_memory_mib=gpu_mem or spec.memory_mib, num_gpus=max(1, len(placement.assignments[0].gpus)),
                 host_memory_mib=sizes.rollout_memory_mib + sizes.trainer_memory_mib,
                 rollout=RolloutPool(rollouts, router, chunk) if rollout_instances > 1 else rollouts[0], trainer=trainer,
@@ -278,7 +282,7 @@ def place_services(
         gangs.append(name)
         reward = ResilientService(start(placement, 0, RewardService), timeout_s=timeout_s)
     except BaseException:
-        ServicePlane(scheduler, backend, model, sizes, gangs, out, None).close()  # type: ignore[arg-type]
+        _release(backend, gangs)
         raise
     return ServicePlane(scheduler, backend, model, sizes, gangs, out, reward)
 

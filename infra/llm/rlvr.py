@@ -72,6 +72,21 @@ class RLVRConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """GRPO update."""
 
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the field and the fix when the job cannot run as configured."""
+        task = load_task(self.task, self.task_size)
+        for name in ("iterations", "prompts_per_iter", "warmup_batch", "eval_prompts", "eval_every", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size}: GRPO needs at least 2 samples per prompt to compare them.")
+        longest = max(len(encode(t)) for t in task.sample(np.random.default_rng(0), 64)) + task.max_answer_len + 1
+        if longest > self.model.max_len:
+            raise ValueError(
+                f"task {self.task} of size {self.task_size} needs sequences of {longest} tokens but model.max_len="
+                f"{self.model.max_len}; raise model.max_len or lower task_size."
+            )
+
 
 class Slicer(Protocol):
     """Grants a job exclusive use of its GPU group for one phase (see :mod:`infra.llm.multiplex`)."""
@@ -286,6 +301,7 @@ def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
     """Run the job of ``cfg`` (in-process, or on Ray services with ``cfg.ray``) and write its outputs."""
     import torch
 
+    cfg.check()
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir) / cfg.name
     with _progress(cfg.iterations) as progress:

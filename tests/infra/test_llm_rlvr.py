@@ -22,6 +22,13 @@ def test_overrides_reach_nested_sections_and_reject_bad_input() -> None:
         apply_overrides(RLVRConfig(), ["iterations"])
     with pytest.raises(ValueError, match="multiple of n_heads"):
         apply_overrides(RLVRConfig(), ["model.d_model=30"])
+    with pytest.raises(ValueError, match=r"raise model\.max_len"):
+        apply_overrides(RLVRConfig(), ["task_size=60"]).check()
+    with pytest.raises(ValueError, match="unknown task"):
+        apply_overrides(RLVRConfig(), ["task=chess"]).check()
+    with pytest.raises(ValueError, match="group_size"):
+        apply_overrides(RLVRConfig(), ["group_size=1"]).check()
+    RLVRConfig().check()
 
 
 @pytest.mark.slow
