@@ -26,7 +26,7 @@ import torch
 
 from infra.llm.engine import GenerationEngine, load_engine
 from infra.llm.grpo import GRPOConfig, GRPOTrainer
-from infra.llm.model import ModelConfig, TinyCausalLM
+from infra.llm.model import ModelConfig
 from infra.llm.tasks import EOS, PAD, exact_reward, load_task
 
 
@@ -59,10 +59,6 @@ class _Sliced:
     def slices(self) -> list[SliceRecord]:
         """Every slice run so far, in start order."""
         return list(self._log)
-
-    def ping(self) -> bool:
-        """Liveness probe."""
-        return True
 
 
 def _unknown_job(job: str, known: list[str]) -> KeyError:
@@ -207,9 +203,3 @@ class TrainerService(_Sliced):
         """Registered jobs."""
         return sorted(self._jobs)
 
-
-def model_for(state: dict[str, torch.Tensor], cfg: ModelConfig) -> TinyCausalLM:
-    """A model holding ``state`` (for evaluation outside the services)."""
-    m = TinyCausalLM(cfg)
-    m.load_state_dict(state)
-    return m.eval()
