@@ -1,0 +1,66 @@
+"""The benchmark JSON contract shared by every ``scripts/bench_*.py`` (see docs/ARCHITECTURE.md).
+
+One object ``{"machine": ..., "config": ..., "results": ...}`` whose result keys name the figure
+and its unit. Scripts import it as a sibling module (``from bench_report import write_report``):
+``python scripts/bench_x.py`` puts ``scripts/`` first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+_PACKAGES = ("numpy", "torch", "mujoco", "jax", "ray", "tensordict", "gymnasium", "stable-baselines3")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def _gpu() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or None
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the figures were measured: cores, CPU and GPU model, load, package versions."""
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "gpu": _gpu(),
+        "python": platform.python_version(),
+        "load_average_at_start": list(os.getloadavg()),
+        "packages": versions,
+    }
+
+
+def write_report(path: str | Path, config: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """Write the report atomically (temp file + rename) and return it."""
+    report = {"machine": machine_info(), "config": config, "results": results}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    os.replace(tmp, path)
+    return report
