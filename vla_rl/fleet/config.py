@@ -234,3 +234,6 @@ def validate_fleet(cfg: TrainConfig) -> None:
             f"fleet.trainer.gpu={trainer_gpu}: disaggregated mode gives the trainer whole GPUs (an integer) so it "
             "never shares one with simulators and inference; use colocated for sharing"
         )
+    from vla_rl.fleet.placement import place_job
+
+    place_job(fleet, "validate")  # the job must fit fleet.cluster: fail now, before Ray starts

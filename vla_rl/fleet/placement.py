@@ -31,10 +31,11 @@ from infra.scheduler import (
     SameNode,
     Scheduler,
 )
+from vla_rl.config import ConfigError
 from vla_rl.fleet.config import ClusterSpec, ComponentPlacement, FleetConfig, resolved_placement
 
 
-class PlacementError(ValueError):
+class PlacementError(ConfigError):
     """The job's components cannot be placed as configured; the message names the fix."""
 
 
