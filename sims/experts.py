@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sims import scene as S
 from sims import tasks as T
 from sims.vec_env import SimVectorEnv
 
@@ -98,7 +99,7 @@ class ScriptedExpert:
         grasp = self._grasp(i, tip, a)
         if grasp is not None:
             return grasp
-        goal = b + _z(2 * 0.02 + 0.003)
+        goal = b + _z(2 * S.CUBE_HALF + 0.003)
         if self.phase[i] == 3:
             self._advance(i, np.linalg.norm(goal + _z(0.05) - a) < 0.01)
             return _move(goal + _z(0.05) - a, _CLOSED)
@@ -109,16 +110,23 @@ class ScriptedExpert:
 
     def _push(self, i: int, tip, a, b) -> np.ndarray:
         direction = (b - a)[:2] / (np.linalg.norm((b - a)[:2]) + 1e-9)
-        behind = a[:2] - 0.06 * direction
+        behind = a[:2] - 0.065 * direction
         if self.phase[i] == 0:
-            target = np.array([*behind, 0.08])
+            target = np.array([*behind, 0.09])
             self._advance(i, np.linalg.norm(target - tip) < 0.01)
             return _move(target - tip, _CLOSED)
         if self.phase[i] == 1:
-            target = np.array([*behind, 0.025])
+            target = np.array([*behind, 0.03])
             self._advance(i, np.linalg.norm(target - tip) < 0.01)
             return _move(target - tip, _CLOSED)
-        return _move(np.array([*(b[:2] - 0.035 * direction), 0.025]) - tip, _CLOSED, reach=0.06)
+        # Push along the line to the target; lift off and line up again if the block slid aside.
+        contact = a[:2] - (S.CUBE_HALF + 0.02) * direction
+        error = tip[:2] - contact
+        lateral = error - (error @ direction) * direction
+        if np.linalg.norm(lateral) > 0.02:
+            self.phase[i] = 0
+        target = contact + 0.03 * direction - lateral
+        return _move(np.array([*(target - tip[:2]), 0.03 - tip[2]]), _CLOSED)
 
 
 def run_expert(env: SimVectorEnv, episodes_per_env: int = 1, seed: int | None = None) -> np.ndarray:

@@ -25,10 +25,10 @@ import mujoco
 import numpy as np
 
 #: Geometry constants (metres).
-CUBE_HALF = 0.02
-BALL_RADIUS = 0.022
-CYL_RADIUS = 0.02
-CYL_HALF_HEIGHT = 0.022
+CUBE_HALF = 0.025
+BALL_RADIUS = 0.025
+CYL_RADIUS = 0.024
+CYL_HALF_HEIGHT = 0.025
 PAD_RADIUS = 0.045
 HAND_HOME_Z = 0.25  # hand body height at z-joint 0
 FINGER_HALF = (0.012, 0.006, 0.03)
@@ -171,7 +171,7 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
                  type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL)
     front_pos = np.array([0.0, -0.42, 0.78])
     wb.add_camera(name="front", pos=front_pos.tolist(),
-                  quat=_look_at_quat(front_pos, np.array([0.0, 0.06, 0.0])).tolist(), fovy=50.0)
+                  quat=_look_at_quat(front_pos, np.array([0.0, 0.05, 0.0])).tolist(), fovy=46.0)
 
     # Gantry hand: slides x, y, z on nested bodies; the hand holds the palm, fingers and wrist camera.
     hand_parent = wb

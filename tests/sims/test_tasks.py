@@ -9,8 +9,8 @@ from sims import tasks as T
 from sims.experts import ScriptedExpert, run_expert
 from sims.vec_env import make_vec_env
 
-# The push expert is a crude open-loop pusher; the others are reliable.
-MIN_SUCCESS = {"reach": 0.9, "push": 0.4, "lift": 0.75, "stack": 0.75, "press": 0.9, "drawer": 0.75}
+# Pushing is the least reliable skill of the scripted experts (a block can spin away).
+MIN_SUCCESS = {"reach": 0.9, "push": 0.6, "lift": 0.75, "stack": 0.75, "press": 0.9, "drawer": 0.75}
 
 
 @pytest.mark.parametrize("task", T.TASK_NAMES)
