@@ -75,26 +75,44 @@ def timed(fn, seconds: float, min_calls: int = 3) -> float:
     return calls / (time.perf_counter() - start)
 
 
-def bench_full_and_raw(task: str, n: int, threads: int, seconds: float) -> dict:
+def bench_full_and_raw(task: str, n: int, threads: int, seconds: float, horizon: int = 40) -> dict:
+    """The full step, and the raw physics of the same trajectories.
+
+    Both replay ``horizon``-step stretches from the same start: the env with random actions, the
+    raw ``mujoco.batch`` with the controls the env applied (recorded in a first pass), so sleeping
+    and contacts are the same work in both.
+    """
     env = make_vec_env(task, n, seed=0, num_threads=threads)
-    env.reset()
     rng = np.random.default_rng(0)
-    actions = [rng.uniform(-1, 1, (n, ACTION_DIM)).astype(np.float32) for _ in range(16)]
-    k = iter(range(1 << 60))
-    full = timed(lambda: env.step(actions[next(k) % 16]), seconds) * n
-    batch = mujoco.batch.Batch(env.model, n, nthread=threads)
-    batch.qpos = env._backend.qpos.copy()
-    batch.mocap_pos = env._backend.mocap_pos.copy()
-    ctrl = batch.bind("ctrl")
-    ctrl[:] = env._backend.batch.bind("ctrl")
+    actions = rng.uniform(-1, 1, (horizon, n, ACTION_DIM)).astype(np.float32)
+    backend = env._backend
+    env.reset(seed=0)
+    start = {k: getattr(backend, k).copy() for k in ("qpos", "mocap_pos")}
+    start_ctrl = backend.batch.bind("ctrl").copy()
+    controls = []
+    for a in actions:
+        env.step(a)
+        controls.append(backend.batch.bind("ctrl").copy())
+
+    def full() -> None:
+        env.reset(seed=0)
+        for a in actions:
+            env.step(a)
+
+    batch = mujoco.batch.Batch(env.model, n, nthread=threads, persistent=backend.batch.persistent)
+    qpos, mocap, ctrl = batch.bind("qpos"), batch.bind("mocap_pos"), batch.bind("ctrl")
 
     def raw() -> None:
-        ctrl[:] = ctrl  # the same control write the env does, then the same substeps
-        batch.step(nstep=env.config.frame_skip)
+        batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
+        qpos[:], mocap[:], ctrl[:] = start["qpos"], start["mocap_pos"], start_ctrl
+        for c in controls:
+            ctrl[:] = c
+            batch.step(nstep=env.config.frame_skip)
 
-    raw_rate = timed(raw, seconds) * n
-    return {"full_step_steps_per_s": full, "raw_physics_steps_per_s": raw_rate,
-            "ratio_full_step_vs_raw_physics": full / raw_rate}
+    full_rate = timed(full, seconds, min_calls=2) * n * horizon
+    raw_rate = timed(raw, seconds, min_calls=2) * n * horizon
+    return {"full_step_steps_per_s": full_rate, "raw_physics_steps_per_s": raw_rate,
+            "ratio_full_step_vs_raw_physics": full_rate / raw_rate}
 
 
 def bench_gym_async(task: str, copies: int, seconds: float) -> float:

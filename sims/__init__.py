@@ -10,6 +10,9 @@ import os
 # Headless rendering by default: MuJoCo picks its GL backend when it is first imported.
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+# Mesa's software rasteriser: no helper threads per context; the renderer's own pool of contexts
+# runs in parallel instead (measured fastest for 64x64 tiles, see docs/sims.md).
+os.environ.setdefault("LP_NUM_THREADS", "0")
 
 from sims.render import BatchRenderer, RenderConfig
 from sims.single import SingleEnv, gym_id, register_all

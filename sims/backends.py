@@ -16,6 +16,7 @@ count); :class:`MjxBackend` runs MJX (``jax.vmap`` + ``jax.jit``; the Warp imple
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -36,7 +37,10 @@ class BatchBackend:
         self.model = model
         self.frame_skip = frame_skip
         nthread = num_threads if num_threads is not None else (os.cpu_count() or 1)
-        self.batch = mujoco.batch.Batch(model, num_envs, nthread=max(1, min(nthread, num_envs)))
+        # Sleeping needs one MjData per simulation (a persistent batch).
+        sleep = bool(model.opt.enableflags & mujoco.mjtEnableBit.mjENBL_SLEEP)
+        self.batch = mujoco.batch.Batch(model, num_envs, nthread=max(1, min(nthread, num_envs)),
+                                        persistent=sleep)
         self._qpos = self.batch.bind("qpos")
         self._qvel = self.batch.bind("qvel")
         self._ctrl = self.batch.bind("ctrl")
@@ -82,6 +86,8 @@ class MjxBackend:
 
         self.xp = jnp
         self.frame_skip = frame_skip
+        model = copy.copy(model)
+        model.opt.enableflags &= ~int(mujoco.mjtEnableBit.mjENBL_SLEEP)  # MJX has no sleeping
         self.mjx_model = mjx.put_model(model, impl=impl) if impl else mjx.put_model(model)
         data0 = mjx.make_data(self.mjx_model)
         self._data = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (num_envs, *x.shape)), data0)

@@ -1,13 +1,16 @@
 """Batched in-loop rendering on the CPU: MuJoCo's OpenGL renderer on EGL, fast settings, tiled.
 
-Speed comes from three things, each measured (docs/sims.md):
+Speed comes from (measured in docs/sims.md):
 
-- fast visual settings: no multisampling (``offsamples=0``), no shadows, reflections, skybox or
-  fog, flat primitives only;
-- tiling: a worker renders many environments into tiles of one large offscreen buffer and reads
-  it back once, instead of one ``glReadPixels`` and pipeline flush per frame;
+- the scene: few geoms (the per-draw cost dominates at 64x64 on Mesa's llvmpipe), a table plane
+  drawn as one quad, coarse tessellation of round primitives, no sites;
+- fast visual settings: no multisampling (``offsamples=0``), no shadows, reflections, skybox,
+  fog or haze;
 - a pool of GL contexts, one per worker thread (MuJoCo's calls release the GIL), each rendering
-  a contiguous slice of the environments.
+  a contiguous slice of the environments, with ``LP_NUM_THREADS=0`` (no rasteriser helper
+  threads, set by ``import sims`` unless already set);
+- tiling: a worker renders ``tile_frames`` frames into tiles of one offscreen buffer and reads
+  them back at once (no measurable gain on llvmpipe at 64x64; fewer GPU syncs with a driver).
 
 Frames come out as uint8 [N, cams, 3, H, W] (and linear depth in metres [N, cams, H, W]).
 """
@@ -51,7 +54,7 @@ class RenderConfig:
     cameras: tuple[str, ...] = ("front",)
     depth: bool = False
     num_contexts: int | None = None
-    tile_frames: int = 64
+    tile_frames: int = 16
 
     def validate(self) -> None:
         """Raise ValueError naming a bad field and the valid values."""
@@ -83,6 +86,7 @@ class _Worker:
         for flag in _FAST_OFF_FLAGS:
             self.scene.flags[flag] = 0
         self.option = mujoco.MjvOption()
+        self.option.sitegroup[:] = 0  # sites are markers for code, not for cameras
         self.cameras = []
         for name in config.cameras:
             cam = mujoco.MjvCamera()
