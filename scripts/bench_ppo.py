@@ -72,6 +72,25 @@ def run_ours(steps: int, seed: int, envs: int, out_dir: Path) -> dict[str, float
     }
 
 
+def iteration_split(config: Path, iterations: int, out_dir: Path) -> dict[str, float]:
+    """Seconds of one PPO iteration of a job (default: the VLA reach job), split simulate/render/infer/update."""
+    cfg = load_config(
+        config,
+        [f"out_dir={out_dir}", f"name=split-{int(time.time())}", "log.wandb=disabled", "log.video=false",
+         "eval.every=0", f"checkpoint_every={10**9}", "log.progress=false", "total_env_steps=1000000000"],
+    )
+    trainer = Trainer(cfg)
+    warmup = trainer.step()  # first-call allocations are not timed
+    rows = [trainer.step() for _ in range(iterations)]
+    trainer.close()
+    out = {f"{k}_s": float(np.mean([r[f"time/{k}"] for r in rows])) for k in ("simulate", "render", "infer", "update")}
+    out["total_s"] = float(np.mean([r["time/iteration"] for r in rows]))
+    out["env_steps_per_iteration"] = (rows[-1]["env_steps"] - warmup["env_steps"]) / len(rows)
+    out["steps_per_s"] = out["env_steps_per_iteration"] / out["total_s"]
+    out["update_fraction"] = out["update_s"] / out["total_s"]
+    return out
+
+
 def run_sb3(steps: int, seed: int) -> dict[str, float]:
     """Train Stable-Baselines3 PPO with the matching settings; returns final return and wall time."""
     from stable_baselines3 import PPO
@@ -116,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--envs", type=int, default=8, help="our parallel environments (2048 must be divisible)")
     parser.add_argument("--skip-sb3", action="store_true", help="run only our PPO")
+    parser.add_argument("--skip-halfcheetah", action="store_true", help="skip the HalfCheetah comparison")
+    parser.add_argument("--split-config", type=Path, default=CONFIG_DIR / "default.yaml",
+                        help="job whose PPO iteration is timed per phase (default: the VLA reach job)")
+    parser.add_argument("--split-iterations", type=int, default=3, help="iterations timed (0: skip)")
     parser.add_argument("--out-dir", type=Path, default=Path("runs/bench_ppo"), help="our runs' directory")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
@@ -124,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, dict] = {"ours": {}, "sb3": {}}
-    for seed in seeds:
+    if args.split_iterations:
+        print(f"timing {args.split_iterations} PPO iterations of {args.split_config} ...", flush=True)
+        results["iteration_split"] = iteration_split(args.split_config, args.split_iterations, args.out_dir)
+        print(f"  {results['iteration_split']}", flush=True)
+    for seed in [] if args.skip_halfcheetah else seeds:
         print(f"[seed {seed}] our PPO, {args.steps} steps ...", flush=True)
         results["ours"][f"seed{seed}"] = run_ours(args.steps, seed, args.envs, args.out_dir)
         print(f"  {results['ours'][f'seed{seed}']}", flush=True)
@@ -133,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             results["sb3"][f"seed{seed}"] = run_sb3(args.steps, seed)
             print(f"  {results['sb3'][f'seed{seed}']}", flush=True)
     for name in ("ours", "sb3"):
-        runs = list(results[name].values())
+        runs = [r for r in results[name].values() if isinstance(r, dict)]
         if runs:
             results[name]["final_return_mean"] = float(np.mean([r["final_return"] for r in runs]))
             results[name]["final_return_std"] = float(np.std([r["final_return"] for r in runs]))

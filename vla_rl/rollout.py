@@ -279,7 +279,7 @@ class LocalCollector:
         return batch
 
     def collect_episodes(
-        self, policy: nn.Module, seed: int | None, max_decisions: int, timer: Timer
+        self, policy: nn.Module, seed: int | None, max_decisions: int | None, timer: Timer
     ) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
         """GRPO experience: see :func:`collect_episodes`."""
         return collect_episodes(self.env, policy, seed, max_decisions, timer, self.device)
@@ -320,7 +320,7 @@ def collect_episodes(
     env: Any,
     policy: nn.Module,
     seed: int | None,
-    max_decisions: int,
+    max_decisions: int | None,
     timer: Timer,
     device: torch.device,
 ) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
@@ -330,7 +330,8 @@ def collect_episodes(
         env: Vector env with the TensorDict view (with ``group_size`` G for GRPO).
         policy: Policy with ``act``.
         seed: Seed of this reset (new initial states per iteration), or ``None`` to continue the env's RNG.
-        max_decisions: Upper bound on decisions (the episode limit).
+        max_decisions: Upper bound on decisions (the episode limit); ``None``: until every episode
+            has ended (the environment must end them itself, e.g. by a time limit).
         timer: Accumulates simulate/render/infer seconds.
         device: Device of the policy.
 
@@ -343,7 +344,9 @@ def collect_episodes(
     episode_return = torch.zeros(n)
     success = torch.zeros(n, dtype=torch.bool)
     records = []
-    for _ in range(max_decisions):
+    decisions = 0
+    while alive.any() and (max_decisions is None or decisions < max_decisions):
+        decisions += 1
         start = time.perf_counter()
         with torch.no_grad():
             out = policy.act(obs.to(device))
@@ -359,6 +362,4 @@ def collect_episodes(
         success |= step["success"] & alive
         alive &= ~(step["terminated"] | step["truncated"])
         obs = step["observation"]
-        if not alive.any():
-            break
     return torch.stack(records, dim=0), episode_return, success
