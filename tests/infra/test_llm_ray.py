@@ -30,7 +30,9 @@ def test_model_larger_than_any_gpu_is_refused_by_the_scheduler() -> None:
 
     with pytest.raises(RequestError, match="GPU memory"):
         sched.submit(group_request("huge", ServiceSizes(), gpu=True, weights_mib=140_000))  # 70B in bf16
-    assert sched.submit(group_request("ok", ServiceSizes(), gpu=True, weights_mib=14_000)) is not None
+    placed = sched.submit(group_request("ok", ServiceSizes(), gpu=True, weights_mib=14_000, rollout_instances=2))
+    # Affinity: both rollout instances and the trainer of a group share one GPU of one node.
+    assert len({(a.node, a.gpus) for a in placed.assignments}) == 1 and len(placed.assignments) == 3
 
 
 @pytest.fixture(scope="module")
