@@ -15,17 +15,18 @@ reward), wall time, and our PPO iteration's time split simulate/render/infer/upd
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 import numpy as np
 import torch
+from bench_report import write_report
 
 from vla_rl.config import CONFIG_DIR, load_config
 from vla_rl.trainer import Trainer
@@ -112,22 +113,6 @@ def run_sb3(steps: int, seed: int) -> dict[str, float]:
     return {"final_return": float(np.mean(returns)), "wall_s": wall, "env_steps": float(steps), "steps_per_s": steps / wall}
 
 
-def machine() -> dict[str, object]:
-    """Cores, CPU model and package versions of this machine."""
-    import gymnasium
-    import mujoco
-    import stable_baselines3
-
-    cpuinfo = Path("/proc/cpuinfo")
-    models = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
-    cpu = models[0] if models else platform.processor()
-    return {
-        "cores": os.cpu_count(), "cpu": cpu, "gpu": None, "python": platform.python_version(),
-        "torch": torch.__version__, "gymnasium": gymnasium.__version__, "mujoco": mujoco.__version__,
-        "stable_baselines3": stable_baselines3.__version__,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run both learners over the seeds, print the comparison, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,16 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     if "wall_speedup_x_vs_sb3" in results:
         print(f"  wall-time speed-up vs SB3: {results['wall_speedup_x_vs_sb3']:.2f}x")
     if args.json:
-        out = {
-            "machine": machine(),
-            "config": {"task": TASK, "steps": args.steps, "seeds": seeds, "our_envs": args.envs, "sb3_envs": 1,
-                       "net": "separate 64-64 tanh actor and critic", "note": "shared 2-core machine; other jobs ran"},
-            "results": results,
-        }
+        config = {"task": TASK, "steps": args.steps, "seeds": seeds, "our_envs": args.envs, "sb3_envs": 1,
+                  "net": "separate 64-64 tanh actor and critic", "split_config": str(args.split_config),
+                  "note": "shared 2-core machine; other helpers' jobs ran at the same time"}
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out, indent=2))
-        tmp.replace(args.json)
+        write_report(args.json, config, results)
     return 0
 
 
