@@ -4,7 +4,10 @@ Run: ``python -m policies.benchmark [--batch 256] [--threads 2] [--json PATH]``.
 
 "forward" is ``act`` (sampling, no gradient), as in a rollout; "forward+backward" is
 ``evaluate`` plus a PPO-shaped loss and ``backward``, as in one minibatch of an update
-(the optimiser step is not included). Times are medians over ``--repeats`` calls after warm-up.
+(the optimiser step is not included). Times are medians over ``--repeats`` calls after warm-up,
+both wall-clock (``*_ms``) and process CPU time (``*_cpu_ms``, all threads together). On a shared
+machine the CPU time is the steadier figure: with ``--threads 1`` it is what the call takes on an
+idle core, whatever else runs beside it.
 The language encoder is replaced by a random stand-in here: MiniLM never runs per step.
 """
 
@@ -64,19 +67,21 @@ def cases(batch: int) -> dict[str, tuple[ActorCritic, TensorDict]]:
     return out
 
 
-def _median_ms(fn: Callable[[], None], repeats: int) -> float:
+def _median_ms(fn: Callable[[], None], repeats: int) -> tuple[float, float]:
+    """Median wall-clock and process-CPU milliseconds of ``fn`` over ``repeats`` calls."""
     for _ in range(3):
         fn()
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return 1000.0 * statistics.median(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return 1000.0 * statistics.median(wall), 1000.0 * statistics.median(cpu)
 
 
 def measure(policy: ActorCritic, obs: TensorDict, repeats: int) -> dict[str, float]:
-    """Parameter count and median times (ms) of ``act`` and of ``evaluate`` + ``backward``."""
+    """Parameter count and median wall/CPU times (ms) of ``act`` and of ``evaluate`` + ``backward``."""
     action = policy.act(obs)["action"]
 
     def update() -> None:
@@ -84,10 +89,14 @@ def measure(policy: ActorCritic, obs: TensorDict, repeats: int) -> dict[str, flo
         (-log_prob.mean() - 0.01 * entropy.mean() + 0.5 * value.square().mean()).backward()
         policy.zero_grad(set_to_none=True)
 
+    act_ms, act_cpu_ms = _median_ms(lambda: policy.act(obs), repeats)
+    update_ms, update_cpu_ms = _median_ms(update, repeats)
     return {
         "params": sum(p.numel() for p in policy.parameters()),
-        "act_ms": _median_ms(lambda: policy.act(obs), repeats),
-        "forward_backward_ms": _median_ms(update, repeats),
+        "act_ms": act_ms,
+        "act_cpu_ms": act_cpu_ms,
+        "forward_backward_ms": update_ms,
+        "forward_backward_cpu_ms": update_cpu_ms,
     }
 
 
@@ -118,13 +127,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results: dict[str, dict[str, float]] = {}
     breakdown: dict[str, dict[str, int]] = {}
+    print(f"batch {args.batch}, {args.threads} torch thread(s), median of {args.repeats} calls")
     for label, (policy, obs) in cases(args.batch).items():
         results[label] = measure(policy, obs, args.repeats)
         breakdown[label] = parameter_breakdown(policy)
         r = results[label]
         print(
-            f"{label:42s} params {r['params']:>9,d}  act {r['act_ms']:7.1f} ms  "
-            f"forward+backward {r['forward_backward_ms']:7.1f} ms  (batch {args.batch}, {args.threads} threads)"
+            f"{label:40s} params {r['params']:>9,d}  act {r['act_ms']:6.1f} ms (cpu {r['act_cpu_ms']:6.1f})  "
+            f"forward+backward {r['forward_backward_ms']:6.1f} ms (cpu {r['forward_backward_cpu_ms']:6.1f})",
+            flush=True,
         )
     if args.json:
         report = {
@@ -134,7 +145,7 @@ def main() -> None:
                 "torch": torch.__version__,
                 "threads": args.threads,
             },
-            "config": {"batch": args.batch, "repeats": args.repeats},
+            "config": {"batch": args.batch, "repeats": args.repeats, "load_average_1min": os.getloadavg()[0]},
             "results": {"per_policy": results, "params_by_module": breakdown},
         }
         directory = os.path.dirname(os.path.abspath(args.json))

@@ -23,17 +23,20 @@ def _conv_out(size: int, patch: int, layers: int) -> int:
 
 
 class ConvEncoder(nn.Module):
-    """A patchify stem and stride-2 3x3 convolutions over one camera image, with coordinate
-    channels and FiLM conditioning.
+    """A patchify stem and stride-2 3x3 convolutions over one camera image, with a position
+    embedding and FiLM conditioning.
 
-    The input is ``[B, 3, H, W]`` float in ``[0, 1]``; two coordinate channels (x, y in
-    ``[-1, 1]``, CoordConv) are appended so positions are easy to read out. The first
-    convolution is a non-overlapping ``patch`` x ``patch`` stem (kernel = stride = ``patch``, as
-    in ViT and ConvNeXt): it is what keeps the encoder cheap on a CPU, since a 3x3 stride-2
-    first layer on the full-resolution image costs about twice as much forward and backward.
-    The later convolutions are 3x3 with stride 2. After each convolution the feature map is modulated per channel as
-    ``x * (1 + gamma(cond)) + beta(cond)`` (FiLM, Perez et al. 2018, as in RT-1's image tokenizer)
-    before the activation. The output is the final feature map ``[B, C, h, w]``.
+    The input is ``[B, 3, H, W]`` float in ``[-0.5, 0.5]`` (:func:`preprocess_images`). The first convolution is a
+    non-overlapping ``patch`` x ``patch`` stem (kernel = stride = ``patch``, as in ViT and
+    ConvNeXt): a 3x3 stride-2 first layer on the full-resolution image costs about twice as much
+    forward and backward on a CPU. A learned position embedding is added to the stem's output;
+    it starts as what coordinate input channels (CoordConv: x, y in ``[-1, 1]``) would give
+    through the stem, so positions are easy to read out from the start, without paying for two
+    extra full-resolution channels. The later convolutions are 3x3 with stride 2. After each
+    convolution the feature map is modulated per channel as ``x * (1 + gamma(cond)) + beta(cond)``
+    (FiLM, Perez et al. 2018, as in RT-1's image tokenizer) before the activation. Feature maps
+    are channels-last (NHWC), where oneDNN's CPU convolutions run 1.5-3x faster. The output is
+    the final feature map ``[B, C, h, w]``.
 
     Args:
         image_size: H = W of the (resized) input; a multiple of ``patch``.
@@ -53,13 +56,9 @@ class ConvEncoder(nn.Module):
             )
         if patch < 1 or image_size % patch:
             raise ValueError(f"image_size={image_size} must be a positive multiple of patch_size={patch}.")
-        ys, xs = torch.meshgrid(
-            torch.linspace(-1, 1, image_size), torch.linspace(-1, 1, image_size), indexing="ij"
-        )
-        self.register_buffer("coords", torch.stack([xs, ys]).unsqueeze(0), persistent=False)
         self.convs = nn.ModuleList()
         self.films = nn.ModuleList()
-        width = 5
+        width = 3
         for i, c in enumerate(channels):
             if i == 0:
                 conv = nn.Conv2d(width, c, kernel_size=patch, stride=patch)
@@ -74,22 +73,33 @@ class ConvEncoder(nn.Module):
             self.films.append(film)
             width = c
         self.act = activation()
+        self.convs.to(memory_format=torch.channels_last)
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1, 1, image_size), torch.linspace(-1, 1, image_size), indexing="ij"
+        )
+        coord_stem = nn.Conv2d(2, channels[0], kernel_size=patch, stride=patch, bias=False)
+        nn.init.orthogonal_(coord_stem.weight, gain=math.sqrt(2.0))
+        with torch.no_grad():
+            self.position = nn.Parameter(coord_stem(torch.stack([xs, ys]).unsqueeze(0)))
         self.out_channels = width
         self.out_size = _conv_out(image_size, patch, len(channels) - 1)
 
     def forward(self, images: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        """``images`` ``[B, 3, H, W]`` in ``[0, 1]``, ``cond`` ``[B, cond_dim]`` -> ``[B, C, h, w]``."""
-        x = torch.cat([images - 0.5, self.coords.expand(images.shape[0], -1, -1, -1)], dim=1)
-        for conv, film in zip(self.convs, self.films):
+        """``images`` ``[B, 3, H, W]`` in ``[-0.5, 0.5]``, ``cond`` ``[B, cond_dim]`` -> ``[B, C, h, w]``."""
+        x = images.contiguous(memory_format=torch.channels_last)
+        for i, (conv, film) in enumerate(zip(self.convs, self.films)):
             gamma, beta = film(cond).unsqueeze(-1).unsqueeze(-1).chunk(2, dim=1)
-            x = self.act(conv(x) * (1.0 + gamma) + beta)
+            x = conv(x) + self.position if i == 0 else conv(x)
+            x = self.act(x * (1.0 + gamma) + beta)
         return x
 
 
 def preprocess_images(rgb: torch.Tensor, image_size: int) -> torch.Tensor:
-    """uint8 ``[N, cams, 3, H, W]`` -> float ``[N * cams, 3, image_size, image_size]`` in ``[0, 1]``."""
+    """uint8 ``[N, cams, 3, H, W]`` -> float ``[N * cams, 3, image_size, image_size]`` in ``[-0.5, 0.5]``
+    (centred: it speeds up learning), channels-last."""
     n, cams, c, h, w = rgb.shape
-    x = rgb.reshape(n * cams, c, h, w).float().div_(255.0)
+    x = rgb.reshape(n * cams, c, h, w).contiguous(memory_format=torch.channels_last).float()
+    x = x.mul_(1.0 / 255.0).sub_(0.5)
     if (h, w) != (image_size, image_size):
         x = F.interpolate(x, size=(image_size, image_size), mode="area")
     return x
