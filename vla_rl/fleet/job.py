@@ -179,7 +179,9 @@ def run_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
                 trainer = fleet.start_trainer(cfg, resume or (attempt > 0 and latest.exists()), attempt)
                 try:
                     return ray.get(trainer.train.remote())
-                except RayActorError:
+                except RayActorError as exc:
+                    if getattr(exc, "actor_init_failed", False):
+                        raise  # a bug or a bad config, not a crash: restarting would fail the same way
                     print(f"trainer actor died (attempt {attempt + 1}); resuming from {latest}", flush=True)
             raise FleetError(f"the trainer died more than fleet.max_restarts={cfg.fleet.max_restarts} times")
         finally:

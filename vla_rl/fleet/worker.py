@@ -77,7 +77,7 @@ class RolloutWorker:
             "instructions": list(env.instructions),
             "task_names": list(env.task_names),
             "single_action_space": env.single_action_space,
-            "max_episode_steps": env.max_episode_steps,
+            "max_episode_steps": getattr(env, "max_episode_steps", None),
         }
 
     def ping(self) -> int:
