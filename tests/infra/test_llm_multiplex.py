@@ -20,14 +20,31 @@ SMALL = ModelConfig(vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_
 
 def _cfg(name: str, seed: int, task: str = "sort") -> RLVRConfig:
     return RLVRConfig(
-        name=name, task=task, task_size=3 if task == "sort" else 1, seed=seed, iterations=3, prompts_per_iter=4,
-        group_size=4, warmup_steps=2, warmup_batch=8, eval_prompts=8, eval_every=2, model=SMALL,
+        name=name,
+        task=task,
+        task_size=3 if task == "sort" else 1,
+        seed=seed,
+        iterations=3,
+        prompts_per_iter=4,
+        group_size=4,
+        warmup_steps=2,
+        warmup_batch=8,
+        eval_prompts=8,
+        eval_every=2,
+        model=SMALL,
     )
 
 
 def _group(name: str = "g0", node: str = "n0") -> GPUGroup:
-    return GPUGroup(name, node, gpu_memory_mib=16_384, num_gpus=1, host_memory_mib=65_536,
-                    rollout=LocalHandle(RolloutService(SMALL)), trainer=LocalHandle(TrainerService()))
+    return GPUGroup(
+        name,
+        node,
+        gpu_memory_mib=16_384,
+        num_gpus=1,
+        host_memory_mib=65_536,
+        rollout=LocalHandle(RolloutService(SMALL)),
+        trainer=LocalHandle(TrainerService()),
+    )
 
 
 def _overlaps(slices: list) -> list:
@@ -48,7 +65,9 @@ def test_interleaved_jobs_match_jobs_run_alone_and_slices_never_overlap() -> Non
         assert not isinstance(res, BaseException), res
         assert res.version == alone[c.name].version
         for k, v in alone[c.name].weights.items():
-            assert torch.equal(res.weights[k], v), f"job {c.name}: parameter {k} differs from the job run alone"
+            assert torch.equal(res.weights[k], v), (
+                f"job {c.name}: parameter {k} differs from the job run alone"
+            )
         assert [r.get("mean_reward") for r in res.rows] == [r.get("mean_reward") for r in alone[c.name].rows]
     # Jobs really interleaved on the shared services, and the rollout swapped weights between them.
     order = [s.job for s in sorted(mux.slices(), key=lambda s: s.start)]
@@ -68,7 +87,9 @@ def test_one_job_crash_leaves_the_others_untouched() -> None:
     alone = run_job("good", good, local_services(good))
     group = _group()
     mux = Multiplexer([group], LocalHandle(RewardService()))
-    results = mux.run([(LLMJobSpec("bad", SMALL.num_params()), bad), (LLMJobSpec("good", SMALL.num_params()), good)])
+    results = mux.run(
+        [(LLMJobSpec("bad", SMALL.num_params()), bad), (LLMJobSpec("good", SMALL.num_params()), good)]
+    )
     assert isinstance(results["bad"], Exception)
     res = results["good"]
     assert not isinstance(res, BaseException), res
