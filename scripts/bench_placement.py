@@ -17,11 +17,8 @@ sat blocked on the inference server (inference that simulation did not hide, plu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -33,6 +30,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
+from bench_report import write_report
 from rich.console import Console
 from rich.table import Table
 
@@ -40,22 +38,6 @@ from vla_rl.config import TrainConfig, load_config
 
 MODES = ("inprocess", "colocated", "disaggregated", "pipelined")
 PHASES = ("simulate", "render", "infer", "update", "wait")
-
-
-def machine() -> dict[str, object]:
-    """Cores, CPU model, GPU and package versions of this machine."""
-    import mujoco
-    import ray
-    import torch
-
-    cpu = platform.processor()
-    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
-        cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {
-        "cores": os.cpu_count(), "cpu_model": cpu, "gpu": gpu, "python": platform.python_version(),
-        "torch": torch.__version__, "ray": ray.__version__, "mujoco": mujoco.__version__,
-    }
 
 
 def mode_config(args: argparse.Namespace, mode: str, out_dir: Path) -> TrainConfig:
@@ -170,22 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     print_table(results, extra)
     if args.json:
         cfg = configs[modes[0]]
-        payload = {
-            "machine": machine(),
-            "config": {
-                "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
-                "iterations": args.iterations, "warmup_iterations": 1, "num_envs": cfg.env.num_envs,
-                "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
-                "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
-                "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
-                            "gpu_model": cfg.fleet.cluster.gpu_model},
-            },
-            "results": {**results, "comparisons": extra},
+        config = {
+            "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
+            "iterations": args.iterations, "warmup_iterations": 1, "num_envs": cfg.env.num_envs,
+            "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
+            "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
+            "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
+                        "gpu_model": cfg.fleet.cluster.gpu_model},
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps(payload, indent=2))
-        tmp.replace(args.json)
+        write_report(args.json, config, {**results, "comparisons": extra})
         console.print(f"wrote {args.json}")
     return 0
 

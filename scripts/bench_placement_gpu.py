@@ -15,9 +15,6 @@ win over them.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_placement
 
