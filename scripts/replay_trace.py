@@ -213,7 +213,6 @@ def main() -> None:
         "failed",
         "p50 ms",
         "p99 ms",
-        "p99 cpu ms",
         "s/seed",
     ):
         table.add_column(col, justify="right")
