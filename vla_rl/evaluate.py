@@ -142,6 +142,7 @@ def evaluate_checkpoint(
         raise ValueError(f"instructions={instructions!r}; valid: train, heldout")
     state = load_checkpoint(path)
     cfg = build_config(state["config"])
+    torch.set_num_threads(cfg.torch_threads)
     if cfg.env.kind != "sims" and instructions != "train":
         instructions = "train"  # gymnasium tasks have a single "instruction set"
     n = num_envs or cfg.eval.num_envs
