@@ -131,7 +131,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cluster=clusters(), stream=ops, policy=st.sampled_from(policies.names()), data=st.data())
 def test_invariants_hold_over_random_request_streams(cluster, stream, policy, data):
     s = Scheduler(cluster, policy=policy, seed=1)
