@@ -138,3 +138,22 @@ def test_node_loss_reschedules_its_gangs_elsewhere(cluster):
     q = s.placement("svc")
     assert q is not None and q.assignments[0].node != lost
     assert [e.kind for e in s.events][-3:] == ["node_lost", "evicted_by_node_loss", "placed"]
+
+
+def test_pack_fills_the_gangs_node_and_spread_avoids_it(cluster):
+    gang = GangRequest("g", (Bundle(1000, 1024, gpus=1),) * 3)
+    packed = Scheduler(cluster, policy="pack").submit(gang)
+    spread = Scheduler(cluster, policy="spread").submit(gang)
+    assert len(packed.nodes()) == 1
+    assert len(spread.nodes()) == 3
+
+
+@pytest.mark.parametrize("policy", policies.names())
+def test_every_policy_respects_gpu_models(cluster, policy):
+    s = Scheduler(cluster, policy=policy)
+    p = s.submit(GangRequest("g", (Bundle(1000, 1024, gpus=2, gpu_models=frozenset({"A10"})),)))
+    assert p.assignments[0].node == "n2"
+    assert (
+        s.submit(GangRequest("h", (Bundle(1000, 1024, gpu_fraction=10, gpu_models=frozenset({"A10"})),)))
+        is None
+    )
