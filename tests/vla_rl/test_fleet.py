@@ -131,7 +131,7 @@ def _obs(n, start=0.0):
 def test_server_batches_in_key_order_with_the_trainers_randomness():
     cfg = _config()
     policy = _policy(cfg, _obs(2))
-    parts = {(1, 0): _obs(3, 100.0), (0, 1): _obs(2, 50.0), (0, 0): _obs(2)}
+    parts = {(2, 0): _obs(3, 100.0), (1, 0): _obs(2, 50.0), (0, 0): _obs(2)}
     rng = torch.get_rng_state()
 
     async def serve():
@@ -147,10 +147,32 @@ def test_server_batches_in_key_order_with_the_trainers_randomness():
     assert core.pop_counters()["batches"] == 1
     torch.set_rng_state(rng)
     with torch.no_grad():
-        expected = policy.act(torch.cat([parts[(0, 0)], parts[(0, 1)], parts[(1, 0)]]))
-    got = torch.cat([torch.from_numpy(replies[k].action) for k in [(0, 0), (0, 1), (1, 0)]])
+        expected = policy.act(torch.cat([parts[(0, 0)], parts[(1, 0)], parts[(2, 0)]]))
+    got = torch.cat([torch.from_numpy(replies[k].action) for k in [(0, 0), (1, 0), (2, 0)]])
     assert torch.equal(got, expected["action"])
     assert {r.version for r in replies.values()} == {3}
+
+
+def test_server_batches_one_pipeline_stage_at_a_time():
+    cfg = _config()
+    policy = _policy(cfg, _obs(2))
+
+    async def serve():
+        core = InferenceCore(copy.deepcopy(policy), max_batch=4, timeout_s=None)
+        core.set_weights(policy.state_dict(), 1)
+        # Shard 0 sends both stages before shard 1 sends any: a stage-blind server would batch shard 0 alone.
+        tasks, done_after = {}, []
+        for key in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+            tasks[key] = asyncio.ensure_future(core.infer(Request(key, to_wire(_obs(2)))))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            done_after.append(sorted(k for k, t in tasks.items() if t.done()))
+        await asyncio.gather(*tasks.values())
+        return core.pop_counters(), done_after
+
+    counters, done_after = asyncio.run(serve())
+    assert done_after == [[], [], [(0, 0), (1, 0)], [(0, 0), (0, 1), (1, 0), (1, 1)]]
+    assert counters["batches"] == 2 and counters["envs"] == 8
 
 
 def test_server_timeout_serves_partial_batches_and_cancel_fails_waiters():

@@ -2,8 +2,8 @@
 
 Shards send :class:`Request` s (an observation ``[n]`` to act on, and the final observations of
 episodes truncated at their last step, whose values bootstrap the return). The server gathers
-requests until ``max_batch`` environments wait, or until the first waited ``timeout_s`` (``None``:
-wait for a full batch), orders them by key (shard, stage) and runs the policy once on their
+requests of one pipeline stage until ``max_batch`` environments wait, or until the first waited
+``timeout_s`` (``None``: wait for a full batch), orders them by key (shard, stage) and runs the policy once on their
 concatenation: ``act`` on the observations, ``value`` on the bootstrap observations. Ordered full
 batches make the fleet's forward passes the in-process trainer's, sample for sample.
 
@@ -179,36 +179,44 @@ class InferenceCore:
                 future.set_exception(RequestsCancelled("the iteration is being collected again"))
         return len(pending)
 
-    def _ready(self) -> list[tuple[Request, asyncio.Future, float]]:
-        return [p for p in self._pending if p[0].min_version <= self.version]
+    def _groups(self) -> list[list[tuple[Request, asyncio.Future, float]]]:
+        """Requests that may be answered now, grouped by pipeline stage (``key[1]``), oldest group first."""
+        groups: dict[int, list[tuple[Request, asyncio.Future, float]]] = {}
+        for item in self._pending:
+            if item[0].min_version <= self.version:
+                groups.setdefault(item[0].key[1], []).append(item)
+        return sorted(groups.values(), key=lambda g: min(p[2] for p in g))
 
     def _serve(self) -> None:
-        """Run full batches now; arm the timeout for a partial one."""
+        """Run every full batch now; arm the timeout for a partial one.
+
+        A batch holds requests of one stage: with P stages the shards' stage-s requests are served
+        together as soon as they are all in, while the shards step their other stages.
+        """
         while True:
-            ready = self._ready()
-            envs = sum(_size(p[0].obs) for p in ready)
-            if not ready or envs < self.max_batch:
+            full = [g for g in self._groups() if sum(_size(p[0].obs) for p in g) >= self.max_batch]
+            if not full:
                 break
-            self._run(self._take(ready))
+            self._run(self._take(full[0]))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        ready = self._ready()
-        if ready and self.timeout_s is not None:
-            wait = max(0.0, min(p[2] for p in ready) + self.timeout_s - time.monotonic())
+        groups = self._groups()
+        if groups and self.timeout_s is not None:
+            wait = max(0.0, min(p[2] for p in groups[0]) + self.timeout_s - time.monotonic())
             self._timer = asyncio.get_running_loop().call_later(wait, self._flush_partial)
 
     def _flush_partial(self) -> None:
         self._timer = None
-        ready = self._ready()
-        if ready:
-            self._run(self._take(ready))
+        groups = self._groups()
+        if groups:
+            self._run(self._take(groups[0]))
         self._serve()
 
-    def _take(self, ready: list[tuple[Request, asyncio.Future, float]]) -> list[tuple[Request, asyncio.Future, float]]:
-        """Up to ``max_batch`` environments of ready requests, in key order (at least one request)."""
+    def _take(self, group: list[tuple[Request, asyncio.Future, float]]) -> list[tuple[Request, asyncio.Future, float]]:
+        """Up to ``max_batch`` environments of ``group``, in key order (at least one request)."""
         batch, envs = [], 0
-        for item in sorted(ready, key=lambda p: p[0].key):
+        for item in sorted(group, key=lambda p: p[0].key):
             n = _size(item[0].obs)
             if batch and envs + n > self.max_batch:
                 break
