@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
-import platform
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_report import write_report
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -49,24 +47,6 @@ def parse_seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"--seeds {text!r}: give a range like 42-51 or a list like 42,43,44"
         ) from None
-
-
-def machine() -> dict[str, object]:
-    """Where the figures were measured."""
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {
-        "cores": os.cpu_count(),
-        "cpu_model": cpu,
-        "gpu": None,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "load_average_at_start": os.getloadavg(),
-    }
 
 
 def summarize(results: list[ReplayResult], seconds: list[float]) -> dict[str, float]:
@@ -99,20 +79,6 @@ def read_expected(path: Path) -> dict[str, tuple[float, float]]:
     return {k: tuple(np.mean(v, axis=0)) for k, v in rows.items()}
 
 
-def write_atomic(path: Path, write) -> None:
-    """Write a file through a temporary file in the same folder, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> None:
     """Mean allocation % against arrived % per policy."""
     import matplotlib
@@ -130,7 +96,10 @@ def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> None:
     ax.set_ylim(60, 100)
     ax.grid(alpha=0.3)
     ax.legend()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".png.tmp")
+    fig.savefig(tmp, dpi=120, format="png")
+    os.replace(tmp, path)  # atomic: a reader never sees half a plot
     plt.close(fig)
 
 
@@ -236,28 +205,25 @@ def main() -> None:
     if args.json:
         png = args.json.with_suffix(".png")
         plot(curves, png, f"{workload} ({len(args.seeds)} seeds)")
-        out = {
-            "machine": machine(),
-            "config": {
-                "pods": str(args.pods),
-                "nodes": str(args.nodes),
-                "policies": names,
-                "seeds": args.seeds,
-                "inflate": args.inflate,
-                "latency_repeats": args.latency_repeats,
-                "variant": args.variant,
-                "variant_seed": args.variant_seed if args.variant else None,
-                "num_nodes": state.num_nodes,
-                "gpu_capacity_milli": capacity,
-                "typical_pod_shapes": len(typical.shapes),
-                "plot": str(png),
-            },
-            "results": summary,
-            "alloc_curve_mean": {
-                k: [None if np.isnan(v) else round(float(v), 3) for v in c] for k, c in curves.items()
-            },
+        config = {
+            "pods": str(args.pods),
+            "nodes": str(args.nodes),
+            "policies": names,
+            "seeds": args.seeds,
+            "inflate": args.inflate,
+            "latency_repeats": args.latency_repeats,
+            "variant": args.variant,
+            "variant_seed": args.variant_seed if args.variant else None,
+            "num_nodes": state.num_nodes,
+            "gpu_capacity_milli": capacity,
+            "typical_pod_shapes": len(typical.shapes),
+            "plot": str(png),
         }
-        write_atomic(args.json, lambda tmp: Path(tmp).write_text(json.dumps(out, indent=2)))
+        for name, curve in curves.items():
+            summary[name]["alloc_pct_curve_by_arrived_pct"] = [
+                None if np.isnan(v) else round(float(v), 3) for v in curve
+            ]
+        write_report(args.json, config, summary)
         console.print(f"wrote {args.json} and {png}")
 
 
