@@ -16,6 +16,7 @@ placement groups and restarts their actors where the scheduler put them.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from infra.placement import Placement
 from infra.requests import GangRequest
-from infra.resources import MILLI, Node
+from infra.resources import MILLI, Cluster, Node
 from infra.scheduler import PreemptCallback, Scheduler
 
 NODE_MARK = 0.001
@@ -64,6 +65,7 @@ class _ActorSpec:
     cls: Any
     args: tuple
     kwargs: dict
+    options: dict
 
 
 class RayBackend:
@@ -134,15 +136,23 @@ class RayBackend:
         self._placements[placement.gang] = placement
         return pg
 
-    def start_actor(self, placement: Placement, bundle: int, actor_cls, *args, **kwargs):
+    def start_actor(
+        self, placement: Placement, bundle: int, actor_cls, *args, options: dict | None = None, **kwargs
+    ):
         """Start ``actor_cls`` (a ``@ray.remote`` class) on the node and GPUs of ``bundle``.
 
         The actor sees ``CUDA_VISIBLE_DEVICES`` set to its GPU indices and is restarted by
-        ``remove_node`` if its node is lost.
+        ``remove_node`` if its node is lost. ``options`` are passed to Ray's ``.options()``
+        (``max_restarts``, ``max_concurrency``, ``name`` ...); the placement keys
+        (``scheduling_strategy``, ``num_cpus``, ``num_gpus``, ``resources``) are ours and refused.
         """
+        options = dict(options or {})
+        ours = {"scheduling_strategy", "num_cpus", "num_gpus", "resources"} & set(options)
+        if ours:
+            raise ValueError(f"start_actor options {sorted(ours)} are set by the placement; drop them.")
         if placement.gang not in self._groups:
             self.realize(placement)
-        self._specs[(placement.gang, bundle)] = _ActorSpec(actor_cls, args, kwargs)
+        self._specs[(placement.gang, bundle)] = _ActorSpec(actor_cls, args, kwargs, options)
         return self._launch(placement.gang, bundle)
 
     def actor(self, gang: str, bundle: int):
@@ -155,12 +165,19 @@ class RayBackend:
         index = [x.bundle for x in placement.assignments].index(bundle)
         req = self.scheduler.request(gang)
         spec = self._specs[(gang, bundle)]
+        options = dict(spec.options)
+        runtime_env = dict(options.pop("runtime_env", None) or {})
+        runtime_env["env_vars"] = {
+            **runtime_env.get("env_vars", {}),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in a.gpus),
+        }
         handle = spec.cls.options(
             num_cpus=req.bundles[bundle].cpu_milli / MILLI,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._groups[gang], placement_group_bundle_index=index
             ),
-            runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in a.gpus)}},
+            runtime_env=runtime_env,
+            **options,
         ).remote(*spec.args, **spec.kwargs)
         self._actors[(gang, bundle)] = handle
         return handle
@@ -199,3 +216,56 @@ class RayBackend:
             for key in specs:
                 self._launch(*key)
         return out
+
+
+@dataclass
+class LocalCluster:
+    """A multi-node Ray cluster on this machine (one raylet per infra node, loopback, logical GPUs).
+
+    Attributes:
+        ray_cluster: the ``ray.cluster_utils.Cluster``.
+        nodes: infra node name -> its Ray node handle (removed nodes are dropped).
+    """
+
+    ray_cluster: Any
+    nodes: dict[str, Any]
+
+    def remove(self, node_name: str) -> None:
+        """Kill the raylet of ``node_name`` (a node loss)."""
+        self.ray_cluster.remove_node(self.nodes.pop(node_name))
+
+    def node_id(self, node_name: str) -> str | None:
+        """Ray's node id of ``node_name`` (None once removed)."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return None
+        alive = {n["NodeManagerPort"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return alive.get(node.node_manager_port)
+
+    def shutdown(self) -> None:
+        """Disconnect and stop every raylet."""
+        ray.shutdown()
+        self.ray_cluster.shutdown()
+
+
+def start_local_cluster(cluster: Cluster, object_store_mib: int = 80, head_cpus: int = 1) -> LocalCluster:
+    """Start a Ray head plus one raylet per node of ``cluster`` and connect this process to it.
+
+    Each raylet declares ``node_args(node)`` (its CPUs, logical GPUs and our custom resources).
+    Keep clusters small on small machines: every raylet costs memory and CPU. Call ``shutdown()``.
+    """
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from ray.cluster_utils import Cluster as RayCluster
+
+    store = object_store_mib * 1024 * 1024
+    rc = RayCluster(
+        initialize_head=True, head_node_args={"num_cpus": head_cpus, "object_store_memory": store}
+    )
+    try:
+        nodes = {n.name: rc.add_node(object_store_memory=store, **node_args(n)) for n in cluster.nodes}
+        ray.init(address=rc.address, include_dashboard=False, log_to_driver=False)
+        rc.wait_for_nodes(timeout=60)
+    except Exception:
+        rc.shutdown()
+        raise
+    return LocalCluster(rc, nodes)

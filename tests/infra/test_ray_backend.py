@@ -5,12 +5,9 @@ import os
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster as RayCluster  # noqa: E402
 
-from infra.ray_backend import RayBackend, node_args  # noqa: E402
+from infra.ray_backend import RayBackend, start_local_cluster  # noqa: E402
 from infra.scheduler import GPU, Bundle, Cluster, GangRequest, Node, SameNode, Scheduler  # noqa: E402
-
-OBJECT_STORE = 80 * 1024 * 1024
 
 
 @ray.remote(num_cpus=0)
@@ -23,28 +20,18 @@ class Probe:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    nodes = (Node("w0", 2000, 2048, (GPU("L4"),) * 2), Node("w1", 2000, 2048, (GPU("L4"),) * 2))
-    rc = RayCluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": OBJECT_STORE})
-    ray_nodes = {n.name: rc.add_node(object_store_memory=OBJECT_STORE, **node_args(n)) for n in nodes}
-    ray.init(address=rc.address, include_dashboard=False, log_to_driver=False)
-    rc.wait_for_nodes(timeout=60)
-    yield Cluster(nodes), rc, ray_nodes
-    ray.shutdown()
-    rc.shutdown()
-
-
-def _node_ids(ray_nodes):
-    alive = {n["NodeManagerPort"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    return {name: alive.get(node.node_manager_port) for name, node in ray_nodes.items()}
+def local():
+    cluster = Cluster((Node("w0", 2000, 2048, (GPU("L4"),) * 2), Node("w1", 2000, 2048, (GPU("L4"),) * 2)))
+    lc = start_local_cluster(cluster)
+    yield cluster, lc
+    lc.shutdown()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_actors_follow_the_plan_through_node_loss_and_preemption(ray_cluster):
-    cluster, rc, ray_nodes = ray_cluster
-    ids = _node_ids(ray_nodes)
+def test_actors_follow_the_plan_through_node_loss_and_preemption(local):
+    cluster, lc = local
+    ids = {name: lc.node_id(name) for name in lc.nodes}
     backend = RayBackend(Scheduler(cluster, policy="bestfit"), timeout_s=60)
     told = []
     # A policy server and its renderer on the same node, one whole GPU and a fraction of another.
@@ -52,7 +39,7 @@ def test_actors_follow_the_plan_through_node_loss_and_preemption(ray_cluster):
         "job", (Bundle(500, 256, gpus=1), Bundle(500, 256, gpu_fraction=300)), constraints=(SameNode((0, 1)),)
     )
     p = backend.submit(req, on_preempt=lambda gang, why: told.append(why))
-    server = backend.start_actor(p, 0, Probe)
+    server = backend.start_actor(p, 0, Probe, options={"max_restarts": 0, "max_concurrency": 2})
     renderer = backend.start_actor(p, 1, Probe)
     a = {x.bundle: x for x in p.assignments}
     assert ray.get(server.where.remote(), timeout=60) == (ids[a[0].node], ",".join(map(str, a[0].gpus)))
@@ -60,7 +47,7 @@ def test_actors_follow_the_plan_through_node_loss_and_preemption(ray_cluster):
 
     # The node dies under the gang: the scheduler moves it, the backend restarts its actors there.
     lost = a[0].node
-    rc.remove_node(ray_nodes[lost])
+    lc.remove(lost)
     q = backend.remove_node(lost)["job"]
     other = "w1" if lost == "w0" else "w0"
     assert q is not None and q.nodes() == {other} and "lost" in told[-1]
