@@ -461,3 +461,407 @@ def simulate_routing(router: Router, instances: int, wl: RouterWorkload, cost: E
         "ttft_mean_s": float(ttft.mean()),
         "e2e_mean_s": float((finish - arrivals).mean()),
     }
+
+
+# ------------------------------------------------------------- request-level service multiplexing
+
+
+@dataclass(frozen=True)
+class ServicePool:
+    """Shared LLM services for request-level multiplexing (see :func:`simulate_services`).
+
+    The rollout service is ``rollout_gpus`` single-GPU instances on nodes of ``node_gpus``; the
+    trainer service is ``trainer_gpus`` GPUs cut into gangs of the jobs' ``gpus``.
+    """
+
+    rollout_gpus: int
+    trainer_gpus: int
+    node_gpus: int = 8
+    home_nodes: int = 2
+    """Nodes of each service whose host memory holds a job's state; its functions run only there."""
+    capacity: int = 256
+    """Concurrent sequences per rollout instance (KV-cache memory of a 7B GQA model on 80 GB)."""
+    max_resident: int = 1
+    """Jobs' weights on one rollout GPU at once (more than 1: their decode steps take turns)."""
+    swap: bool = True
+    """Charge host-to-device swaps; False models dedicated GPUs whose state stays resident."""
+
+
+@dataclass
+class ServiceResult:
+    """Outcome of :func:`simulate_services`.
+
+    ``jobs[name]``: ``jct_s``, ``charged_gpu_s`` (GPU-time its functions occupied, swaps included),
+    ``swap_gpu_s``. ``reserved_gpu_s`` = pool GPUs x makespan; ``busy_gpu_s`` = sum of charges.
+    With ``trace``: ``chunks`` rows ``(instance, job, start, end, job's sequences in the chunk, sequences on
+    the instance, resident jobs)`` and
+    ``served`` rows ``(job, iteration, sequence, turn, instance)``.
+    """
+
+    jobs: dict[str, dict[str, float]]
+    makespan_s: float
+    reserved_gpu_s: float
+    busy_gpu_s: float
+    chunks: list[tuple[int, str, float, float, int, int, tuple[str, ...]]] = field(default_factory=list)
+    served: list[tuple[str, int, int, int, int]] = field(default_factory=list)
+    homes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class _Instance:
+    node: int
+    max_resident: int
+    seqs: dict[int, set[int]] = field(default_factory=dict)  # job -> sequences decoding here
+    resident: dict[int, tuple[int, int]] = field(default_factory=dict)  # job -> (load id, weight version), LRU first
+    swap_due: set[int] = field(default_factory=set)
+    n: int = 0
+    rr: int = 0
+    current: tuple[int, np.ndarray, int] | None = None
+
+    def holds(self, j: int, version: int) -> bool:
+        return self.resident.get(j, (-1, -1))[1] == version
+
+    def slot_for(self, j: int) -> bool:
+        """Job ``j`` can run here without evicting a job that has sequences on this GPU."""
+        return j in self.resident or len(self.resident) < self.max_resident or any(not self.seqs.get(k) for k in self.resident)
+
+
+@dataclass
+class _SJob:
+    p: JobProfile
+    index: int
+    seed: int
+    homes: list[int]
+    gangs: list[int]
+    target: int
+    iteration: int = 0
+    version: int = 0
+    end: float = -1.0
+    charged: float = 0.0
+    swapped: float = 0.0
+    tokens: float = 0.0
+    done: int = 0
+
+    def start_iteration(self) -> float:
+        """Draw the iteration's batch (streams keyed like :meth:`_Job.start_rollout`); returns its reward time."""
+        p, n = self.p, self.p.batch
+        key = [self.seed, sum(ord(c) * 31**k for k, c in enumerate(p.name)) % 2**31, self.iteration]
+        rng = np.random.default_rng(key)
+        extra = rng.geometric(1.0 / p.turns_mean, n) - 1 if p.turns_mean > 1 else np.zeros(n, dtype=np.int64)
+        prompt = np.maximum(1, _lognormal(rng, p.prompt_median, p.prompt_sigma, n))
+        first = _turn_len(p, rng, n)
+        reward_s = float(_lognormal(rng, p.reward_median_s, 0.5))
+        turns_rng = np.random.default_rng([*key, 1000])
+        width = max(1, int(extra.max()))
+        self.turn_len = np.column_stack([first, _turn_len(p, turns_rng, n * width).reshape(n, width)])
+        self.tool_s = np.minimum(_lognormal(turns_rng, p.tool_median_s, p.tool_sigma, n * width), p.tool_cap_s).reshape(n, width)
+        self.tool_tokens = np.maximum(1, _lognormal(turns_rng, p.tool_tokens_median, 0.5, n * width)).reshape(n, width)
+        self.n_turns = extra + 1
+        self.turn = np.zeros(n, dtype=np.int64)
+        self.remaining = first.copy()
+        self.context = prompt.copy()
+        self.delta = prompt.copy()  # tokens to prefill when the KV cache of the sequence is still there
+        self.prefill = np.zeros(n)
+        self.kv = np.full((n, 2), -1, dtype=np.int64)  # (instance, load id) holding the sequence's KV cache
+        self.tokens, self.done = 0.0, 0
+        return reward_s
+
+
+def _homes(index: int, n_nodes: int, k: int) -> list[int]:
+    k = min(k, n_nodes)
+    return sorted({(index * k + m) % n_nodes for m in range(k)})
+
+
+def simulate_services(profiles: list[JobProfile], hw: Hardware, pool: ServicePool, seed: int, *, trace: bool = False) -> ServiceResult:
+    """Request-level multiplexing: every job's generation requests and train steps run on shared services.
+
+    - Rollout requests: each turn of each sequence is one request. The router sends it to an
+      instance on one of the job's home nodes (its weights are in their host memory), in order of
+      preference: the instance still holding the sequence's KV cache (then only the new tool
+      tokens are prefilled, else the whole context is); an instance with the job's weights loaded
+      and fewer than ``ceil(batch / gpus)`` sequences (the job's dedicated per-GPU batch), least
+      loaded first; an idle instance (one with the job's current weights first); any instance with
+      room (under ``capacity``, a free weight slot) least loaded first; else the request waits in
+      the job's FIFO queue, served when an instance frees up (jobs in order of their oldest wait).
+    - A rollout instance runs *chunks* of continuous batching, taking turns among its resident
+      jobs: a chunk prefills the sequences that arrived and decodes ``min(chunk, shortest
+      remaining)`` steps, ``decode_step_s + decode_s_per_seq * sequences`` each (same costs as
+      :func:`simulate_group`). Loading a job's weights onto an instance (first use, after another
+      job evicted them, or after a train step updated them) costs ``2 * params / pcie`` before its
+      next chunk and evicts the least recently used resident job with no sequences there.
+    - Reward: the CPU verifier, as in :func:`simulate_group`. Train: FIFO over trainer gangs of
+      ``gpus`` GPUs on the job's home trainer nodes; a gang that last trained another job swaps
+      the state in and out first (``2 * 16 * params / gpus / pcie``, as a train slice of
+      :func:`simulate_group`); the train time is the same as a dedicated job's.
+    - Charging: a job is charged the GPU-time of its chunks and train steps, swaps included.
+    """
+    gpus = profiles[0].gpus
+    if any(p.gpus != gpus for p in profiles):
+        raise ValueError("jobs sharing trainer gangs must ask for the same number of GPUs; run groups of equal size.")
+    if pool.capacity < 1 or pool.max_resident < 1:
+        raise ValueError(f"pool {pool}: capacity and max_resident must be >= 1.")
+    if pool.rollout_gpus < 1 or pool.trainer_gpus < gpus or pool.trainer_gpus % gpus or pool.node_gpus % gpus:
+        raise ValueError(f"pool {pool}: needs >= 1 rollout GPU and trainer GPUs (and node size) a multiple of the jobs' {gpus} GPUs.")
+    if len({p.name for p in profiles}) != len(profiles):
+        raise ValueError("job names must be unique.")
+    n_rnodes = -(-pool.rollout_gpus // pool.node_gpus)
+    inst = [_Instance(i // pool.node_gpus, pool.max_resident) for i in range(pool.rollout_gpus)]
+    by_node = [[i for i, x in enumerate(inst) if x.node == nd] for nd in range(n_rnodes)]
+    n_gangs = pool.trainer_gpus // gpus
+    per_tnode = pool.node_gpus // gpus
+    n_tnodes = -(-n_gangs // per_tnode)
+    jobs = []
+    for k, p in enumerate(profiles):
+        homes = [i for nd in _homes(k, n_rnodes, pool.home_nodes) for i in by_node[nd]]
+        gangs = [g for nd in _homes(k, n_tnodes, pool.home_nodes) for g in range(nd * per_tnode, min(n_gangs, (nd + 1) * per_tnode))]
+        jobs.append(_SJob(p, k, seed, homes, gangs, -(-p.batch // p.gpus)))
+    gang_free = [True] * n_gangs
+    gang_last = [-1] * n_gangs
+    res = ServiceResult({}, 0.0, 0.0, 0.0, homes={j.p.name: tuple(sorted({inst[i].node for i in j.homes})) for j in jobs})
+    events: list[tuple[float, int, int, int, int]] = []
+    counter = 0
+    loads = 0
+    queues: list[list[int]] = [[] for _ in jobs]
+    queued_at: list[list[float]] = [[] for _ in jobs]
+    train_queue: list[int] = []
+    kick: set[int] = set()
+    rewards = [0.0] * len(jobs)
+    roll_swap = 2 * profiles[0].params / hw.pcie_bytes_per_s if pool.swap else 0.0
+
+    def push(t: float, kind: int, a: int, b: int = 0) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(events, (t, counter, kind, a, b))
+
+    def route(j: int, s: int) -> int | None:
+        job = jobs[j]
+        ki, kl = job.kv[s]
+        if ki >= 0 and inst[ki].resident.get(j, (-1, -1)) == (kl, job.version) and inst[ki].n < pool.capacity:
+            return int(ki)
+        best, key = None, None
+        for i in job.homes:
+            x = inst[i]
+            if x.n >= pool.capacity:
+                continue
+            fresh = x.holds(j, job.version)
+            if fresh and len(x.seqs.get(j, ())) < job.target:
+                k = (0, x.n, i)
+            elif x.n == 0 and x.slot_for(j):
+                k = (1, 0 if fresh else 1, i)
+            elif fresh or x.slot_for(j):
+                k = (2, x.n, i)
+            else:
+                continue
+            if key is None or k < key:
+                best, key = i, k
+        return best
+
+    def assign(j: int, s: int, i: int) -> None:
+        nonlocal loads
+        job, x = jobs[j], inst[i]
+        if not x.holds(j, job.version):
+            if j not in x.resident and len(x.resident) >= pool.max_resident:
+                victim = next(k for k in x.resident if not x.seqs.get(k))
+                del x.resident[victim]
+                x.swap_due.discard(victim)
+            loads += 1
+            x.resident[j] = (loads, job.version)
+            if pool.swap:
+                x.swap_due.add(j)
+        x.resident[j] = x.resident.pop(j)  # most recently used last
+        hit = tuple(job.kv[s]) == (i, x.resident[j][0])
+        job.prefill[s] = job.delta[s] if hit else job.context[s]
+        x.seqs.setdefault(j, set()).add(s)
+        x.n += 1
+        if trace:
+            res.served.append((job.p.name, job.iteration, s, int(job.turn[s]), i))
+        if x.current is None:
+            kick.add(i)
+
+    def request(j: int, s: int, t: float) -> None:
+        i = route(j, s) if not queues[j] else None
+        if i is None:
+            queues[j].append(s)
+            queued_at[j].append(t)
+        else:
+            assign(j, s, i)
+
+    def dispatch() -> None:
+        for j in sorted((j for j in range(len(jobs)) if queues[j]), key=lambda j: queued_at[j][0]):
+            while queues[j]:
+                i = route(j, queues[j][0])
+                if i is None:
+                    break
+                queued_at[j].pop(0)
+                assign(j, queues[j].pop(0), i)
+
+    def start_chunk(i: int, t: float) -> None:
+        x = inst[i]
+        busy = [k for k in sorted(x.seqs) if x.seqs[k]]
+        if not busy:
+            x.current = None
+            return
+        j = busy[x.rr % len(busy)]
+        x.rr += 1
+        job = jobs[j]
+        ids = np.fromiter(x.seqs[j], dtype=np.int64)
+        pre = float(job.prefill[ids].sum())
+        job.prefill[ids] = 0.0
+        step = min(hw.chunk, max(1, int(np.ceil(job.remaining[ids].min()))))
+        swap = roll_swap if j in x.swap_due else 0.0
+        x.swap_due.discard(j)
+        dt = swap + 2 * job.p.params / (hw.peak_flops * hw.prefill_mfu) * pre + step * (hw.decode_step_s + hw.decode_s_per_seq * len(ids))
+        job.charged += dt
+        job.swapped += swap
+        x.current = (j, ids, step)
+        if trace:
+            res.chunks.append((i, job.p.name, t, t + dt, len(ids), x.n, tuple(jobs[k].p.name for k in x.resident)))
+        push(t + dt, 0, i)
+
+    def end_chunk(i: int, t: float) -> None:
+        x = inst[i]
+        assert x.current is not None
+        j, ids, step = x.current
+        x.current = None
+        job = jobs[j]
+        job.remaining[ids] -= step
+        job.context[ids] += step
+        job.tokens += step * len(ids)
+        for s in ids[job.remaining[ids] <= 0].tolist():
+            x.seqs[j].discard(s)
+            x.n -= 1
+            turn = job.turn[s]
+            if turn + 1 < job.n_turns[s]:
+                job.turn[s] += 1
+                job.remaining[s] = job.turn_len[s, turn + 1]
+                job.delta[s] = job.tool_tokens[s, turn]
+                job.context[s] += job.delta[s]
+                job.kv[s] = (i, x.resident[j][0])
+                push(t + float(job.tool_s[s, turn]), 1, j, s)
+            else:
+                job.done += 1
+                if job.done == job.p.batch:
+                    push(t + rewards[j], 2, j)
+        if any(queues):
+            dispatch()
+        kick.add(i)
+
+    def start_trains(t: float) -> None:
+        for j in list(train_queue):
+            job = jobs[j]
+            g = next((g for g in job.gangs if gang_free[g]), None)
+            if g is None:
+                continue
+            train_queue.remove(j)
+            swap = 2 * 16 * job.p.params / gpus / hw.pcie_bytes_per_s if pool.swap and gang_last[g] != j else 0.0
+            dt = swap + 10 * job.p.params * job.tokens / (gpus * hw.peak_flops * hw.train_mfu)
+            gang_free[g], gang_last[g] = False, j
+            job.charged += gpus * dt
+            job.swapped += gpus * swap
+            push(t + dt, 3, g, j)
+
+    def start_rollout(j: int, t: float) -> None:
+        rewards[j] = jobs[j].start_iteration()
+        for s in range(jobs[j].p.batch):
+            request(j, s, t)
+
+    for j in range(len(jobs)):
+        start_rollout(j, 0.0)
+    t = 0.0
+    while True:
+        for i in sorted(kick):
+            if inst[i].current is None:
+                start_chunk(i, t)
+        kick.clear()
+        if not events:
+            break
+        t, _, kind, a, b = heapq.heappop(events)
+        if kind == 0:
+            end_chunk(a, t)
+        elif kind == 1:
+            request(a, b, t)
+        elif kind == 2:
+            train_queue.append(a)
+            start_trains(t)
+        else:
+            gang_free[a] = True
+            job = jobs[b]
+            job.iteration += 1
+            job.version += 1
+            if job.iteration == job.p.iterations:
+                job.end = t
+            else:
+                start_rollout(b, t)
+            start_trains(t)
+    if any(j.end < 0 for j in jobs):
+        raise RuntimeError("service simulation stalled with unfinished jobs (a bug in the event loop).")
+    res.makespan_s = max(j.end for j in jobs)
+    res.reserved_gpu_s = (pool.rollout_gpus + pool.trainer_gpus) * res.makespan_s
+    res.busy_gpu_s = sum(j.charged for j in jobs)
+    res.jobs = {j.p.name: {"jct_s": j.end, "charged_gpu_s": j.charged, "swap_gpu_s": j.swapped} for j in jobs}
+    return res
+
+
+@dataclass
+class PoolSizing:
+    """Result of :func:`size_service_pool`: the chosen pool, its run, and every size tried."""
+
+    pool: ServicePool
+    result: ServiceResult
+    slowdown: dict[str, float]
+    tried: list[dict[str, float]]
+
+
+def dedicated_service_jct(profiles: list[JobProfile], hw: Hardware, seed: int) -> dict[str, ServiceResult]:
+    """Each job alone on its own ``gpus`` GPUs (rollout and trainer colocated, state resident, no swaps),
+    in the same engine as :func:`simulate_services`: the baseline its slowdowns are measured against."""
+    return {p.name: simulate_services([p], hw, ServicePool(p.gpus, p.gpus, node_gpus=max(8, p.gpus), swap=False), seed) for p in profiles}
+
+
+def size_service_pool(
+    profiles: list[JobProfile],
+    hw: Hardware,
+    base: ServicePool,
+    dedicated_jct: dict[str, float],
+    *,
+    max_slowdown: float,
+    seed: int,
+    max_gpus: int,
+) -> PoolSizing:
+    """Smallest ``rollout_gpus + trainer_gpus`` (other fields from ``base``) whose run keeps every job's
+    JCT within ``max_slowdown`` of ``dedicated_jct``.
+
+    For each trainer size (multiples of the jobs' ``gpus``), binary search over rollout GPUs (slowdown
+    assumed non-increasing in pool size), skipping sizes that cannot beat the best found. Raises
+    ``ValueError`` if no pool of at most ``max_gpus`` GPUs meets the bound.
+    """
+    gpus = profiles[0].gpus
+    tried: list[dict[str, float]] = []
+    cache: dict[tuple[int, int], tuple[ServiceResult, dict[str, float]] | None] = {}
+
+    def run(r: int, t: int) -> tuple[ServiceResult, dict[str, float]] | None:
+        if (r, t) not in cache:
+            out = simulate_services(profiles, hw, replace(base, rollout_gpus=r, trainer_gpus=t), seed)
+            slow = {n: out.jobs[n]["jct_s"] / dedicated_jct[n] for n in out.jobs}
+            tried.append({"rollout_gpus": r, "trainer_gpus": t, "max_slowdown": max(slow.values())})
+            cache[(r, t)] = (out, slow) if max(slow.values()) <= max_slowdown else None
+        return cache[(r, t)]
+
+    best: tuple[int, int] | None = None
+    for t in range(gpus, max_gpus, gpus):
+        hi = (sum(best) - 1 if best else max_gpus) - t
+        if hi < 1 or run(hi, t) is None:
+            continue
+        lo = 1  # smallest R that might pass; hi passes
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if run(mid, t) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        best = (hi, t)
+    if best is None:
+        raise ValueError(f"no service pool of at most {max_gpus} GPUs keeps every job within {max_slowdown:.2f}x its dedicated JCT; raise max_gpus or the bound.")
+    hit = cache[best]
+    assert hit is not None
+    return PoolSizing(replace(base, rollout_gpus=best[0], trainer_gpus=best[1]), hit[0], hit[1], tried)

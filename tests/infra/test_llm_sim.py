@@ -1,6 +1,8 @@
 """Routers and the multiplexing / routing simulation: invariants and closed-form cases."""
 
+import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -16,11 +18,15 @@ from infra.llm.simulate import (
     Hardware,
     JobProfile,
     RouterWorkload,
+    ServicePool,
     dedicated_placement,
+    dedicated_service_jct,
     mixed_workload,
     multiplexed_placement,
     simulate_group,
     simulate_routing,
+    simulate_services,
+    size_service_pool,
 )
 
 
@@ -78,3 +84,75 @@ def test_multiplexing_respects_the_slowdown_bound_it_planned_for() -> None:
     assert strict.groups == [[j.name] for j in jobs] or len(strict.groups) == len(jobs)
     with pytest.raises(ValueError, match="cluster has 8"):
         dedicated_placement(mixed_workload(4, 1), hw, cluster_gpus=8)
+
+
+def _small_mix() -> list[JobProfile]:
+    return [replace(p, iterations=2, batch=24, out_cap=2048) for p in mixed_workload(4, 2)]
+
+
+def test_services_conserve_requests_capacity_and_affinity() -> None:
+    jobs = _small_mix()
+    pool = ServicePool(rollout_gpus=6, trainer_gpus=4, node_gpus=4, home_nodes=1, capacity=10, max_resident=2)
+    out = simulate_services(jobs, Hardware(), pool, seed=2, trace=True)
+    # every turn of every sequence served exactly once, turns in order, every sequence of every iteration
+    served = [(job, it, seq, turn) for job, it, seq, turn, _ in out.served]
+    assert len(served) == len(set(served))
+    turns: dict[tuple[str, int, int], list[int]] = {}
+    for job, it, seq, turn in served:
+        turns.setdefault((job, it, seq), []).append(turn)
+    assert sorted(turns) == sorted((p.name, it, s) for p in jobs for it in range(p.iterations) for s in range(p.batch))
+    assert all(ts == list(range(len(ts))) for ts in turns.values())
+    assert any(len(ts) > 1 for ts in turns.values())  # agent jobs really had multi-turn sequences
+    # affinity: requests only on the job's home nodes, chunks only for jobs whose weights are resident
+    node = {i: i // pool.node_gpus for i in range(pool.rollout_gpus)}
+    assert all(node[i] in out.homes[job] for job, _, _, _, i in out.served)
+    assert len({out.homes[p.name] for p in jobs}) > 1  # affinity really restricts (two home nodes used)
+    by_inst: dict[int, list[tuple[float, float]]] = {}
+    for i, job, start, end, n_job, n_inst, resident in out.chunks:
+        assert job in resident and len(resident) <= pool.max_resident
+        assert 1 <= n_job <= n_inst <= pool.capacity
+        by_inst.setdefault(i, []).append((start, end))
+    for spans in by_inst.values():  # an instance runs one chunk at a time
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-9 for a, b in itertools.pairwise(spans))
+    assert out.busy_gpu_s <= out.reserved_gpu_s
+    assert max(n_inst for *_, n_inst, _ in out.chunks) == pool.capacity  # the capacity was binding
+
+
+def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
+    hw = Hardware()
+    p = JobProfile("a", "math", params=1e9, gpus=1, iterations=1, batch=1, prompt_median=100, prompt_sigma=0.0,
+                   out_median=1000, out_sigma=0.0, reward_median_s=0.0)
+    jobs = [p, replace(p, name="b")]
+    out = simulate_services(jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0)
+    swap_roll = 2 * p.params / hw.pcie_bytes_per_s
+    swap_train = 2 * 16 * p.params / hw.pcie_bytes_per_s
+    rollout = swap_roll + 2 * p.params / (hw.peak_flops * hw.prefill_mfu) * 100 + 1000 * (hw.decode_step_s + hw.decode_s_per_seq)
+    train = swap_train + 10 * p.params * 1000 / (hw.peak_flops * hw.train_mfu)
+    # one instance, one resident job at a time: b waits for a's sequence, then swaps its weights in
+    assert out.jobs["a"]["jct_s"] == pytest.approx(rollout + train, rel=1e-9)
+    assert out.jobs["b"]["jct_s"] == pytest.approx(2 * rollout + train, rel=1e-9)
+    assert out.jobs["b"]["charged_gpu_s"] == pytest.approx(rollout + train, rel=1e-9)
+    assert out.reserved_gpu_s == pytest.approx(2 * (2 * rollout + train), rel=1e-9)
+    alone = dedicated_service_jct([p], hw, seed=0)["a"]
+    assert alone.jobs["a"]["jct_s"] == pytest.approx(rollout + train - swap_roll - swap_train, rel=1e-9)
+
+
+def test_pool_sizing_respects_the_bound_and_is_minimal() -> None:
+    hw = Hardware()
+    jobs = _small_mix()
+    ded = {n: r.jobs[n]["jct_s"] for n, r in dedicated_service_jct(jobs, hw, seed=0).items()}
+    base = ServicePool(rollout_gpus=1, trainer_gpus=4)
+    sized = size_service_pool(jobs, hw, base, ded, max_slowdown=1.10, seed=0, max_gpus=16)
+    rerun = simulate_services(jobs, hw, sized.pool, seed=0)
+    assert max(rerun.jobs[n]["jct_s"] / ded[n] for n in ded) <= 1.10
+    total = sized.pool.rollout_gpus + sized.pool.trainer_gpus
+    assert total < sum(p.gpus for p in jobs)  # sharing saves GPUs on this workload
+    for t in range(4, total, 4):  # no smaller pool (any split) meets the bound
+        smaller = simulate_services(jobs, hw, replace(base, rollout_gpus=total - 1 - t, trainer_gpus=t), seed=0) if total - 1 - t >= 1 else None
+        if smaller is not None:
+            assert max(smaller.jobs[n]["jct_s"] / ded[n] for n in ded) > 1.10
+    with pytest.raises(ValueError, match="no service pool"):
+        size_service_pool(jobs, hw, base, ded, max_slowdown=1.0, seed=0, max_gpus=8)
+    with pytest.raises(ValueError, match="multiple of the jobs"):
+        simulate_services(jobs, hw, ServicePool(rollout_gpus=4, trainer_gpus=6), seed=0)
