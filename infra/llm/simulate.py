@@ -1,5 +1,5 @@
-"""Discrete-event simulation of RLVR jobs on GPU groups: dedicated placement vs multiplexing,
-and of request routing across rollout instances.
+"""Discrete-event simulation of RLVR jobs: dedicated placement vs phase-sliced GPU groups vs
+request-level shared services, and of request routing across rollout instances.
 
 Workload (all distributions stated here and in docs/llm_jobs.md; times in seconds):
 
@@ -30,8 +30,16 @@ Placement:
   the same distributions, what the scheduler can know before running) predicts no member slowed
   by more than ``max_slowdown``.
 
-Billing: user GPU-hours = GPUs held x time held (dedicated: until the job ends; a group: until
-its last job ends).
+- *request-level* (:func:`simulate_services`, PlexRL/RollMux-style services): the jobs share a
+  rollout service of single-GPU instances behind a router and a trainer service of GPU gangs;
+  each generation request (one turn of one sequence) and each train step is scheduled on its own,
+  on instances of the nodes holding the job's weights, swapping weights in from host memory when
+  an instance switches job. :func:`size_service_pool` finds the smallest pool that keeps every
+  job within a slowdown bound of its dedicated JCT.
+
+Billing: user GPU-hours = GPUs held x time held (dedicated: until the job ends; a group or a
+service pool: until its last job ends); for services also the GPU-time charged (what the jobs'
+functions occupied, swaps included).
 """
 
 from __future__ import annotations
