@@ -21,7 +21,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from infra.ray_backend import RayBackend, node_args
+from infra.ray_backend import RayBackend, node_args, start_local_cluster
 from infra.scheduler import Placement, Scheduler
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError
@@ -43,19 +43,14 @@ def ray_cluster(fleet: FleetConfig) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    nodes = cluster_of(fleet.cluster).nodes
+    cluster = cluster_of(fleet.cluster)
     local = None
     if fleet.address != "local":
         ray.init(address=fleet.address, log_to_driver=False)
-    elif len(nodes) == 1:
-        ray.init(**node_args(nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    elif len(cluster.nodes) == 1:  # one raylet is enough (and cheapest) for one node
+        ray.init(**node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     else:
-        from ray.cluster_utils import Cluster
-
-        local = Cluster(initialize_head=True, head_node_args={**node_args(nodes[0]), "include_dashboard": False})
-        for node in nodes[1:]:
-            local.add_node(**node_args(node))
-        ray.init(address=local.address, log_to_driver=False)
+        local = start_local_cluster(cluster)
     try:
         yield
     finally:
