@@ -45,6 +45,7 @@ functions occupied, swaps included).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -812,7 +813,8 @@ def simulate_services(profiles: list[JobProfile], hw: Hardware, pool: ServicePoo
 
 @dataclass
 class PoolSizing:
-    """Result of :func:`size_service_pool`: the chosen pool, its run, and every size tried."""
+    """Result of :func:`size_service_pool`: the chosen pool, its run on the first seed, each job's
+    worst slowdown over the seeds, and every size tried (worst slowdown over the seeds run)."""
 
     pool: ServicePool
     result: ServiceResult
@@ -830,29 +832,40 @@ def size_service_pool(
     profiles: list[JobProfile],
     hw: Hardware,
     base: ServicePool,
-    dedicated_jct: dict[str, float],
     *,
     max_slowdown: float,
-    seed: int,
+    seeds: Sequence[int],
     max_gpus: int,
 ) -> PoolSizing:
-    """Smallest ``rollout_gpus + trainer_gpus`` (other fields from ``base``) whose run keeps every job's
-    JCT within ``max_slowdown`` of ``dedicated_jct``.
+    """Smallest ``rollout_gpus + trainer_gpus`` (other fields from ``base``) whose runs on every seed
+    in ``seeds`` keep every job's JCT within ``max_slowdown`` of its dedicated JCT on that seed
+    (:func:`dedicated_service_jct`).
 
     For each trainer size (multiples of the jobs' ``gpus``), binary search over rollout GPUs (slowdown
-    assumed non-increasing in pool size), skipping sizes that cannot beat the best found. Raises
-    ``ValueError`` if no pool of at most ``max_gpus`` GPUs meets the bound.
+    assumed non-increasing in pool size), skipping sizes that cannot beat the best found. The result
+    holds the run on ``seeds[0]`` and each job's worst slowdown over the seeds. Raises ``ValueError``
+    if no pool of at most ``max_gpus`` GPUs meets the bound.
     """
+    if not seeds:
+        raise ValueError("size_service_pool needs at least one seed.")
     gpus = profiles[0].gpus
+    dedicated = {sd: {n: r.jobs[n]["jct_s"] for n, r in dedicated_service_jct(profiles, hw, sd).items()} for sd in seeds}
     tried: list[dict[str, float]] = []
     cache: dict[tuple[int, int], tuple[ServiceResult, dict[str, float]] | None] = {}
 
     def run(r: int, t: int) -> tuple[ServiceResult, dict[str, float]] | None:
         if (r, t) not in cache:
-            out = simulate_services(profiles, hw, replace(base, rollout_gpus=r, trainer_gpus=t), seed)
-            slow = {n: out.jobs[n]["jct_s"] / dedicated_jct[n] for n in out.jobs}
-            tried.append({"rollout_gpus": r, "trainer_gpus": t, "max_slowdown": max(slow.values())})
-            cache[(r, t)] = (out, slow) if max(slow.values()) <= max_slowdown else None
+            worst: dict[str, float] = {}
+            first = None
+            for sd in seeds:
+                out = simulate_services(profiles, hw, replace(base, rollout_gpus=r, trainer_gpus=t), sd)
+                first = first or out
+                for n in out.jobs:
+                    worst[n] = max(worst.get(n, 0.0), out.jobs[n]["jct_s"] / dedicated[sd][n])
+                if max(worst.values()) > max_slowdown:
+                    break
+            tried.append({"rollout_gpus": r, "trainer_gpus": t, "max_slowdown": max(worst.values())})
+            cache[(r, t)] = (first, worst) if max(worst.values()) <= max_slowdown else None
         return cache[(r, t)]
 
     best: tuple[int, int] | None = None
