@@ -66,19 +66,23 @@ def request_level(jobs: list[JobProfile], hw: Hardware, base: ServicePool, *, bo
     ded_jct = {n: r.jobs[n]["jct_s"] for n, r in ded.items()}
     ded_reserved = sum(p.gpus * ded_jct[p.name] for p in jobs)
     ded_busy = sum(r.busy_gpu_s for r in ded.values())
-    sized = size_service_pool(jobs, hw, base, max_slowdown=bound, seeds=[seed], max_gpus=max_gpus)
+    dedicated = {
+        "gpus_used": sum(p.gpus for p in jobs),
+        "user_gpu_hours_reserved": _hours(ded_reserved),
+        "user_gpu_hours_charged": _hours(ded_busy),
+        "gpu_utilisation_pct": 100 * ded_busy / ded_reserved,
+        "jct_mean_s": float(np.mean(list(ded_jct.values()))),
+        "jct_max_s": max(ded_jct.values()),
+        "jct_per_job_s": ded_jct,
+    }
+    try:
+        sized = size_service_pool(jobs, hw, base, max_slowdown=bound, seeds=[seed], max_gpus=max_gpus)
+        robust = size_service_pool(jobs, hw, base, max_slowdown=bound, seeds=[seed, seed + 1], max_gpus=max_gpus)
+    except ValueError as e:  # no pool within the cluster meets the bound: a result, not a crash
+        return {"dedicated": dedicated, "request_level": None, "error": str(e)}
     out = sized.result
-    robust = size_service_pool(jobs, hw, base, max_slowdown=bound, seeds=[seed, seed + 1], max_gpus=max_gpus)
     return {
-        "dedicated": {
-            "gpus_used": sum(p.gpus for p in jobs),
-            "user_gpu_hours_reserved": _hours(ded_reserved),
-            "user_gpu_hours_charged": _hours(ded_busy),
-            "gpu_utilisation_pct": 100 * ded_busy / ded_reserved,
-            "jct_mean_s": float(np.mean(list(ded_jct.values()))),
-            "jct_max_s": max(ded_jct.values()),
-            "jct_per_job_s": ded_jct,
-        },
+        "dedicated": dedicated,
         "request_level": {
             "pool": dataclasses.asdict(sized.pool),
             "gpus_used": sized.pool.rollout_gpus + sized.pool.trainer_gpus,
@@ -169,6 +173,7 @@ def main(argv: list[str]) -> int:
         routing[name] = simulate_routing(load_router(name, cost), args.router_instances, wl, cost, args.seed)
 
     target = mux_results.get("max_slowdown_1.10")
+    rl = services["request_level"]
     results = {
         "multiplex": {"dedicated": ded, **mux_results},
         "services": services,
@@ -176,9 +181,9 @@ def main(argv: list[str]) -> int:
         "targets": {
             "gpu_hours_saving_pct_at_slowdown_1_10": target["gpu_hours_saving_pct"] if target else None,
             "gpu_hours_saving_target_met": bool(target and target["gpu_hours_saving_pct"] >= 40 and target["slowdown_max_ratio"] <= 1.10),
-            "request_level_saving_reserved_pct": services["request_level"]["saving_reserved_vs_dedicated_reserved_pct"],
-            "request_level_saving_charged_pct": services["request_level"]["saving_charged_vs_dedicated_reserved_pct"],
-            "request_level_slowdown_max_ratio": services["request_level"]["slowdown_max_ratio"],
+            "request_level_saving_reserved_pct": rl and rl["saving_reserved_vs_dedicated_reserved_pct"],
+            "request_level_saving_charged_pct": rl and rl["saving_charged_vs_dedicated_reserved_pct"],
+            "request_level_slowdown_max_ratio": rl and rl["slowdown_max_ratio"],
             "router_ttft_p99_vs_round_robin_ratio": routing["prefill_decode_aware"]["ttft_p99_s"] / routing["round_robin"]["ttft_p99_s"],
             "router_beats_round_robin_p99": routing["prefill_decode_aware"]["ttft_p99_s"] < routing["round_robin"]["ttft_p99_s"],
         },
@@ -199,23 +204,26 @@ def main(argv: list[str]) -> int:
         t2.add_row(name, f"{r['ttft_p50_s']:.3f}", f"{r['ttft_p99_s']:.3f}", f"{r['e2e_mean_s']:.2f}")
     console.print(t2)
 
-    rl, sd = services["request_level"], services["dedicated"]
-    t3 = Table(title=f"request-level service multiplexing, pool sized for slowdown <= {args.service_slowdown:.2f} (simulated)")
-    for col in ("placement", "GPUs", "reserved GPU-h", "charged GPU-h", "util %", "mean JCT s", "max slowdown"):
-        t3.add_column(col)
-    t3.add_row("dedicated (same engine)", str(sd["gpus_used"]), f"{sd['user_gpu_hours_reserved']:.1f}", f"{sd['user_gpu_hours_charged']:.1f}",
-               f"{sd['gpu_utilisation_pct']:.0f}", f"{sd['jct_mean_s']:.0f}", "1.00")
-    t3.add_row(f"shared: {rl['pool']['rollout_gpus']} rollout + {rl['pool']['trainer_gpus']} trainer", str(rl["gpus_used"]),
-               f"{rl['user_gpu_hours_reserved']:.1f} ({rl['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less)",
-               f"{rl['user_gpu_hours_charged']:.1f} ({rl['saving_charged_vs_dedicated_reserved_pct']:.0f}% less)",
-               f"{rl['gpu_utilisation_pct']:.0f}", f"{rl['jct_mean_s']:.0f}", f"{rl['slowdown_max_ratio']:.3f}")
-    rb = services["sized_on_two_draws"]
-    ev = rb["evaluated_on_third_draw"]
-    t3.add_row(f"shared, sized on 2 draws: {rb['pool']['rollout_gpus']} + {rb['pool']['trainer_gpus']} (draw {ev['seed']})", str(rb["gpus_used"]),
-               f"{ev['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less", f"{ev['saving_charged_vs_dedicated_reserved_pct']:.0f}% less",
-               "-", "-", f"{ev['slowdown_max_ratio']:.3f}")
-    console.print(t3)
-    console.print(f"the first pool on draw {args.seed + 1}: max slowdown {services['same_pool_other_draws']['slowdown_max_ratio']:.3f}")
+    if services["request_level"] is None:
+        console.print(f"request-level: {services['error']}")
+    else:
+        sd = services["dedicated"]
+        t3 = Table(title=f"request-level service multiplexing, pool sized for slowdown <= {args.service_slowdown:.2f} (simulated)")
+        for col in ("placement", "GPUs", "reserved GPU-h", "charged GPU-h", "util %", "mean JCT s", "max slowdown"):
+            t3.add_column(col)
+        t3.add_row("dedicated (same engine)", str(sd["gpus_used"]), f"{sd['user_gpu_hours_reserved']:.1f}", f"{sd['user_gpu_hours_charged']:.1f}",
+                   f"{sd['gpu_utilisation_pct']:.0f}", f"{sd['jct_mean_s']:.0f}", "1.00")
+        t3.add_row(f"shared: {rl['pool']['rollout_gpus']} rollout + {rl['pool']['trainer_gpus']} trainer", str(rl["gpus_used"]),
+                   f"{rl['user_gpu_hours_reserved']:.1f} ({rl['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less)",
+                   f"{rl['user_gpu_hours_charged']:.1f} ({rl['saving_charged_vs_dedicated_reserved_pct']:.0f}% less)",
+                   f"{rl['gpu_utilisation_pct']:.0f}", f"{rl['jct_mean_s']:.0f}", f"{rl['slowdown_max_ratio']:.3f}")
+        rb = services["sized_on_two_draws"]
+        ev = rb["evaluated_on_third_draw"]
+        t3.add_row(f"shared, sized on 2 draws: {rb['pool']['rollout_gpus']} + {rb['pool']['trainer_gpus']} (draw {ev['seed']})", str(rb["gpus_used"]),
+                   f"{ev['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less", f"{ev['saving_charged_vs_dedicated_reserved_pct']:.0f}% less",
+                   "-", "-", f"{ev['slowdown_max_ratio']:.3f}")
+        console.print(t3)
+        console.print(f"the first pool on draw {args.seed + 1}: max slowdown {services['same_pool_other_draws']['slowdown_max_ratio']:.3f}")
     console.print(results["targets"])
 
     if args.json:
