@@ -58,7 +58,9 @@ def _evaluate_pool(jobs: list[JobProfile], hw: Hardware, pool: ServicePool, seed
     }
 
 
-def request_level(jobs: list[JobProfile], hw: Hardware, base: ServicePool, *, bound: float, seed: int, max_gpus: int) -> dict[str, object]:
+def request_level(
+    jobs: list[JobProfile], hw: Hardware, base: ServicePool, *, bound: float, seed: int, max_gpus: int
+) -> dict[str, object]:
     """Dedicated baseline and the smallest shared service pool within ``bound`` on ``seed``, in the
     service engine; that pool re-run on ``seed + 1``; and a pool sized on seeds ``seed, seed + 1``
     evaluated on ``seed + 2`` (how much the size depends on the draws it is sized on)."""
@@ -77,7 +79,9 @@ def request_level(jobs: list[JobProfile], hw: Hardware, base: ServicePool, *, bo
     }
     try:
         sized = size_service_pool(jobs, hw, base, max_slowdown=bound, seeds=[seed], max_gpus=max_gpus)
-        robust = size_service_pool(jobs, hw, base, max_slowdown=bound, seeds=[seed, seed + 1], max_gpus=max_gpus)
+        robust = size_service_pool(
+            jobs, hw, base, max_slowdown=bound, seeds=[seed, seed + 1], max_gpus=max_gpus
+        )
     except ValueError as e:  # no pool within the cluster meets the bound: a result, not a crash
         return {"dedicated": dedicated, "request_level": None, "error": str(e)}
     out = sized.result
@@ -121,9 +125,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--iterations", type=int, default=8, help="RLVR iterations per job")
     ap.add_argument("--slowdowns", default="1.10,1.25,1.5,3.0", help="admission slowdown bounds to evaluate")
     ap.add_argument("--seed", type=int, default=0, help="evaluation draws (the planner profiles on seed+1)")
-    ap.add_argument("--service-slowdown", type=float, default=1.10, help="slowdown bound the shared service pool is sized for")
-    ap.add_argument("--home-nodes", type=int, default=2, help="nodes holding each job's state (request-level affinity)")
-    ap.add_argument("--max-resident", type=int, default=1, help="jobs' weights resident on one rollout GPU at once")
+    ap.add_argument(
+        "--service-slowdown",
+        type=float,
+        default=1.10,
+        help="slowdown bound the shared service pool is sized for",
+    )
+    ap.add_argument(
+        "--home-nodes", type=int, default=2, help="nodes holding each job's state (request-level affinity)"
+    )
+    ap.add_argument(
+        "--max-resident", type=int, default=1, help="jobs' weights resident on one rollout GPU at once"
+    )
     ap.add_argument("--router-instances", type=int, default=4)
     ap.add_argument("--router-requests", type=int, default=4000)
     ap.add_argument("--router-rate", type=float, default=40.0, help="requests per second (Poisson)")
@@ -149,7 +162,15 @@ def main(argv: list[str]) -> int:
     }
     mux_results = {}
     for bound in track(bounds, description="planning multiplexed groups", console=console):
-        m = multiplexed_placement(jobs, hw, dedicated, cluster_gpus=args.gpus, max_slowdown=bound, seed=args.seed, profile_seed=args.seed + 1)
+        m = multiplexed_placement(
+            jobs,
+            hw,
+            dedicated,
+            cluster_gpus=args.gpus,
+            max_slowdown=bound,
+            seed=args.seed,
+            profile_seed=args.seed + 1,
+        )
         mux_results[f"max_slowdown_{bound:.2f}"] = {
             "groups": m.groups,
             "user_gpu_hours": m.gpu_hours,
@@ -180,22 +201,41 @@ def main(argv: list[str]) -> int:
         "router": routing,
         "targets": {
             "gpu_hours_saving_pct_at_slowdown_1_10": target["gpu_hours_saving_pct"] if target else None,
-            "gpu_hours_saving_target_met": bool(target and target["gpu_hours_saving_pct"] >= 40 and target["slowdown_max_ratio"] <= 1.10),
+            "gpu_hours_saving_target_met": bool(
+                target and target["gpu_hours_saving_pct"] >= 40 and target["slowdown_max_ratio"] <= 1.10
+            ),
             "request_level_saving_reserved_pct": rl and rl["saving_reserved_vs_dedicated_reserved_pct"],
             "request_level_saving_charged_pct": rl and rl["saving_charged_vs_dedicated_reserved_pct"],
             "request_level_slowdown_max_ratio": rl and rl["slowdown_max_ratio"],
-            "router_ttft_p99_vs_round_robin_ratio": routing["prefill_decode_aware"]["ttft_p99_s"] / routing["round_robin"]["ttft_p99_s"],
-            "router_beats_round_robin_p99": routing["prefill_decode_aware"]["ttft_p99_s"] < routing["round_robin"]["ttft_p99_s"],
+            "router_ttft_p99_vs_round_robin_ratio": routing["prefill_decode_aware"]["ttft_p99_s"]
+            / routing["round_robin"]["ttft_p99_s"],
+            "router_beats_round_robin_p99": routing["prefill_decode_aware"]["ttft_p99_s"]
+            < routing["round_robin"]["ttft_p99_s"],
         },
     }
 
     t = Table(title=f"{args.jobs} RLVR jobs on {args.gpus} GPUs (simulated)")
     for col in ("placement", "GPU-hours", "saving %", "GPUs", "util %", "mean JCT s", "max slowdown"):
         t.add_column(col)
-    t.add_row("dedicated", f"{ded['user_gpu_hours']:.1f}", "-", str(ded["gpus_used"]), f"{ded['gpu_utilisation_pct']:.0f}", f"{ded['jct_mean_s']:.0f}", "1.00")
+    t.add_row(
+        "dedicated",
+        f"{ded['user_gpu_hours']:.1f}",
+        "-",
+        str(ded["gpus_used"]),
+        f"{ded['gpu_utilisation_pct']:.0f}",
+        f"{ded['jct_mean_s']:.0f}",
+        "1.00",
+    )
     for k, r in mux_results.items():
-        t.add_row(f"multiplexed ({k})", f"{r['user_gpu_hours']:.1f}", f"{r['gpu_hours_saving_pct']:.1f}", str(r["gpus_used"]),
-                  f"{r['gpu_utilisation_pct']:.0f}", f"{r['jct_mean_s']:.0f}", f"{r['slowdown_max_ratio']:.2f}")
+        t.add_row(
+            f"multiplexed ({k})",
+            f"{r['user_gpu_hours']:.1f}",
+            f"{r['gpu_hours_saving_pct']:.1f}",
+            str(r["gpus_used"]),
+            f"{r['gpu_utilisation_pct']:.0f}",
+            f"{r['jct_mean_s']:.0f}",
+            f"{r['slowdown_max_ratio']:.2f}",
+        )
     console.print(t)
     t2 = Table(title=f"routing over {args.router_instances} rollout instances (simulated)")
     for col in ("router", "TTFT p50 s", "TTFT p99 s", "mean e2e s"):
@@ -208,22 +248,52 @@ def main(argv: list[str]) -> int:
         console.print(f"request-level: {services['error']}")
     else:
         sd = services["dedicated"]
-        t3 = Table(title=f"request-level service multiplexing, pool sized for slowdown <= {args.service_slowdown:.2f} (simulated)")
-        for col in ("placement", "GPUs", "reserved GPU-h", "charged GPU-h", "util %", "mean JCT s", "max slowdown"):
+        t3 = Table(
+            title=f"request-level service multiplexing, pool sized for slowdown <= {args.service_slowdown:.2f} (simulated)"
+        )
+        for col in (
+            "placement",
+            "GPUs",
+            "reserved GPU-h",
+            "charged GPU-h",
+            "util %",
+            "mean JCT s",
+            "max slowdown",
+        ):
             t3.add_column(col)
-        t3.add_row("dedicated (same engine)", str(sd["gpus_used"]), f"{sd['user_gpu_hours_reserved']:.1f}", f"{sd['user_gpu_hours_charged']:.1f}",
-                   f"{sd['gpu_utilisation_pct']:.0f}", f"{sd['jct_mean_s']:.0f}", "1.00")
-        t3.add_row(f"shared: {rl['pool']['rollout_gpus']} rollout + {rl['pool']['trainer_gpus']} trainer", str(rl["gpus_used"]),
-                   f"{rl['user_gpu_hours_reserved']:.1f} ({rl['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less)",
-                   f"{rl['user_gpu_hours_charged']:.1f} ({rl['saving_charged_vs_dedicated_reserved_pct']:.0f}% less)",
-                   f"{rl['gpu_utilisation_pct']:.0f}", f"{rl['jct_mean_s']:.0f}", f"{rl['slowdown_max_ratio']:.3f}")
+        t3.add_row(
+            "dedicated (same engine)",
+            str(sd["gpus_used"]),
+            f"{sd['user_gpu_hours_reserved']:.1f}",
+            f"{sd['user_gpu_hours_charged']:.1f}",
+            f"{sd['gpu_utilisation_pct']:.0f}",
+            f"{sd['jct_mean_s']:.0f}",
+            "1.00",
+        )
+        t3.add_row(
+            f"shared: {rl['pool']['rollout_gpus']} rollout + {rl['pool']['trainer_gpus']} trainer",
+            str(rl["gpus_used"]),
+            f"{rl['user_gpu_hours_reserved']:.1f} ({rl['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less)",
+            f"{rl['user_gpu_hours_charged']:.1f} ({rl['saving_charged_vs_dedicated_reserved_pct']:.0f}% less)",
+            f"{rl['gpu_utilisation_pct']:.0f}",
+            f"{rl['jct_mean_s']:.0f}",
+            f"{rl['slowdown_max_ratio']:.3f}",
+        )
         rb = services["sized_on_two_draws"]
         ev = rb["evaluated_on_third_draw"]
-        t3.add_row(f"shared, sized on 2 draws: {rb['pool']['rollout_gpus']} + {rb['pool']['trainer_gpus']} (draw {ev['seed']})", str(rb["gpus_used"]),
-                   f"{ev['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less", f"{ev['saving_charged_vs_dedicated_reserved_pct']:.0f}% less",
-                   "-", "-", f"{ev['slowdown_max_ratio']:.3f}")
+        t3.add_row(
+            f"shared, sized on 2 draws: {rb['pool']['rollout_gpus']} + {rb['pool']['trainer_gpus']} (draw {ev['seed']})",
+            str(rb["gpus_used"]),
+            f"{ev['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less",
+            f"{ev['saving_charged_vs_dedicated_reserved_pct']:.0f}% less",
+            "-",
+            "-",
+            f"{ev['slowdown_max_ratio']:.3f}",
+        )
         console.print(t3)
-        console.print(f"the first pool on draw {args.seed + 1}: max slowdown {services['same_pool_other_draws']['slowdown_max_ratio']:.3f}")
+        console.print(
+            f"the first pool on draw {args.seed + 1}: max slowdown {services['same_pool_other_draws']['slowdown_max_ratio']:.3f}"
+        )
     console.print(results["targets"])
 
     if args.json:

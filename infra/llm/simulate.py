@@ -94,12 +94,35 @@ def mixed_workload(n_jobs: int = 8, iterations: int = 8) -> list[JobProfile]:
     jobs = []
     for i in range(n_jobs):
         if i % 2 == 0:
-            jobs.append(JobProfile(f"math{i}", "math", iterations=iterations, batch=512, prompt_median=300,
-                                   out_median=1200, out_sigma=0.9, reward_median_s=30.0))
+            jobs.append(
+                JobProfile(
+                    f"math{i}",
+                    "math",
+                    iterations=iterations,
+                    batch=512,
+                    prompt_median=300,
+                    out_median=1200,
+                    out_sigma=0.9,
+                    reward_median_s=30.0,
+                )
+            )
         else:
-            jobs.append(JobProfile(f"agent{i}", "agent", iterations=iterations, batch=256, prompt_median=800,
-                                   turns_mean=4.0, out_median=250, out_sigma=0.8, out_cap=4096, tool_median_s=6.0,
-                                   tool_sigma=1.0, reward_median_s=60.0))
+            jobs.append(
+                JobProfile(
+                    f"agent{i}",
+                    "agent",
+                    iterations=iterations,
+                    batch=256,
+                    prompt_median=800,
+                    turns_mean=4.0,
+                    out_median=250,
+                    out_sigma=0.8,
+                    out_cap=4096,
+                    tool_median_s=6.0,
+                    tool_sigma=1.0,
+                    reward_median_s=60.0,
+                )
+            )
     return jobs
 
 
@@ -144,15 +167,26 @@ class _Job:
         key = [self.seed, sum(ord(c) * 31**k for k, c in enumerate(self.p.name)) % 2**31, self.iteration]
         self.rng = np.random.default_rng(key)
         p, n = self.p, self.p.batch
-        extra = self.rng.geometric(1.0 / p.turns_mean, n) - 1 if p.turns_mean > 1 else np.zeros(n, dtype=np.int64)
+        extra = (
+            self.rng.geometric(1.0 / p.turns_mean, n) - 1 if p.turns_mean > 1 else np.zeros(n, dtype=np.int64)
+        )
         prompt = np.maximum(1, _lognormal(self.rng, p.prompt_median, p.prompt_sigma, n))
         remaining = _turn_len(p, self.rng, n)
         self.parts = []
         for i in range(self.instances):
             sl = slice(i, None, self.instances)
             m = len(prompt[sl])
-            self.parts.append(_Part(remaining[sl].copy(), extra[sl].copy(), np.full(m, t), prompt[sl].copy(),
-                                    prompt[sl].copy(), np.zeros(m, dtype=bool), np.random.default_rng([*key, i])))
+            self.parts.append(
+                _Part(
+                    remaining[sl].copy(),
+                    extra[sl].copy(),
+                    np.full(m, t),
+                    prompt[sl].copy(),
+                    prompt[sl].copy(),
+                    np.zeros(m, dtype=bool),
+                    np.random.default_rng([*key, i]),
+                )
+            )
         self.phase, self.rollout_end = "rollout", t
 
     def tokens(self) -> float:
@@ -194,7 +228,9 @@ def _run_part(job: _Job, part: _Part, t: float, hw: Hardware) -> float:
             part.done |= ended & ~tool
             k = int(tool.sum())
             if k:
-                part.ready_at[tool] = t + np.minimum(_lognormal(part.rng, p.tool_median_s, p.tool_sigma, k), p.tool_cap_s)
+                part.ready_at[tool] = t + np.minimum(
+                    _lognormal(part.rng, p.tool_median_s, p.tool_sigma, k), p.tool_cap_s
+                )
                 part.turns_left[tool] -= 1
                 part.remaining[tool] = _turn_len(p, part.rng, k)
                 toks = np.maximum(1, _lognormal(part.rng, p.tool_tokens_median, 0.5, k))
@@ -204,7 +240,9 @@ def _run_part(job: _Job, part: _Part, t: float, hw: Hardware) -> float:
             return t
 
 
-def simulate_group(profiles: list[JobProfile], hw: Hardware, seed: int, tp: int = 1) -> dict[str, dict[str, float]]:
+def simulate_group(
+    profiles: list[JobProfile], hw: Hardware, seed: int, tp: int = 1
+) -> dict[str, dict[str, float]]:
     """Run ``profiles`` sharing one GPU group (a single profile = dedicated placement).
 
     The group's GPUs form ``gpus / tp`` rollout instances; each instance runs one job's rollout
@@ -285,9 +323,11 @@ def simulate_group(profiles: list[JobProfile], hw: Hardware, seed: int, tp: int 
                 candidates += [part.next_ready() for i, part in enumerate(j.parts) if part.next_ready() > t]
         pending = [c for c in candidates if c > t and np.isfinite(c)]
         if not pending:
-            if any(j.phase not in ("done",) for j in jobs) and not any(
-                j.phase == "train" for j in jobs
-            ) and all(f <= t for f in free_at):
+            if (
+                any(j.phase not in ("done",) for j in jobs)
+                and not any(j.phase == "train" for j in jobs)
+                and all(f <= t for f in free_at)
+            ):
                 raise RuntimeError("simulation stalled: no job can progress (a bug in the event loop).")
             if not any(j.phase != "done" for j in jobs):
                 break
@@ -327,7 +367,9 @@ def _evaluate(groups: list[list[JobProfile]], hw: Hardware, seed: int) -> Placem
     return res
 
 
-def plan_groups(profiles: list[JobProfile], hw: Hardware, *, max_slowdown: float, max_gpus: int, seed: int) -> list[list[JobProfile]]:
+def plan_groups(
+    profiles: list[JobProfile], hw: Hardware, *, max_slowdown: float, max_gpus: int, seed: int
+) -> list[list[JobProfile]]:
     """Greedy admission: each job (longest GPU demand first) joins the first group whose profile
     simulation keeps every member within ``max_slowdown`` of its dedicated JCT, else opens a group.
 
@@ -348,15 +390,21 @@ def plan_groups(profiles: list[JobProfile], hw: Hardware, *, max_slowdown: float
             groups.append([p])
     need = sum(g[0].gpus for g in groups)
     if need > max_gpus:
-        raise ValueError(f"the workload needs {need} GPUs even when multiplexed, more than the cluster's {max_gpus}.")
+        raise ValueError(
+            f"the workload needs {need} GPUs even when multiplexed, more than the cluster's {max_gpus}."
+        )
     return groups
 
 
-def dedicated_placement(profiles: list[JobProfile], hw: Hardware, *, cluster_gpus: int, seed: int = 0) -> PlacementResult:
+def dedicated_placement(
+    profiles: list[JobProfile], hw: Hardware, *, cluster_gpus: int, seed: int = 0
+) -> PlacementResult:
     """Every job on its own GPUs (evaluated on ``seed``)."""
     need = sum(p.gpus for p in profiles)
     if need > cluster_gpus:
-        raise ValueError(f"dedicated placement needs {need} GPUs but the cluster has {cluster_gpus}; add GPUs or run fewer jobs.")
+        raise ValueError(
+            f"dedicated placement needs {need} GPUs but the cluster has {cluster_gpus}; add GPUs or run fewer jobs."
+        )
     return _evaluate([[p] for p in profiles], hw, seed)
 
 
@@ -400,16 +448,22 @@ class RouterWorkload:
     out_cap: int = 8192
 
 
-def simulate_routing(router: Router, instances: int, wl: RouterWorkload, cost: EngineCost, seed: int) -> dict[str, float]:
+def simulate_routing(
+    router: Router, instances: int, wl: RouterWorkload, cost: EngineCost, seed: int
+) -> dict[str, float]:
     """Route ``wl`` over ``instances`` engines with continuous batching and chunked prefill (see
     :mod:`infra.llm.router`); returns TTFT percentiles and mean end-to-end latency."""
     rng = np.random.default_rng(seed)
     n = wl.requests
     arrivals = np.cumsum(rng.exponential(1.0 / wl.rate_per_s, n))
     long = rng.random(n) < wl.long_fraction
-    prompt = np.where(long, wl.long_prompt_median, wl.short_prompt_median) * np.exp(0.5 * rng.standard_normal(n))
+    prompt = np.where(long, wl.long_prompt_median, wl.short_prompt_median) * np.exp(
+        0.5 * rng.standard_normal(n)
+    )
     prompt = np.maximum(1, prompt).astype(np.int64)
-    out = np.clip(wl.out_median * np.exp(wl.out_sigma * rng.standard_normal(n)), 1, wl.out_cap).astype(np.int64)
+    out = np.clip(wl.out_median * np.exp(wl.out_sigma * rng.standard_normal(n)), 1, wl.out_cap).astype(
+        np.int64
+    )
     queue: list[list[list[int]]] = [[] for _ in range(instances)]  # [request, prompt tokens left]
     running: list[dict[int, int]] = [{} for _ in range(instances)]  # request -> tokens left
     step_end = [np.inf] * instances
@@ -436,7 +490,9 @@ def simulate_routing(router: Router, instances: int, wl: RouterWorkload, cost: E
         heapq.heappush(events, (step_end[k], 1, k))
 
     def load(k: int) -> InstanceLoad:
-        return InstanceLoad(len(queue[k]) + len(running[k]), int(sum(q[1] for q in queue[k])), len(running[k]))
+        return InstanceLoad(
+            len(queue[k]) + len(running[k]), int(sum(q[1] for q in queue[k])), len(running[k])
+        )
 
     while events:
         t, kind, i = heapq.heappop(events)
@@ -521,7 +577,9 @@ class _Instance:
     node: int
     max_resident: int
     seqs: dict[int, set[int]] = field(default_factory=dict)  # job -> sequences decoding here
-    resident: dict[int, tuple[int, int]] = field(default_factory=dict)  # job -> (load id, weight version), LRU first
+    resident: dict[int, tuple[int, int]] = field(
+        default_factory=dict
+    )  # job -> (load id, weight version), LRU first
     swap_due: set[int] = field(default_factory=set)
     n: int = 0
     rr: int = 0
@@ -532,7 +590,11 @@ class _Instance:
 
     def slot_for(self, j: int) -> bool:
         """Job ``j`` can run here without evicting a job that has sequences on this GPU."""
-        return j in self.resident or len(self.resident) < self.max_resident or any(not self.seqs.get(k) for k in self.resident)
+        return (
+            j in self.resident
+            or len(self.resident) < self.max_resident
+            or any(not self.seqs.get(k) for k in self.resident)
+        )
 
 
 @dataclass
@@ -563,8 +625,12 @@ class _SJob:
         turns_rng = np.random.default_rng([*key, 1000])
         width = max(1, int(extra.max()))
         self.turn_len = np.column_stack([first, _turn_len(p, turns_rng, n * width).reshape(n, width)])
-        self.tool_s = np.minimum(_lognormal(turns_rng, p.tool_median_s, p.tool_sigma, n * width), p.tool_cap_s).reshape(n, width)
-        self.tool_tokens = np.maximum(1, _lognormal(turns_rng, p.tool_tokens_median, 0.5, n * width)).reshape(n, width)
+        self.tool_s = np.minimum(
+            _lognormal(turns_rng, p.tool_median_s, p.tool_sigma, n * width), p.tool_cap_s
+        ).reshape(n, width)
+        self.tool_tokens = np.maximum(1, _lognormal(turns_rng, p.tool_tokens_median, 0.5, n * width)).reshape(
+            n, width
+        )
         self.n_turns = extra + 1
         self.turn = np.zeros(n, dtype=np.int64)
         self.remaining = first.copy()
@@ -581,7 +647,9 @@ def _homes(index: int, n_nodes: int, k: int) -> list[int]:
     return sorted({(index * k + m) % n_nodes for m in range(k)})
 
 
-def simulate_services(profiles: list[JobProfile], hw: Hardware, pool: ServicePool, seed: int, *, trace: bool = False) -> ServiceResult:
+def simulate_services(
+    profiles: list[JobProfile], hw: Hardware, pool: ServicePool, seed: int, *, trace: bool = False
+) -> ServiceResult:
     """Request-level multiplexing: every job's generation requests and train steps run on shared services.
 
     - Rollout requests: each turn of each sequence is one request. The router sends it to an
@@ -606,11 +674,15 @@ def simulate_services(profiles: list[JobProfile], hw: Hardware, pool: ServicePoo
     """
     gpus = profiles[0].gpus
     if any(p.gpus != gpus for p in profiles):
-        raise ValueError("jobs sharing trainer gangs must ask for the same number of GPUs; run groups of equal size.")
+        raise ValueError(
+            "jobs sharing trainer gangs must ask for the same number of GPUs; run groups of equal size."
+        )
     if pool.capacity < 1 or pool.max_resident < 1:
         raise ValueError(f"pool {pool}: capacity and max_resident must be >= 1.")
     if pool.rollout_gpus < 1 or pool.trainer_gpus < gpus or pool.trainer_gpus % gpus or pool.node_gpus % gpus:
-        raise ValueError(f"pool {pool}: needs >= 1 rollout GPU and trainer GPUs (and node size) a multiple of the jobs' {gpus} GPUs.")
+        raise ValueError(
+            f"pool {pool}: needs >= 1 rollout GPU and trainer GPUs (and node size) a multiple of the jobs' {gpus} GPUs."
+        )
     if len({p.name for p in profiles}) != len(profiles):
         raise ValueError("job names must be unique.")
     n_rnodes = -(-pool.rollout_gpus // pool.node_gpus)
@@ -622,11 +694,17 @@ def simulate_services(profiles: list[JobProfile], hw: Hardware, pool: ServicePoo
     jobs = []
     for k, p in enumerate(profiles):
         homes = [i for nd in _homes(k, n_rnodes, pool.home_nodes) for i in by_node[nd]]
-        gangs = [g for nd in _homes(k, n_tnodes, pool.home_nodes) for g in range(nd * per_tnode, min(n_gangs, (nd + 1) * per_tnode))]
+        gangs = [
+            g
+            for nd in _homes(k, n_tnodes, pool.home_nodes)
+            for g in range(nd * per_tnode, min(n_gangs, (nd + 1) * per_tnode))
+        ]
         jobs.append(_SJob(p, k, seed, homes, gangs, -(-p.batch // p.gpus)))
     gang_free = [True] * n_gangs
     gang_last = [-1] * n_gangs
-    res = ServiceResult({}, 0.0, 0.0, 0.0, homes={j.p.name: tuple(sorted({inst[i].node for i in j.homes})) for j in jobs})
+    res = ServiceResult(
+        {}, 0.0, 0.0, 0.0, homes={j.p.name: tuple(sorted({inst[i].node for i in j.homes})) for j in jobs}
+    )
     events: list[tuple[float, int, int, int, int]] = []
     counter = 0
     loads = 0
@@ -719,12 +797,18 @@ def simulate_services(profiles: list[JobProfile], hw: Hardware, pool: ServicePoo
         step = min(hw.chunk, max(1, int(np.ceil(job.remaining[ids].min()))))
         swap = roll_swap if j in x.swap_due else 0.0
         x.swap_due.discard(j)
-        dt = swap + 2 * job.p.params / (hw.peak_flops * hw.prefill_mfu) * pre + step * (hw.decode_step_s + hw.decode_s_per_seq * len(ids))
+        dt = (
+            swap
+            + 2 * job.p.params / (hw.peak_flops * hw.prefill_mfu) * pre
+            + step * (hw.decode_step_s + hw.decode_s_per_seq * len(ids))
+        )
         job.charged += dt
         job.swapped += swap
         x.current = (j, ids, step)
         if trace:
-            res.chunks.append((i, job.p.name, t, t + dt, len(ids), x.n, tuple(jobs[k].p.name for k in x.resident)))
+            res.chunks.append(
+                (i, job.p.name, t, t + dt, len(ids), x.n, tuple(jobs[k].p.name for k in x.resident))
+            )
         push(t + dt, 0, i)
 
     def end_chunk(i: int, t: float) -> None:
@@ -762,7 +846,9 @@ def simulate_services(profiles: list[JobProfile], hw: Hardware, pool: ServicePoo
             if g is None:
                 continue
             train_queue.remove(j)
-            swap = 2 * 16 * job.p.params / gpus / hw.pcie_bytes_per_s if pool.swap and gang_last[g] != j else 0.0
+            swap = (
+                2 * 16 * job.p.params / gpus / hw.pcie_bytes_per_s if pool.swap and gang_last[g] != j else 0.0
+            )
             dt = swap + 10 * job.p.params * job.tokens / (gpus * hw.peak_flops * hw.train_mfu)
             gang_free[g], gang_last[g] = False, j
             job.charged += gpus * dt
@@ -825,7 +911,12 @@ class PoolSizing:
 def dedicated_service_jct(profiles: list[JobProfile], hw: Hardware, seed: int) -> dict[str, ServiceResult]:
     """Each job alone on its own ``gpus`` GPUs (rollout and trainer colocated, state resident, no swaps),
     in the same engine as :func:`simulate_services`: the baseline its slowdowns are measured against."""
-    return {p.name: simulate_services([p], hw, ServicePool(p.gpus, p.gpus, node_gpus=max(8, p.gpus), swap=False), seed) for p in profiles}
+    return {
+        p.name: simulate_services(
+            [p], hw, ServicePool(p.gpus, p.gpus, node_gpus=max(8, p.gpus), swap=False), seed
+        )
+        for p in profiles
+    }
 
 
 def size_service_pool(
@@ -849,7 +940,10 @@ def size_service_pool(
     if not seeds:
         raise ValueError("size_service_pool needs at least one seed.")
     gpus = profiles[0].gpus
-    dedicated = {sd: {n: r.jobs[n]["jct_s"] for n, r in dedicated_service_jct(profiles, hw, sd).items()} for sd in seeds}
+    dedicated = {
+        sd: {n: r.jobs[n]["jct_s"] for n, r in dedicated_service_jct(profiles, hw, sd).items()}
+        for sd in seeds
+    }
     tried: list[dict[str, float]] = []
     cache: dict[tuple[int, int], tuple[ServiceResult, dict[str, float]] | None] = {}
 
@@ -882,7 +976,9 @@ def size_service_pool(
                 hi = mid
         best = (hi, t)
     if best is None:
-        raise ValueError(f"no service pool of at most {max_gpus} GPUs keeps every job within {max_slowdown:.2f}x its dedicated JCT; raise max_gpus or the bound.")
+        raise ValueError(
+            f"no service pool of at most {max_gpus} GPUs keeps every job within {max_slowdown:.2f}x its dedicated JCT; raise max_gpus or the bound."
+        )
     hit = cache[best]
     assert hit is not None
     return PoolSizing(replace(base, rollout_gpus=best[0], trainer_gpus=best[1]), hit[0], hit[1], tried)

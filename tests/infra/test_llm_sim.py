@@ -31,8 +31,10 @@ from infra.llm.simulate import (
 
 
 def test_routers_choose_by_their_rule() -> None:
-    loads = [InstanceLoad(outstanding=1, queued_prefill_tokens=8000, running=0),
-             InstanceLoad(outstanding=3, queued_prefill_tokens=0, running=3)]
+    loads = [
+        InstanceLoad(outstanding=1, queued_prefill_tokens=8000, running=0),
+        InstanceLoad(outstanding=3, queued_prefill_tokens=0, running=3),
+    ]
     assert LeastLoaded().choose(100, loads) == 0  # fewest requests, blind to their length
     assert PrefillDecodeAware(EngineCost()).choose(100, loads) == 1  # a long prompt queued dominates
     rr = RoundRobin()
@@ -44,15 +46,29 @@ def test_routers_choose_by_their_rule() -> None:
 def test_routing_simulation_single_instance_is_router_independent() -> None:
     wl = RouterWorkload(requests=300, rate_per_s=5.0)
     cost = EngineCost()
-    results = [simulate_routing(load_router(n, cost), 1, wl, cost, seed=3) for n in ("round_robin", "prefill_decode_aware")]
+    results = [
+        simulate_routing(load_router(n, cost), 1, wl, cost, seed=3)
+        for n in ("round_robin", "prefill_decode_aware")
+    ]
     assert results[0] == results[1]
     assert 0 < results[0]["ttft_p50_s"] <= results[0]["ttft_p99_s"] < results[0]["e2e_mean_s"] * 10
 
 
 def test_dedicated_job_matches_closed_form() -> None:
     hw = Hardware()
-    p = JobProfile("j", "math", params=1e9, gpus=1, iterations=2, batch=1, prompt_median=100, prompt_sigma=0.0,
-                   out_median=1000, out_sigma=0.0, reward_median_s=0.0)
+    p = JobProfile(
+        "j",
+        "math",
+        params=1e9,
+        gpus=1,
+        iterations=2,
+        batch=1,
+        prompt_median=100,
+        prompt_sigma=0.0,
+        out_median=1000,
+        out_sigma=0.0,
+        reward_median_s=0.0,
+    )
     out = simulate_group([p], hw, seed=0)
     prefill = 2 * p.params / (hw.peak_flops * hw.prefill_mfu) * 100
     decode = 1000 * (hw.decode_step_s + hw.decode_s_per_seq)
@@ -63,7 +79,10 @@ def test_dedicated_job_matches_closed_form() -> None:
 
 def test_sharing_a_group_bounds() -> None:
     hw = Hardware()
-    jobs = [JobProfile(f"m{i}", "math", iterations=2, batch=64, out_median=400, reward_median_s=60.0) for i in range(2)]
+    jobs = [
+        JobProfile(f"m{i}", "math", iterations=2, batch=64, out_median=400, reward_median_s=60.0)
+        for i in range(2)
+    ]
     alone = [simulate_group([j], hw, seed=1)[j.name]["jct_s"] for j in jobs]
     shared = simulate_group(jobs, hw, seed=1)
     grp = shared.pop("_group")
@@ -75,12 +94,19 @@ def test_sharing_a_group_bounds() -> None:
 
 def test_multiplexing_respects_the_slowdown_bound_it_planned_for() -> None:
     hw = Hardware()
-    jobs = [JobProfile(f"m{i}", "math", iterations=2, batch=64, out_median=300, reward_median_s=120.0) for i in range(3)]
+    jobs = [
+        JobProfile(f"m{i}", "math", iterations=2, batch=64, out_median=300, reward_median_s=120.0)
+        for i in range(3)
+    ]
     ded = dedicated_placement(jobs, hw, cluster_gpus=12, seed=0)
-    loose = multiplexed_placement(jobs, hw, ded, cluster_gpus=12, max_slowdown=10.0, seed=0, profile_iterations=2)
+    loose = multiplexed_placement(
+        jobs, hw, ded, cluster_gpus=12, max_slowdown=10.0, seed=0, profile_iterations=2
+    )
     assert len(loose.groups) < len(jobs)  # reward-heavy jobs leave room to share
     assert loose.gpu_hours < ded.gpu_hours
-    strict = multiplexed_placement(jobs, hw, ded, cluster_gpus=12, max_slowdown=1.0, seed=0, profile_iterations=2)
+    strict = multiplexed_placement(
+        jobs, hw, ded, cluster_gpus=12, max_slowdown=1.0, seed=0, profile_iterations=2
+    )
     assert strict.groups == [[j.name] for j in jobs] or len(strict.groups) == len(jobs)
     with pytest.raises(ValueError, match="cluster has 8"):
         dedicated_placement(mixed_workload(4, 1), hw, cluster_gpus=8)
@@ -100,7 +126,9 @@ def test_services_conserve_requests_capacity_and_affinity() -> None:
     turns: dict[tuple[str, int, int], list[int]] = {}
     for job, it, seq, turn in served:
         turns.setdefault((job, it, seq), []).append(turn)
-    assert sorted(turns) == sorted((p.name, it, s) for p in jobs for it in range(p.iterations) for s in range(p.batch))
+    assert sorted(turns) == sorted(
+        (p.name, it, s) for p in jobs for it in range(p.iterations) for s in range(p.batch)
+    )
     assert all(ts == list(range(len(ts))) for ts in turns.values())
     assert any(len(ts) > 1 for ts in turns.values())  # agent jobs really had multi-turn sequences
     # affinity: requests only on the job's home nodes, chunks only for jobs whose weights are resident
@@ -121,13 +149,28 @@ def test_services_conserve_requests_capacity_and_affinity() -> None:
 
 def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
     hw = Hardware()
-    p = JobProfile("a", "math", params=1e9, gpus=1, iterations=1, batch=1, prompt_median=100, prompt_sigma=0.0,
-                   out_median=1000, out_sigma=0.0, reward_median_s=0.0)
+    p = JobProfile(
+        "a",
+        "math",
+        params=1e9,
+        gpus=1,
+        iterations=1,
+        batch=1,
+        prompt_median=100,
+        prompt_sigma=0.0,
+        out_median=1000,
+        out_sigma=0.0,
+        reward_median_s=0.0,
+    )
     jobs = [p, replace(p, name="b")]
     out = simulate_services(jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0)
     swap_roll = 2 * p.params / hw.pcie_bytes_per_s
     swap_train = 2 * 16 * p.params / hw.pcie_bytes_per_s
-    rollout = swap_roll + 2 * p.params / (hw.peak_flops * hw.prefill_mfu) * 100 + 1000 * (hw.decode_step_s + hw.decode_s_per_seq)
+    rollout = (
+        swap_roll
+        + 2 * p.params / (hw.peak_flops * hw.prefill_mfu) * 100
+        + 1000 * (hw.decode_step_s + hw.decode_s_per_seq)
+    )
     train = swap_train + 10 * p.params * 1000 / (hw.peak_flops * hw.train_mfu)
     # one instance, one resident job at a time: b waits for a's sequence, then swaps its weights in
     assert out.jobs["a"]["jct_s"] == pytest.approx(rollout + train, rel=1e-9)
@@ -149,13 +192,19 @@ def test_pool_sizing_respects_the_bound_and_is_minimal() -> None:
     total = sized.pool.rollout_gpus + sized.pool.trainer_gpus
     assert total < sum(p.gpus for p in jobs)  # sharing saves GPUs on this workload
     for t in range(4, total, 4):  # no smaller pool (any split) meets the bound
-        smaller = simulate_services(jobs, hw, replace(base, rollout_gpus=total - 1 - t, trainer_gpus=t), seed=0) if total - 1 - t >= 1 else None
+        smaller = (
+            simulate_services(jobs, hw, replace(base, rollout_gpus=total - 1 - t, trainer_gpus=t), seed=0)
+            if total - 1 - t >= 1
+            else None
+        )
         if smaller is not None:
             assert max(smaller.jobs[n]["jct_s"] / ded[n] for n in ded) > 1.10
     with pytest.raises(ValueError, match="no service pool"):
         size_service_pool(jobs, hw, base, max_slowdown=1.0, seeds=[0], max_gpus=8)
     robust = size_service_pool(jobs, hw, base, max_slowdown=1.10, seeds=[0, 1], max_gpus=16)
-    assert robust.pool.rollout_gpus + robust.pool.trainer_gpus >= total  # more draws never need a smaller pool
+    assert (
+        robust.pool.rollout_gpus + robust.pool.trainer_gpus >= total
+    )  # more draws never need a smaller pool
     assert max(robust.slowdown.values()) <= 1.10
     with pytest.raises(ValueError, match="multiple of the jobs"):
         simulate_services(jobs, hw, ServicePool(rollout_gpus=4, trainer_gpus=6), seed=0)
