@@ -113,6 +113,26 @@ class GRPOConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Teacher-student distillation (DAgger): a privileged-state teacher labels the student's states."""
+
+    teacher: str = ""
+    """Checkpoint (file or run directory) of the teacher, e.g. a ``configs/reach_state_ppo.yaml`` run."""
+    rollout_steps: int = 50
+    """Steps T collected per environment per iteration."""
+    teacher_iterations: int = 1
+    """First iterations whose rollouts the teacher drives (afterwards the student acts: DAgger)."""
+    buffer_size: int = 50_000
+    """Labelled observations kept (the aggregated DAgger data set; oldest dropped first)."""
+    updates: int = 64
+    """Gradient steps per iteration, each on a minibatch drawn uniformly from the buffer."""
+    batch_size: int = 256
+    """Minibatch size of the imitation update."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, anneal_lr=False))
+    """Learning rate and gradient clipping of the imitation update (epochs/minibatches unused)."""
+
+
+@dataclass
 class LogConfig:
     """Where and how progress is reported."""
 
@@ -152,8 +172,8 @@ class TrainConfig:
     """Parent directory of run directories."""
     seed: int = 0
     """Seed of torch, numpy, python and the environments."""
-    algo: Literal["ppo", "grpo"] = "ppo"
-    """Training algorithm."""
+    algo: Literal["ppo", "grpo", "distill"] = "ppo"
+    """Training algorithm: ``ppo``, ``grpo``, or ``distill`` (imitate a state teacher, DAgger)."""
     total_env_steps: int = 200_000
     """Stop after this many environment steps (summed over environments)."""
     stop_success: float | None = None
@@ -170,6 +190,8 @@ class TrainConfig:
     """PPO section (used when ``algo=ppo``)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """GRPO section (used when ``algo=grpo``)."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """Distillation section (used when ``algo=distill``)."""
     policy: Any = None
     """Policy section: ``name`` picks a model of ``policies.MODELS``, the other keys are its fields."""
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -404,6 +426,7 @@ def validate(cfg: TrainConfig) -> None:
         "env.num_envs": cfg.env.num_envs,
         "total_env_steps": cfg.total_env_steps,
         "ppo.rollout_steps": cfg.ppo.rollout_steps,
+        "distill.rollout_steps": cfg.distill.rollout_steps,
         "grpo.group_size": cfg.grpo.group_size,
         "eval.num_envs": cfg.eval.num_envs,
     }
@@ -415,6 +438,11 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"{cfg.algo}.optim.kl_adaptive_lr=true needs {cfg.algo}.optim.target_kl (e.g. 0.01)")
     if optim.num_minibatches < 1 or optim.epochs < 1:
         raise ConfigError(f"{cfg.algo}.optim.epochs and num_minibatches must be at least 1")
+    if cfg.algo == "distill" and not cfg.distill.teacher:
+        raise ConfigError(
+            "algo=distill needs distill.teacher=PATH, a checkpoint of a state-policy run, e.g. "
+            "python scripts/train.py --config configs/reach_state_ppo.yaml name=teacher, then distill.teacher=runs/teacher"
+        )
     if cfg.algo == "grpo":
         if cfg.env.kind != "sims":
             raise ConfigError("algo=grpo needs env.kind=sims (groups of G environments sharing an initial state)")
@@ -431,7 +459,7 @@ def validate(cfg: TrainConfig) -> None:
 
 def algo_optim(cfg: TrainConfig) -> OptimConfig:
     """The optimiser section of the selected algorithm."""
-    return cfg.ppo.optim if cfg.algo == "ppo" else cfg.grpo.optim
+    return {"ppo": cfg.ppo.optim, "grpo": cfg.grpo.optim, "distill": cfg.distill.optim}[cfg.algo]
 
 
 def check_task(env: EnvConfig) -> None:

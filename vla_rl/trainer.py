@@ -22,6 +22,7 @@ from tensordict import TensorDict
 import policies
 from vla_rl import checkpoint as ckpt
 from vla_rl.config import RESUMABLE_KEYS, TrainConfig, algo_optim, diff_configs, save_yaml, to_dict
+from vla_rl.distill import action_agreement, imitation_update, label, load_teacher
 from vla_rl.envs import make_env
 from vla_rl.evaluate import evaluate_policy
 from vla_rl.grpo import episode_batch, group_advantages
@@ -78,6 +79,10 @@ class Trainer:
         else:  # GRPO: no critic; advantages are already normalised within each group.
             weights = LossWeights(vf_coef=0.0, clip_value=False, norm_adv=False)
         self.updater = ClippedUpdate(self.policy, algo_optim(cfg), weights)
+        self.buffer: TensorDict | None = None  # distillation's aggregated, labelled observations
+        self.teacher = (
+            load_teacher(cfg.distill.teacher, first_obs, action_dim, self.device) if cfg.algo == "distill" else None
+        )
         self.stats = EpisodeStats.zeros(collector.num_envs)
         self.reward_scaler = (
             RewardScaler(collector.num_envs, cfg.ppo.gamma) if cfg.algo == "ppo" and cfg.ppo.normalize_reward else None
@@ -133,13 +138,19 @@ class Trainer:
         """One iteration: collect experience, update the policy; returns its metrics (not logged)."""
         start = time.perf_counter()
         timer = Timer()
+        self.collect_metrics: dict[str, float] = {}
         lr = self.updater.set_progress(self.env_steps / self.cfg.total_env_steps)
-        if self.cfg.algo == "ppo":
-            batch, steps = self._collect_ppo(timer)
-        else:
-            batch, steps = self._collect_grpo(timer)
+        collect = {"ppo": self._collect_ppo, "grpo": self._collect_grpo, "distill": self._collect_distill}
+        batch, steps = collect[self.cfg.algo](timer)
         update_start = time.perf_counter()
-        metrics = self.updater.update(batch)
+        if self.cfg.algo == "distill":
+            d = self.cfg.distill
+            self.buffer = batch if self.buffer is None else torch.cat([self.buffer, batch])[-d.buffer_size :]
+            metrics = imitation_update(
+                self.policy, self.updater.optimizer, self.buffer, d.updates, d.batch_size, d.optim.max_grad_norm
+            )
+        else:
+            metrics = self.updater.update(batch)
         # Statistics move only after the update, so the update saw the ones used at collection.
         self.policy.update_normalization(batch["obs"])
         timer.add("update", time.perf_counter() - update_start)
@@ -147,6 +158,7 @@ class Trainer:
         self.env_steps += steps
         elapsed = time.perf_counter() - start
         metrics |= self.stats.pop_summary()
+        metrics |= self.collect_metrics
         metrics |= self.collector.metrics()
         metrics |= {f"time/{k}": v for k, v in timer.seconds.items()}
         metrics |= {
@@ -182,6 +194,21 @@ class Trainer:
             (float(r), int(n) * chunk, bool(s)) for r, n, s in zip(returns, alive.sum(0), success)
         ]
         return episode_batch(batch, advantage).to(self.device), batch.numel() * chunk
+
+    def _collect_distill(self, timer: Timer) -> tuple[TensorDict, int]:
+        cfg = self.cfg.distill
+        teacher_acts = self.iteration < cfg.teacher_iterations
+        actor = self.teacher if teacher_acts else self.policy
+        batch = self.collector.collect(actor, cfg.rollout_steps, timer)
+        account(batch, self.stats, None)
+        chunk = _chunk_len(batch["action"], batch.batch_dims)
+        flat = batch.select("obs", "action").reshape(-1)
+        start = time.perf_counter()
+        flat["teacher_action"] = label(self.teacher, flat["obs"].to(self.device)).cpu()
+        timer.add("infer", time.perf_counter() - start)
+        # How close the acting policy's (sampled) actions were to the teacher's labels.
+        self.collect_metrics["action_agreement"] = action_agreement(flat["action"], flat["teacher_action"])
+        return flat.select("obs", "teacher_action").to(self.device), batch.numel() * chunk
 
     # ------------------------------------------------------------------------------------ evaluation
 
@@ -231,6 +258,7 @@ class Trainer:
             "episode_stats": self.stats.state_dict(),
             "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
             "wandb_id": self.log.wandb_id,
+            "buffer": None if self.buffer is None else self.buffer.to_dict(),
         }
         return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration)
 
@@ -263,6 +291,8 @@ class Trainer:
         self.stats.load_state_dict(state["episode_stats"])
         if self.reward_scaler is not None:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
+        if state.get("buffer") is not None:
+            self.buffer = TensorDict.from_dict(state["buffer"], batch_size=[state["buffer"]["teacher_action"].shape[0]])
         self.collector.set_state(state["collector"], reset_seed=self.cfg.seed + self.iteration)
         ckpt.set_rng_state(state["rng"])
 
