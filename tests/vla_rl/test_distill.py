@@ -39,7 +39,7 @@ def test_student_imitates_teacher(tmp_path):
 
 
 def test_distill_needs_a_usable_teacher(tmp_path):
-    with pytest.raises(ConfigError, match="algo=distill needs distill.teacher=PATH"):
+    with pytest.raises(ConfigError, match=r"algo=distill needs distill\.teacher=PATH"):
         build_config({**BASE, "algo": "distill"})
     cfg = build_config({**BASE, "out_dir": str(tmp_path), "algo": "distill", "distill": {"teacher": str(tmp_path / "none")}})
     with pytest.raises(CheckpointError, match="no checkpoint at"):
