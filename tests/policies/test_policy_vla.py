@@ -136,7 +136,7 @@ def test_language_conditions_vision_in_supervised_pointing() -> None:
     policy = policies.load("vla", sample, action_dim=2)  # the default config: 64x64, Gaussian head
     policy.set_instructions(train + heldout)
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
-    for _ in range(300):
+    for _ in range(400):
         obs, target = synthetic.batch(64, synthetic.TRAIN_TEMPLATES, generator)
         policy.update_normalization(obs)
         log_prob, _, _ = policy.evaluate(obs, target)
