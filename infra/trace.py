@@ -86,8 +86,9 @@ def read_pods(path: str | Path) -> list[Pod]:
     return sorted(pods, key=lambda p: p.name)
 
 
-VARIANTS = ("gpushare", "multigpu", "gpuspec")
-"""Workload variants (after the FGD paper's): more GPU sharing, more multi-GPU pods, GPU-model constraints."""
+VARIANTS = ("gpushare", "multigpu", "gpuspec", "cpuheavy")
+"""Workload variants: more GPU sharing, more multi-GPU pods, GPU-model constraints (after the FGD
+paper's), and more CPU-heavy GPU pods."""
 
 
 def make_variant(pods: list[Pod], kind: str, fraction: float, models: list[str], seed: int) -> list[Pod]:
@@ -99,7 +100,9 @@ def make_variant(pods: list[Pod], kind: str, fraction: float, models: list[str],
             copies of random sharing pods); ``multigpu``: ``fraction`` of the GPU pods ask for 2, 4
             or 8 GPUs (single-GPU pods replaced by copies of random multi-GPU pods); ``gpuspec``:
             ``fraction`` of the GPU pods may only use one GPU model, drawn from ``models`` in
-            proportion to how often it appears there (one entry per GPU of the cluster).
+            proportion to how often it appears there (one entry per GPU of the cluster);
+            ``cpuheavy``: ``fraction`` of the GPU pods ask for more than twice the workload's mean
+            CPU per GPU (other GPU pods replaced by copies of random such pods).
         fraction: the target share of GPU pods, in [0, 1].
         models: GPU models of the cluster, one entry per GPU (``gpuspec`` only).
         seed: seeds the random choices.
@@ -134,7 +137,12 @@ def make_variant(pods: list[Pod], kind: str, fraction: float, models: list[str],
                 frozenset({models[int(rng.integers(len(models)))]}),
             )
         return out
-    is_kind = (lambda p: p.gpu_milli < MILLI) if kind == "gpushare" else (lambda p: p.num_gpu > 1)
+    ratio = sum(out[i].cpu for i in gpu_idx) / max(1, sum(out[i].total_gpu_milli for i in gpu_idx))
+    is_kind = {
+        "gpushare": lambda p: p.gpu_milli < MILLI,
+        "multigpu": lambda p: p.num_gpu > 1,
+        "cpuheavy": lambda p: p.cpu > 2 * ratio * p.total_gpu_milli,
+    }[kind]
     have = [i for i in gpu_idx if is_kind(out[i])]
     others = [i for i in gpu_idx if not is_kind(out[i])]
     if kind == "multigpu":

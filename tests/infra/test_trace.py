@@ -56,15 +56,50 @@ def test_replay_on_a_subsampled_cluster(openb):
     assert results["random"].alloc_curve[100] < min(
         results[n].alloc_curve[100] for n in ("bestfit", "fgd", "fgd-strand")
     )
+    # The project's policy beats FGD on the default workload (full cluster: +0.5 points at 100%).
+    assert results["fgd-strand"].alloc_curve[100] >= results["fgd"].alloc_curve[100] + 0.3
+
+
+@pytest.mark.parametrize(
+    ("variant", "margin"),
+    [
+        # Many large multi-GPU pods: the stranding tie-break must not take the CPU-rich nodes they need.
+        ("multigpu:0.3", -0.25),
+        # Many CPU-heavy GPU pods: stranded GPUs are the main loss, and the policy avoids them.
+        ("cpuheavy:0.3", 2.0),
+    ],
+)
+def test_own_policy_against_fgd_on_variants(openb, variant, margin):
+    """Mean allocation of fgd-strand at 100% and 130% arrived >= FGD's + margin (seeds 42-43, 1/12 cluster)."""
+    cluster, pods, _ = openb
+    kind, _, fraction = variant.partition(":")
+    pods = make_variant(pods, kind, float(fraction), [g.model for n in cluster.nodes for g in n.gpus], seed=0)
+    typical = TypicalPods.from_shapes([p.shape for p in pods])
+    state = ClusterState(Cluster(cluster.nodes[::12]))
+    seqs = [(s, arrival_sequence(pods, state.total_gpu_milli(), 1.3, s)) for s in (42, 43)]
+    alloc = {
+        name: np.mean(
+            [
+                replay(state, q, policies.load(name, typical=typical), typical, s).alloc_curve[[100, 130]]
+                for s, q in seqs
+            ],
+            axis=0,
+        )
+        for name in ("fgd", "fgd-strand")
+    }
+    assert (alloc["fgd-strand"] >= alloc["fgd"] + margin).all(), alloc
 
 
 def test_variants_change_what_they_say(openb):
     cluster, pods, _ = openb
     models = [g.model for n in cluster.nodes for g in n.gpus]
+    gpu_pods = [p for p in pods if p.num_gpu]
+    ratio = sum(p.cpu for p in gpu_pods) / sum(p.total_gpu_milli for p in gpu_pods)
     for kind, check in (
         ("gpushare", lambda p: p.gpu_milli < 1000),
         ("multigpu", lambda p: p.num_gpu > 1),
         ("gpuspec", lambda p: len(p.models) == 1),
+        ("cpuheavy", lambda p: p.cpu > 2 * ratio * p.total_gpu_milli),
     ):
         want = 0.3 if kind == "multigpu" else 0.6
         v = make_variant(pods, kind, want, models, seed=0)
