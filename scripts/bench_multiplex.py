@@ -44,9 +44,11 @@ def _hours(gpu_s: float) -> float:
     return gpu_s / 3600
 
 
-def _evaluate_pool(jobs: list[JobProfile], hw: Hardware, pool: ServicePool, seed: int) -> dict[str, object]:
+def _evaluate_pool(
+    jobs: list[JobProfile], hw: Hardware, pool: ServicePool, seed: int, arrivals: list[float]
+) -> dict[str, object]:
     ded = dedicated_service_jct(jobs, hw, seed)
-    out = simulate_services(jobs, hw, pool, seed)
+    out = simulate_services(jobs, hw, pool, seed, arrivals=arrivals)
     slow = {n: out.jobs[n]["jct_s"] / ded[n].jobs[n]["jct_s"] for n in out.jobs}
     reserved = sum(p.gpus * ded[p.name].jobs[p.name]["jct_s"] for p in jobs)
     return {
@@ -59,7 +61,14 @@ def _evaluate_pool(jobs: list[JobProfile], hw: Hardware, pool: ServicePool, seed
 
 
 def request_level(
-    jobs: list[JobProfile], hw: Hardware, base: ServicePool, *, bound: float, seed: int, max_gpus: int
+    jobs: list[JobProfile],
+    hw: Hardware,
+    base: ServicePool,
+    *,
+    bound: float,
+    seed: int,
+    max_gpus: int,
+    arrivals: list[float],
 ) -> dict[str, object]:
     """Dedicated baseline and the smallest shared service pool within ``bound`` on ``seed``, in the
     service engine; that pool re-run on ``seed + 1``; and a pool sized on seeds ``seed, seed + 1``
@@ -78,9 +87,11 @@ def request_level(
         "jct_per_job_s": ded_jct,
     }
     try:
-        sized = size_service_pool(jobs, hw, base, max_slowdown=bound, seeds=[seed], max_gpus=max_gpus)
+        sized = size_service_pool(
+            jobs, hw, base, max_slowdown=bound, seeds=[seed], max_gpus=max_gpus, arrivals=arrivals
+        )
         robust = size_service_pool(
-            jobs, hw, base, max_slowdown=bound, seeds=[seed, seed + 1], max_gpus=max_gpus
+            jobs, hw, base, max_slowdown=bound, seeds=[seed, seed + 1], max_gpus=max_gpus, arrivals=arrivals
         )
     except ValueError as e:  # no pool within the cluster meets the bound: a result, not a crash
         return {"dedicated": dedicated, "request_level": None, "error": str(e)}
@@ -106,14 +117,14 @@ def request_level(
             "charged_gpu_hours_per_job": {n: _hours(r["charged_gpu_s"]) for n, r in out.jobs.items()},
             "pool_sizes_tried": sized.tried,
         },
-        "same_pool_other_draws": _evaluate_pool(jobs, hw, sized.pool, seed + 1),
+        "same_pool_other_draws": _evaluate_pool(jobs, hw, sized.pool, seed + 1, arrivals),
         "sized_on_two_draws": {
             "sizing_seeds": [seed, seed + 1],
             "pool": dataclasses.asdict(robust.pool),
             "gpus_used": robust.pool.rollout_gpus + robust.pool.trainer_gpus,
             "slowdown_max_ratio_on_sizing_seeds": max(robust.slowdown.values()),
             "pool_sizes_tried": robust.tried,
-            "evaluated_on_third_draw": _evaluate_pool(jobs, hw, robust.pool, seed + 2),
+            "evaluated_on_third_draw": _evaluate_pool(jobs, hw, robust.pool, seed + 2, arrivals),
         },
     }
 
@@ -135,6 +146,12 @@ def main(argv: list[str]) -> int:
         "--home-nodes", type=int, default=2, help="nodes holding each job's state (request-level affinity)"
     )
     ap.add_argument(
+        "--stagger-s",
+        type=float,
+        default=0.0,
+        help="request-level runs only: job k arrives at k * this (default 0: all start together, as the other placements)",
+    )
+    ap.add_argument(
         "--max-resident", type=int, default=1, help="jobs' weights resident on one rollout GPU at once"
     )
     ap.add_argument("--router-instances", type=int, default=4)
@@ -148,6 +165,8 @@ def main(argv: list[str]) -> int:
     if any(b < 1.0 for b in [*bounds, args.service_slowdown]):
         ap.error(f"--slowdowns {args.slowdowns!r}: every bound must be >= 1.0 (1.10 = at most 10% slower)")
 
+    if args.stagger_s < 0:
+        ap.error(f"--stagger-s {args.stagger_s}: must be >= 0 seconds")
     console = Console()
     hw = Hardware()
     jobs = mixed_workload(args.jobs, args.iterations)
@@ -185,7 +204,10 @@ def main(argv: list[str]) -> int:
 
     console.print("sizing the shared service pool (request-level multiplexing)")
     base = ServicePool(1, jobs[0].gpus, home_nodes=args.home_nodes, max_resident=args.max_resident)
-    services = request_level(jobs, hw, base, bound=args.service_slowdown, seed=args.seed, max_gpus=args.gpus)
+    arrivals = [k * args.stagger_s for k in range(len(jobs))]
+    services = request_level(
+        jobs, hw, base, bound=args.service_slowdown, seed=args.seed, max_gpus=args.gpus, arrivals=arrivals
+    )
 
     cost = EngineCost()
     wl = RouterWorkload(requests=args.router_requests, rate_per_s=args.router_rate)

@@ -648,7 +648,13 @@ def _homes(index: int, n_nodes: int, k: int) -> list[int]:
 
 
 def simulate_services(
-    profiles: list[JobProfile], hw: Hardware, pool: ServicePool, seed: int, *, trace: bool = False
+    profiles: list[JobProfile],
+    hw: Hardware,
+    pool: ServicePool,
+    seed: int,
+    *,
+    arrivals: Sequence[float] | None = None,
+    trace: bool = False,
 ) -> ServiceResult:
     """Request-level multiplexing: every job's generation requests and train steps run on shared services.
 
@@ -671,6 +677,8 @@ def simulate_services(
       the state in and out first (``2 * 16 * params / gpus / pcie``, as a train slice of
       :func:`simulate_group`); the train time is the same as a dedicated job's.
     - Charging: a job is charged the GPU-time of its chunks and train steps, swaps included.
+    - Arrivals: job ``k`` starts at ``arrivals[k]`` (default: all at 0); its JCT counts from there,
+      and the pool is reserved from the first arrival to the last end.
     """
     gpus = profiles[0].gpus
     if any(p.gpus != gpus for p in profiles):
@@ -685,6 +693,9 @@ def simulate_services(
         )
     if len({p.name for p in profiles}) != len(profiles):
         raise ValueError("job names must be unique.")
+    arrive = [0.0] * len(profiles) if arrivals is None else [float(a) for a in arrivals]
+    if len(arrive) != len(profiles) or min(arrive) < 0:
+        raise ValueError(f"arrivals {arrivals}: give one start time >= 0 per job ({len(profiles)} jobs).")
     n_rnodes = -(-pool.rollout_gpus // pool.node_gpus)
     inst = [_Instance(i // pool.node_gpus, pool.max_resident) for i in range(pool.rollout_gpus)]
     by_node = [[i for i, x in enumerate(inst) if x.node == nd] for nd in range(n_rnodes)]
@@ -861,7 +872,7 @@ def simulate_services(
             request(j, s, t)
 
     for j in range(len(jobs)):
-        start_rollout(j, 0.0)
+        push(arrive[j], 4, j)
     t = 0.0
     while True:
         for i in sorted(kick):
@@ -878,6 +889,8 @@ def simulate_services(
         elif kind == 2:
             train_queue.append(a)
             start_trains(t)
+        elif kind == 4:
+            start_rollout(a, t)
         else:
             gang_free[a] = True
             job = jobs[b]
@@ -890,10 +903,13 @@ def simulate_services(
             start_trains(t)
     if any(j.end < 0 for j in jobs):
         raise RuntimeError("service simulation stalled with unfinished jobs (a bug in the event loop).")
-    res.makespan_s = max(j.end for j in jobs)
+    res.makespan_s = max(j.end for j in jobs) - min(arrive)
     res.reserved_gpu_s = (pool.rollout_gpus + pool.trainer_gpus) * res.makespan_s
     res.busy_gpu_s = sum(j.charged for j in jobs)
-    res.jobs = {j.p.name: {"jct_s": j.end, "charged_gpu_s": j.charged, "swap_gpu_s": j.swapped} for j in jobs}
+    res.jobs = {
+        j.p.name: {"jct_s": j.end - arrive[j.index], "charged_gpu_s": j.charged, "swap_gpu_s": j.swapped}
+        for j in jobs
+    }
     return res
 
 
@@ -927,6 +943,7 @@ def size_service_pool(
     max_slowdown: float,
     seeds: Sequence[int],
     max_gpus: int,
+    arrivals: Sequence[float] | None = None,
 ) -> PoolSizing:
     """Smallest ``rollout_gpus + trainer_gpus`` (other fields from ``base``) whose runs on every seed
     in ``seeds`` keep every job's JCT within ``max_slowdown`` of its dedicated JCT on that seed
@@ -934,7 +951,8 @@ def size_service_pool(
 
     For each trainer size (multiples of the jobs' ``gpus``), binary search over rollout GPUs (slowdown
     assumed non-increasing in pool size), skipping sizes that cannot beat the best found. The result
-    holds the run on ``seeds[0]`` and each job's worst slowdown over the seeds. Raises ``ValueError``
+    holds the run on ``seeds[0]`` and each job's worst slowdown over the seeds; ``arrivals`` as in
+    :func:`simulate_services`. Raises ``ValueError``
     if no pool of at most ``max_gpus`` GPUs meets the bound.
     """
     if not seeds:
@@ -952,7 +970,9 @@ def size_service_pool(
             worst: dict[str, float] = {}
             first = None
             for sd in seeds:
-                out = simulate_services(profiles, hw, replace(base, rollout_gpus=r, trainer_gpus=t), sd)
+                out = simulate_services(
+                    profiles, hw, replace(base, rollout_gpus=r, trainer_gpus=t), sd, arrivals=arrivals
+                )
                 first = first or out
                 for n in out.jobs:
                     worst[n] = max(worst.get(n, 0.0), out.jobs[n]["jct_s"] / dedicated[sd][n])
@@ -976,8 +996,11 @@ def size_service_pool(
                 hi = mid
         best = (hi, t)
     if best is None:
+        near = min(tried, key=lambda x: x["max_slowdown"])
         raise ValueError(
-            f"no service pool of at most {max_gpus} GPUs keeps every job within {max_slowdown:.2f}x its dedicated JCT; raise max_gpus or the bound."
+            f"no service pool of at most {max_gpus} GPUs keeps every job within {max_slowdown:.2f}x its dedicated JCT "
+            f"(closest tried: {near['rollout_gpus']} rollout + {near['trainer_gpus']} trainer GPUs, worst slowdown "
+            f"{near['max_slowdown']:.3f}); raise max_gpus or the bound."
         )
     hit = cache[best]
     assert hit is not None

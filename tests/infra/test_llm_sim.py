@@ -177,6 +177,14 @@ def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
     assert out.jobs["b"]["jct_s"] == pytest.approx(2 * rollout + train, rel=1e-9)
     assert out.jobs["b"]["charged_gpu_s"] == pytest.approx(rollout + train, rel=1e-9)
     assert out.reserved_gpu_s == pytest.approx(2 * (2 * rollout + train), rel=1e-9)
+    # b arriving after a is done runs as if alone (its weights and train state still swap in)
+    later = simulate_services(
+        jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0, arrivals=[0.0, 100.0]
+    )
+    assert later.jobs["b"]["jct_s"] == pytest.approx(rollout + train, rel=1e-9)
+    assert later.makespan_s == pytest.approx(100.0 + rollout + train, rel=1e-9)
+    with pytest.raises(ValueError, match="one start time >= 0 per job"):
+        simulate_services(jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0, arrivals=[0.0])
     alone = dedicated_service_jct([p], hw, seed=0)["a"]
     assert alone.jobs["a"]["jct_s"] == pytest.approx(rollout + train - swap_roll - swap_train, rel=1e-9)
 
