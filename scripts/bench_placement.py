@@ -9,7 +9,8 @@ for a few PPO iterations in each mode — ``inprocess`` (no Ray), then ``colocat
 ``disaggregated`` and ``pipelined`` through ``vla_rl.fleet.run_job`` on one local Ray cluster
 whose logical GPUs are declared by ``fleet.cluster`` (loopback, CPU only) — and reports, from each
 run's metrics.csv without its first (warm-up) iteration, env-steps/s and the seconds per
-iteration spent simulating, rendering, inferring, updating and waiting. ``wait`` is the time shards
+iteration spent simulating, rendering, inferring, updating and waiting — the median over
+``--rounds`` interleaved rounds, since the load of a shared machine drifts. ``wait`` is the time shards
 sat blocked on the inference server (inference that simulation did not hide, plus transport), so
 ``infer - wait`` is the inference the mode hid behind simulation.
 """
@@ -20,6 +21,7 @@ import argparse
 import csv
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -40,12 +42,12 @@ MODES = ("inprocess", "colocated", "disaggregated", "pipelined")
 PHASES = ("simulate", "render", "infer", "update", "wait")
 
 
-def mode_config(args: argparse.Namespace, mode: str, out_dir: Path) -> TrainConfig:
+def mode_config(args: argparse.Namespace, mode: str, out_dir: Path, round_index: int = 0) -> TrainConfig:
     """The benchmarked job in ``mode``: no evaluation, no videos, ``--iterations`` iterations."""
     base = load_config(args.config, args.overrides)
     steps = args.iterations * base.env.num_envs * base.ppo.rollout_steps
     fixed = [
-        f"fleet.mode={mode}", f"total_env_steps={steps}", f"out_dir={out_dir}", f"name=bench-{mode}",
+        f"fleet.mode={mode}", f"total_env_steps={steps}", f"out_dir={out_dir}", f"name=bench-{mode}-r{round_index}",
         "eval.every=0", "stop_success=null", "checkpoint_every=1000", "log.wandb=disabled", "log.progress=false",
         "log.video=false",
     ]
@@ -86,6 +88,13 @@ def summarize(rows: list[dict[str, float]], warmup: int) -> dict[str, float]:
     return out
 
 
+def median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Per-key median over rounds, plus every round's env-steps/s."""
+    out = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    out["env_steps_per_s_rounds"] = [r["env_steps_per_s"] for r in rounds]
+    return out
+
+
 def ratios(results: dict[str, dict[str, float]]) -> dict[str, float]:
     """Ray overhead against in-process, and pipelined against co-located."""
     out: dict[str, float] = {}
@@ -120,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--iterations", type=int, default=5, help="PPO iterations per mode (the first is warm-up)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="repeat all modes this many times, interleaved, and report medians (load drifts)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     parser.add_argument("--json", type=Path, default=None, help="write machine/config/results as JSON")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
@@ -130,25 +141,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes has unknown mode(s) {unknown}; valid: {', '.join(MODES)}")
     if args.iterations < 2:
         parser.error(f"--iterations={args.iterations}: need at least 2 (the first is warm-up)")
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds} must be at least 1")
 
     out_dir = Path(tempfile.mkdtemp(prefix="bench_placement_"))
-    results: dict[str, dict[str, float]] = {}
+    rounds: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     configs = {mode: mode_config(args, mode, out_dir) for mode in modes}
+    ray_modes = [m for m in modes if m != "inprocess"]
     console = Console()
     try:
-        if "inprocess" in configs:
-            console.print("[bold]inprocess[/bold] ...")
-            results["inprocess"] = summarize(run_mode(configs["inprocess"]), warmup=1)
-        ray_modes = [m for m in modes if m != "inprocess"]
-        if ray_modes:
-            from vla_rl.fleet.job import ray_cluster
+        for r in range(args.rounds):
+            if "inprocess" in modes:  # without Ray running, as a user would train in process
+                console.print(f"round {r + 1}/{args.rounds}: [bold]inprocess[/bold] ...")
+                rows = run_mode(mode_config(args, "inprocess", out_dir, r))
+                rounds["inprocess"].append(summarize(rows, warmup=1))
+            if ray_modes:
+                from vla_rl.fleet.job import ray_cluster
 
-            with ray_cluster(configs[ray_modes[0]].fleet):
-                for mode in ray_modes:
-                    console.print(f"[bold]{mode}[/bold] on the local Ray cluster ...")
-                    results[mode] = summarize(run_mode(configs[mode]), warmup=1)
+                with ray_cluster(configs[ray_modes[0]].fleet):
+                    for mode in ray_modes:
+                        console.print(f"round {r + 1}/{args.rounds}: [bold]{mode}[/bold] on the local Ray cluster ...")
+                        rounds[mode].append(summarize(run_mode(mode_config(args, mode, out_dir, r)), warmup=1))
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+    results = {mode: median_of(rounds[mode]) for mode in modes}
 
     extra = ratios(results)
     print_table(results, extra)
@@ -156,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = configs[modes[0]]
         config = {
             "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
-            "iterations": args.iterations, "warmup_iterations": 1, "num_envs": cfg.env.num_envs,
+            "iterations": args.iterations, "warmup_iterations": 1, "rounds": args.rounds, "statistic": "median", "num_envs": cfg.env.num_envs,
             "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
             "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
             "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
