@@ -211,7 +211,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seconds", type=float, default=3.0, help="timing window per figure")
     parser.add_argument("--gym-copies", type=int, default=8, help="AsyncVectorEnv processes")
-    parser.add_argument("--mjx-envs", type=int, default=64)
+    parser.add_argument("--mjx-envs", type=int, default=8,
+                        help="MJX batch (16+ hung in XLA's CPU runtime on the 2-core test machine)")
     parser.add_argument("--skip-mjx", action="store_true")
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--render-only", type=int, help=argparse.SUPPRESS)
