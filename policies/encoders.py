@@ -90,7 +90,7 @@ class ConvEncoder(nn.Module):
         for i, (conv, film) in enumerate(zip(self.convs, self.films)):
             gamma, beta = film(cond).unsqueeze(-1).unsqueeze(-1).chunk(2, dim=1)
             x = conv(x) + self.position if i == 0 else conv(x)
-            x = self.act(x * (1.0 + gamma) + beta)
+            x = self.act(torch.addcmul(beta, x, 1.0 + gamma))
         return x
 
 
