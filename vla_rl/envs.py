@@ -190,7 +190,7 @@ def make_env(
 
     Args:
         cfg: The environment section of the run config.
-        seed: Seed of the environments' randomness.
+        seed: Seed of a ``sims`` env's episode streams (gymnasium envs are seeded by the first ``reset_td(seed)``).
         num_envs: Number of environments; default ``cfg.num_envs``.
         instructions: Instruction set (``train`` or ``heldout``) for ``sims`` tasks.
         group_size: Consecutive environments sharing each episode's initial state (GRPO).

@@ -76,7 +76,7 @@ class Trainer:
         self.policy.set_instructions(list(collector.instructions))
         if cfg.algo == "ppo":
             weights = LossWeights(vf_coef=cfg.ppo.vf_coef, clip_value=cfg.ppo.clip_value, norm_adv=cfg.ppo.norm_adv)
-        else:  # GRPO: no critic; advantages are already normalised within each group.
+        else:  # GRPO: no critic, advantages already normalised per group (distillation uses only the optimiser).
             weights = LossWeights(vf_coef=0.0, clip_value=False, norm_adv=False)
         self.updater = ClippedUpdate(self.policy, algo_optim(cfg), weights)
         self.buffer: TensorDict | None = None  # distillation's aggregated, labelled observations
@@ -106,15 +106,14 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Run iterations until the step budget (or ``stop_success``) is reached; returns the summary."""
         cfg = self.cfg
-        last_eval: dict[str, float] = {}
         try:
             while self.env_steps < cfg.total_env_steps:
                 metrics = self.step()
                 done = self.env_steps >= cfg.total_env_steps
                 if cfg.eval.every and (self.iteration % cfg.eval.every == 0 or done):
-                    last_eval = self.evaluate(record=cfg.log.video)
-                    metrics |= last_eval
-                    held = last_eval.get("eval/heldout/success", last_eval.get("eval/train/success"))
+                    evaluation = self.evaluate(record=cfg.log.video)
+                    metrics |= evaluation
+                    held = evaluation.get("eval/heldout/success", evaluation.get("eval/train/success"))
                     if cfg.stop_success is not None and held is not None and held >= cfg.stop_success:
                         done = True
                 metrics["wall_time"] = self.wall_time()
@@ -127,7 +126,9 @@ class Trainer:
             self.log.plot()
             self.log.close()
         summary = self.summary()
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        tmp = self.run_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.run_dir / "summary.json")
         return summary
 
     def wall_time(self) -> float:
