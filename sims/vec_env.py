@@ -176,15 +176,15 @@ class SimVectorEnv(gym.vector.VectorEnv):
                              xp.asarray(self._b))
         sel = slice(None) if ids is None else ids
         obs = {
-            "proprio": np.asarray(out["proprio"])[sel],
-            "state": np.asarray(out["state"])[sel],
+            "proprio": np.array(out["proprio"])[sel],  # copies: JAX results are read-only
+            "state": np.array(out["state"])[sel],
             "instruction": self._instruction[sel].copy(),
             "task": self._task[sel].copy(),
         }
         if self._renderer is not None:
             qpos, mocap = np.asarray(b.qpos)[sel], np.asarray(b.mocap_pos)[sel]
             obs.update(self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours[sel]], self.layout))
-        return obs, np.asarray(out["reward"])[sel], np.asarray(out["success"])[sel]
+        return obs, np.array(out["reward"])[sel], np.array(out["success"])[sel]
 
     # ----------------------------------------------------------------------------- core
     def _check_action(self, action: Any) -> np.ndarray:

@@ -36,6 +36,10 @@ def runs() -> dict[str, list[dict[str, np.ndarray]]]:
         for a in actions:
             step = env.step_arrays(a)
             trace.append({**step["observation"], "reward": step["reward"]})
+        # One more step at the episodes' step limits: every environment truncates and autoresets.
+        env._steps[:] = env._max_steps[env._task] - 1
+        last = env.step_arrays(actions[0])
+        trace.append({**last["observation"], "reward": last["reward"], "truncated": last["truncated"]})
         out[backend] = trace
     return out
 
@@ -47,8 +51,16 @@ def test_backends_start_identically(runs) -> None:
         np.testing.assert_allclose(runs["batch"][0][key], runs["mjx"][0][key], atol=1e-6)
 
 
+def test_backends_autoreset_alike(runs) -> None:
+    ref, got = runs["batch"][-1], runs["mjx"][-1]
+    assert ref["truncated"].all() and got["truncated"].all()
+    for key in ("instruction", "task"):
+        np.testing.assert_array_equal(got[key], ref[key])
+    np.testing.assert_allclose(got["state"], ref["state"], atol=1e-6)
+
+
 def test_backends_agree_over_short_horizon(runs) -> None:
-    for t, (ref, got) in enumerate(zip(runs["batch"], runs["mjx"])):
+    for t, (ref, got) in enumerate(zip(runs["batch"][:-1], runs["mjx"][:-1])):
         np.testing.assert_allclose(got["proprio"][:, :3], ref["proprio"][:, :3], atol=ARM_TOL_M,
                                    err_msg=f"arm position, step {t}")
         np.testing.assert_allclose(got["state"][:, 9:], ref["state"][:, 9:], atol=OBJECT_TOL_M,
