@@ -240,9 +240,6 @@ class SimVectorEnv(gym.vector.VectorEnv):
 
     def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
-        if seed is not None:
-            self._seed = int(seed)
-            self._episode[:] = 0
         if mask is None:
             ids = np.arange(self.num_envs)
         else:
@@ -251,6 +248,9 @@ class SimVectorEnv(gym.vector.VectorEnv):
                 raise ValueError(f"reset mask must be a bool array of shape ({self.num_envs},); "
                                  f"got {mask.dtype} {mask.shape}")
             ids = np.flatnonzero(mask)
+        if seed is not None:  # restart the episode streams of the environments reset here
+            self._seed = int(seed)
+            self._episode[ids] = 0
         if len(ids):
             self._start_episodes(ids)
         self._obs = self._observe()[0]
