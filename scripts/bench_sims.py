@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -35,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gymnasium as gym
 import mujoco
 import numpy as np
+from bench_report import write_report
 from rich.console import Console
 from rich.table import Table
 
@@ -43,26 +42,6 @@ from sims import tasks as T
 from sims.render import BatchRenderer, RenderConfig
 from sims.scene import SceneConfig, build_model
 from sims.vec_env import ACTION_DIM, EnvConfig, make_vec_env
-
-
-def machine() -> dict:
-    """Cores, CPU model, GPU (none here) and package versions."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cores": os.cpu_count(),
-        "cpu_model": cpu,
-        "gpu": None,
-        "load_average_1m_at_start": os.getloadavg()[0],
-        "python": platform.python_version(),
-        "packages": {p: version(p) for p in ("mujoco", "numpy", "gymnasium", "jax", "torch", "tensordict")},
-    }
 
 
 def timed(fn, seconds: float, min_calls: int = 3) -> float:
@@ -222,7 +201,6 @@ def main() -> None:
         return
 
     console = Console()
-    host = machine()
     results: dict = {}
     with console.status("full step vs raw mujoco.batch physics"):
         results.update(bench_full_and_raw(args.task, args.envs, args.threads, args.seconds))
@@ -255,11 +233,7 @@ def main() -> None:
     if args.json:
         config = {k: v for k, v in vars(args).items() if k not in ("json", "render_only")}
         config["frame_skip"] = EnvConfig().frame_skip
-        report = {"machine": host, "config": config, "results": results}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        tmp.replace(args.json)
+        write_report(args.json, config, results)
         console.print(f"wrote {args.json}")
 
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -29,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax
 import numpy as np
+from bench_report import write_report
 from rich.console import Console
 
 from sims import tasks as T
@@ -108,18 +107,10 @@ def main() -> None:
             env.close()
         results[f"envs_{n}"] = row
         console.print(n, json.dumps({k: round(v, 1) for k, v in row.items()}))
-    report = {
-        "machine": {"cores": os.cpu_count(), "cpu_model": platform.processor(),
-                    "gpu": [str(d) for d in jax.devices()],
-                    "packages": {p: version(p) for p in ("mujoco", "jax", "numpy")}},
-        "config": {k: v for k, v in vars(args).items() if k != "json"},
-        "results": results,
-    }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        tmp.replace(args.json)
+        config = {k: v for k, v in vars(args).items() if k != "json"}
+        config["jax_devices"] = [str(d) for d in jax.devices()]
+        write_report(args.json, config, results)
         console.print(f"wrote {args.json}")
 
 
