@@ -12,6 +12,11 @@ Data flow for a batch of N observations (``C`` cameras, ``d`` = ``cfg.width``)::
         flattened (keeping where things are) and projected to d; concat(cameras, l, p) -> trunk
     trunk (MLP) -> action head (Gaussian / binned, optional chunks) and value head
 
+Asymmetric actor-critic (``critic_obs_keys`` non-empty, e.g. ``("proprio", "state")``): the value
+is a separate MLP over those flat keys (RunningNorm on its input), so ``value()`` and the critic
+skip the image encoder and may read privileged simulator state; the actor is unchanged (pixels +
+language + proprio), and evaluation uses the actor only.
+
 A late-fusion alternative (a transformer over image, language and proprio tokens) was tried
 and removed: on the pointing test of tests/policies it stayed near chance after 1,500 steps,
 where FiLM reaches 99% after 200, at twice the cost per step (docs/policies.md).
@@ -75,6 +80,11 @@ class VLAConfig:
     """Normalise proprioception with running mean/variance (statistics checkpoint with the model)."""
     obs_clip: float = 10.0
     """Clip normalised proprioception to ``[-obs_clip, obs_clip]`` (0 disables clipping)."""
+    critic_obs_keys: tuple[str, ...] = ()
+    """Empty: the value head shares the actor's trunk. Otherwise the flat float keys (e.g.
+    ``("proprio", "state")``) of a separate critic MLP that never sees the images."""
+    critic_hidden_sizes: tuple[int, ...] = (256, 256)
+    """Hidden widths of the separate critic MLP (used only with ``critic_obs_keys``)."""
 
 
 class VLAPolicy(ActorCritic):
@@ -122,6 +132,15 @@ class VLAPolicy(ActorCritic):
         self.trunk = build_mlp(fused, cfg.trunk_sizes, cfg.activation)
         out = cfg.trunk_sizes[-1] if cfg.trunk_sizes else fused
         self.head = make_head(cfg.head, out, action_dim)
+
+        self.critic_keys = tuple(cfg.critic_obs_keys)
+        self.critic_norm: RunningNorm | None = None
+        self.critic_trunk: nn.Sequential | None = None
+        if self.critic_keys:
+            critic_dim = sum(require_key(shapes, k, 1, "VLAPolicy critic")[0] for k in self.critic_keys)
+            self.critic_norm = RunningNorm(critic_dim, clip=cfg.obs_clip)
+            self.critic_trunk = build_mlp(critic_dim, cfg.critic_hidden_sizes, cfg.activation)
+            out = cfg.critic_hidden_sizes[-1] if cfg.critic_hidden_sizes else critic_dim
         self.value_head = value_layer(out)
 
     # --- language -------------------------------------------------------------------------
@@ -174,8 +193,18 @@ class VLAPolicy(ActorCritic):
         if self.cfg.proprio_key:
             parts.append(self._proprio(obs))
         x = self.trunk(torch.cat(parts, dim=-1))
-        return x, x
+        return x, (x if self.critic_trunk is None else self.critic_features(obs))
+
+    def _critic_input(self, obs: TensorDictBase) -> torch.Tensor:
+        return torch.cat([obs_entry(obs, k).float() for k in self.critic_keys], dim=-1)
+
+    def critic_features(self, obs: TensorDictBase) -> torch.Tensor:
+        if self.critic_trunk is None or self.critic_norm is None:
+            return super().critic_features(obs)
+        return self.critic_trunk(self.critic_norm(self._critic_input(obs)))
 
     def update_normalization(self, obs: TensorDictBase) -> None:
         if self.proprio_norm is not None:
             self.proprio_norm.update(obs_entry(obs, self.cfg.proprio_key).float())
+        if self.critic_norm is not None:
+            self.critic_norm.update(self._critic_input(obs))

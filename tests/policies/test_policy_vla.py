@@ -175,3 +175,65 @@ def test_checkpoint_round_trip_restores_outputs_after_set_instructions() -> None
         restored.act(obs, deterministic=True)["action"], policy.act(obs, deterministic=True)["action"]
     )
     assert torch.equal(restored.value(obs), policy.value(obs))
+
+
+def _asym_policy() -> VLAPolicy:
+    cfg = VLAConfig(
+        image_size=32,
+        conv_channels=(8, 16),
+        width=32,
+        trunk_sizes=(32,),
+        critic_obs_keys=("proprio", "state"),
+        critic_hidden_sizes=(16, 16),
+    )
+    policy = VLAPolicy(cfg, {**SPEC, "state": (7,)}, action_dim=3, sentences=_fake_sentences())
+    policy.set_instructions(INSTRUCTIONS)
+    return policy
+
+
+def _asym_obs(n: int = 6) -> TensorDict:
+    obs = _obs(n)
+    obs["state"] = torch.randn(n, 7)
+    return obs
+
+
+def test_asymmetric_critic_reads_only_its_keys_and_round_trips() -> None:
+    torch.manual_seed(0)
+    policy = _asym_policy()
+    obs = _asym_obs()
+    policy.update_normalization(obs)
+    assert policy.critic_norm is not None and int(policy.critic_norm.count) > 0
+    out = policy.act(obs)
+    assert out["action"].shape == (6, 3) and out["value"].shape == (6,)
+    log_prob, entropy, value = policy.evaluate(obs, out["action"])
+    assert torch.allclose(value, policy.value(obs), atol=1e-6)
+
+    # the critic ignores the images (and language); it does depend on the privileged state
+    changed = obs.clone()
+    changed["rgb"] = torch.randint(0, 256, changed["rgb"].shape, dtype=torch.uint8)
+    changed["instruction"] = (changed["instruction"] + 1) % len(INSTRUCTIONS)
+    assert torch.equal(policy.value(changed), policy.value(obs))
+    changed["state"] = changed["state"] + 1.0
+    assert not torch.allclose(policy.value(changed), policy.value(obs))
+    # value() never runs the image encoder: it works without rgb in the batch
+    assert policy.value(obs.exclude("rgb", "instruction")).shape == (6,)
+
+    # the actor's loss reaches no critic parameter, the value loss no image-encoder parameter
+    policy.zero_grad()
+    value.square().mean().backward()
+    assert all(p.grad is None for p in policy.image_encoder.parameters())
+    assert all(p.grad is not None for p in policy.critic_trunk.parameters())
+    policy.zero_grad()
+    (-log_prob.mean() - entropy.mean()).backward()
+    assert all(p.grad is None for p in policy.critic_trunk.parameters())
+
+    restored = _asym_policy()
+    restored.load_state_dict(policy.state_dict())
+    assert torch.allclose(restored.value(obs), policy.value(obs))
+    assert torch.allclose(restored.evaluate(obs, out["action"])[0], log_prob.detach(), atol=1e-6)
+
+
+def test_asymmetric_critic_names_a_missing_key() -> None:
+    cfg = VLAConfig(image_size=32, conv_channels=(8,), width=16, critic_obs_keys=("state",))
+    with pytest.raises(KeyError, match="state"):
+        VLAPolicy(cfg, SPEC, action_dim=3, sentences=_fake_sentences())
