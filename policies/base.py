@@ -5,6 +5,8 @@ A policy maps an observation TensorDict (batch ``[N]``) to an action distributio
 - ``act(obs, deterministic=False) -> TensorDict`` with ``action`` ``[N, A]`` (``[N, K, A]`` with
   action chunks), ``log_prob`` ``[N]`` and ``value`` ``[N]``; runs without gradients;
 - ``evaluate(obs, action) -> (log_prob [N], entropy [N], value [N])`` with gradients;
+  ``evaluate_terms`` adds the policy's auxiliary loss (``None`` without one), which the update
+  adds to its loss;
 - ``value(obs) -> [N]``;
 - ``update_normalization(obs)`` merges a batch into the running observation statistics
   (the trainer calls it once per collected batch; ``forward`` never changes them);
@@ -139,8 +141,15 @@ class ActorCritic(nn.Module):
         self, obs: TensorDictBase, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability ``[N]`` of ``action``, entropy ``[N]`` and value ``[N]``, with gradients."""
+        return self.evaluate_terms(obs, action)[:3]
+
+    def evaluate_terms(
+        self, obs: TensorDictBase, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:meth:`evaluate` plus the policy's weighted auxiliary loss (a scalar; ``None`` here: the
+        base class has none), from one forward pass."""
         dist, value = self.distribution(obs)
-        return dist.log_prob(action), dist.entropy(), value
+        return dist.log_prob(action), dist.entropy(), value, None
 
     def value(self, obs: TensorDictBase) -> torch.Tensor:
         """State value ``[N]``."""

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _conv_out(size: int, patch: int, layers: int) -> int:
-    """Spatial size after the ``patch`` stem and ``layers`` convolutions of kernel 3, stride 2, padding 1."""
+def _conv_out(size: int, patch: int, layers: int, stride: int) -> int:
+    """Spatial size after the ``patch`` stem and ``layers`` convolutions of kernel 3, ``stride``, padding 1."""
     size //= patch
     for _ in range(layers):
-        size = (size + 1) // 2
+        size = (size - 1) // stride + 1
     return size
 
 
@@ -32,7 +32,8 @@ class ConvEncoder(nn.Module):
     forward and backward on a CPU. A learned position embedding is added to the stem's output;
     it starts as what coordinate input channels (CoordConv: x, y in ``[-1, 1]``) would give
     through the stem, so positions are easy to read out from the start, without paying for two
-    extra full-resolution channels. The later convolutions are 3x3 with stride 2. After each
+    extra full-resolution channels. The later convolutions are 3x3 with stride ``stride`` (2
+    halves the map each time; 1 keeps the stem's resolution for a spatial readout). After each
     convolution the feature map is modulated per channel as ``x * (1 + gamma(cond)) + beta(cond)``
     (FiLM, Perez et al. 2018, as in RT-1's image tokenizer) before the activation. Feature maps
     are channels-last (NHWC), where oneDNN's CPU convolutions run 1.5-3x faster. The output is
@@ -44,10 +45,12 @@ class ConvEncoder(nn.Module):
         channels: output channels of the stem, then of each 3x3 stride-2 convolution.
         cond_dim: width of the conditioning vector for FiLM.
         activation: the nonlinearity class.
+        stride: stride of the 3x3 convolutions after the stem.
     """
 
     def __init__(
-        self, image_size: int, patch: int, channels: Sequence[int], cond_dim: int, activation: type[nn.Module]
+        self, image_size: int, patch: int, channels: Sequence[int], cond_dim: int, activation: type[nn.Module],
+        stride: int = 2,
     ) -> None:
         super().__init__()
         if not channels:
@@ -63,7 +66,7 @@ class ConvEncoder(nn.Module):
             if i == 0:
                 conv = nn.Conv2d(width, c, kernel_size=patch, stride=patch)
             else:
-                conv = nn.Conv2d(width, c, kernel_size=3, stride=2, padding=1)
+                conv = nn.Conv2d(width, c, kernel_size=3, stride=stride, padding=1)
             nn.init.orthogonal_(conv.weight, gain=math.sqrt(2.0))
             nn.init.zeros_(conv.bias)
             self.convs.append(conv)
@@ -82,7 +85,7 @@ class ConvEncoder(nn.Module):
         with torch.no_grad():
             self.position = nn.Parameter(coord_stem(torch.stack([xs, ys]).unsqueeze(0)))
         self.out_channels = width
-        self.out_size = _conv_out(image_size, patch, len(channels) - 1)
+        self.out_size = _conv_out(image_size, patch, len(channels) - 1, stride)
 
     def forward(self, images: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """``images`` ``[B, 3, H, W]`` in ``[-0.5, 0.5]``, ``cond`` ``[B, cond_dim]`` -> ``[B, C, h, w]``."""
@@ -92,6 +95,57 @@ class ConvEncoder(nn.Module):
             x = conv(x) + self.position if i == 0 else conv(x)
             x = self.act(torch.addcmul(beta, x, 1.0 + gamma))
         return x
+
+
+class SpatialAttentionReadout(nn.Module):
+    """Where-queries over a feature map: ``heads`` queries computed from the conditioning vector
+    (the instruction) attend over the map's positions (softmax of query . feature / sqrt(C)); each
+    head returns its attention-weighted (x, y) in ``[-1, 1]`` and its attention-weighted feature.
+
+    It gives the policy "where is the thing the instruction names" as two numbers per head, the
+    inductive bias of spatial-softmax keypoints (Levine et al. 2016) with a language query. On
+    held-out layouts of reach a flattened map memorised the training layouts (train error 1 cm,
+    held-out 6 cm when regressing the target offset); this readout did not overfit.
+
+    Args:
+        channels: C of the map. size: h = w of the map. cond_dim: width of the conditioning
+        vector. heads: number of queries.
+    """
+
+    def __init__(self, channels: int, size: int, cond_dim: int, heads: int) -> None:
+        super().__init__()
+        if heads < 1:
+            raise ValueError(f"attention_heads={heads}; the attention readout needs at least one head.")
+        self.heads, self.channels = heads, channels
+        self.query = nn.Linear(cond_dim, heads * channels)
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, size), torch.linspace(-1, 1, size), indexing="ij")
+        self.register_buffer("grid", torch.stack([xs.flatten(), ys.flatten()], dim=-1), persistent=False)
+        self.out_features = heads * (2 + channels)
+
+    def forward(self, maps: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``maps`` ``[B, C, h, w]``, ``cond`` ``[B, cond_dim]`` -> features ``[B, heads * (2 + C)]``
+        and the attention logits ``[B, heads, h * w]`` (row-major positions)."""
+        b = maps.shape[0]
+        flat = maps.flatten(2)  # [B, C, hw]
+        query = self.query(cond).view(b, self.heads, self.channels)
+        logits = query @ flat / math.sqrt(self.channels)
+        attention = torch.softmax(logits, dim=-1)  # [B, heads, hw]
+        where = attention @ self.grid
+        what = attention @ flat.transpose(1, 2)
+        return torch.cat([where.flatten(1), what.flatten(1)], dim=-1), logits
+
+    def point_loss(self, logits: torch.Tensor, points: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
+        """Cross-entropy of the first head's attention against a Gaussian (``sigma`` map cells) around
+        ``points`` ``[B, 2]`` in ``[-1, 1]`` (x right, y down): dense supervision of *where*, so the
+        head learns to find what the instruction names. Points outside the image are skipped."""
+        size = math.isqrt(self.grid.shape[0])
+        cell = 2.0 / max(size - 1, 1)
+        inside = torch.isfinite(points).all(-1) & (points.abs() <= 1.0).all(-1)
+        if not bool(inside.any()):
+            return logits.sum() * 0.0
+        squared = ((self.grid.unsqueeze(0) - points[inside].unsqueeze(1)) ** 2).sum(-1)  # [b, hw]
+        label = torch.softmax(-squared / (2.0 * (sigma * cell) ** 2), dim=-1)
+        return -(label * torch.log_softmax(logits[inside, 0], dim=-1)).sum(-1).mean()
 
 
 def preprocess_images(rgb: torch.Tensor, image_size: int) -> torch.Tensor:

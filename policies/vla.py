@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from tensordict import TensorDictBase
@@ -47,7 +48,14 @@ from policies.base import (
     spec_shapes,
     value_layer,
 )
-from policies.encoders import EMBED_DIM, ConvEncoder, SentenceCache, preprocess_images, shared_sentence_cache
+from policies.encoders import (
+    EMBED_DIM,
+    ConvEncoder,
+    SentenceCache,
+    SpatialAttentionReadout,
+    preprocess_images,
+    shared_sentence_cache,
+)
 from policies.heads import ActionHeadConfig, make_head
 from policies.normalization import RunningNorm
 
@@ -67,7 +75,15 @@ class VLAConfig:
     patch_size: int = 4
     """Kernel and stride of the image encoder's patchify stem."""
     conv_channels: tuple[int, ...] = (32, 32, 64)
-    """Channels of the stem, then of each 3x3 stride-2 convolution (shared across cameras)."""
+    """Channels of the stem, then of each 3x3 convolution (shared across cameras)."""
+    conv_stride: int = 2
+    """Stride of the 3x3 convolutions after the stem (1 keeps the stem's resolution)."""
+    readout: Literal["flatten", "attention"] = "flatten"
+    """How each camera's final map becomes a vector: ``flatten`` (every position and channel, then
+    a linear layer) or ``attention`` (instruction-queried spatial attention: per head, where the
+    attended thing is and what it looks like; :class:`~policies.encoders.SpatialAttentionReadout`)."""
+    attention_heads: int = 4
+    """Queries of the ``attention`` readout."""
     width: int = 128
     """Width d of the per-camera image feature, the language feature and the proprio feature."""
     trunk_sizes: tuple[int, ...] = (256, 256)
@@ -85,6 +101,14 @@ class VLAConfig:
     ``("proprio", "state")``) of a separate critic MLP that never sees the images."""
     critic_hidden_sizes: tuple[int, ...] = (256, 256)
     """Hidden widths of the separate critic MLP (used only with ``critic_obs_keys``)."""
+    attention_target_key: str = ""
+    """Empty: no auxiliary loss. Otherwise (with ``readout: attention``) an observation key of an
+    image point per camera, float ``[N, cams, 2]`` in ``[-1, 1]`` (x right, y down), that the first
+    attention head learns to attend to: a cross-entropy against a Gaussian around the point, added
+    to the training loss. ``goal_pixel`` of the sims envs is where the gripper tip should go. The
+    key is read only by the loss; the actor acts from pixels, language and proprioception."""
+    attention_loss_coef: float = 1.0
+    """Weight of the attention loss."""
 
 
 class VLAPolicy(ActorCritic):
@@ -116,8 +140,18 @@ class VLAPolicy(ActorCritic):
         d = cfg.width
 
         self.language = nn.Sequential(nn.Linear(EMBED_DIM, d), act())
-        self.image_encoder = ConvEncoder(cfg.image_size, cfg.patch_size, cfg.conv_channels, d, act)
-        map_features = self.image_encoder.out_channels * self.image_encoder.out_size**2
+        if cfg.conv_stride < 1:
+            raise ValueError(f"conv_stride={cfg.conv_stride}; use 2 (halve the map per convolution) or 1.")
+        self.image_encoder = ConvEncoder(cfg.image_size, cfg.patch_size, cfg.conv_channels, d, act, cfg.conv_stride)
+        channels, size = self.image_encoder.out_channels, self.image_encoder.out_size
+        self.attention: SpatialAttentionReadout | None = None
+        if cfg.readout == "attention":
+            self.attention = SpatialAttentionReadout(channels, size, d, cfg.attention_heads)
+            map_features = self.attention.out_features
+        elif cfg.readout == "flatten":
+            map_features = channels * size**2
+        else:
+            raise ValueError(f"readout={cfg.readout!r}; valid: flatten, attention.")
         self.image_proj = nn.Sequential(nn.Flatten(), nn.Linear(map_features, d), act())
         fused = d * (self.cameras + 1)
 
@@ -142,6 +176,14 @@ class VLAPolicy(ActorCritic):
             self.critic_trunk = build_mlp(critic_dim, cfg.critic_hidden_sizes, cfg.activation)
             out = cfg.critic_hidden_sizes[-1] if cfg.critic_hidden_sizes else critic_dim
         self.value_head = value_layer(out)
+
+        if cfg.attention_target_key:
+            if self.attention is None:
+                raise ValueError(
+                    f"attention_target_key={cfg.attention_target_key!r} trains the attention readout; "
+                    f"set readout: attention (it is {cfg.readout!r})."
+                )
+            require_key(shapes, cfg.attention_target_key, 2, "VLAPolicy attention loss")
 
     # --- language -------------------------------------------------------------------------
     def set_instructions(self, instructions: Sequence[str]) -> None:
@@ -185,15 +227,36 @@ class VLAPolicy(ActorCritic):
         x = obs_entry(obs, self.cfg.proprio_key).float()
         return self.proprio(self.proprio_norm(x) if self.proprio_norm is not None else x)
 
-    def features(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Actor features, critic features and the attention logits (``None`` without attention)."""
         lang = self._language(obs)
         n = lang.shape[0]
-        maps = self.image_encoder(self._images(obs), lang.repeat_interleave(self.cameras, dim=0))
+        per_camera = lang.repeat_interleave(self.cameras, dim=0)
+        maps = self.image_encoder(self._images(obs), per_camera)
+        logits = None
+        if self.attention is not None:
+            maps, logits = self.attention(maps, per_camera)
         parts = [self.image_proj(maps).view(n, -1), lang]
         if self.cfg.proprio_key:
             parts.append(self._proprio(obs))
         x = self.trunk(torch.cat(parts, dim=-1))
-        return x, (x if self.critic_trunk is None else self.critic_features(obs))
+        return x, (x if self.critic_trunk is None else self.critic_features(obs)), logits
+
+    def features(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        actor, critic, _ = self._forward(obs)
+        return actor, critic
+
+    def evaluate_terms(
+        self, obs: TensorDictBase, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        actor, critic, logits = self._forward(obs)
+        dist = self.head(actor)
+        value = self.value_head(critic).squeeze(-1)
+        aux = None
+        if self.cfg.attention_target_key and self.attention is not None and logits is not None:
+            points = obs_entry(obs, self.cfg.attention_target_key).float().flatten(0, 1)  # [N * cams, 2]
+            aux = self.cfg.attention_loss_coef * self.attention.point_loss(logits, points)
+        return dist.log_prob(action), dist.entropy(), value, aux
 
     def _critic_input(self, obs: TensorDictBase) -> torch.Tensor:
         return torch.cat([obs_entry(obs, k).float() for k in self.critic_keys], dim=-1)

@@ -12,7 +12,9 @@ Speed comes from (measured in docs/sims.md):
 - tiling: a worker renders ``tile_frames`` frames into tiles of one offscreen buffer and reads
   them back at once (no measurable gain on llvmpipe at 64x64; fewer GPU syncs with a driver).
 
-Frames come out as uint8 [N, cams, 3, H, W] (and linear depth in metres [N, cams, H, W]).
+Frames come out as uint8 [N, cams, 3, H, W] (and linear depth in metres [N, cams, H, W]). Given
+world points, the renderer also returns where they appear in each camera
+(:func:`project_points`), from the same camera poses it draws with.
 """
 
 from __future__ import annotations
@@ -67,6 +69,23 @@ class RenderConfig:
             raise ValueError("tile_frames and num_contexts must be at least 1")
 
 
+def project_points(cam_pos: np.ndarray, cam_mat: np.ndarray, fovy_deg: float, aspect: float,
+                   points: np.ndarray) -> np.ndarray:
+    """Normalised image coordinates of world ``points`` [P, 3] in a pinhole camera, [P, 2].
+
+    ``cam_pos`` [3] and ``cam_mat`` [9] are MuJoCo's ``cam_xpos``/``cam_xmat`` (the camera looks
+    along its -z axis, y up); ``aspect`` is width / height. The result is (x right, y down) with
+    the image spanning ``[-1, 1]`` on both axes; points behind the camera come out as NaN.
+    """
+    local = (points - cam_pos) @ cam_mat.reshape(3, 3)  # world -> camera frame
+    depth = -local[:, 2]
+    tan_half = np.tan(np.deg2rad(fovy_deg) / 2.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        uv = np.stack([local[:, 0] / (depth * tan_half * aspect), -local[:, 1] / (depth * tan_half)], axis=-1)
+    uv[depth <= 0] = np.nan
+    return uv
+
+
 class _Worker:
     """One GL context with its own model copy (for per-episode colours), data and scene."""
 
@@ -88,6 +107,7 @@ class _Worker:
         self.option = mujoco.MjvOption()
         self.option.sitegroup[:] = 0  # sites are markers for code, not for cameras
         self.cameras = []
+        self.aspect = config.width / config.height
         for name in config.cameras:
             cam = mujoco.MjvCamera()
             cam.type = mujoco.mjtCamera.mjCAMERA_FIXED
@@ -101,8 +121,10 @@ class _Worker:
         self.zfar = self.model.vis.map.zfar * extent
 
     def render(self, qpos: np.ndarray, mocap_pos: np.ndarray, rgba: np.ndarray, colour_geoms: np.ndarray,
-               out_rgb: np.ndarray, out_depth: np.ndarray | None) -> None:
-        """Render envs given by qpos [n, nq] etc. into out_rgb [n, cams, 3, H, W] (and depth)."""
+               out_rgb: np.ndarray, out_depth: np.ndarray | None, points: np.ndarray | None = None,
+               out_pixels: np.ndarray | None = None) -> None:
+        """Render envs given by qpos [n, nq] etc. into out_rgb [n, cams, 3, H, W] (and depth); project
+        ``points`` [n, P, 3] into ``out_pixels`` [n, cams, P, 2]."""
         self.gl.make_current()
         cfg, m, d = self.config, self.model, self.data
         frames = [(i, c) for i in range(len(qpos)) for c in range(len(self.cameras))]
@@ -118,6 +140,10 @@ class _Worker:
                     mujoco.mj_camlight(m, d)
                     m.geom_rgba[colour_geoms] = rgba[i]
                     last_env = i
+                    if points is not None and out_pixels is not None:
+                        for k, cam in enumerate(self.cameras):
+                            out_pixels[i, k] = project_points(d.cam_xpos[cam.fixedcamid], d.cam_xmat[cam.fixedcamid],
+                                                              m.cam_fovy[cam.fixedcamid], self.aspect, points[i])
                 row, col = divmod(t, self.cols)
                 rect = mujoco.MjrRect(col * cfg.width, row * cfg.height, cfg.width, cfg.height)
                 mujoco.mjv_updateScene(m, d, self.option, None, self.cameras[c],
@@ -179,29 +205,35 @@ class BatchRenderer:
         return worker
 
     def render(self, qpos: np.ndarray, mocap_pos: np.ndarray, rgba: np.ndarray,
-               layout: S.SceneLayout) -> dict[str, np.ndarray]:
+               layout: S.SceneLayout, points: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Frames of every environment.
 
         Args:
             qpos: [N, nq]; mocap_pos: [N, nmocap, 3]: the states.
             rgba: [N, len(layout.colour_geoms), 4] colours of the recoloured geoms.
             layout: the scene's addresses.
+            points: optional world points [N, P, 3] to locate in every camera.
 
         Returns:
-            ``rgb`` uint8 [N, cams, 3, H, W], and ``depth`` float32 [N, cams, H, W] if configured.
+            ``rgb`` uint8 [N, cams, 3, H, W], ``depth`` float32 [N, cams, H, W] if configured, and
+            with ``points`` ``pixels`` float32 [N, cams, P, 2] (:func:`project_points`).
         """
         cfg = self.config
         n, cams = len(qpos), len(cfg.cameras)
         out = {"rgb": np.empty((n, cams, 3, cfg.height, cfg.width), np.uint8)}
         if cfg.depth:
             out["depth"] = np.empty((n, cams, cfg.height, cfg.width), np.float32)
+        if points is not None:
+            out["pixels"] = np.empty((n, cams, points.shape[1], 2), np.float32)
         bounds = np.linspace(0, n, self.num_contexts + 1).astype(int)
 
         def job(k: int) -> None:
             lo, hi = bounds[k], bounds[k + 1]
             if hi > lo:
                 self._worker().render(qpos[lo:hi], mocap_pos[lo:hi], rgba[lo:hi], layout.colour_geoms,
-                                      out["rgb"][lo:hi], out["depth"][lo:hi] if cfg.depth else None)
+                                      out["rgb"][lo:hi], out["depth"][lo:hi] if cfg.depth else None,
+                                      None if points is None else points[lo:hi],
+                                      out["pixels"][lo:hi] if points is not None else None)
 
         list(self._pool.map(job, range(self.num_contexts)))
         return out

@@ -16,7 +16,8 @@ import numpy as np
 
 from sims import scene as S
 
-#: Colour palette: name -> RGBA. Distinct at 64x64; the rendering test checks them.
+#: Colour palette: name -> RGBA. Distinct at 64x64; the rendering test checks them. It holds at
+#: least one colour per coloured entity, so that a scene never shows two entities of one colour.
 PALETTE: dict[str, tuple[float, float, float, float]] = {
     "red": (0.9, 0.1, 0.1, 1.0),
     "green": (0.1, 0.75, 0.15, 1.0),
@@ -24,6 +25,9 @@ PALETTE: dict[str, tuple[float, float, float, float]] = {
     "yellow": (0.95, 0.85, 0.1, 1.0),
     "purple": (0.6, 0.15, 0.8, 1.0),
     "cyan": (0.05, 0.8, 0.85, 1.0),
+    "orange": (0.95, 0.5, 0.05, 1.0),
+    "pink": (0.95, 0.35, 0.65, 1.0),
+    "white": (0.95, 0.95, 0.95, 1.0),
 }
 COLOUR_NAMES = tuple(PALETTE)
 PALETTE_RGBA = np.array(list(PALETTE.values()), dtype=np.float32)
@@ -48,6 +52,8 @@ REACH_TOLERANCE = 0.04
 
 PROPRIO_DIM = 13
 STATE_DIM = 3 + 3 + 3 + 3 * NUM_ENTITIES + S.NUM_BUTTONS + 1
+STATE_TIP_GOAL = slice(0, 3)  # state columns: tip goal - tip
+STATE_TIP = slice(6, 9)  # state columns: the tip
 
 
 @dataclass(frozen=True)
@@ -179,11 +185,10 @@ def sample_episode(rng: np.random.Generator, task_names: tuple[str, ...], which:
     n_placed = NUM_OBJECTS + S.NUM_PADS + S.NUM_BUTTONS
     cells = _CELLS[rng.choice(len(_CELLS), n_placed, replace=False)]
     cells = cells + rng.uniform(-_JITTER, _JITTER, cells.shape)
-    colours = np.concatenate([
-        rng.choice(len(COLOUR_NAMES), NUM_OBJECTS, replace=False),
-        rng.choice(len(COLOUR_NAMES), S.NUM_PADS, replace=False),
-        rng.choice(len(COLOUR_NAMES), S.NUM_BUTTONS, replace=False),
-    ])
+    # Distinct colours across objects, pads and buttons: the colour word of an instruction
+    # then picks out one thing in view (a red pad beside the red block made reach a shape
+    # discrimination at 3-5 pixels per object, which pixels-to-action RL did not learn).
+    colours = rng.choice(len(COLOUR_NAMES), NUM_COLOURED, replace=False)
     a = int(rng.choice(task.a_choices))
     b = int(rng.choice([e for e in task.b_choices if e != a])) if task.b_choices else a
     templates = task.templates(which)

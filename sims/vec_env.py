@@ -87,7 +87,9 @@ class SimVectorEnv(gym.vector.VectorEnv):
     Observations are dicts of arrays with a leading N: ``proprio`` float32 [N, 13], ``state``
     float32 [N, 42], ``instruction`` int64 [N] (index into :attr:`instructions`), ``task`` int64 [N]
     (index into :attr:`task_names`), and with rendering ``rgb`` uint8 [N, cams, 3, H, W] (and
-    ``depth`` float32 [N, cams, H, W] when asked for). Autoreset is SAME_STEP: an environment that
+    ``depth`` float32 [N, cams, H, W] when asked for) and ``goal_pixel`` float32 [N, cams, 2]: where
+    the point the gripper tip should reach appears in each camera (x right, y down, the image
+    spanning [-1, 1]; privileged, like ``state``: for auxiliary losses, never for acting). Autoreset is SAME_STEP: an environment that
     ends is reset within the same ``step``; ``infos["final_obs"]`` holds every environment's
     observation before that reset (equal to the returned one where nothing ended), with
     ``infos["_final_obs"]`` the mask of those that ended.
@@ -130,6 +132,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         if config.render is not None:
             cams, h, w = len(config.render.cameras), config.render.height, config.render.width
             spaces["rgb"] = gym.spaces.Box(0, 255, (cams, 3, h, w), np.uint8)
+            spaces["goal_pixel"] = gym.spaces.Box(-np.inf, np.inf, (cams, 2), np.float32)
             if config.render.depth:
                 spaces["depth"] = gym.spaces.Box(0.0, np.inf, (cams, h, w), np.float32)
         self.single_observation_space = gym.spaces.Dict(spaces)
@@ -183,7 +186,11 @@ class SimVectorEnv(gym.vector.VectorEnv):
         }
         if self._renderer is not None:
             qpos, mocap = np.asarray(b.qpos)[sel], np.asarray(b.mocap_pos)[sel]
-            obs.update(self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours[sel]], self.layout))
+            state = obs["state"]
+            goal = (state[:, T.STATE_TIP_GOAL] + state[:, T.STATE_TIP])[:, None]
+            frames = self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours[sel]], self.layout, goal)
+            frames["goal_pixel"] = frames.pop("pixels")[:, :, 0]
+            obs.update(frames)
         return obs, np.array(out["reward"])[sel], np.array(out["success"])[sel]
 
     # ----------------------------------------------------------------------------- core

@@ -151,7 +151,7 @@ class ClippedUpdate:
             perm = torch.randperm(size)
             for start in range(0, size - mb_size + 1, mb_size):
                 mb = batch[perm[start : start + mb_size]]
-                log_prob, entropy, value = self.policy.evaluate(mb["obs"], mb["action"])
+                log_prob, entropy, value, aux_loss = self.policy.evaluate_terms(mb["obs"], mb["action"])
                 adv = mb["advantage"]
                 if w.norm_adv and adv.numel() > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -163,6 +163,9 @@ class ClippedUpdate:
                     v_loss = value_loss(value, mb["value"], mb["returns"], clip)
                     loss = loss + w.vf_coef * v_loss
                     stats["value_loss"] = v_loss.detach()
+                if aux_loss is not None:
+                    loss = loss + aux_loss
+                    stats["aux_loss"] = aux_loss.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)

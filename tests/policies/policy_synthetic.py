@@ -22,7 +22,8 @@ def batch(
     """``n`` images with 3 of the 4 colours at distinct cells of a 4x4 grid; instruction names one.
 
     Returns the observation (``rgb`` uint8 [n, 1, 3, 64, 64], ``proprio`` [n, 2] noise,
-    ``instruction`` int64 [n]) and the target unit vector [n, 2] from the image centre to the
+    ``instruction`` int64 [n], ``target_point`` [n, 1, 2]: the named square's centre in image
+    coordinates in [-1, 1], x right, y down) and the target unit vector [n, 2] from the image centre to the
     named square (x right, y down); with ``with_squares`` also the unit vectors to all three
     shown squares [n, 3, 2] (what a policy blind to language could at best choose from).
     """
@@ -49,6 +50,7 @@ def batch(
             "rgb": rgb.unsqueeze(1),
             "proprio": torch.randn(n, 2, generator=generator),
             "instruction": template * len(COLOURS) + colour,
+            "target_point": (centres[torch.arange(n), named] / (SIZE / 2)).unsqueeze(1),
         },
         batch_size=[n],
     )

@@ -237,3 +237,48 @@ def test_asymmetric_critic_names_a_missing_key() -> None:
     cfg = VLAConfig(image_size=32, conv_channels=(8,), width=16, critic_obs_keys=("state",))
     with pytest.raises(KeyError, match="state"):
         VLAPolicy(cfg, SPEC, action_dim=3, sentences=_fake_sentences())
+
+
+@pytest.mark.slow
+def test_attention_loss_teaches_the_first_head_to_find_the_named_square() -> None:
+    """Trained only by the attention loss, head 0 attends to the square the instruction names
+    (held-out images and held-out paraphrases), not to the other two."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    train = synthetic.instructions(synthetic.TRAIN_TEMPLATES)
+    heldout = synthetic.instructions(synthetic.HELDOUT_TEMPLATES)
+    sample, _ = synthetic.batch(2, synthetic.TRAIN_TEMPLATES, generator)
+    cfg = VLAConfig(conv_channels=(32, 32, 32), conv_stride=1, readout="attention",
+                    attention_target_key="target_point")
+    policy = VLAPolicy(cfg, sample, action_dim=2)
+    policy.set_instructions(train + heldout)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(150):
+        obs, target = synthetic.batch(64, synthetic.TRAIN_TEMPLATES, generator)
+        *_, aux = policy.evaluate_terms(obs, target)
+        optimizer.zero_grad()
+        aux.backward()
+        optimizer.step()
+        losses.append(aux.item())
+    assert sum(losses[-10:]) < 0.8 * sum(losses[:10])
+
+    obs, _ = synthetic.batch(256, synthetic.HELDOUT_TEMPLATES, torch.Generator().manual_seed(1))
+    obs["instruction"] += len(train)
+    with torch.no_grad():
+        *_, logits = policy._forward(obs)
+    size = policy.image_encoder.out_size
+    peak = policy.attention.grid[logits[:, 0].argmax(-1)]  # [n, 2] in [-1, 1]
+    # within half a square (4 px of 64, i.e. 0.125) plus one map cell of the named square's centre
+    hit = (peak - obs["target_point"][:, 0]).abs().max(-1).values < 0.125 + 2.0 / size
+    assert hit.float().mean() > 0.8, hit.float().mean()
+
+
+def test_attention_loss_needs_the_attention_readout_and_its_key() -> None:
+    with pytest.raises(ValueError, match="readout: attention"):
+        _policy(attention_target_key="goal_pixel")
+    with pytest.raises(KeyError, match="goal_pixel"):
+        _policy(readout="attention", attention_target_key="goal_pixel")
+    policy = _policy(readout="attention", conv_stride=1)
+    obs = _obs()
+    assert policy.evaluate_terms(obs, policy.act(obs)["action"])[3] is None

@@ -80,3 +80,31 @@ def test_bad_render_config_is_refused() -> None:
         RenderConfig(cameras=("top",)).validate()
     with pytest.raises(ValueError, match="frame size"):
         RenderConfig(width=4).validate()
+
+
+def test_goal_pixel_locates_the_tip_goal_in_every_camera() -> None:
+    """``goal_pixel`` is where the tip goal projects, in the front and the moving wrist camera,
+    and in the front camera the instructed reach object's colour is right below it."""
+    config = RenderConfig(width=SIZE, height=SIZE, cameras=("front", "wrist"), num_contexts=1)
+    env = make_vec_env("reach", 6, seed=4, num_threads=1, render=config)
+    env.reset_arrays()
+    obs = env.step_arrays(np.random.default_rng(0).uniform(-1, 1, (6, 4)).astype(np.float32))["observation"]
+    assert obs["goal_pixel"].shape == (6, 2, 2) and obs["goal_pixel"].dtype == np.float32
+    data = mujoco.MjData(env.model)
+    for i in range(6):
+        data.qpos[:] = env._backend.qpos[i]
+        data.mocap_pos[:] = env._backend.mocap_pos[i]
+        mujoco.mj_kinematics(env.model, data)
+        mujoco.mj_camlight(env.model, data)
+        goal = obs["state"][i, T.STATE_TIP_GOAL] + obs["state"][i, T.STATE_TIP]
+        for k, name in enumerate(("front", "wrist")):
+            row, col, depth = _project(env.model, data, env.model.camera(name).id, goal)
+            if depth <= 0:
+                assert np.isnan(obs["goal_pixel"][i, k]).all()
+                continue
+            u, v = obs["goal_pixel"][i, k]
+            assert abs((u + 1) / 2 * SIZE - col) <= 1.0 and abs((v + 1) / 2 * SIZE - row) <= 1.0
+        obj_row, obj_col, _ = _project(env.model, data, env.model.camera("front").id,
+                                       goal - np.array([0.0, 0.0, T.REACH_HOVER]))
+        pixel = obs["rgb"][i, 0, :, obj_row, obj_col].astype(float)
+        assert T.COLOUR_NAMES[_nearest_colour(pixel)] in env.instructions[obs["instruction"][i]]
