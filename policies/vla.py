@@ -9,8 +9,18 @@ Data flow for a batch of N observations (``C`` cameras, ``d`` = ``cfg.width``)::
 
     fusion: every convolution of the image encoder is FiLM-modulated by l (per-channel scale
         and shift, so language decides which visual features pass); each camera's final map is
-        flattened (keeping where things are) and projected to d; concat(cameras, l, p) -> trunk
+        either flattened (``readout: flatten``) or read by instruction-queried spatial attention
+        (``readout: attention``: per head, where the attended thing is and what it looks like),
+        then projected to d; concat(cameras, l, p) -> trunk
     trunk (MLP) -> action head (Gaussian / binned, optional chunks) and value head
+
+Auxiliary losses (training only; privileged simulator keys read by the loss, never by the actor):
+``attention_target_key`` trains the first attention head to attend to an image point (sims'
+``goal_pixel``: where the gripper should go), and ``trunk_target_key`` trains a linear read-out of
+the trunk to predict a vector (sims' ``state[:3]``: tip-to-goal). Reinforcement alone did not
+teach the encoder to find a 4-pixel object named by colour within budget (docs/training.md);
+with these losses perception is learnt by supervision, control by RL, as in privileged-
+information and auxiliary-task methods (UNREAL; Pinto et al. 2018).
 
 Asymmetric actor-critic (``critic_obs_keys`` non-empty, e.g. ``("proprio", "state")``): the value
 is a separate MLP over those flat keys (RunningNorm on its input), so ``value()`` and the critic
@@ -107,8 +117,15 @@ class VLAConfig:
     attention head learns to attend to: a cross-entropy against a Gaussian around the point, added
     to the training loss. ``goal_pixel`` of the sims envs is where the gripper tip should go. The
     key is read only by the loss; the actor acts from pixels, language and proprioception."""
-    attention_loss_coef: float = 1.0
-    """Weight of the attention loss."""
+    trunk_target_key: str = ""
+    """Empty: none. Otherwise an observation key whose first ``trunk_target_dims`` features the
+    trunk's output learns to predict (a linear head, mean squared error on running-normalised
+    targets), e.g. ``state``, whose first three features in the sims envs are the vector from the
+    gripper tip to where it should go. Read only by the loss, like ``attention_target_key``."""
+    trunk_target_dims: int = 3
+    """Leading features of ``trunk_target_key`` to predict."""
+    aux_loss_coef: float = 1.0
+    """Weight of each auxiliary loss (attention and trunk target) in the training loss."""
 
 
 class VLAPolicy(ActorCritic):
@@ -184,6 +201,17 @@ class VLAPolicy(ActorCritic):
                     f"set readout: attention (it is {cfg.readout!r})."
                 )
             require_key(shapes, cfg.attention_target_key, 2, "VLAPolicy attention loss")
+        self.target_norm: RunningNorm | None = None
+        self.target_head: nn.Linear | None = None
+        if cfg.trunk_target_key:
+            (available,) = require_key(shapes, cfg.trunk_target_key, 1, "VLAPolicy trunk-target loss")
+            if not 1 <= cfg.trunk_target_dims <= available:
+                raise ValueError(
+                    f"trunk_target_dims={cfg.trunk_target_dims}; observation {cfg.trunk_target_key!r} "
+                    f"has {available} features."
+                )
+            self.target_norm = RunningNorm(cfg.trunk_target_dims, clip=cfg.obs_clip)
+            self.target_head = nn.Linear(cfg.trunk_sizes[-1] if cfg.trunk_sizes else fused, cfg.trunk_target_dims)
 
     # --- language -------------------------------------------------------------------------
     def set_instructions(self, instructions: Sequence[str]) -> None:
@@ -252,11 +280,18 @@ class VLAPolicy(ActorCritic):
         actor, critic, logits = self._forward(obs)
         dist = self.head(actor)
         value = self.value_head(critic).squeeze(-1)
-        aux = None
+        losses = []
         if self.cfg.attention_target_key and self.attention is not None and logits is not None:
             points = obs_entry(obs, self.cfg.attention_target_key).float().flatten(0, 1)  # [N * cams, 2]
-            aux = self.cfg.attention_loss_coef * self.attention.point_loss(logits, points)
+            losses.append(self.attention.point_loss(logits, points))
+        if self.target_head is not None and self.target_norm is not None:
+            target = self.target_norm(self._trunk_target(obs))
+            losses.append((self.target_head(actor) - target).pow(2).mean())
+        aux = self.cfg.aux_loss_coef * sum(losses) if losses else None
         return dist.log_prob(action), dist.entropy(), value, aux
+
+    def _trunk_target(self, obs: TensorDictBase) -> torch.Tensor:
+        return obs_entry(obs, self.cfg.trunk_target_key)[:, : self.cfg.trunk_target_dims].float()
 
     def _critic_input(self, obs: TensorDictBase) -> torch.Tensor:
         return torch.cat([obs_entry(obs, k).float() for k in self.critic_keys], dim=-1)
@@ -271,3 +306,5 @@ class VLAPolicy(ActorCritic):
             self.proprio_norm.update(obs_entry(obs, self.cfg.proprio_key).float())
         if self.critic_norm is not None:
             self.critic_norm.update(self._critic_input(obs))
+        if self.target_norm is not None:
+            self.target_norm.update(self._trunk_target(obs))

@@ -282,3 +282,30 @@ def test_attention_loss_needs_the_attention_readout_and_its_key() -> None:
     policy = _policy(readout="attention", conv_stride=1)
     obs = _obs()
     assert policy.evaluate_terms(obs, policy.act(obs)["action"])[3] is None
+
+
+def test_trunk_target_loss_is_learnable_and_checkpoints_its_statistics() -> None:
+    torch.manual_seed(0)
+    policy = VLAPolicy(VLAConfig(image_size=32, conv_channels=(8, 16), width=32, trunk_sizes=(32,),
+                                 trunk_target_key="state", trunk_target_dims=2),
+                       {**SPEC, "state": (7,)}, 3, sentences=_fake_sentences())
+    policy.set_instructions(INSTRUCTIONS)
+    obs = _obs(n=64)
+    obs["state"] = torch.randn(64, 7)
+    obs["state"][:, :2] = obs["proprio"][:, :2] * 3.0 + 1.0  # learnable from proprio
+    policy.update_normalization(obs)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    first = None
+    for _ in range(200):
+        *_, aux = policy.evaluate_terms(obs, torch.zeros(64, 3))
+        first = aux.item() if first is None else first
+        optimizer.zero_grad()
+        aux.backward()
+        optimizer.step()
+    assert aux.item() < 0.1 * first
+    restored = VLAPolicy(policy.cfg, {**SPEC, "state": (7,)}, 3, sentences=_fake_sentences())
+    restored.load_state_dict(policy.state_dict())
+    assert torch.equal(restored.target_norm.mean, policy.target_norm.mean)
+    with pytest.raises(ValueError, match="trunk_target_dims"):
+        VLAPolicy(VLAConfig(image_size=32, trunk_target_key="state", trunk_target_dims=9),
+                  {**SPEC, "state": (7,)}, 3, sentences=_fake_sentences())
