@@ -9,7 +9,7 @@ from vla_rl.trainer import Trainer
 @pytest.mark.slow
 def test_ppo_learns_reach_from_state(tmp_path):
     cfg = load_config(CONFIG_DIR / "reach_state_ppo.yaml", [
-        f"out_dir={tmp_path}", "name=reach", "seed=0", "total_env_steps=48000", "eval.every=0",
+        f"out_dir={tmp_path}", "name=reach", "seed=0", "total_env_steps=64000", "eval.every=0",
         "checkpoint_every=1000", "log.wandb=disabled", "log.progress=false", "log.video=false",
     ])
     trainer = Trainer(cfg)
