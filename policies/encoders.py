@@ -42,7 +42,7 @@ class ConvEncoder(nn.Module):
     Args:
         image_size: H = W of the (resized) input; a multiple of ``patch``.
         patch: kernel and stride of the stem convolution.
-        channels: output channels of the stem, then of each 3x3 stride-2 convolution.
+        channels: output channels of the stem, then of each 3x3 convolution.
         cond_dim: width of the conditioning vector for FiLM.
         activation: the nonlinearity class.
         stride: stride of the 3x3 convolutions after the stem.
