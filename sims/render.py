@@ -11,6 +11,9 @@ Speed comes from (measured in docs/sims.md):
   threads, set by ``import sims`` unless already set);
 - tiling: a worker renders ``tile_frames`` frames into tiles of one offscreen buffer and reads
   them back at once (no measurable gain on llvmpipe at 64x64; fewer GPU syncs with a driver).
+  A frame's tile is fixed by its environment's global index, not by its place in the batch: the
+  rasteriser rounds a few edge pixels differently at different viewport offsets, and a fixed
+  tile makes an environment's frames the same however a fleet splits the environments.
 
 Frames come out as uint8 [N, cams, 3, H, W] (and linear depth in metres [N, cams, H, W]). Given
 world points, the renderer also returns where they appear in each camera
@@ -120,19 +123,34 @@ class _Worker:
         self.znear = self.model.vis.map.znear * extent
         self.zfar = self.model.vis.map.zfar * extent
 
+    def _chunks(self, env_ids: np.ndarray) -> list[list[tuple[int, int, int]]]:
+        """Frames ``(row in the batch, camera, tile)`` grouped into readbacks, each tile used once per
+        readback; the tile of environment ``e``'s camera ``c`` is ``(e * cams + c) % tiles``."""
+        cams, tiles = len(self.cameras), self.rows * self.cols
+        chunks: list[list[tuple[int, int, int]]] = [[]]
+        used: set[int] = set()
+        for i, e in enumerate(env_ids.tolist()):
+            for c in range(cams):
+                t = (e * cams + c) % tiles
+                if t in used:
+                    chunks.append([])
+                    used.clear()
+                chunks[-1].append((i, c, t))
+                used.add(t)
+        return chunks
+
     def render(self, qpos: np.ndarray, mocap_pos: np.ndarray, rgba: np.ndarray, colour_geoms: np.ndarray,
-               out_rgb: np.ndarray, out_depth: np.ndarray | None, points: np.ndarray | None = None,
-               out_pixels: np.ndarray | None = None) -> None:
-        """Render envs given by qpos [n, nq] etc. into out_rgb [n, cams, 3, H, W] (and depth); project
-        ``points`` [n, P, 3] into ``out_pixels`` [n, cams, P, 2]."""
+               env_ids: np.ndarray, out_rgb: np.ndarray, out_depth: np.ndarray | None,
+               points: np.ndarray | None = None, out_pixels: np.ndarray | None = None) -> None:
+        """Render envs given by qpos [n, nq] etc. (global indices ``env_ids`` [n]) into out_rgb
+        [n, cams, 3, H, W] (and depth); project ``points`` [n, P, 3] into ``out_pixels`` [n, cams, P, 2]."""
         self.gl.make_current()
         cfg, m, d = self.config, self.model, self.data
-        frames = [(i, c) for i in range(len(qpos)) for c in range(len(self.cameras))]
-        per_tile = self.rows * self.cols
-        for start in range(0, len(frames), per_tile):
-            chunk = frames[start:start + per_tile]
+        for chunk in self._chunks(env_ids):
+            if not chunk:
+                continue
             last_env = -1
-            for t, (i, c) in enumerate(chunk):
+            for i, c, t in chunk:
                 if i != last_env:
                     d.qpos[:] = qpos[i]
                     d.mocap_pos[:] = mocap_pos[i]
@@ -152,7 +170,7 @@ class _Worker:
             mujoco.mjr_readPixels(self.rgb, self.depth, mujoco.MjrRect(0, 0, self.rgb.shape[1], self.rgb.shape[0]),
                                   self.context)
             # OpenGL's origin is the bottom left: row r of tiles starts r*H rows from the bottom.
-            for t, (i, c) in enumerate(chunk):
+            for i, c, t in chunk:
                 row, col = divmod(t, self.cols)
                 y0 = row * cfg.height
                 xs = slice(col * cfg.width, (col + 1) * cfg.width)
@@ -205,7 +223,8 @@ class BatchRenderer:
         return worker
 
     def render(self, qpos: np.ndarray, mocap_pos: np.ndarray, rgba: np.ndarray,
-               layout: S.SceneLayout, points: np.ndarray | None = None) -> dict[str, np.ndarray]:
+               layout: S.SceneLayout, points: np.ndarray | None = None,
+               env_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Frames of every environment.
 
         Args:
@@ -213,6 +232,8 @@ class BatchRenderer:
             rgba: [N, len(layout.colour_geoms), 4] colours of the recoloured geoms.
             layout: the scene's addresses.
             points: optional world points [N, P, 3] to locate in every camera.
+            env_ids: global indices [N] of the environments (default ``0..N-1``): an environment's
+                frames are then identical whatever batch it is rendered in.
 
         Returns:
             ``rgb`` uint8 [N, cams, 3, H, W], ``depth`` float32 [N, cams, H, W] if configured, and
@@ -226,12 +247,15 @@ class BatchRenderer:
         if points is not None:
             out["pixels"] = np.empty((n, cams, points.shape[1], 2), np.float32)
         bounds = np.linspace(0, n, self.num_contexts + 1).astype(int)
+        ids = np.arange(n) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
+        if ids.shape != (n,):
+            raise ValueError(f"env_ids has shape {ids.shape}; give one global index per environment ({n},)")
 
         def job(k: int) -> None:
             lo, hi = bounds[k], bounds[k + 1]
             if hi > lo:
                 self._worker().render(qpos[lo:hi], mocap_pos[lo:hi], rgba[lo:hi], layout.colour_geoms,
-                                      out["rgb"][lo:hi], out["depth"][lo:hi] if cfg.depth else None,
+                                      ids[lo:hi], out["rgb"][lo:hi], out["depth"][lo:hi] if cfg.depth else None,
                                       None if points is None else points[lo:hi],
                                       out["pixels"][lo:hi] if points is not None else None)
 

@@ -188,7 +188,9 @@ class SimVectorEnv(gym.vector.VectorEnv):
             qpos, mocap = np.asarray(b.qpos)[sel], np.asarray(b.mocap_pos)[sel]
             state = obs["state"]
             goal = (state[:, T.STATE_TIP_GOAL] + state[:, T.STATE_TIP])[:, None]
-            frames = self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours[sel]], self.layout, goal)
+            env_ids = self.config.env_offset + np.arange(self.num_envs)[sel]
+            frames = self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours[sel]], self.layout, goal,
+                                           env_ids=env_ids)
             frames["goal_pixel"] = frames.pop("pixels")[:, :, 0]
             obs.update(frames)
         return obs, np.array(out["reward"])[sel], np.array(out["success"])[sel]

@@ -108,3 +108,23 @@ def test_goal_pixel_locates_the_tip_goal_in_every_camera() -> None:
                                        goal - np.array([0.0, 0.0, T.REACH_HOVER]))
         pixel = obs["rgb"][i, 0, :, obj_row, obj_col].astype(float)
         assert T.COLOUR_NAMES[_nearest_colour(pixel)] in env.instructions[obs["instruction"][i]]
+
+
+def test_frames_do_not_depend_on_how_the_environments_are_split() -> None:
+    # A fleet splits one set of environments into shards (env_offset); each environment must see
+    # exactly the frames it would see in the whole set, or sharded training diverges from one process.
+    render = RenderConfig(height=64, width=64)
+    whole = make_vec_env("reach", 32, seed=3, render=render)
+    parts = [
+        make_vec_env("reach", n, seed=3, render=render, env_offset=offset) for offset, n in ((0, 13), (13, 19))
+    ]
+    obs = whole.reset(seed=3)[0]
+    split = [p.reset(seed=3)[0] for p in parts]
+    actions = np.random.default_rng(0).uniform(-1, 1, (3, 32, 4)).astype(np.float32)
+    for a in actions:
+        for key in ("rgb", "goal_pixel"):
+            np.testing.assert_array_equal(np.concatenate([s[key] for s in split]), obs[key], err_msg=key)
+        obs = whole.step(a)[0]
+        split = [parts[0].step(a[:13])[0], parts[1].step(a[13:])[0]]
+    for env in (whole, *parts):
+        env.close()
