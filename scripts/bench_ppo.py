@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1_000_000, help="environment steps per run")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--envs", type=int, default=8, help="our parallel environments (2048 must be divisible)")
-    parser.add_argument("--skip-sb3", action="store_true", help="run only our PPO")
+    parser.add_argument("--learners", default="ours,sb3",
+                        help="comma-separated learners to run: ours, sb3 (separate processes can run each)")
     parser.add_argument("--skip-halfcheetah", action="store_true", help="skip the HalfCheetah comparison")
     parser.add_argument("--split-config", type=Path, default=CONFIG_DIR / "default.yaml",
                         help="job whose PPO iteration is timed per phase (default: the VLA reach job)")
@@ -156,16 +157,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--envs={args.envs} must divide 2048 (the transitions per update)")
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
+    learners = set(args.learners.split(","))
+    if not learners or not learners <= {"ours", "sb3"}:
+        parser.error(f"--learners={args.learners}: choose from ours, sb3 (comma-separated)")
     results: dict[str, dict] = {"ours": {}, "sb3": {}}
     if args.split_iterations:
         print(f"timing {args.split_iterations} PPO iterations of {args.split_config} ...", flush=True)
         results["iteration_split"] = iteration_split(args.split_config, args.split_iterations, args.out_dir)
         print(f"  {results['iteration_split']}", flush=True)
     for seed in [] if args.skip_halfcheetah else seeds:
-        print(f"[seed {seed}] our PPO, {args.steps} steps ...", flush=True)
-        results["ours"][f"seed{seed}"] = run_ours(args.steps, seed, args.envs, args.out_dir)
-        print(f"  {results['ours'][f'seed{seed}']}", flush=True)
-        if not args.skip_sb3:
+        if "ours" in learners:
+            print(f"[seed {seed}] our PPO, {args.steps} steps ...", flush=True)
+            results["ours"][f"seed{seed}"] = run_ours(args.steps, seed, args.envs, args.out_dir)
+            print(f"  {results['ours'][f'seed{seed}']}", flush=True)
+        if "sb3" in learners:
             print(f"[seed {seed}] Stable-Baselines3 PPO, {args.steps} steps ...", flush=True)
             results["sb3"][f"seed{seed}"] = run_sb3(args.steps, seed)
             print(f"  {results['sb3'][f'seed{seed}']}", flush=True)
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name]["final_return_mean"] = float(np.mean([r["final_return"] for r in runs]))
             results[name]["final_return_std"] = float(np.std([r["final_return"] for r in runs]))
             results[name]["wall_s_mean"] = float(np.mean([r["wall_s"] for r in runs]))
-    if results["sb3"]:
+    if results["sb3"] and results["ours"]:
         results["wall_speedup_x_vs_sb3"] = results["sb3"]["wall_s_mean"] / results["ours"]["wall_s_mean"]
     print("\nHalfCheetah-v5 PPO, same network and steps")
     for name in ("ours", "sb3"):
