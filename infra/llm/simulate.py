@@ -45,7 +45,7 @@ functions occupied, swaps included).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -550,6 +550,13 @@ class ServicePool:
     """Jobs' weights on one rollout GPU at once (more than 1: their decode steps take turns)."""
     swap: bool = True
     """Charge host-to-device swaps; False models dedicated GPUs whose state stays resident."""
+    keep_alive_s: float | None = None
+    """None: a static pool, every GPU held from the first arrival to the last job's end. A number:
+    an *elastic* pool whose sizes are caps: a GPU is taken from the cluster when a function needs it
+    and handed back once it has been idle for ``keep_alive_s`` (losing its weights and KV caches)."""
+    provision_s: float = 2.0
+    """Elastic pools: seconds from taking a GPU to its first function (engine start); the job's weights
+    are then copied in from host memory like any swap. Charged to the job that needed the GPU."""
 
 
 @dataclass
@@ -557,19 +564,24 @@ class ServiceResult:
     """Outcome of :func:`simulate_services`.
 
     ``jobs[name]``: ``jct_s``, ``charged_gpu_s`` (GPU-time its functions occupied, swaps included),
-    ``swap_gpu_s``. ``reserved_gpu_s`` = pool GPUs x makespan; ``busy_gpu_s`` = sum of charges.
+    ``swap_gpu_s``. ``reserved_gpu_s``: GPU-time the pool held (static: pool GPUs x makespan; elastic:
+    each GPU from when it was taken to when it was handed back); ``peak_gpus``: most GPUs held at once;
+    ``busy_gpu_s`` = sum of charges.
     With ``trace``: ``chunks`` rows ``(instance, job, start, end, job's sequences in the chunk, sequences on
-    the instance, resident jobs)`` and
-    ``served`` rows ``(job, iteration, sequence, turn, instance)``.
+    the instance, resident jobs)``,
+    ``served`` rows ``(job, iteration, sequence, turn, instance)`` and, for elastic pools, ``holds`` rows
+    ``(service, index, taken, handed back)`` (service ``"rollout"``: an instance; ``"trainer"``: a gang).
     """
 
     jobs: dict[str, dict[str, float]]
     makespan_s: float
     reserved_gpu_s: float
     busy_gpu_s: float
+    peak_gpus: int = 0
     chunks: list[tuple[int, str, float, float, int, int, tuple[str, ...]]] = field(default_factory=list)
     served: list[tuple[str, int, int, int, int]] = field(default_factory=list)
     homes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    holds: list[tuple[str, int, float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -584,6 +596,9 @@ class _Instance:
     n: int = 0
     rr: int = 0
     current: tuple[int, np.ndarray, int] | None = None
+    held_since: float | None = 0.0  # None: handed back to the cluster (elastic pools)
+    ready_at: float = 0.0
+    idle_token: int = 0
 
     def holds(self, j: int, version: int) -> bool:
         return self.resident.get(j, (-1, -1))[1] == version
@@ -654,6 +669,7 @@ def simulate_services(
     seed: int,
     *,
     arrivals: Sequence[float] | None = None,
+    pace: Mapping[str, float] | None = None,
     trace: bool = False,
 ) -> ServiceResult:
     """Request-level multiplexing: every job's generation requests and train steps run on shared services.
@@ -678,7 +694,16 @@ def simulate_services(
       :func:`simulate_group`); the train time is the same as a dedicated job's.
     - Charging: a job is charged the GPU-time of its chunks and train steps, swaps included.
     - Arrivals: job ``k`` starts at ``arrivals[k]`` (default: all at 0); its JCT counts from there,
-      and the pool is reserved from the first arrival to the last end.
+      and a static pool is reserved from the first arrival to the last end.
+    - Elastic pools (``pool.keep_alive_s`` set): every GPU starts handed back. The router prefers a
+      held idle instance to taking a new GPU, and a train step a held free gang; taking one costs
+      ``provision_s`` before its first function, and a GPU idle for ``keep_alive_s`` is handed back,
+      losing its weights, KV caches and training state. Reserved time is the time GPUs were held.
+    - Priority: by default, queued requests are served in order of their oldest wait and train
+      steps first-come first-served. With ``pace`` (each job's estimated seconds per iteration
+      when alone, e.g. from :func:`estimate_pace` on other draws), both go earliest deadline first,
+      a job's deadline being its arrival + (iterations done + 1) x pace: the job furthest behind
+      its dedicated schedule is served first.
     """
     gpus = profiles[0].gpus
     if any(p.gpus != gpus for p in profiles):
@@ -687,6 +712,9 @@ def simulate_services(
         )
     if pool.capacity < 1 or pool.max_resident < 1:
         raise ValueError(f"pool {pool}: capacity and max_resident must be >= 1.")
+    elastic = pool.keep_alive_s is not None
+    if elastic and (pool.keep_alive_s < 0 or pool.provision_s < 0):
+        raise ValueError(f"pool {pool}: keep_alive_s and provision_s must be >= 0 seconds.")
     if pool.rollout_gpus < 1 or pool.trainer_gpus < gpus or pool.trainer_gpus % gpus or pool.node_gpus % gpus:
         raise ValueError(
             f"pool {pool}: needs >= 1 rollout GPU and trainer GPUs (and node size) a multiple of the jobs' {gpus} GPUs."
@@ -697,7 +725,10 @@ def simulate_services(
     if len(arrive) != len(profiles) or min(arrive) < 0:
         raise ValueError(f"arrivals {arrivals}: give one start time >= 0 per job ({len(profiles)} jobs).")
     n_rnodes = -(-pool.rollout_gpus // pool.node_gpus)
-    inst = [_Instance(i // pool.node_gpus, pool.max_resident) for i in range(pool.rollout_gpus)]
+    inst = [
+        _Instance(i // pool.node_gpus, pool.max_resident, held_since=None if elastic else 0.0)
+        for i in range(pool.rollout_gpus)
+    ]
     by_node = [[i for i, x in enumerate(inst) if x.node == nd] for nd in range(n_rnodes)]
     n_gangs = pool.trainer_gpus // gpus
     per_tnode = pool.node_gpus // gpus
@@ -713,6 +744,10 @@ def simulate_services(
         jobs.append(_SJob(p, k, seed, homes, gangs, -(-p.batch // p.gpus)))
     gang_free = [True] * n_gangs
     gang_last = [-1] * n_gangs
+    gang_since: list[float | None] = [None if elastic else 0.0] * n_gangs
+    gang_token = [0] * n_gangs
+    held = {"now": 0 if elastic else pool.rollout_gpus + pool.trainer_gpus, "gpu_s": 0.0}
+    peak = held["now"]
     res = ServiceResult(
         {}, 0.0, 0.0, 0.0, homes={j.p.name: tuple(sorted({inst[i].node for i in j.homes})) for j in jobs}
     )
@@ -731,6 +766,18 @@ def simulate_services(
         counter += 1
         heapq.heappush(events, (t, counter, kind, a, b))
 
+    def take(n: int) -> None:
+        nonlocal peak
+        held["now"] += n
+        peak = max(peak, held["now"])
+
+    def give(service: str, index: int, since: float, t: float) -> None:
+        n = 1 if service == "rollout" else gpus
+        held["now"] -= n
+        held["gpu_s"] += n * (t - since)
+        if trace:
+            res.holds.append((service, index, since, t))
+
     def route(j: int, s: int) -> int | None:
         job = jobs[j]
         ki, kl = job.kv[s]
@@ -745,7 +792,7 @@ def simulate_services(
             if fresh and len(x.seqs.get(j, ())) < job.target:
                 k = (0, x.n, i)
             elif x.n == 0 and x.slot_for(j):
-                k = (1, 0 if fresh else 1, i)
+                k = (1, 2 if x.held_since is None else 0 if fresh else 1, i)
             elif fresh or x.slot_for(j):
                 k = (2, x.n, i)
             else:
@@ -754,9 +801,15 @@ def simulate_services(
                 best, key = i, k
         return best
 
-    def assign(j: int, s: int, i: int) -> None:
+    def assign(j: int, s: int, i: int, t: float) -> None:
         nonlocal loads
         job, x = jobs[j], inst[i]
+        x.idle_token += 1  # cancels a pending hand-back
+        if x.held_since is None:
+            take(1)
+            x.held_since, x.ready_at = t, t + pool.provision_s
+            job.charged += pool.provision_s
+            push(x.ready_at, 5, i)
         if not x.holds(j, job.version):
             if j not in x.resident and len(x.resident) >= pool.max_resident:
                 victim = next(k for k in x.resident if not x.seqs.get(k))
@@ -782,22 +835,34 @@ def simulate_services(
             queues[j].append(s)
             queued_at[j].append(t)
         else:
-            assign(j, s, i)
+            assign(j, s, i, t)
 
-    def dispatch() -> None:
-        for j in sorted((j for j in range(len(jobs)) if queues[j]), key=lambda j: queued_at[j][0]):
+    def urgency(j: int, waited_since: float) -> float:
+        if pace is None:
+            return waited_since
+        return arrive[j] + (jobs[j].iteration + 1) * pace[jobs[j].p.name]
+
+    def dispatch(t: float) -> None:
+        for j in sorted(
+            (j for j in range(len(jobs)) if queues[j]), key=lambda j: urgency(j, queued_at[j][0])
+        ):
             while queues[j]:
                 i = route(j, queues[j][0])
                 if i is None:
                     break
                 queued_at[j].pop(0)
-                assign(j, queues[j].pop(0), i)
+                assign(j, queues[j].pop(0), i, t)
 
     def start_chunk(i: int, t: float) -> None:
         x = inst[i]
+        if t < x.ready_at:
+            return  # still starting; the ready event kicks it
         busy = [k for k in sorted(x.seqs) if x.seqs[k]]
         if not busy:
             x.current = None
+            if elastic and x.held_since is not None:
+                x.idle_token += 1
+                push(t + pool.keep_alive_s, 6, i, x.idle_token)
             return
         j = busy[x.rr % len(busy)]
         x.rr += 1
@@ -847,20 +912,26 @@ def simulate_services(
                 if job.done == job.p.batch:
                     push(t + rewards[j], 2, j)
         if any(queues):
-            dispatch()
+            dispatch(t)
         kick.add(i)
 
     def start_trains(t: float) -> None:
-        for j in list(train_queue):
+        for j in sorted(train_queue, key=lambda j: urgency(j, 0.0)):
             job = jobs[j]
-            g = next((g for g in job.gangs if gang_free[g]), None)
-            if g is None:
+            free = [g for g in job.gangs if gang_free[g]]
+            if not free:
                 continue
+            g = min(free, key=lambda g: (gang_since[g] is None, gang_last[g] != j, g))
             train_queue.remove(j)
+            start = 0.0
+            if gang_since[g] is None:
+                take(gpus)
+                gang_since[g], start = t, pool.provision_s
+            gang_token[g] += 1
             swap = (
                 2 * 16 * job.p.params / gpus / hw.pcie_bytes_per_s if pool.swap and gang_last[g] != j else 0.0
             )
-            dt = swap + 10 * job.p.params * job.tokens / (gpus * hw.peak_flops * hw.train_mfu)
+            dt = start + swap + 10 * job.p.params * job.tokens / (gpus * hw.peak_flops * hw.train_mfu)
             gang_free[g], gang_last[g] = False, j
             job.charged += gpus * dt
             job.swapped += gpus * swap
@@ -891,8 +962,25 @@ def simulate_services(
             start_trains(t)
         elif kind == 4:
             start_rollout(a, t)
+        elif kind == 5:
+            kick.add(a)
+        elif kind == 6:
+            x = inst[a]
+            if b == x.idle_token and x.current is None and x.n == 0 and x.held_since is not None:
+                give("rollout", a, x.held_since, t)
+                x.held_since = None
+                x.resident.clear()
+                x.swap_due.clear()
+        elif kind == 7:
+            since = gang_since[a]
+            if b == gang_token[a] and gang_free[a] and since is not None:
+                give("trainer", a, since, t)
+                gang_since[a], gang_last[a] = None, -1
         else:
             gang_free[a] = True
+            if elastic:
+                gang_token[a] += 1
+                push(t + pool.keep_alive_s, 7, a, gang_token[a])
             job = jobs[b]
             job.iteration += 1
             job.version += 1
@@ -901,10 +989,13 @@ def simulate_services(
             else:
                 start_rollout(b, t)
             start_trains(t)
-    if any(j.end < 0 for j in jobs):
-        raise RuntimeError("service simulation stalled with unfinished jobs (a bug in the event loop).")
+    if any(j.end < 0 for j in jobs) or (elastic and held["now"]):
+        raise RuntimeError("service simulation stalled with unfinished jobs or held GPUs (a bug in the event loop).")
     res.makespan_s = max(j.end for j in jobs) - min(arrive)
-    res.reserved_gpu_s = (pool.rollout_gpus + pool.trainer_gpus) * res.makespan_s
+    res.reserved_gpu_s = (
+        held["gpu_s"] if elastic else (pool.rollout_gpus + pool.trainer_gpus) * res.makespan_s
+    )
+    res.peak_gpus = peak
     res.busy_gpu_s = sum(j.charged for j in jobs)
     res.jobs = {
         j.p.name: {"jct_s": j.end - arrive[j.index], "charged_gpu_s": j.charged, "swap_gpu_s": j.swapped}
@@ -935,6 +1026,15 @@ def dedicated_service_jct(profiles: list[JobProfile], hw: Hardware, seed: int) -
     }
 
 
+def estimate_pace(profiles: list[JobProfile], hw: Hardware, seed: int) -> dict[str, float]:
+    """Each job's seconds per iteration alone (:func:`dedicated_service_jct`) on the draws ``seed``: a
+    profile the scheduler can take before the jobs run (use draws other than the evaluated ones)."""
+    return {
+        n: r.jobs[n]["jct_s"] / p.iterations
+        for p, (n, r) in zip(profiles, dedicated_service_jct(profiles, hw, seed).items())
+    }
+
+
 def size_service_pool(
     profiles: list[JobProfile],
     hw: Hardware,
@@ -944,15 +1044,18 @@ def size_service_pool(
     seeds: Sequence[int],
     max_gpus: int,
     arrivals: Sequence[float] | None = None,
+    pace: Mapping[str, float] | None = None,
 ) -> PoolSizing:
-    """Smallest ``rollout_gpus + trainer_gpus`` (other fields from ``base``) whose runs on every seed
-    in ``seeds`` keep every job's JCT within ``max_slowdown`` of its dedicated JCT on that seed
-    (:func:`dedicated_service_jct`).
+    """Cheapest pool (other fields from ``base``) whose runs on every seed in ``seeds`` keep every
+    job's JCT within ``max_slowdown`` of its dedicated JCT on that seed (:func:`dedicated_service_jct`).
+    Cheapest: fewest ``rollout_gpus + trainer_gpus`` for a static pool; least reserved GPU-time on
+    ``seeds[0]`` for an elastic one (its sizes are caps).
 
-    For each trainer size (multiples of the jobs' ``gpus``), binary search over rollout GPUs (slowdown
-    assumed non-increasing in pool size), skipping sizes that cannot beat the best found. The result
-    holds the run on ``seeds[0]`` and each job's worst slowdown over the seeds; ``arrivals`` as in
-    :func:`simulate_services`. Raises ``ValueError``
+    For each trainer size (multiples of the jobs' ``gpus``), binary search for the fewest rollout GPUs
+    that pass (slowdown assumed non-increasing in pool size); a static search skips sizes that cannot
+    beat the best found. The result
+    holds the run on ``seeds[0]`` and each job's worst slowdown over the seeds; ``arrivals`` and
+    ``pace`` as in :func:`simulate_services`. Raises ``ValueError``
     if no pool of at most ``max_gpus`` GPUs meets the bound.
     """
     if not seeds:
@@ -971,7 +1074,12 @@ def size_service_pool(
             first = None
             for sd in seeds:
                 out = simulate_services(
-                    profiles, hw, replace(base, rollout_gpus=r, trainer_gpus=t), sd, arrivals=arrivals
+                    profiles,
+                    hw,
+                    replace(base, rollout_gpus=r, trainer_gpus=t),
+                    sd,
+                    arrivals=arrivals,
+                    pace=pace,
                 )
                 first = first or out
                 for n in out.jobs:
@@ -982,9 +1090,16 @@ def size_service_pool(
             cache[(r, t)] = (first, worst) if max(worst.values()) <= max_slowdown else None
         return cache[(r, t)]
 
+    elastic = base.keep_alive_s is not None
+
+    def cost(size: tuple[int, int]) -> float:
+        hit = cache[size]
+        assert hit is not None
+        return hit[0].reserved_gpu_s if elastic else sum(size)
+
     best: tuple[int, int] | None = None
     for t in range(gpus, max_gpus, gpus):
-        hi = (sum(best) - 1 if best else max_gpus) - t
+        hi = (sum(best) - 1 if best and not elastic else max_gpus) - t
         if hi < 1 or run(hi, t) is None:
             continue
         lo = 1  # smallest R that might pass; hi passes
@@ -994,7 +1109,8 @@ def size_service_pool(
                 lo = mid + 1
             else:
                 hi = mid
-        best = (hi, t)
+        if best is None or cost((hi, t)) < cost(best):
+            best = (hi, t)
     if best is None:
         near = min(tried, key=lambda x: x["max_slowdown"])
         raise ValueError(

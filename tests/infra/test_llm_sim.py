@@ -216,3 +216,99 @@ def test_pool_sizing_respects_the_bound_and_is_minimal() -> None:
     assert max(robust.slowdown.values()) <= 1.10
     with pytest.raises(ValueError, match="multiple of the jobs"):
         simulate_services(jobs, hw, ServicePool(rollout_gpus=4, trainer_gpus=6), seed=0)
+
+
+def _single_sequence_job(name: str) -> JobProfile:
+    return JobProfile(
+        name,
+        "math",
+        params=1e9,
+        gpus=1,
+        iterations=1,
+        batch=1,
+        prompt_median=100,
+        prompt_sigma=0.0,
+        out_median=1000,
+        out_sigma=0.0,
+        reward_median_s=0.0,
+    )
+
+
+def test_elastic_pool_matches_closed_form_and_holds_gpus_only_while_used() -> None:
+    hw = Hardware()
+    p = _single_sequence_job("a")
+    jobs = [p, replace(p, name="b")]
+    swap_roll = 2 * p.params / hw.pcie_bytes_per_s
+    swap_train = 2 * 16 * p.params / hw.pcie_bytes_per_s
+    rollout = (
+        swap_roll
+        + 2 * p.params / (hw.peak_flops * hw.prefill_mfu) * 100
+        + 1000 * (hw.decode_step_s + hw.decode_s_per_seq)
+    )
+    train = swap_train + 10 * p.params * 1000 / (hw.peak_flops * hw.train_mfu)
+    provision, keep = 3.0, 1.0
+    pool = ServicePool(rollout_gpus=1, trainer_gpus=1, keep_alive_s=keep, provision_s=provision)
+    # b arrives after a's GPUs were handed back: both pay the start-up of each GPU they take
+    apart = simulate_services(jobs, hw, pool, seed=0, arrivals=[0.0, 100.0], trace=True)
+    for name in ("a", "b"):
+        assert apart.jobs[name]["jct_s"] == pytest.approx(2 * provision + rollout + train, rel=1e-9)
+        assert apart.jobs[name]["charged_gpu_s"] == pytest.approx(2 * provision + rollout + train, rel=1e-9)
+    assert apart.reserved_gpu_s == pytest.approx(2 * (2 * provision + rollout + train + 2 * keep), rel=1e-9)
+    assert apart.peak_gpus == 2  # the rollout GPU's keep-alive overlaps the train step
+    held = sum(end - start for *_, start, end in apart.holds)
+    assert held == pytest.approx(apart.reserved_gpu_s, rel=1e-12)
+    for i, _, start, end, *_ in apart.chunks:  # every chunk runs on a GPU the pool holds
+        assert any(s == "rollout" and k == i and a <= start and end <= e for s, k, a, e in apart.holds)
+    # with a keep-alive longer than the gap, b finds both GPUs still held: no start-up, only swaps
+    kept = simulate_services(jobs, hw, replace(pool, keep_alive_s=1000.0), seed=0, arrivals=[0.0, 100.0])
+    assert kept.jobs["b"]["jct_s"] == pytest.approx(rollout + train, rel=1e-9)
+    static = simulate_services(jobs, hw, replace(pool, keep_alive_s=None), seed=0, arrivals=[0.0, 100.0])
+    assert apart.reserved_gpu_s < static.reserved_gpu_s  # idle GPUs went back to the cluster
+    with pytest.raises(ValueError, match="keep_alive_s and provision_s"):
+        simulate_services(jobs, hw, replace(pool, keep_alive_s=-1.0), seed=0)
+
+
+def test_elastic_pool_conserves_requests_and_never_runs_on_a_handed_back_gpu() -> None:
+    jobs = _small_mix()
+    pool = ServicePool(
+        rollout_gpus=6, trainer_gpus=8, node_gpus=4, home_nodes=1, capacity=10, keep_alive_s=2.0
+    )
+    out = simulate_services(jobs, Hardware(), pool, seed=2, trace=True)
+    served = [(job, it, seq, turn) for job, it, seq, turn, _ in out.served]
+    assert len(served) == len(set(served))
+    assert {(job, it, seq) for job, it, seq, _ in served} == {
+        (p.name, it, s) for p in jobs for it in range(p.iterations) for s in range(p.batch)
+    }
+    for i, _, start, end, *_ in out.chunks:
+        assert any(
+            s == "rollout" and k == i and a <= start + 1e-9 and end <= e + 1e-9 for s, k, a, e in out.holds
+        )
+    for service in ("rollout", "trainer"):  # a GPU is never taken twice at once
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for s, k, a, e in out.holds:
+            if s == service:
+                spans.setdefault(k, []).append((a, e))
+        for row in spans.values():
+            row.sort()
+            assert all(x[1] <= y[0] for x, y in itertools.pairwise(row))
+    gang = jobs[0].gpus
+    assert out.reserved_gpu_s == pytest.approx(
+        sum((1 if s == "rollout" else gang) * (e - a) for s, _, a, e in out.holds), rel=1e-9
+    )
+    assert out.busy_gpu_s <= out.reserved_gpu_s
+    assert 0 < out.peak_gpus <= pool.rollout_gpus + pool.trainer_gpus
+    assert (
+        len([h for h in out.holds if h[0] == "rollout"]) > pool.rollout_gpus
+    )  # GPUs really went and came back
+
+
+def test_earliest_deadline_first_serves_the_job_furthest_behind() -> None:
+    hw = Hardware()
+    jobs = [_single_sequence_job(n) for n in ("a", "b", "c")]
+    pool = ServicePool(rollout_gpus=1, trainer_gpus=1, capacity=1)
+    fifo = simulate_services(jobs, hw, pool, seed=0)
+    edf = simulate_services(jobs, hw, pool, seed=0, pace={"a": 1.0, "b": 100.0, "c": 10.0})
+    # a takes the one instance; b then c queue. FIFO serves b first, EDF c (its deadline is earlier)
+    assert fifo.jobs["b"]["jct_s"] < fifo.jobs["c"]["jct_s"]
+    assert edf.jobs["c"]["jct_s"] < edf.jobs["b"]["jct_s"]
+    assert edf.jobs["c"]["jct_s"] == pytest.approx(fifo.jobs["b"]["jct_s"], rel=1e-9)
