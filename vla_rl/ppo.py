@@ -125,7 +125,8 @@ class ClippedUpdate:
         self.cfg = cfg
         self.weights = weights
         # The fused kernel does one pass over all parameters: the same update, less per-tensor overhead.
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
+        self.params = list(policy.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5, fused=True)
         self.lr_scale = 1.0
         """Multiplier of the learning rate kept by the KL-adaptive rule."""
 
@@ -144,13 +145,14 @@ class ClippedUpdate:
         size = batch.batch_size[0]
         mb_size = max(size // cfg.num_minibatches, 1)
         train_critic = w.vf_coef > 0
-        totals: dict[str, float] = {}
+        # Sums stay tensors until the end: one conversion per statistic, not one per minibatch.
+        totals: dict[str, torch.Tensor] = {}
         steps = 0
         stopped_early = False
         for _ in range(cfg.epochs):
-            perm = torch.randperm(size)
+            shuffled = batch[torch.randperm(size)]  # one gather per epoch; minibatches are slices of it
             for start in range(0, size - mb_size + 1, mb_size):
-                mb = batch[perm[start : start + mb_size]]
+                mb = shuffled[start : start + mb_size]
                 log_prob, entropy, value, aux_loss = self.policy.evaluate_terms(mb["obs"], mb["action"])
                 adv = mb["advantage"]
                 if w.norm_adv and adv.numel() > 1:
@@ -168,18 +170,18 @@ class ClippedUpdate:
                     stats["aux_loss"] = aux_loss.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                grad_norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 self.optimizer.step()
                 stats |= {"policy_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), "grad_norm": grad_norm}
                 for key, val in stats.items():
-                    totals[key] = totals.get(key, 0.0) + float(val)
+                    totals[key] = totals[key] + val if key in totals else val.clone()
                 steps += 1
                 if cfg.target_kl is not None and float(stats["approx_kl"]) > 1.5 * cfg.target_kl:
                     stopped_early = True
                     break
             if stopped_early:
                 break
-        out = {k: v / max(steps, 1) for k, v in totals.items()}
+        out = {k: float(v) / max(steps, 1) for k, v in totals.items()}
         if cfg.kl_adaptive_lr and cfg.target_kl is not None:
             # rsl_rl's rule: shrink the step when the policy moved too far, grow it when it barely moved.
             if out["approx_kl"] > 2.0 * cfg.target_kl:
