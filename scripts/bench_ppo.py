@@ -138,6 +138,45 @@ def run_sb3(steps: int, seed: int) -> dict[str, float]:
     return {"final_return": float(np.mean(returns)), "wall_s": wall, "env_steps": float(steps), "steps_per_s": steps / wall}
 
 
+def summarize(results: dict[str, dict]) -> None:
+    """Add each learner's mean and std of final return and mean wall time over its seeds, and the speed-up."""
+    for name in ("ours", "sb3"):
+        runs = [r for k, r in results[name].items() if k.startswith("seed")]
+        if runs:
+            results[name]["final_return_mean"] = float(np.mean([r["final_return"] for r in runs]))
+            results[name]["final_return_std"] = float(np.std([r["final_return"] for r in runs]))
+            results[name]["wall_s_mean"] = float(np.mean([r["wall_s"] for r in runs]))
+    if results["sb3"] and results["ours"]:
+        results["wall_speedup_x_vs_sb3"] = results["sb3"]["wall_s_mean"] / results["ours"]["wall_s_mean"]
+    print("\nHalfCheetah-v5 PPO, same network and steps")
+    for name in ("ours", "sb3"):
+        r = results[name]
+        if r:
+            print(f"  {name:5s} final return {r['final_return_mean']:9.1f} +- {r['final_return_std']:.1f}   "
+                  f"wall {r['wall_s_mean']:7.1f} s")
+    if "wall_speedup_x_vs_sb3" in results:
+        print(f"  wall-time speed-up vs SB3: {results['wall_speedup_x_vs_sb3']:.2f}x")
+
+
+def merge_reports(paths: list[Path]) -> tuple[dict, dict]:
+    """Combine the seeds of several ``--json`` reports (runs split over processes); returns config and results."""
+    import json
+
+    results: dict[str, dict] = {"ours": {}, "sb3": {}}
+    sources = []
+    for path in paths:
+        report = json.loads(path.read_text())
+        sources.append({"file": str(path), "machine": report["machine"]})
+        for name in ("ours", "sb3"):
+            for key, run in report["results"].get(name, {}).items():
+                if key.startswith("seed"):
+                    if key in results[name]:
+                        raise SystemExit(f"{path}: {name} {key} is already in an earlier report; merge each run once")
+                    results[name][key] = run
+    summarize(results)
+    return {"task": TASK, "merged_from": sources}, results
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both learners over the seeds, print the comparison, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,7 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-iterations", type=int, default=3, help="iterations timed (0: skip)")
     parser.add_argument("--out-dir", type=Path, default=Path("runs/bench_ppo"), help="our runs' directory")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="combine the HalfCheetah seeds of these reports into --json (runs nothing)")
     args = parser.parse_args(argv)
+    if args.merge:
+        config, results = merge_reports(args.merge)
+        if args.json:
+            write_report(args.json, config, results)
+        return 0
     if 2048 % args.envs:
         parser.error(f"--envs={args.envs} must divide 2048 (the transitions per update)")
     torch.set_num_threads(1)
@@ -174,22 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[seed {seed}] Stable-Baselines3 PPO, {args.steps} steps ...", flush=True)
             results["sb3"][f"seed{seed}"] = run_sb3(args.steps, seed)
             print(f"  {results['sb3'][f'seed{seed}']}", flush=True)
-    for name in ("ours", "sb3"):
-        runs = [r for r in results[name].values() if isinstance(r, dict)]
-        if runs:
-            results[name]["final_return_mean"] = float(np.mean([r["final_return"] for r in runs]))
-            results[name]["final_return_std"] = float(np.std([r["final_return"] for r in runs]))
-            results[name]["wall_s_mean"] = float(np.mean([r["wall_s"] for r in runs]))
-    if results["sb3"] and results["ours"]:
-        results["wall_speedup_x_vs_sb3"] = results["sb3"]["wall_s_mean"] / results["ours"]["wall_s_mean"]
-    print("\nHalfCheetah-v5 PPO, same network and steps")
-    for name in ("ours", "sb3"):
-        r = results[name]
-        if r:
-            print(f"  {name:5s} final return {r['final_return_mean']:9.1f} +- {r['final_return_std']:.1f}   "
-                  f"wall {r['wall_s_mean']:7.1f} s")
-    if "wall_speedup_x_vs_sb3" in results:
-        print(f"  wall-time speed-up vs SB3: {results['wall_speedup_x_vs_sb3']:.2f}x")
+    summarize(results)
     if args.json:
         config = {"task": TASK, "steps": args.steps, "seeds": seeds, "our_envs": args.envs, "sb3_envs": 1,
                   "net": "separate 64-64 tanh actor and critic", "split_config": str(args.split_config),
