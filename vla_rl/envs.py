@@ -185,6 +185,7 @@ def make_env(
     group_size: int = 1,
     video: bool = False,
     env_offset: int = 0,
+    num_threads: int | None = None,
 ) -> Any:
     """Build the environment ``cfg`` names, with the TensorDict view.
 
@@ -197,6 +198,8 @@ def make_env(
         video: Gymnasium tasks only: render ``rgb_array`` frames for evaluation videos
             (``sims`` videos come from the camera observation).
         env_offset: Index of the first environment within a sharded set (the Ray fleet's shards).
+        num_threads: ``sims`` only: physics threads and GL contexts (None: one per CPU core); a
+            fleet shard passes the CPUs it reserved, so shards sharing a machine do not oversubscribe it.
     """
     n = num_envs or cfg.num_envs
     if cfg.kind == "sims":
@@ -204,7 +207,9 @@ def make_env(
 
         kwargs: dict[str, Any] = {"seed": seed, "instructions": instructions, "backend": cfg.backend}
         if cfg.render:
-            kwargs["render"] = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size)
+            kwargs["render"] = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size, num_contexts=num_threads)
+        if num_threads is not None:
+            kwargs["num_threads"] = num_threads
         if group_size > 1:
             kwargs["group_size"] = group_size
         if env_offset:

@@ -54,7 +54,7 @@ class RolloutWorker:
         stages: pipeline stages P.
         seed: the run's seed (environments are built with it, as in-process).
         server: inference server handle with ``infer.remote(Request)``.
-        threads: torch threads of this process.
+        threads: torch threads, physics threads and GL contexts of this process (the CPUs it reserved).
     """
 
     def __init__(
@@ -67,7 +67,10 @@ class RolloutWorker:
         self.shard = shard
         self.server = server
         per = num_envs // stages
-        self.envs = [make_env(env_cfg, seed=seed, num_envs=per, env_offset=offset + s * per) for s in range(stages)]
+        self.envs = [
+            make_env(env_cfg, seed=seed, num_envs=per, env_offset=offset + s * per, num_threads=threads)
+            for s in range(stages)
+        ]
         self.obs: list[TensorDict | None] = [None] * stages
 
     def describe(self) -> dict[str, Any]:
