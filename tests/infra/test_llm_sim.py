@@ -147,10 +147,10 @@ def test_services_conserve_requests_capacity_and_affinity() -> None:
     assert max(n_inst for *_, n_inst, _ in out.chunks) == pool.capacity  # the capacity was binding
 
 
-def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
-    hw = Hardware()
-    p = JobProfile(
-        "a",
+def _single_sequence_job(name: str) -> JobProfile:
+    """One sequence of 100 prompt and 1,000 output tokens, one iteration, one GPU, no reward time."""
+    return JobProfile(
+        name,
         "math",
         params=1e9,
         gpus=1,
@@ -162,8 +162,11 @@ def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
         out_sigma=0.0,
         reward_median_s=0.0,
     )
-    jobs = [p, replace(p, name="b")]
-    out = simulate_services(jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0)
+
+
+def _closed_form(p: JobProfile, hw: Hardware) -> tuple[float, float, float, float]:
+    """Rollout weight swap, train-state swap, and the rollout and train times (swaps included) of
+    :func:`_single_sequence_job`."""
     swap_roll = 2 * p.params / hw.pcie_bytes_per_s
     swap_train = 2 * 16 * p.params / hw.pcie_bytes_per_s
     rollout = (
@@ -172,6 +175,15 @@ def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
         + 1000 * (hw.decode_step_s + hw.decode_s_per_seq)
     )
     train = swap_train + 10 * p.params * 1000 / (hw.peak_flops * hw.train_mfu)
+    return swap_roll, swap_train, rollout, train
+
+
+def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
+    hw = Hardware()
+    p = _single_sequence_job("a")
+    jobs = [p, replace(p, name="b")]
+    out = simulate_services(jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0)
+    swap_roll, swap_train, rollout, train = _closed_form(p, hw)
     # one instance, one resident job at a time: b waits for a's sequence, then swaps its weights in
     assert out.jobs["a"]["jct_s"] == pytest.approx(rollout + train, rel=1e-9)
     assert out.jobs["b"]["jct_s"] == pytest.approx(2 * rollout + train, rel=1e-9)
@@ -218,34 +230,11 @@ def test_pool_sizing_respects_the_bound_and_is_minimal() -> None:
         simulate_services(jobs, hw, ServicePool(rollout_gpus=4, trainer_gpus=6), seed=0)
 
 
-def _single_sequence_job(name: str) -> JobProfile:
-    return JobProfile(
-        name,
-        "math",
-        params=1e9,
-        gpus=1,
-        iterations=1,
-        batch=1,
-        prompt_median=100,
-        prompt_sigma=0.0,
-        out_median=1000,
-        out_sigma=0.0,
-        reward_median_s=0.0,
-    )
-
-
 def test_elastic_pool_matches_closed_form_and_holds_gpus_only_while_used() -> None:
     hw = Hardware()
     p = _single_sequence_job("a")
     jobs = [p, replace(p, name="b")]
-    swap_roll = 2 * p.params / hw.pcie_bytes_per_s
-    swap_train = 2 * 16 * p.params / hw.pcie_bytes_per_s
-    rollout = (
-        swap_roll
-        + 2 * p.params / (hw.peak_flops * hw.prefill_mfu) * 100
-        + 1000 * (hw.decode_step_s + hw.decode_s_per_seq)
-    )
-    train = swap_train + 10 * p.params * 1000 / (hw.peak_flops * hw.train_mfu)
+    _, _, rollout, train = _closed_form(p, hw)
     provision, keep = 3.0, 1.0
     pool = ServicePool(rollout_gpus=1, trainer_gpus=1, keep_alive_s=keep, provision_s=provision)
     # b arrives after a's GPUs were handed back: both pay the start-up of each GPU they take
