@@ -746,8 +746,9 @@ def simulate_services(
     gang_last = [-1] * n_gangs
     gang_since: list[float | None] = [None if elastic else 0.0] * n_gangs
     gang_token = [0] * n_gangs
-    held = {"now": 0 if elastic else pool.rollout_gpus + pool.trainer_gpus, "gpu_s": 0.0}
-    peak = held["now"]
+    held_now = 0 if elastic else pool.rollout_gpus + pool.trainer_gpus  # GPUs the pool holds
+    held_gpu_s = 0.0  # GPU-time of holds that ended (elastic pools)
+    peak = held_now
     res = ServiceResult(
         {}, 0.0, 0.0, 0.0, homes={j.p.name: tuple(sorted({inst[i].node for i in j.homes})) for j in jobs}
     )
@@ -767,14 +768,15 @@ def simulate_services(
         heapq.heappush(events, (t, counter, kind, a, b))
 
     def take(n: int) -> None:
-        nonlocal peak
-        held["now"] += n
-        peak = max(peak, held["now"])
+        nonlocal held_now, peak
+        held_now += n
+        peak = max(peak, held_now)
 
     def give(service: str, index: int, since: float, t: float) -> None:
+        nonlocal held_now, held_gpu_s
         n = 1 if service == "rollout" else gpus
-        held["now"] -= n
-        held["gpu_s"] += n * (t - since)
+        held_now -= n
+        held_gpu_s += n * (t - since)
         if trace:
             res.holds.append((service, index, since, t))
 
@@ -989,12 +991,12 @@ def simulate_services(
             else:
                 start_rollout(b, t)
             start_trains(t)
-    if any(j.end < 0 for j in jobs) or (elastic and held["now"]):
-        raise RuntimeError("service simulation stalled with unfinished jobs or held GPUs (a bug in the event loop).")
+    if any(j.end < 0 for j in jobs) or (elastic and held_now):
+        raise RuntimeError(
+            "service simulation stalled with unfinished jobs or held GPUs (a bug in the event loop)."
+        )
     res.makespan_s = max(j.end for j in jobs) - min(arrive)
-    res.reserved_gpu_s = (
-        held["gpu_s"] if elastic else (pool.rollout_gpus + pool.trainer_gpus) * res.makespan_s
-    )
+    res.reserved_gpu_s = held_gpu_s if elastic else (pool.rollout_gpus + pool.trainer_gpus) * res.makespan_s
     res.peak_gpus = peak
     res.busy_gpu_s = sum(j.charged for j in jobs)
     res.jobs = {
@@ -1029,10 +1031,8 @@ def dedicated_service_jct(profiles: list[JobProfile], hw: Hardware, seed: int) -
 def estimate_pace(profiles: list[JobProfile], hw: Hardware, seed: int) -> dict[str, float]:
     """Each job's seconds per iteration alone (:func:`dedicated_service_jct`) on the draws ``seed``: a
     profile the scheduler can take before the jobs run (use draws other than the evaluated ones)."""
-    return {
-        n: r.jobs[n]["jct_s"] / p.iterations
-        for p, (n, r) in zip(profiles, dedicated_service_jct(profiles, hw, seed).items())
-    }
+    alone = dedicated_service_jct(profiles, hw, seed)
+    return {p.name: alone[p.name].jobs[p.name]["jct_s"] / p.iterations for p in profiles}
 
 
 def size_service_pool(
