@@ -10,7 +10,8 @@ for a few PPO iterations in each mode — ``inprocess`` (no Ray), then ``colocat
 whose logical GPUs are declared by ``fleet.cluster`` (loopback, CPU only) — and reports, from each
 run's metrics.csv without its first (warm-up) iteration, env-steps/s and the seconds per
 iteration spent simulating, rendering, inferring, updating and waiting — the median over
-``--rounds`` interleaved rounds, since the load of a shared machine drifts. ``wait`` is the time shards
+``--rounds`` interleaved rounds, since the load of a shared machine drifts; the comparisons
+between modes are medians of per-round ratios. ``wait`` is the time shards
 sat blocked on the inference server (inference that simulation did not hide, plus transport), so
 ``infer - wait`` is the inference the mode hid behind simulation.
 """
@@ -25,6 +26,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -95,20 +97,28 @@ def median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def ratios(results: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Ray overhead against in-process, and pipelined against co-located."""
-    out: dict[str, float] = {}
-    sps = {mode: r["env_steps_per_s"] for mode, r in results.items()}
+def ratios(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Ray overhead against in-process, and pipelined against co-located: the median of per-round values.
+
+    Each round runs every mode back to back, so comparing within a round cancels most of the
+    machine's drift between rounds; the per-round values are kept (``*_rounds``) to show the spread.
+    """
+    sps = {mode: [r["env_steps_per_s"] for r in runs] for mode, runs in rounds.items()}
+    paired: dict[str, list[float]] = {}
     if "inprocess" in sps:
         for mode in MODES[1:]:
             if mode in sps:
-                out[f"ray_overhead_pct_{mode}"] = 100.0 * (1.0 - sps[mode] / sps["inprocess"])
+                paired[f"ray_overhead_pct_{mode}"] = [
+                    100.0 * (1.0 - ray / local) for ray, local in zip(sps[mode], sps["inprocess"])
+                ]
     if "pipelined" in sps and "colocated" in sps:
-        out["ratio_pipelined_vs_colocated"] = sps["pipelined"] / sps["colocated"]
+        paired["ratio_pipelined_vs_colocated"] = [p / c for p, c in zip(sps["pipelined"], sps["colocated"])]
+    out: dict[str, Any] = {key: statistics.median(values) for key, values in paired.items()}
+    out |= {f"{key}_rounds": values for key, values in paired.items()}
     return out
 
 
-def print_table(results: dict[str, dict[str, float]], extra: dict[str, float]) -> None:
+def print_table(results: dict[str, dict[str, float]], extra: dict[str, Any]) -> None:
     """The human summary."""
     table = Table(title="placement modes: env-steps/s and seconds per iteration")
     for col in ("mode", "env-steps/s", "iter s", *PHASES, "hidden infer"):
@@ -121,7 +131,9 @@ def print_table(results: dict[str, dict[str, float]], extra: dict[str, float]) -
     console = Console(width=140)
     console.print(table)
     for key, value in extra.items():
-        console.print(f"{key}: {value:.3f}")
+        if not key.endswith("_rounds"):
+            rounds = ", ".join(f"{v:.3f}" for v in extra[f"{key}_rounds"])
+            console.print(f"{key}: {value:.3f} (median of rounds: {rounds})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out_dir, ignore_errors=True)
     results = {mode: median_of(rounds[mode]) for mode in modes}
 
-    extra = ratios(results)
+    extra = ratios(rounds)
     print_table(results, extra)
     if args.json:
         cfg = configs[modes[0]]
         config = {
             "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
-            "iterations": args.iterations, "warmup_iterations": 1, "rounds": args.rounds, "statistic": "median", "num_envs": cfg.env.num_envs,
+            "iterations": args.iterations, "warmup_iterations": 1, "rounds": args.rounds, "statistic": "median", "comparisons": "median of per-round ratios", "num_envs": cfg.env.num_envs,
             "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
             "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
             "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
