@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,9 +146,10 @@ def start_fleet(cfg: Any, name: str | None = None, scheduler: Scheduler | None =
     scheduler, placement, layout = place_job(fleet, name or cfg.run_name, scheduler)
     backend = RayBackend(scheduler)
     timeout = None if fleet.server.timeout_ms is None else fleet.server.timeout_ms / 1000
-    server_cls = ray.remote(max_restarts=fleet.max_restarts, max_task_retries=-1, max_concurrency=SERVER_CONCURRENCY)(
-        InferenceServer
-    )
+    server_name = f"{placement.gang}:inference:{uuid.uuid4().hex[:8]}"  # unique, even while a killed one is torn down
+    server_cls = ray.remote(
+        max_restarts=fleet.max_restarts, max_task_retries=-1, max_concurrency=SERVER_CONCURRENCY, name=server_name
+    )(InferenceServer)
     server = backend.start_actor(
         placement, layout.bundle("inference"), server_cls, default_batch(fleet, cfg.env.num_envs), timeout,
         cfg.device, fleet.server.threads,
@@ -158,7 +160,7 @@ def start_fleet(cfg: Any, name: str | None = None, scheduler: Scheduler | None =
     workers = [
         backend.start_actor(
             placement, layout.bundle("shard", k), worker_cls, cfg.env, k, k * per_shard, per_shard, fleet.num_stages,
-            cfg.seed, server, shard_threads,
+            cfg.seed, server_name, shard_threads,
         )
         for k in range(fleet.shards)
     ]

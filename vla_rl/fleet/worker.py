@@ -53,7 +53,9 @@ class RolloutWorker:
         num_envs: environments of this shard (a multiple of ``stages``).
         stages: pipeline stages P.
         seed: the run's seed (environments are built with it, as in-process).
-        server: inference server handle with ``infer.remote(Request)``.
+        server: inference server handle with ``infer.remote(Request)``, or the name of the server's Ray
+            actor. The job passes the name: Ray flags an actor handle among the constructor arguments
+            of a restartable actor as unsafe to restart with (ray-project/ray#53727).
         threads: torch threads, physics threads and GL contexts of this process (the CPUs it reserved).
     """
 
@@ -65,6 +67,10 @@ class RolloutWorker:
             raise ValueError(f"stages={stages} must be >= 1 and divide the shard's num_envs={num_envs}")
         torch.set_num_threads(threads)
         self.shard = shard
+        if isinstance(server, str):
+            import ray
+
+            server = ray.get_actor(server)
         self.server = server
         per = num_envs // stages
         self.envs = [
