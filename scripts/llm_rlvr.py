@@ -14,7 +14,8 @@ import sys
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from infra.llm.rlvr import RLVRConfig, apply_overrides, run_rlvr
+from infra.llm.rlvr import RLVRConfig, run_rlvr
+from infra.typed_config import apply_overrides
 
 
 def main(argv: list[str]) -> int:

@@ -7,27 +7,23 @@ key, task, algorithm or model raises :class:`ConfigError` naming the valid choic
 
 Each component receives only its own section: the environment factory gets :class:`EnvConfig`,
 PPO gets :class:`PPOConfig`, the policy factory gets the policy's own dataclass from ``policies``.
+Reading and checking dicts and overrides is :mod:`infra.typed_config`'s, shared with the LLM jobs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from infra.typed_config import ConfigError, from_dict, merge, parse_overrides
 from vla_rl.fleet.config import FleetConfig, validate_fleet
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A configuration value, key or file is invalid; the message names the fix."""
 
 
 @dataclass
@@ -226,81 +222,6 @@ def _policy_models() -> dict[str, type]:
     return dict(policies.MODELS)
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check ``value`` against the annotation ``tp`` and convert lists and ints where lossless."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arg, path)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError("; ".join(errors))
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{path}={value!r} is not a valid choice; valid: {', '.join(map(str, args))}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{path}={value!r} must be a list, e.g. {path}=[a,b]")
-        item = args[0] if args else Any
-        return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path} must be a mapping of {tp.__name__} fields, got {value!r}")
-        return from_dict(tp, value, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path}={value!r} must be true or false")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{path}={value!r} must be a number")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
-            raise ConfigError(f"{path}={value!r} must be an integer")
-        return int(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{path}={value!r} must be a string")
-        return value
-    raise ConfigError(f"{path}: unsupported field type {tp!r}")
-
-
-def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and ill-typed values.
-
-    Args:
-        cls: A dataclass type whose fields carry type annotations.
-        data: Field values; missing fields keep the dataclass defaults.
-        path: Dotted prefix used in error messages.
-
-    Raises:
-        ConfigError: An unknown key (the message lists the valid keys) or a value of the wrong type.
-    """
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        where = f" in section '{path}'" if path else ""
-        raise ConfigError(f"unknown config key(s) {unknown}{where}; valid keys: {', '.join(names)}")
-    kwargs = {}
-    for name, value in data.items():
-        sub = f"{path}.{name}" if path else name
-        if cls is TrainConfig and name == "policy":
-            kwargs[name] = policy_from_dict(value, sub)
-        else:
-            kwargs[name] = _coerce(value, hints[name], sub)
-    return cls(**kwargs)
-
-
 def policy_from_dict(data: dict[str, Any] | None, path: str = "policy") -> Any:
     """Build the policy's own config dataclass from ``{"name": ..., <its fields>}``."""
     models = _policy_models()
@@ -334,53 +255,6 @@ def _policy_name(policy_cfg: Any) -> str:
     raise ConfigError(f"policy config of type {type(policy_cfg).__name__} is not in policies.MODELS")
 
 
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {key}: '{part}' is a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """Turn ``["ppo.optim.lr=1e-3", "env.task=reach"]`` into a nested dict (values parsed as YAML).
-
-    Raises:
-        ConfigError: An argument without ``=``.
-    """
-    out: dict[str, Any] = {}
-    for arg in args:
-        key, sep, raw = arg.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {arg!r} must look like key=value, e.g. ppo.optim.lr=1e-3")
-        _set_dotted(out, key.strip(), _parse_scalar(raw))
-    return out
-
-
-def _parse_scalar(raw: str) -> Any:
-    """YAML's reading of one value, with ``1e-3``-style floats (YAML 1.1 wants a dot) fixed."""
-    value = yaml.safe_load(raw) if raw else ""
-    if isinstance(value, str):
-        try:
-            return float(value) if any(c in value.lower() for c in "e.") else value
-        except ValueError:
-            return value
-    return value
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a dict; a missing or malformed file raises :class:`ConfigError`."""
     path = Path(path)
@@ -403,15 +277,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         ConfigError: Unknown keys, wrong types, an unknown model or task, or inconsistent settings.
     """
     data = read_yaml(path or CONFIG_DIR / "default.yaml")
-    data = _merge(data, parse_overrides(overrides or []))
+    data = merge(data, parse_overrides(overrides or []))
     return build_config(data)
 
 
 def build_config(data: dict[str, Any]) -> TrainConfig:
     """Validate a nested dict (as in ``config.yaml``) into a :class:`TrainConfig`."""
+    data = dict(data)
+    policy = data.pop("policy", None)  # its dataclass depends on its ``name``: built apart
     cfg = from_dict(TrainConfig, data)
-    if cfg.policy is None:
-        cfg.policy = policy_from_dict(None)
+    cfg.policy = policy_from_dict(policy)
     validate(cfg)
     return cfg
 

@@ -15,8 +15,6 @@ import io
 import json
 import os
 import time
-import types
-import typing
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -194,40 +192,7 @@ def local_services(cfg: RLVRConfig) -> JobServices:
     return JobServices(LocalHandle(RolloutService(cfg.model)), LocalHandle(RewardService()), LocalHandle(TrainerService()))
 
 
-# ---------------------------------------------------------------- config overrides and outputs
-
-
-def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """A copy of dataclass ``cfg`` with ``key=value`` overrides (dotted keys reach nested sections)."""
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} is not key=value (e.g. iterations=50 or grpo.lr=3e-4).")
-        key, value = item.split("=", 1)
-        cfg = _set(cfg, key.split("."), value, key)
-    return cfg
-
-
-def _set(obj: Any, path: list[str], value: str, full: str) -> Any:
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    if path[0] not in fields:
-        raise ValueError(f"unknown config key {full!r}; valid keys here: {sorted(fields)}.")
-    hints = typing.get_type_hints(type(obj))
-    if len(path) > 1:
-        return dataclasses.replace(obj, **{path[0]: _set(getattr(obj, path[0]), path[1:], value, full)})
-    return dataclasses.replace(obj, **{path[0]: _parse(hints[path[0]], value, full)})
-
-
-def _parse(tp: Any, value: str, key: str) -> Any:
-    if isinstance(tp, types.UnionType):
-        tp = next(t for t in typing.get_args(tp) if t is not type(None))
-    try:
-        if tp is bool:
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1")
-        return tp(value)
-    except ValueError:
-        raise ValueError(f"{key}={value!r} is not a valid {getattr(tp, '__name__', tp)}.") from None
+# ---------------------------------------------------------------- outputs
 
 
 def write_atomic(path: Path, data: bytes) -> None:

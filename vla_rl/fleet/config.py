@@ -3,7 +3,7 @@
 Typed dataclasses, no string mini-language: each component (simulator shards, the inference server,
 the trainer) gets a :class:`ComponentPlacement` saying how much CPU and GPU it takes and, optionally,
 which node and GPU indices it is pinned to. :func:`validate_fleet` checks the section against the
-rest of the run config and raises :class:`~vla_rl.config.ConfigError` naming the fix; it never edits
+rest of the run config and raises :class:`~infra.typed_config.ConfigError` naming the fix; it never edits
 the config. Mode defaults (which GPU share each component takes when the user gives none) are
 derived by :func:`resolved_placement`, a pure function, so the config stays what the user wrote.
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
+
+from infra.typed_config import ConfigError
 
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig
@@ -151,34 +153,28 @@ def resolved_placement(fleet: FleetConfig) -> dict[str, ComponentPlacement]:
     return out
 
 
-def _error(message: str) -> Exception:
-    from vla_rl.config import ConfigError
-
-    return ConfigError(message)
-
-
 def _check_component(name: str, comp: ComponentPlacement, cluster: ClusterSpec) -> None:
     where = f"fleet.{name}"
     if comp.cpus <= 0 or comp.memory_mib <= 0:
-        raise _error(f"{where}.cpus={comp.cpus} and {where}.memory_mib={comp.memory_mib} must be positive")
+        raise ConfigError(f"{where}.cpus={comp.cpus} and {where}.memory_mib={comp.memory_mib} must be positive")
     if comp.gpu is not None:
         if comp.gpu < 0:
-            raise _error(f"{where}.gpu={comp.gpu} must be >= 0 (0: no GPU, 0.25: a quarter of one, 2: two GPUs)")
+            raise ConfigError(f"{where}.gpu={comp.gpu} must be >= 0 (0: no GPU, 0.25: a quarter of one, 2: two GPUs)")
         if comp.gpu >= 1 and not float(comp.gpu).is_integer():
-            raise _error(
+            raise ConfigError(
                 f"{where}.gpu={comp.gpu}: shares above one GPU must be whole GPUs; use {int(comp.gpu)} or a fraction < 1"
             )
         if 0 < comp.gpu < 0.001:
-            raise _error(f"{where}.gpu={comp.gpu} is below the scheduler's unit (0.001 GPU); use 0 or at least 0.001")
+            raise ConfigError(f"{where}.gpu={comp.gpu} is below the scheduler's unit (0.001 GPU); use 0 or at least 0.001")
     if comp.node and comp.node not in cluster.node_names:
-        raise _error(f"{where}.node={comp.node!r} is not in fleet.cluster; nodes: {', '.join(cluster.node_names)}")
+        raise ConfigError(f"{where}.node={comp.node!r} is not in fleet.cluster; nodes: {', '.join(cluster.node_names)}")
     if comp.gpu_ids:
         if not comp.node:
-            raise _error(f"{where}.gpu_ids={list(comp.gpu_ids)} needs {where}.node (GPU indices are per node)")
+            raise ConfigError(f"{where}.gpu_ids={list(comp.gpu_ids)} needs {where}.node (GPU indices are per node)")
         count = cluster.gpus
         bad = [g for g in comp.gpu_ids if not 0 <= g < count]
         if bad:
-            raise _error(f"{where}.gpu_ids has {bad}; node {comp.node!r} has GPUs 0..{count - 1}")
+            raise ConfigError(f"{where}.gpu_ids has {bad}; node {comp.node!r} has GPUs 0..{count - 1}")
 
 
 def validate_fleet(cfg: TrainConfig) -> None:
@@ -188,41 +184,41 @@ def validate_fleet(cfg: TrainConfig) -> None:
     """
     fleet = cfg.fleet
     if fleet.mode not in MODES:
-        raise _error(f"fleet.mode={fleet.mode!r} is not a valid choice; valid: {', '.join(MODES)}")
+        raise ConfigError(f"fleet.mode={fleet.mode!r} is not a valid choice; valid: {', '.join(MODES)}")
     if fleet.mode == "inprocess":
         return
     if cfg.algo != "ppo":
-        raise _error(f"fleet.mode={fleet.mode} runs PPO only; use algo=ppo or fleet.mode=inprocess for {cfg.algo}")
+        raise ConfigError(f"fleet.mode={fleet.mode} runs PPO only; use algo=ppo or fleet.mode=inprocess for {cfg.algo}")
     if fleet.shards < 1 or cfg.env.num_envs % fleet.shards:
-        raise _error(
+        raise ConfigError(
             f"fleet.shards={fleet.shards} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
             "(each shard holds the same number of environments)"
         )
     per_shard = cfg.env.num_envs // fleet.shards
     if fleet.mode == "pipelined" and (fleet.stages < 2 or per_shard % fleet.stages):
-        raise _error(
+        raise ConfigError(
             f"fleet.stages={fleet.stages} must be >= 2 and divide the {per_shard} environments of a shard "
             "(env.num_envs / fleet.shards) in pipelined mode"
         )
     if fleet.offload and fleet.mode != "colocated":
-        raise _error(f"fleet.offload=true applies to fleet.mode=colocated only (got {fleet.mode}); drop it")
+        raise ConfigError(f"fleet.offload=true applies to fleet.mode=colocated only (got {fleet.mode}); drop it")
     if fleet.sync.max_staleness < 1:
-        raise _error(f"fleet.sync.max_staleness={fleet.sync.max_staleness} must be >= 1")
+        raise ConfigError(f"fleet.sync.max_staleness={fleet.sync.max_staleness} must be >= 1")
     server = fleet.server
     if server.max_batch is not None and server.max_batch < 1:
-        raise _error(f"fleet.server.max_batch={server.max_batch} must be >= 1 (or null for the mode's default)")
+        raise ConfigError(f"fleet.server.max_batch={server.max_batch} must be >= 1 (or null for the mode's default)")
     if server.timeout_ms is not None and server.timeout_ms <= 0:
-        raise _error(f"fleet.server.timeout_ms={server.timeout_ms} must be > 0 (or null: wait for a full batch)")
+        raise ConfigError(f"fleet.server.timeout_ms={server.timeout_ms} must be > 0 (or null: wait for a full batch)")
     if server.threads < 1 or fleet.max_restarts < 0 or fleet.collect_timeout_s <= 0:
-        raise _error("fleet.server.threads >= 1, fleet.max_restarts >= 0 and fleet.collect_timeout_s > 0 are required")
+        raise ConfigError("fleet.server.threads >= 1, fleet.max_restarts >= 0 and fleet.collect_timeout_s > 0 are required")
     if fleet.policy:
         from infra.policies import names
 
         if fleet.policy not in names():
-            raise _error(f"fleet.policy={fleet.policy!r} is not a placement policy; valid: {', '.join(names())}")
+            raise ConfigError(f"fleet.policy={fleet.policy!r} is not a placement policy; valid: {', '.join(names())}")
     c = fleet.cluster
     if c.nodes < 1 or c.cpus < 1 or c.memory_mib < 1 or c.gpus < 0:
-        raise _error(
+        raise ConfigError(
             f"fleet.cluster: nodes={c.nodes}, cpus={c.cpus}, memory_mib={c.memory_mib} must be >= 1 and gpus={c.gpus} >= 0"
         )
     for name, comp in resolved_placement(fleet).items():
@@ -230,7 +226,7 @@ def validate_fleet(cfg: TrainConfig) -> None:
     # Disaggregated: a whole-GPU trainer never shares a GPU with fractional simulators and inference.
     trainer_gpu = fleet.trainer.gpu
     if fleet.mode == "disaggregated" and trainer_gpu is not None and 0 < trainer_gpu < 1:
-        raise _error(
+        raise ConfigError(
             f"fleet.trainer.gpu={trainer_gpu}: disaggregated mode gives the trainer whole GPUs (an integer) so it "
             "never shares one with simulators and inference; use colocated for sharing"
         )

@@ -1,0 +1,57 @@
+"""The shared typed-config loader: dicts and key=value overrides into checked dataclasses."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from infra.typed_config import ConfigError, apply_overrides, from_dict, merge, parse_overrides
+
+
+@dataclass
+class Inner:
+    lr: float = 1e-3
+    sizes: tuple[int, ...] = (64, 64)
+
+
+@dataclass
+class Outer:
+    mode: Literal["a", "b"] = "a"
+    limit: int | None = None
+    flag: bool = False
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_overrides_reach_nested_sections_with_typed_values() -> None:
+    base = Outer()
+    cfg = apply_overrides(base, ["mode=b", "limit=3", "flag=true", "inner.lr=3e-4", "inner.sizes=[8,16]"])
+    assert cfg == Outer("b", 3, True, Inner(3e-4, (8, 16)))
+    assert base == Outer()  # the original is left as it was
+    assert apply_overrides(cfg, ["limit=null"]).limit is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("inner.lrr=1", r"unknown config key\(s\) \['lrr'\] in section 'inner'; valid keys: lr, sizes"),
+        ("mode=c", r"mode='c' is not a valid choice; valid: a, b"),
+        ("limit=2.5", r"limit=2.5 must be an integer"),
+        ("flag=1", r"flag=1 must be true or false"),
+        ("inner=3", r"inner must be a mapping of Inner fields"),
+        ("limit", r"must look like key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key_and_the_fix(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(Outer(), [override])
+
+
+def test_merge_lays_sections_over_each_other_without_mutating() -> None:
+    base = {"inner": {"lr": 1.0, "sizes": [1]}, "mode": "a"}
+    extra = parse_overrides(["inner.lr=2e-3"])
+    merged = merge(base, extra)
+    assert merged == {"inner": {"lr": 2e-3, "sizes": [1]}, "mode": "a"}
+    assert base["inner"]["lr"] == 1.0
+    assert from_dict(Outer, merged).inner == Inner(2e-3, (1,))
+    with pytest.raises(ConfigError, match="'inner' is a value, not a section"):
+        parse_overrides(["inner=1", "inner.lr=2"])
