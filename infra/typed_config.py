@@ -22,7 +22,7 @@ class ConfigError(ValueError):
     """A configuration value, key or file is invalid; the message names the fix."""
 
 
-def coerce(value: Any, tp: Any, path: str) -> Any:
+def _coerce(value: Any, tp: Any, path: str) -> Any:
     """Check ``value`` against the annotation ``tp`` and convert lists and ints where lossless.
 
     Raises:
@@ -38,7 +38,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return coerce(value, arg, path)
+                return _coerce(value, arg, path)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError("; ".join(errors))
@@ -50,7 +50,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{path}={value!r} must be a list, e.g. {path}=[a,b]")
         item = args[0] if args else Any
-        return tuple(coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{path} must be a mapping of {tp.__name__} fields, got {value!r}")
@@ -91,7 +91,7 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
     if unknown:
         where = f" in section '{path}'" if path else ""
         raise ConfigError(f"unknown config key(s) {unknown}{where}; valid keys: {', '.join(names)}")
-    return cls(**{name: coerce(value, hints[name], f"{path}.{name}" if path else name) for name, value in data.items()})
+    return cls(**{name: _coerce(value, hints[name], f"{path}.{name}" if path else name) for name, value in data.items()})
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
