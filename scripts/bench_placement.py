@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = configs[modes[0]]
         config = {
             "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
-            "iterations": args.iterations, "warmup_iterations": 1, "rounds": args.rounds, "statistic": "median", "comparisons": "median of per-round ratios", "num_envs": cfg.env.num_envs,
+            "iterations": args.iterations, "warmup_iterations": 1, "rounds": args.rounds, "statistic": "median",
+            "comparisons": "median of per-round ratios", "num_envs": cfg.env.num_envs,
             "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
             "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
             "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
