@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Ray's actor-call round trip on this machine: the floor under the fleet's per-step transport.
+"""Ray's actor-call round trip on this machine, against the fleet's same-node socket channel.
 
     python scripts/bench_ray_latency.py --json docs/figures/bench/bench_ray_latency.json
 
@@ -10,7 +10,9 @@ instance (loopback) and without any model, the round trip of such a call in thre
 - ``after_work``: a caller that first spins ``--work-ms`` on the CPU, as a shard simulating does
   (the threads that carry the call have gone to sleep and must be woken);
 - ``batched``: ``--shards`` such callers, each sending ``--envs`` 64x64 RGB observations to one
-  asyncio actor that answers once every shard's request is in, as the server batches them.
+  asyncio actor that answers once every shard's request is in, as the server batches them;
+- ``batched_socket``: the same, over the actor's Unix socket (``vla_rl.fleet.channel``, what
+  shards on the server's node use, ``fleet.server.transport=socket``).
 
 Medians over ``--calls`` calls, in milliseconds.
 """
@@ -32,6 +34,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import ray
 from bench_report import write_report
 
+from vla_rl.fleet.channel import SocketClient, SocketServer
+
 
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
@@ -52,6 +56,10 @@ class Batcher:
     def __init__(self, group: int) -> None:
         self.group = group
         self.waiting: list[asyncio.Future] = []
+        self.socket = SocketServer(self.call)
+
+    async def socket_path(self) -> str:
+        return await self.socket.start()
 
     async def call(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         future = asyncio.get_running_loop().create_future()
@@ -66,16 +74,21 @@ class Batcher:
 class Caller:
     """Times calls to ``target`` after ``work_s`` of CPU work each."""
 
-    def __init__(self, target: object) -> None:
+    def __init__(self, target: object, socket_path: str = "") -> None:
         self.target = target
+        self.client = SocketClient(socket_path) if socket_path else None
 
     def run(self, calls: int, work_s: float, envs: int) -> float:
         obs = {"rgb": np.random.randint(0, 255, (envs, 64, 64, 3), np.uint8), "proprio": np.zeros((envs, 20), np.float32)}
         times = []
-        for _ in range(calls):
+        for ticket in range(calls):
             _spin(work_s)
             start = time.perf_counter()
-            ray.get(self.target.call.remote(obs))
+            if self.client is None:
+                ray.get(self.target.call.remote(obs))
+            else:
+                self.client.send(ticket, obs)
+                self.client.receive()
             times.append(time.perf_counter() - start)
         return 1e3 * statistics.median(times)
 
@@ -102,10 +115,14 @@ def main(argv: list[str] | None = None) -> int:
             "after_work_ms": ray.get(caller.run.remote(args.calls, args.work_ms / 1e3, args.envs)),
         }
         batcher = ray.remote(max_concurrency=4 * args.shards)(Batcher).remote(args.shards)
-        callers = [ray.remote(Caller).remote(batcher) for _ in range(args.shards)]
-        ray.get([c.run.remote(10, args.work_ms / 1e3, args.envs) for c in callers])
-        per_shard = ray.get([c.run.remote(args.calls, args.work_ms / 1e3, args.envs) for c in callers])
-        results["batched_ms"] = statistics.median(per_shard)
+        path = ray.get(batcher.socket_path.remote())
+        for key, socket_path in (("batched_ms", ""), ("batched_socket_ms", path)):
+            callers = [ray.remote(Caller).remote(batcher, socket_path) for _ in range(args.shards)]
+            ray.get([c.run.remote(10, args.work_ms / 1e3, args.envs) for c in callers])
+            per_shard = ray.get([c.run.remote(args.calls, args.work_ms / 1e3, args.envs) for c in callers])
+            results[key] = statistics.median(per_shard)
+            for c in callers:
+                ray.kill(c)
     finally:
         ray.shutdown()
     for key, value in results.items():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +15,7 @@ import policies
 from infra.scheduler import PinGPUs, SameGPU, SameNode
 from vla_rl.config import ConfigError, build_config
 from vla_rl.envs import make_env
+from vla_rl.fleet.channel import SocketLink, SocketServer
 from vla_rl.fleet.config import resolved_placement
 from vla_rl.fleet.inference import InferenceCore, Request, RequestsCancelled, from_wire, to_wire
 from vla_rl.fleet.placement import PlacementError, job_request, place_job
@@ -196,6 +199,81 @@ def test_server_timeout_serves_partial_batches_and_cancel_fails_waiters():
     assert reply.action is None and reply.value.shape == (2,) and reply.bootstrap_value.shape == (1,)
     with torch.no_grad():
         assert torch.equal(torch.from_numpy(reply.value), policy.value(_obs(2)))
+
+
+class _LoopThread:
+    """An asyncio loop in a thread, as a Ray asyncio actor runs one."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout=10.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn):
+        async def wrapped():
+            return fn()
+
+        return self.run(wrapped())
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+def test_socket_channel_batches_shards_and_relays_failures():
+    cfg = _config()
+    policy = _policy(cfg, _obs(2))
+    loop = _LoopThread()
+    core = InferenceCore(copy.deepcopy(policy), max_batch=4, timeout_s=None)
+    server = SocketServer(core.infer)
+    path = loop.run(server.start())
+    links = [SocketLink(None, path), SocketLink(None, path)]
+    try:
+        rng = torch.get_rng_state()
+        loop.call(lambda: core.set_weights(policy.state_dict(), 1, rng_state=rng))
+        # Shard 1 asks first; the batch is still ordered by shard, as in process.
+        tickets = [links[1].ask(Request((1, 0), to_wire(_obs(2, 50.0)))), links[0].ask(Request((0, 0), to_wire(_obs(2))))]
+        replies = [links[1].wait(tickets[0]), links[0].wait(tickets[1])]
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            expected = policy.act(torch.cat([_obs(2), _obs(2, 50.0)]))
+        got = torch.cat([torch.from_numpy(replies[1].action), torch.from_numpy(replies[0].action)])
+        assert torch.equal(got, expected["action"]) and {r.version for r in replies} == {1}
+        assert loop.call(lambda: server.clients) == 2
+
+        # A request the server fails raises in the shard, as a failed Ray call does.
+        waiting = links[0].ask(Request((0, 0), to_wire(_obs(2)), min_version=5))
+        assert _when_true(lambda: loop.call(lambda: core.num_pending) == 1)
+        assert loop.call(core.cancel_pending) == 1
+        with pytest.raises(RequestsCancelled):
+            links[0].wait(waiting)
+
+        # The reply to a request forgotten by an aborted rollout is dropped; the next request gets its own.
+        links[0].ask(Request((0, 0), to_wire(_obs(2)), value_only=True))
+        assert links[1].wait(links[1].ask(Request((1, 0), to_wire(_obs(2)), value_only=True))).action is None
+        links[0].forget()
+        tickets = [links[0].ask(Request((0, 0), to_wire(_obs(2)))), links[1].ask(Request((1, 0), to_wire(_obs(2))))]
+        assert links[0].wait(tickets[0]).action.shape == (2, 1)
+        assert links[1].wait(tickets[1]).action.shape == (2, 1)
+        assert links[0].held == links[1].held == 0
+    finally:
+        for link in links:
+            link.close()
+        assert _when_true(lambda: loop.call(lambda: server.clients) == 0)
+        loop.call(server.close)
+        loop.stop()
+
+
+def _when_true(condition, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 # ---------------------------------------------------------------------------------------- shard

@@ -134,6 +134,7 @@ def test_killed_shard_iteration_is_recollected_exactly(colocated):
     killer.join(timeout=5)
 
     assert collector.metrics()["fleet/shard_restarts"] == 1
+    assert ray.get(fleet.server.status.remote())["socket_clients"] == 2  # the restarted shard reconnected
     assert batch.batch_size == reference.batch_size == torch.Size([steps, 4])
     assert (batch["version"] == reference["version"] + 1).all()  # one push later, same experience:
     for key, value in reference.exclude("version").items(include_nested=True, leaves_only=True):
@@ -149,8 +150,10 @@ def test_inference_server_restart_loses_no_requests(colocated):
     killer.join(timeout=5)
 
     metrics = collector.metrics()
+    status = ray.get(fleet.server.status.remote())
     assert metrics["fleet/server_restarts"] >= 1
-    assert ray.get(fleet.server.status.remote())["restarted"]
+    assert status["restarted"]
+    assert status["socket_clients"] == 2, "the shards did not reconnect to the restarted server's socket"
     assert batch.batch_size == torch.Size([steps, 4])
     assert torch.isfinite(batch["action"]).all() and torch.isfinite(batch["next_value"]).all()
     assert (batch["version"] == collector.version).all(), "a request was answered by stale weights"
@@ -177,13 +180,14 @@ def test_async_collection_runs_one_version_behind(colocated):
     collector.get_state()  # waits for the rollout in flight, leaving the shards idle
 
 
-@pytest.mark.parametrize("mode", ["disaggregated", "pipelined"])
-def test_modes_collect_complete_versioned_batches(ray_session, tmp_path, mode):
-    cfg = _config(tmp_path, mode, mode=mode, server={"timeout_ms": 5.0})
+@pytest.mark.parametrize(("mode", "transport"), [("disaggregated", "ray"), ("pipelined", "socket")])
+def test_modes_collect_complete_versioned_batches(ray_session, tmp_path, mode, transport):
+    cfg = _config(tmp_path, mode, mode=mode, server={"timeout_ms": 5.0, "transport": transport})
     fleet = start_fleet(cfg, name=mode, scheduler=ray_session)
     try:
         collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
         policy = policies.make_policy(cfg.policy, collector.reset(cfg.seed), 1)
         assert _collect_three(collector, policy) == [0.0, 0.0, 0.0]
+        assert ray.get(fleet.server.status.remote())["socket_clients"] == (2 if transport == "socket" else 0)
     finally:
         fleet.close()

@@ -73,6 +73,10 @@ class InferenceSettings:
     environments (exact, deterministic batches — what synchronous mode uses by default)."""
     threads: int = 1
     """Torch threads of the server process."""
+    transport: Literal["socket", "ray"] = "socket"
+    """How shards send their per-step requests: ``socket``, over the server's Unix socket when they
+    share its node (Ray calls otherwise); ``ray``, always as Ray actor calls (2-5 ms each on a small
+    machine). See :mod:`vla_rl.fleet.channel`."""
 
 
 @dataclass

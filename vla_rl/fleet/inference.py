@@ -31,6 +31,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from vla_rl.fleet.channel import SocketServer
+
 Wire = dict[str, np.ndarray]
 """A TensorDict on the wire: its leaves as numpy arrays under dotted keys."""
 
@@ -271,7 +273,9 @@ class InferenceServer:
     """Ray actor around :class:`InferenceCore` (start it with ``max_concurrency`` above the shard count).
 
     It starts without a policy: the first :meth:`set_weights` brings the module (pickled once;
-    later only weights travel), and so does the first one after a restart.
+    later only weights travel), and so does the first one after a restart. Shards on its node send
+    their requests over its Unix socket (:meth:`socket_address`, :mod:`vla_rl.fleet.channel`), the
+    others as :meth:`infer` calls; both meet in the same batches.
 
     Args:
         max_batch: environments per forward pass.
@@ -283,6 +287,7 @@ class InferenceServer:
     def __init__(self, max_batch: int, timeout_s: float | None, device: str = "cpu", threads: int = 1) -> None:
         torch.set_num_threads(threads)
         self.core = InferenceCore(None, max_batch, timeout_s, device)
+        self.socket = SocketServer(self.core.infer)
         try:
             import ray
 
@@ -294,6 +299,12 @@ class InferenceServer:
         """See :meth:`InferenceCore.infer`."""
         return await self.core.infer(request)
 
+    async def socket_address(self) -> tuple[str, str]:
+        """This server's Ray node id and the path of its Unix socket (opened by the first call)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), await self.socket.start()
+
     async def set_weights(
         self, state: dict[str, torch.Tensor], version: int, rng_state: torch.Tensor | None = None,
         module: nn.Module | None = None,
@@ -302,10 +313,11 @@ class InferenceServer:
         return self.core.set_weights(state, version, rng_state, module)
 
     async def status(self) -> dict[str, float]:
-        """Held version, whether this incarnation is a restart, requests waiting, batches served."""
+        """Held version, whether this incarnation is a restart, requests waiting, batches served, shards
+        connected to its socket."""
         core = self.core
         return {"version": core.version, "restarted": self.restarted, "pending": core.num_pending,
-                "batches": core.total_batches}
+                "batches": core.total_batches, "socket_clients": self.socket.clients}
 
     async def rng_state(self) -> torch.Tensor:
         """The torch RNG state of the server process (sampling advanced it)."""

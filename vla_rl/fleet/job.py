@@ -160,7 +160,7 @@ def start_fleet(cfg: Any, name: str | None = None, scheduler: Scheduler | None =
     workers = [
         backend.start_actor(
             placement, layout.bundle("shard", k), worker_cls, cfg.env, k, k * per_shard, per_shard, fleet.num_stages,
-            cfg.seed, server_name, shard_threads,
+            cfg.seed, server_name, shard_threads, fleet.server.transport,
         )
         for k in range(fleet.shards)
     ]

@@ -22,6 +22,7 @@ from tensordict import TensorDict
 
 from vla_rl.config import EnvConfig
 from vla_rl.envs import make_env
+from vla_rl.fleet.channel import connect
 from vla_rl.fleet.inference import Reply, Request, Wire, as_tensor, to_wire
 from vla_rl.rollout import Timer, env_step
 
@@ -32,15 +33,6 @@ def _env_state(env: Any) -> Any:
         return env.get_state()
     except (AttributeError, NotImplementedError):
         return None
-
-
-def _get(ref: Any) -> Reply:
-    """Resolve a server reply (a Ray ObjectRef, or the reply itself in-process)."""
-    if isinstance(ref, Reply):
-        return ref
-    import ray
-
-    return ray.get(ref)
 
 
 class RolloutWorker:
@@ -57,11 +49,13 @@ class RolloutWorker:
             actor. The job passes the name: Ray flags an actor handle among the constructor arguments
             of a restartable actor as unsafe to restart with (ray-project/ray#53727).
         threads: torch threads, physics threads and GL contexts of this process (the CPUs it reserved).
+        transport: how requests reach the server (:func:`vla_rl.fleet.channel.connect`): ``"socket"``
+            (its Unix socket when on this node, else Ray calls) or ``"ray"``.
     """
 
     def __init__(
         self, env_cfg: EnvConfig, shard: int, offset: int, num_envs: int, stages: int, seed: int, server: Any,
-        threads: int = 1,
+        threads: int = 1, transport: str = "socket",
     ) -> None:
         if stages < 1 or num_envs % stages:
             raise ValueError(f"stages={stages} must be >= 1 and divide the shard's num_envs={num_envs}")
@@ -71,7 +65,7 @@ class RolloutWorker:
             import ray
 
             server = ray.get_actor(server)
-        self.server = server
+        self.link = connect(server, transport)
         per = num_envs // stages
         self.envs = [
             make_env(env_cfg, seed=seed, num_envs=per, env_offset=offset + s * per, num_threads=threads)
@@ -140,6 +134,7 @@ class RolloutWorker:
         """
         if any(o is None for o in self.obs):
             raise RuntimeError(f"shard {self.shard}: call reset() (or set_state) before rollout()")
+        self.link.forget()  # replies still due to an aborted rollout
         timer = Timer()
         stages = range(len(self.envs))
         records: list[list[TensorDict]] = [[] for _ in stages]
@@ -190,12 +185,11 @@ class RolloutWorker:
             (self.shard, stage), to_wire(self.obs[stage]), None if bootstrap is None else to_wire(bootstrap),
             value_only, min_version,
         )
-        return self.server.infer.remote(request)
+        return self.link.ask(request)
 
-    @staticmethod
-    def _wait(ref: Any, timer: Timer) -> Reply:
+    def _wait(self, handle: Any, timer: Timer) -> Reply:
         start = time.perf_counter()
-        reply = _get(ref)
+        reply = self.link.wait(handle)
         timer.add("wait", time.perf_counter() - start)
         return reply
 
@@ -206,6 +200,7 @@ class RolloutWorker:
             records[-1]["bootstrap"][truncated] = as_tensor(reply.bootstrap_value)
 
     def close(self) -> None:
-        """Close the environments."""
+        """Close the environments and the link to the server."""
+        self.link.close()
         for env in self.envs:
             env.close()
