@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     parser.add_argument("--json", type=Path, default=None, help="write machine/config/results as JSON")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run on a Ray cluster ('local' starts one): sets fleet.address (and fleet.mode=colocated "
                              "unless the config picks another fleet mode)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may also follow --ray ADDRESS
     overrides = list(args.overrides)
     try:
         if args.ray is not None:

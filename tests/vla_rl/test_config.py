@@ -53,3 +53,14 @@ def test_malformed_override_and_missing_file():
         parse_overrides(["ppo.optim.lr"])
     with pytest.raises(ConfigError, match=r"not found; configs shipped in .*halfcheetah_ppo.yaml"):
         load_config("no/such/file.yaml")
+
+
+def test_train_script_takes_overrides_after_the_ray_address(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_script", CONFIG_DIR.parent / "scripts" / "train.py")
+    train_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_script)
+    # The bad mode is reported by the config loader: argparse took the override after "--ray local".
+    assert train_script.main(["--ray", "local", "fleet.mode=ring"]) == 2
+    assert "fleet.mode='ring' is not a valid choice" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -264,6 +265,24 @@ def test_socket_channel_batches_shards_and_relays_failures():
             link.close()
         assert _when_true(lambda: loop.call(lambda: server.clients) == 0)
         loop.call(server.close)
+        assert not os.path.exists(path)
+        loop.stop()
+
+
+def test_a_restarted_server_removes_the_socket_files_of_its_predecessors():
+    core = InferenceCore(None, max_batch=1, timeout_s=None)
+    loop = _LoopThread()
+    try:
+        killed = loop.run(SocketServer(core.infer, owner="actor42").start())  # never closed, as a killed one
+        other = SocketServer(core.infer, owner="actor43")
+        other_path = loop.run(other.start())
+        restarted = SocketServer(core.infer, owner="actor42")
+        path = loop.run(restarted.start())
+        assert not os.path.exists(killed) and os.path.exists(path) and os.path.exists(other_path)
+        loop.call(restarted.close)
+        loop.call(other.close)
+        assert not os.path.exists(path) and not os.path.exists(other_path)
+    finally:
         loop.stop()
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import io
 import itertools
 import os
@@ -65,10 +66,14 @@ class SocketServer:
 
     Args:
         handler: coroutine function turning a request into its reply.
+        owner: names the socket files of one server across its restarts, so that a restarted
+            incarnation removes those its killed predecessors left (Ray restarts an actor only
+            once its process is gone).
     """
 
-    def __init__(self, handler: Callable[[Request], Awaitable[Reply]]) -> None:
+    def __init__(self, handler: Callable[[Request], Awaitable[Reply]], owner: str = "") -> None:
         self.handler = handler
+        self.owner = owner or uuid.uuid4().hex[:16]
         self.path = ""
         self.clients = 0
         """Shards connected now."""
@@ -78,8 +83,13 @@ class SocketServer:
     async def start(self) -> str:
         """Listen on a fresh socket path (idempotent); returns the path."""
         if self._server is None:
-            path = os.path.join(tempfile.gettempdir(), f"vla_rl-{uuid.uuid4().hex[:16]}.sock")
+            prefix = os.path.join(tempfile.gettempdir(), f"vla_rl-{self.owner}-")
+            for stale in glob.glob(f"{prefix}*.sock"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(stale)
+            path = f"{prefix}{uuid.uuid4().hex[:8]}.sock"
             self._server = await asyncio.start_unix_server(self._serve, path=path)
+            os.chmod(path, 0o600)  # frames are pickles: only this user's processes may connect
             self.path = path
         return self.path
 
@@ -102,7 +112,7 @@ class SocketServer:
     async def _answer(self, ticket: int, request: Request, writer: asyncio.StreamWriter) -> None:
         try:
             result: Any = await self.handler(request)
-        except Exception as exc:
+        except Exception as exc:  # the shard re-raises it, as a failed Ray call would
             result = exc
         if not writer.is_closing():
             writer.write(_frame(ticket, result))

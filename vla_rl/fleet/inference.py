@@ -287,13 +287,15 @@ class InferenceServer:
     def __init__(self, max_batch: int, timeout_s: float | None, device: str = "cpu", threads: int = 1) -> None:
         torch.set_num_threads(threads)
         self.core = InferenceCore(None, max_batch, timeout_s, device)
-        self.socket = SocketServer(self.core.infer)
         try:
             import ray
 
-            self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+            context = ray.get_runtime_context()
+            self.restarted = bool(context.was_current_actor_reconstructed)
+            owner = context.get_actor_id() or ""
         except (ImportError, RuntimeError):
-            self.restarted = False
+            self.restarted, owner = False, ""
+        self.socket = SocketServer(self.core.infer, owner)
 
     async def infer(self, request: Request) -> Reply:
         """See :meth:`InferenceCore.infer`."""
@@ -304,6 +306,10 @@ class InferenceServer:
         import ray
 
         return ray.get_runtime_context().get_node_id(), await self.socket.start()
+
+    async def close_socket(self) -> None:
+        """Stop listening and remove the socket file (before the job kills this actor)."""
+        self.socket.close()
 
     async def set_weights(
         self, state: dict[str, torch.Tensor], version: int, rng_state: torch.Tensor | None = None,

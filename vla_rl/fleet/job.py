@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from infra.ray_backend import RayBackend, node_args, start_local_cluster
 from infra.scheduler import Placement, Scheduler
@@ -34,6 +34,9 @@ from vla_rl.fleet.worker import RolloutWorker
 #: Concurrent calls the inference server's event loop accepts (requests of all stages of all shards).
 SERVER_CONCURRENCY = 256
 
+
+#: Seconds the job waits for its server to remove its socket file at the end.
+CLOSE_TIMEOUT_S = 5.0
 
 #: A shard's observation batch (16 envs of 64x64 RGB: ~200 KB) is passed inline with the call rather
 #: than through the shared-memory object store (Ray's default limit is 100 KB): one copy less per step.
@@ -122,6 +125,8 @@ class Fleet:
 
     def close(self) -> None:
         """Stop every actor of the job and release its placement."""
+        with contextlib.suppress(RayActorError, GetTimeoutError):  # a dead server has no socket to remove
+            ray.get(self.server.close_socket.remote(), timeout=CLOSE_TIMEOUT_S)
         self.backend.release(self.placement.gang)
 
 
