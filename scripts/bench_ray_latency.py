@@ -61,6 +61,9 @@ class Batcher:
     async def socket_path(self) -> str:
         return await self.socket.start()
 
+    async def close_socket(self) -> None:
+        self.socket.close()
+
     async def call(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         future = asyncio.get_running_loop().create_future()
         self.waiting.append(future)
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             results[key] = statistics.median(per_shard)
             for c in callers:
                 ray.kill(c)
+        ray.get(batcher.close_socket.remote())
     finally:
         ray.shutdown()
     for key, value in results.items():

@@ -6,11 +6,11 @@ One ``collect(policy, T)``:
 1. pushes the policy's weights to the server as version ``v`` (the module itself the first time and
    after a server restart), with the trainer's torch RNG state in synchronous mode;
 2. asks every shard for a T-step rollout that may be answered only by version ``v`` or newer;
-3. watches them: a restarted server gets the weights again (its requests were retried by Ray and
-   wait for them, so none is lost); a shard that dies aborts the attempt — pending requests are
-   cancelled, every shard is rolled back to its state at the start of the iteration (taken before
-   step 2), and the iteration is collected again, so the batch is complete and the same as without
-   the fault;
+3. watches them: a restarted server gets the weights again (the shards' requests were sent to it
+   again, see :mod:`vla_rl.fleet.channel`, and wait for them, so none is lost); a shard that dies
+   aborts the attempt — pending requests are cancelled, every shard is rolled back to its state at
+   the start of the iteration (taken before step 2), and the iteration is collected again, so the
+   batch is complete and the same as without the fault;
 4. concatenates the shards' ``[T, n]`` batches into ``[T, N]`` and, in synchronous mode, takes the
    server's RNG state back, so the trainer continues exactly as in process.
 
@@ -187,7 +187,7 @@ class FleetCollector:
         return batch, seconds
 
     def _heal_server(self, policy: nn.Module, rng: torch.Tensor | None) -> None:
-        """If the server came back without weights, push them (its retried requests then proceed)."""
+        """If the server came back without weights, push them (the requests sent to it again then proceed)."""
         try:
             status = ray.get(self.server.status.remote(), timeout=POLL_S)
         except GetTimeoutError:
