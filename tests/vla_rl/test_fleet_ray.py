@@ -191,3 +191,20 @@ def test_modes_collect_complete_versioned_batches(ray_session, tmp_path, mode, t
         assert ray.get(fleet.server.status.remote())["socket_clients"] == (2 if transport == "socket" else 0)
     finally:
         fleet.close()
+
+
+def test_shards_use_the_socket_only_on_the_servers_node(ray_session):
+    from vla_rl.fleet.channel import RayLink, connect
+
+    class ServerElsewhere:  # defined here so that Ray ships the class itself to its worker
+        """A server whose socket is on another node: shards must not try to connect to it."""
+
+        def socket_address(self):
+            return "another-node", "/nonexistent.sock"
+
+    server = ray.remote(ServerElsewhere).remote()
+    try:
+        assert isinstance(connect(server, "socket"), RayLink)
+        assert isinstance(connect(server, "ray"), RayLink)
+    finally:
+        ray.kill(server)
