@@ -277,7 +277,12 @@ def test_a_restarted_server_removes_the_socket_files_of_its_predecessors():
         other = SocketServer(core.infer, owner="actor43")
         other_path = loop.run(other.start())
         restarted = SocketServer(core.infer, owner="actor42")
-        path = loop.run(restarted.start())
+
+        async def two_shards_ask_at_once():  # the second must not remove the socket the first opens
+            return await asyncio.gather(restarted.start(), restarted.start())
+
+        path, same = loop.run(two_shards_ask_at_once())
+        assert path == same
         assert not os.path.exists(killed) and os.path.exists(path) and os.path.exists(other_path)
         loop.call(restarted.close)
         loop.call(other.close)

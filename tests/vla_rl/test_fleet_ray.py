@@ -145,18 +145,27 @@ def test_killed_shard_iteration_is_recollected_exactly(colocated):
 def test_inference_server_restart_loses_no_requests(colocated):
     fleet, collector, policy, _ = colocated
     steps = 64
+    state, rng = collector.get_state(), torch.get_rng_state()
+    reference = collector.collect(policy, steps, Timer())
+
+    collector.set_state(state, reset_seed=0)
+    torch.set_rng_state(rng)
     killer = _kill_mid_collection(fleet.server, fleet.server, steps // 4)
     batch = collector.collect(policy, steps, Timer())
     killer.join(timeout=5)
 
-    metrics = collector.metrics()
     status = ray.get(fleet.server.status.remote())
-    assert metrics["fleet/server_restarts"] >= 1
-    assert status["restarted"]
+    assert collector.metrics()["fleet/server_restarts"] == 1 and status["restarted"]
     assert status["socket_clients"] == 2, "the shards did not reconnect to the restarted server's socket"
-    assert batch.batch_size == torch.Size([steps, 4])
-    assert torch.isfinite(batch["action"]).all() and torch.isfinite(batch["next_value"]).all()
     assert (batch["version"] == collector.version).all(), "a request was answered by stale weights"
+    for key, value in reference.exclude("version").items(include_nested=True, leaves_only=True):
+        assert torch.equal(batch[key], value), f"re-collected {key} differs"
+
+    # A server that dies between collections gets the module again with the next weights.
+    ray.kill(fleet.server, no_restart=False)
+    batch = collector.collect(policy, 8, Timer())
+    assert collector.metrics()["fleet/server_restarts"] == 2
+    assert batch.batch_size == torch.Size([8, 4]) and (batch["version"] == collector.version).all()
 
 
 def _collect_three(collector, policy):

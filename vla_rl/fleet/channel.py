@@ -78,20 +78,25 @@ class SocketServer:
         self.clients = 0
         """Shards connected now."""
         self._server: asyncio.AbstractServer | None = None
+        self._listening: asyncio.Future[str] | None = None
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> str:
-        """Listen on a fresh socket path (idempotent); returns the path."""
-        if self._server is None:
-            prefix = os.path.join(tempfile.gettempdir(), f"vla_rl-{self.owner}-")
-            for stale in glob.glob(f"{prefix}*.sock"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(stale)
-            path = f"{prefix}{uuid.uuid4().hex[:8]}.sock"
-            self._server = await asyncio.start_unix_server(self._serve, path=path)
-            os.chmod(path, 0o600)  # frames are pickles: only this user's processes may connect
-            self.path = path
-        return self.path
+        """Listen on a fresh socket path (idempotent; concurrent callers share one start); returns the path."""
+        if self._listening is None:
+            self._listening = asyncio.ensure_future(self._listen())
+        return await self._listening
+
+    async def _listen(self) -> str:
+        prefix = os.path.join(tempfile.gettempdir(), f"vla_rl-{self.owner}-")
+        for stale in glob.glob(f"{prefix}*.sock"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        path = f"{prefix}{uuid.uuid4().hex[:8]}.sock"
+        self._server = await asyncio.start_unix_server(self._serve, path=path)
+        os.chmod(path, 0o600)  # frames are pickles: only this user's processes may connect
+        self.path = path
+        return path
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Read one shard's requests until it disconnects; each is answered as soon as its batch ran."""
@@ -121,7 +126,7 @@ class SocketServer:
         """Stop listening and remove the socket file."""
         if self._server is not None:
             self._server.close()
-            self._server = None
+            self._server = self._listening = None
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
 

@@ -6,11 +6,10 @@ One ``collect(policy, T)``:
 1. pushes the policy's weights to the server as version ``v`` (the module itself the first time and
    after a server restart), with the trainer's torch RNG state in synchronous mode;
 2. asks every shard for a T-step rollout that may be answered only by version ``v`` or newer;
-3. watches them: a restarted server gets the weights again (the shards' requests were sent to it
-   again, see :mod:`vla_rl.fleet.channel`, and wait for them, so none is lost); a shard that dies
-   aborts the attempt — pending requests are cancelled, every shard is rolled back to its state at
-   the start of the iteration (taken before step 2), and the iteration is collected again, so the
-   batch is complete and the same as without the fault;
+3. watches them: if a shard dies or the server restarts, the attempt is aborted — the server's
+   waiting requests are cancelled until every rollout has stopped, every shard is rolled back to
+   its state at the start of the iteration (taken before step 2), the weights are pushed again,
+   and the iteration is collected again, so the batch is complete and the same as without the fault;
 4. concatenates the shards' ``[T, n]`` batches into ``[T, N]`` and, in synchronous mode, takes the
    server's RNG state back, so the trainer continues exactly as in process.
 
@@ -35,7 +34,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from vla_rl.fleet.config import FleetConfig
-from vla_rl.fleet.inference import from_wire
+from vla_rl.fleet.inference import NoPolicyError, from_wire
 from vla_rl.rollout import Timer
 
 POLL_S = 0.5
@@ -144,7 +143,11 @@ class FleetCollector:
         """Send weights ``self.version`` (and the module when the server has none)."""
         state = {k: v.detach().cpu() for k, v in policy.state_dict().items()}
         module = None if self._server_has_module else _cpu_copy(policy)
-        self._get(self.server.set_weights.remote(state, self.version, rng_state, module))
+        try:
+            self._get(self.server.set_weights.remote(state, self.version, rng_state, module))
+        except NoPolicyError:  # the server restarted while no collection was watching it
+            self.restarts["server"] += 1
+            self._get(self.server.set_weights.remote(state, self.version, rng_state, _cpu_copy(policy)))
         self._server_has_module = True
 
     def _snapshot(self) -> list[Any]:
@@ -156,18 +159,21 @@ class FleetCollector:
         return _Attempt([w.rollout.remote(steps, version) for w in self.workers], snapshot, steps, version)
 
     def _complete(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> tuple[TensorDict, dict[str, float]]:
-        """Wait for ``attempt``; if a shard dies, roll all back to the snapshot and collect again."""
+        """Wait for ``attempt``; if a shard or the server dies, roll all back to the snapshot and collect again."""
         for _ in range(self.fleet.max_restarts + 1):
             try:
-                return self._finish(attempt.refs, policy, rng)
+                return self._finish(attempt.refs)
             except RayActorError:
                 self.restarts["shard"] += 1
-                self._recover(attempt, policy, rng)
-                attempt.refs = [w.rollout.remote(attempt.steps, attempt.version) for w in self.workers]
-        raise FleetError(f"shards died more than fleet.max_restarts={self.fleet.max_restarts} times in one iteration")
+            except _ServerRestarted:
+                self.restarts["server"] += 1
+                self._server_has_module = False
+            self._recover(attempt, policy, rng)
+            attempt.refs = [w.rollout.remote(attempt.steps, attempt.version) for w in self.workers]
+        raise FleetError(f"components died more than fleet.max_restarts={self.fleet.max_restarts} times in one iteration")
 
-    def _finish(self, refs: list[Any], policy: nn.Module, rng: torch.Tensor | None) -> tuple[TensorDict, dict[str, float]]:
-        """Wait for rollouts, re-pushing weights to a restarted server; concatenate shards."""
+    def _finish(self, refs: list[Any]) -> tuple[TensorDict, dict[str, float]]:
+        """Wait for rollouts, watching the server; concatenate shards."""
         deadline = time.monotonic() + self.fleet.collect_timeout_s
         pending = list(refs)
         while pending:
@@ -177,7 +183,7 @@ class FleetCollector:
             for ref in done:
                 ray.get(ref)  # raises RayActorError if that shard died
             if pending:
-                self._heal_server(policy, rng)
+                self._check_server()
         results = ray.get(refs)
         batch = torch.cat([from_wire(r[0], batch_dims=2) for r in results], dim=1)
         seconds: dict[str, float] = {}
@@ -186,28 +192,46 @@ class FleetCollector:
                 seconds[key] = seconds.get(key, 0.0) + value / len(results)
         return batch, seconds
 
-    def _heal_server(self, policy: nn.Module, rng: torch.Tensor | None) -> None:
-        """If the server came back without weights, push them (the requests sent to it again then proceed)."""
+    def _check_server(self) -> None:
+        """Raise :class:`_ServerRestarted` if the server came back (without weights).
+
+        The requests in flight are sent to it again and would wait for weights, but the replies the
+        dead server wrote may have reached only some shards, which would then ask one step ahead of
+        the others; so the iteration is collected again instead, exactly.
+        """
         try:
             status = ray.get(self.server.status.remote(), timeout=POLL_S)
         except GetTimeoutError:
             return  # restarting, or busy with a batch: look again at the next poll
         if status["version"] < self.version:
-            self.restarts["server"] += 1
-            self._server_has_module = False
-            self._push(policy, rng)
+            raise _ServerRestarted
 
     def _recover(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> None:
-        """After a shard died: cancel the attempt, wait for the shard's restart, roll every shard back."""
-        self._get(self.server.cancel_pending.remote())
-        for ref in attempt.refs:
-            with contextlib.suppress(RayActorError, RayTaskError):
-                self._get(ref)  # the dead shard, and the others whose requests were just cancelled
+        """After a shard or the server died: end the attempt, wait for restarts, roll every shard back."""
+        self._abort(attempt.refs)
         self._await_shards()
-        self._restore(attempt.snapshot, reset_seed=1_000_003 * self.version + self.restarts["shard"])
+        recoveries = self.restarts["shard"] + self.restarts["server"]
+        self._restore(attempt.snapshot, reset_seed=1_000_003 * self.version + recoveries)
         self._get(self.server.cancel_pending.remote())
-        if rng is not None:
-            self._push(policy, rng)  # the server's sampling restarts from the iteration's RNG state
+        if rng is not None or not self._server_has_module:
+            self._push(policy, rng)  # in sync mode the server's sampling restarts from the iteration's RNG state
+
+    def _abort(self, refs: list[Any]) -> None:
+        """Cancel the server's waiting requests until every rollout of ``refs`` has ended.
+
+        Cancelled once is not enough: a shard that reconnects to a restarted server sends its
+        unanswered requests again.
+        """
+        deadline = time.monotonic() + self.fleet.collect_timeout_s
+        pending = list(refs)
+        while pending:
+            if time.monotonic() > deadline:
+                raise FleetError(f"rollouts did not stop within fleet.collect_timeout_s={self.fleet.collect_timeout_s}")
+            self._get(self.server.cancel_pending.remote())
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            for ref in done:
+                with contextlib.suppress(RayActorError, RayTaskError):
+                    ray.get(ref)  # the dead shard, and the others whose requests were cancelled
 
     def _restore(self, states: list[Any], reset_seed: int) -> None:
         """Put every shard back into ``states``; warn when some environments had to be reset instead."""
@@ -251,6 +275,10 @@ class FleetCollector:
         if self._inflight is not None:
             refs, self._inflight = self._inflight.refs, None
             ray.wait(refs, num_returns=len(refs), timeout=self.fleet.collect_timeout_s)
+
+
+class _ServerRestarted(Exception):
+    """The inference server restarted during a collection."""
 
 
 @dataclass

@@ -62,6 +62,10 @@ def _cat(parts: list[Wire]) -> TensorDict:
     return from_wire({key: np.concatenate([p[key] for p in parts]) for key in parts[0]})
 
 
+class NoPolicyError(ValueError):
+    """Weights arrived without a module at a server that holds none (it restarted since the last push)."""
+
+
 class RequestsCancelled(RuntimeError):
     """Pending requests were cancelled because the iteration is being collected again."""
 
@@ -150,7 +154,7 @@ class InferenceCore:
         if module is not None:
             self.policy = module.eval()
         if self.policy is None:
-            raise ValueError("the server holds no policy module yet; pass module= with the first weights")
+            raise NoPolicyError("the server holds no policy module yet; pass module= with the first weights")
         self.policy.to(self.device)
         self.policy.load_state_dict(state)
         self.version = version
