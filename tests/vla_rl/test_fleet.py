@@ -6,7 +6,6 @@ import asyncio
 import copy
 import os
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -224,7 +223,7 @@ class _LoopThread:
         self.thread.join(timeout=5)
 
 
-def test_socket_channel_batches_shards_and_relays_failures():
+def test_socket_channel_batches_shards_and_relays_failures(eventually):
     cfg = _config()
     policy = _policy(cfg, _obs(2))
     loop = _LoopThread()
@@ -247,7 +246,7 @@ def test_socket_channel_batches_shards_and_relays_failures():
 
         # A request the server fails raises in the shard, as a failed Ray call does.
         waiting = links[0].ask(Request((0, 0), to_wire(_obs(2)), min_version=5))
-        assert _when_true(lambda: loop.call(lambda: core.num_pending) == 1)
+        assert eventually(lambda: loop.call(lambda: core.num_pending) == 1)
         assert loop.call(core.cancel_pending) == 1
         with pytest.raises(RequestsCancelled):
             links[0].wait(waiting)
@@ -263,7 +262,7 @@ def test_socket_channel_batches_shards_and_relays_failures():
     finally:
         for link in links:
             link.close()
-        assert _when_true(lambda: loop.call(lambda: server.clients) == 0)
+        assert eventually(lambda: loop.call(lambda: server.clients) == 0)
         loop.call(server.close)
         assert not os.path.exists(path)
         loop.stop()
@@ -289,15 +288,6 @@ def test_a_restarted_server_removes_the_socket_files_of_its_predecessors():
         assert not os.path.exists(path) and not os.path.exists(other_path)
     finally:
         loop.stop()
-
-
-def _when_true(condition, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 # ---------------------------------------------------------------------------------------- shard

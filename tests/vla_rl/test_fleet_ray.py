@@ -7,7 +7,6 @@ always shut down; every wait is bounded.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -54,17 +53,7 @@ def ray_session():
         ray.shutdown()
 
 
-def _when(condition, timeout_s=60.0):
-    """Poll ``condition`` until it holds (False after ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(ray_session, tmp_path, capsys):
+def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(ray_session, tmp_path, capsys, eventually):
     # run_job places the job with a scheduler of its own: it must run while no other fleet of this module does.
     assert not ray_session.placements
     local = Trainer(_config(tmp_path, "local"))
@@ -76,7 +65,7 @@ def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(
     killed = []
 
     def kill_trainer_after_two_checkpoints():
-        if _when(lambda: latest.exists() and load_checkpoint(latest)["iteration"] >= 2):
+        if eventually(lambda: latest.exists() and load_checkpoint(latest)["iteration"] >= 2):
             ray.kill(ray.get_actor(f"{cfg.run_name}:trainer:0"))
             killed.append(True)
 
@@ -107,12 +96,12 @@ def colocated(ray_session, tmp_path_factory):
         fleet.close()
 
 
-def _kill_mid_collection(server, victim, batches):
+def _kill_mid_collection(eventually, server, victim, batches):
     """A started thread that kills ``victim`` (restartably) once ``server`` answered ``batches`` more batches."""
     served = ray.get(server.status.remote())["batches"]
 
     def kill():
-        if _when(lambda: ray.get(server.status.remote())["batches"] >= served + batches):
+        if eventually(lambda: ray.get(server.status.remote())["batches"] >= served + batches):
             ray.kill(victim, no_restart=False)
 
     thread = threading.Thread(target=kill, daemon=True)
@@ -120,7 +109,7 @@ def _kill_mid_collection(server, victim, batches):
     return thread
 
 
-def test_killed_shard_iteration_is_recollected_exactly(colocated):
+def test_killed_shard_iteration_is_recollected_exactly(colocated, eventually):
     fleet, collector, policy, _ = colocated
     steps = 64
     state, rng = collector.get_state(), torch.get_rng_state()
@@ -129,7 +118,7 @@ def test_killed_shard_iteration_is_recollected_exactly(colocated):
 
     collector.set_state(state, reset_seed=0)
     torch.set_rng_state(rng)
-    killer = _kill_mid_collection(fleet.server, fleet.workers[1], steps // 4)
+    killer = _kill_mid_collection(eventually, fleet.server, fleet.workers[1], steps // 4)
     batch = collector.collect(policy, steps, Timer())
     killer.join(timeout=5)
 
@@ -142,7 +131,7 @@ def test_killed_shard_iteration_is_recollected_exactly(colocated):
     assert torch.equal(torch.get_rng_state(), after_reference)
 
 
-def test_inference_server_restart_loses_no_requests(colocated):
+def test_inference_server_restart_loses_no_requests(colocated, eventually):
     fleet, collector, policy, _ = colocated
     steps = 64
     state, rng = collector.get_state(), torch.get_rng_state()
@@ -150,7 +139,7 @@ def test_inference_server_restart_loses_no_requests(colocated):
 
     collector.set_state(state, reset_seed=0)
     torch.set_rng_state(rng)
-    killer = _kill_mid_collection(fleet.server, fleet.server, steps // 4)
+    killer = _kill_mid_collection(eventually, fleet.server, fleet.server, steps // 4)
     batch = collector.collect(policy, steps, Timer())
     killer.join(timeout=5)
 

@@ -13,7 +13,8 @@ restarts:
 - a shard (:class:`SocketLink`) that loses the connection asks the server's Ray actor for the
   address again, which waits for the restart as Ray calls do, and sends every request not yet
   answered once more, as Ray retries the calls in flight to a restarted actor. The restarted
-  server holds them until the trainer pushes weights, so no request is lost;
+  server holds them (it has no weights) until the collector cancels them and collects the
+  iteration again (:mod:`vla_rl.fleet.collector`), so no request is lost or left waiting;
 - a request the server fails (cancelled because the iteration is collected again) raises its
   exception in the shard, as a failed Ray call does.
 
