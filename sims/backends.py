@@ -7,7 +7,8 @@ A backend holds ``num_envs`` simulations of one model and offers:
 - ``step(ctrl)``: apply controls [N, nu] to all simulations and advance ``frame_skip`` substeps;
 - ``qpos``, ``qvel``, ``mocap_pos``: the current state, arrays of the backend's module ``xp``;
 - ``xp``: the array module (``numpy`` or ``jax.numpy``) that :func:`sims.tasks.evaluate` runs with;
-- ``compile(fn)``: ``fn`` as the backend runs it (jitted for MJX).
+- ``compile(fn)``: ``fn`` as the backend runs it (jitted for MJX);
+- ``get_state()`` / ``restore(state)``: a snapshot of every simulation, restored bit for bit.
 
 :class:`BatchBackend` runs ``mujoco.batch.Batch`` (threaded CPU, bit-identical at any thread
 count); :class:`MjxBackend` runs MJX (``jax.vmap`` + ``jax.jit``; the Warp implementation when
@@ -28,7 +29,16 @@ BACKENDS = ("batch", "mjx")
 
 
 class BatchBackend:
-    """``mujoco.batch.Batch``: many simulations of one model on a thread pool."""
+    """``mujoco.batch.Batch``: many simulations of one model on a thread pool.
+
+    Snapshots: a simulation's state row (``mjSTATE_INTEGRATION``: positions, velocities,
+    warm start, controls, mocap) does not hold its island-sleep state, which lives in the
+    persistent batch's per-simulation ``MjData`` and which ``mujoco.batch`` offers no way to
+    write. A restored simulation whose bodies had been asleep would wake them and drift. So the
+    backend logs each simulation's episode start and the controls it applied since, and
+    :meth:`restore` replays them (physics only, bit-identical at any thread count) and checks that
+    the replayed state rows equal the saved ones.
+    """
 
     xp = np
 
@@ -45,6 +55,12 @@ class BatchBackend:
         self._qvel = self.batch.bind("qvel")
         self._ctrl = self.batch.bind("ctrl")
         self._mocap_pos = self.batch.bind("mocap_pos")
+        # Replay log: controls applied at global steps [_base, _t); simulation i started at _start_step[i].
+        self._t = 0
+        self._base = 0
+        self._log: list[np.ndarray] = []
+        self._start_step = np.zeros(num_envs, np.int64)
+        self._start = {"qpos": self._qpos.copy(), "mocap_pos": self._mocap_pos.copy(), "ctrl": self._ctrl.copy()}
 
     def compile(self, fn: Any) -> Any:
         """``fn`` as this backend runs it (numpy: as it is)."""
@@ -64,6 +80,15 @@ class BatchBackend:
 
     def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
         """Restart simulations ``ids`` from these positions, mocap placements and controls."""
+        self._start_sims(ids, qpos, mocap_pos, ctrl)
+        self._start["qpos"][ids], self._start["mocap_pos"][ids], self._start["ctrl"][ids] = qpos, mocap_pos, ctrl
+        self._start_step[ids] = self._t
+        drop = int(self._start_step.min()) - self._base
+        if drop > 0:  # no running episode needs these controls any more
+            del self._log[:drop]
+            self._base += drop
+
+    def _start_sims(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
         self.batch.reset(ids, stage=mujoco.mjtStage.mjSTAGE_NONE)
         self._qpos[ids] = qpos
         self._mocap_pos[ids] = mocap_pos
@@ -73,6 +98,43 @@ class BatchBackend:
         """Apply ``ctrl`` [N, nu] and advance every simulation by ``frame_skip`` substeps."""
         self._ctrl[:] = ctrl
         self.batch.step(nstep=self.frame_skip)
+        self._log.append(np.array(ctrl, dtype=np.float64))
+        self._t += 1
+
+    def get_state(self) -> dict[str, Any]:
+        """Snapshot: state rows ``[N, nstate]``, episode starts, controls since ``[L, N, nu]``, start offsets ``[N]``."""
+        log = np.stack(self._log) if self._log else np.zeros((0, *self._ctrl.shape))
+        return {"rows": self.batch.state.copy(), "start": {k: v.copy() for k, v in self._start.items()},
+                "controls": log, "offset": self._start_step - self._base}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Rebuild every simulation from :meth:`get_state`'s snapshot by replaying its episode.
+
+        Raises:
+            ValueError: the snapshot is of another number of simulations or model.
+            RuntimeError: the replayed state differs from the saved one (another MuJoCo build).
+        """
+        rows, offset, controls = state["rows"], np.asarray(state["offset"]), state["controls"]
+        if rows.shape != self.batch.state.shape:
+            raise ValueError(f"simulator snapshot of shape {rows.shape} cannot be restored into a batch of "
+                             f"{self.batch.state.shape} (num_envs x state size); build the env as it was saved")
+        ids = np.arange(rows.shape[0])
+        start = state["start"]
+        self._start_sims(ids, start["qpos"], start["mocap_pos"], start["ctrl"])
+        for t in range(len(controls)):
+            live = ids[offset <= t]
+            if len(live):
+                self._ctrl[live] = controls[t, live]
+                self.batch.step(ids=live, nstep=self.frame_skip)
+        if not np.array_equal(self.batch.state, rows):
+            bad = np.flatnonzero((self.batch.state != rows).any(axis=1))
+            raise RuntimeError(f"replaying the simulator snapshot did not reproduce simulations {bad[:10].tolist()}; "
+                               "was it written by another MuJoCo version?")
+        self._start = {k: v.copy() for k, v in start.items()}
+        self._log = list(controls)
+        self._t = len(controls)
+        self._base = 0
+        self._start_step = offset.astype(np.int64).copy()
 
 
 class MjxBackend:
@@ -145,6 +207,22 @@ class MjxBackend:
     def step(self, ctrl: np.ndarray) -> None:
         """Apply ``ctrl`` [N, nu] and advance every simulation by ``frame_skip`` substeps."""
         self._data = self._step(self._data, self.xp.asarray(ctrl))
+
+    def get_state(self) -> dict[str, Any]:
+        """Snapshot: every leaf of the batched MJX data, as numpy arrays (MJX has no sleeping)."""
+        import jax
+
+        return {"leaves": [np.asarray(x) for x in jax.tree_util.tree_leaves(self._data)]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s snapshot."""
+        import jax
+
+        leaves, treedef = jax.tree_util.tree_flatten(self._data)
+        saved = state["leaves"]
+        if len(saved) != len(leaves) or any(a.shape != b.shape for a, b in zip(saved, leaves)):
+            raise ValueError("MJX snapshot does not fit this backend (another model or number of environments)")
+        self._data = jax.tree_util.tree_unflatten(treedef, [self.xp.asarray(x) for x in saved])
 
 
 def make_backend(name: str, model: mujoco.MjModel, num_envs: int, frame_skip: int,

@@ -8,6 +8,7 @@ finger actuators' range.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -147,6 +148,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self._steps = np.zeros(n, np.int64)
         self._episode = np.zeros(n, np.int64)
         self._obs: dict[str, np.ndarray] | None = None
+        self.timings = {"render": 0.0}  # seconds spent rendering since construction (monotonic)
 
     # ----------------------------------------------------------------------------- episodes
     def _start_episodes(self, ids: np.ndarray) -> None:
@@ -189,8 +191,10 @@ class SimVectorEnv(gym.vector.VectorEnv):
             state = obs["state"]
             goal = (state[:, T.STATE_TIP_GOAL] + state[:, T.STATE_TIP])[:, None]
             env_ids = self.config.env_offset + np.arange(self.num_envs)[sel]
+            start = time.perf_counter()
             frames = self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours[sel]], self.layout, goal,
                                            env_ids=env_ids)
+            self.timings["render"] += time.perf_counter() - start
             frames["goal_pixel"] = frames.pop("pixels")[:, :, 0]
             obs.update(frames)
         return obs, np.array(out["reward"])[sel], np.array(out["success"])[sel]
@@ -260,10 +264,41 @@ class SimVectorEnv(gym.vector.VectorEnv):
         if seed is not None:  # restart the episode streams of the environments reset here
             self._seed = int(seed)
             self._episode[ids] = 0
+        else:  # group members may have run different numbers of episodes: they restart together
+            g = self.config.group_size
+            self._episode[ids] = self._episode.reshape(-1, g).max(axis=1)[ids // g]
         if len(ids):
             self._start_episodes(ids)
         self._obs = self._observe()[0]
         return {k: v.copy() for k, v in self._obs.items()}
+
+    # ----------------------------------------------------------------------------- snapshots
+    _EPISODE_FIELDS = ("_task", "_a", "_b", "_instruction", "_colours", "_steps", "_episode")
+
+    def get_state(self) -> dict[str, Any]:
+        """A snapshot of every environment: physics (with sleep and warm-start state), episodes, counters.
+
+        :meth:`set_state` on an env built with the same :class:`EnvConfig` continues bit for bit.
+        """
+        return {"backend": self._backend.get_state(), "seed": self._seed, "started": self._obs is not None,
+                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
+
+        Raises:
+            ValueError: the snapshot is of another number of environments.
+        """
+        for key in self._EPISODE_FIELDS:
+            value = np.asarray(state[key])
+            if value.shape != getattr(self, key).shape:
+                raise ValueError(f"environment snapshot has {key} of shape {value.shape}, this env "
+                                 f"{getattr(self, key).shape}; build the env with the config it was saved with")
+        self._backend.restore(state["backend"])
+        for key in self._EPISODE_FIELDS:
+            setattr(self, key, np.array(state[key], dtype=getattr(self, key).dtype))
+        self._seed = int(state["seed"])
+        self._obs = self._observe()[0] if state["started"] else None
 
     # ----------------------------------------------------------------------------- gymnasium
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
