@@ -8,6 +8,10 @@ Examples:
     python scripts/train.py name=myrun ppo.optim.lr=1e-3      # dotted overrides of any config field
     python scripts/train.py name=myrun --resume               # continue runs/myrun from its latest checkpoint
 
+A run stopped before its end (SIGTERM, a crash, SIGKILL) is resumed by relaunching the same command:
+a run directory with checkpoints and no summary.json continues from its latest checkpoint. SIGTERM
+checkpoints at the end of the iteration in progress and exits with status 0.
+
 Results go to ``runs/NAME/``: config.yaml, checkpoints/, metrics.csv, curves.png, videos/, summary.json
 and wandb/ (offline unless ``log.wandb=online``).
 """
@@ -27,7 +31,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError, load_config
-from vla_rl.trainer import Trainer
+from vla_rl.trainer import Trainer, unfinished
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,13 +51,16 @@ def main(argv: list[str] | None = None) -> int:
             if load_config(args.config, overrides).fleet.mode == "inprocess":
                 overrides.append("fleet.mode=colocated")
         cfg = load_config(args.config, overrides)
+        resume = args.resume or unfinished(cfg)
+        if resume and not args.resume:
+            print(f"{Path(cfg.out_dir) / cfg.run_name} holds an unfinished run: resuming it from its latest checkpoint")
         if cfg.fleet.mode != "inprocess":
             from vla_rl.fleet import run_job
 
             print(f"training {cfg.run_name} on Ray ({cfg.fleet.mode}), results in {Path(cfg.out_dir) / cfg.run_name}")
-            summary = run_job(cfg, resume=args.resume)
+            summary = run_job(cfg, resume=resume)
         else:
-            trainer = Trainer(cfg, resume=args.resume)
+            trainer = Trainer(cfg, resume=resume)
             print(f"training {cfg.run_name}: {cfg.algo} on {cfg.env.kind}:{cfg.env.task}, results in {trainer.run_dir}")
             try:
                 summary = trainer.train()
@@ -62,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if "stopped_by" in summary:
+        print(f"\nstopped by {summary['stopped_by']} after iteration {summary['iterations']} "
+              f"({summary['env_steps']} env steps); checkpoint: {summary['checkpoint']}; "
+              "run the same command again to continue")
+        return 0
     final = summary["final_eval"]
     print("\nfinal evaluation:")
     for key, value in sorted(final.items()):

@@ -33,15 +33,38 @@ class CheckpointError(RuntimeError):
 
 
 def rng_state() -> dict[str, Any]:
-    """The global RNG states of torch, numpy and python."""
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The global RNG states of torch (CPU, and every CUDA device once CUDA is initialised), numpy and python."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what :func:`rng_state` returned.
+
+    Raises:
+        CheckpointError: the state holds CUDA generators but this process has no (or fewer) CUDA devices.
+    """
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    if "cuda" in state:
+        if not torch.cuda.is_available() or torch.cuda.device_count() < len(state["cuda"]):
+            raise CheckpointError(
+                f"the checkpoint holds the RNG states of {len(state['cuda'])} CUDA device(s) and this machine has "
+                f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}; resume on a machine like the one "
+                "that wrote it (or start a new run with device=cpu)"
+            )
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def remove_partial_writes(directory: Path) -> list[Path]:
+    """Delete temporary files a killed process left while writing a checkpoint; returns them."""
+    stale = sorted(directory.glob("*.pt.*.tmp")) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def save_checkpoint(payload: dict[str, Any], directory: Path, iteration: int, keep: int = 3) -> Path:

@@ -40,7 +40,7 @@ from policies import RunningNorm
 
 @dataclass
 class Timer:
-    """Seconds spent per phase; ``simulate`` and ``render`` come from the env's counters when it has them."""
+    """Seconds spent per phase; ``render`` comes from the env's ``timings`` counter when it has one."""
 
     seconds: dict[str, float] = field(default_factory=lambda: {"simulate": 0.0, "render": 0.0, "infer": 0.0})
 
@@ -265,6 +265,7 @@ class LocalCollector:
         self.single_action_space = env.single_action_space
         self.max_episode_steps: int | None = getattr(env, "max_episode_steps", None)
         self.obs: TensorDict | None = None
+        self._warned_no_snapshot = False
 
     def reset(self, seed: int | None) -> TensorDict:
         """Reset every environment; returns (and carries) the first observation ``[N]``."""
@@ -285,10 +286,19 @@ class LocalCollector:
         return collect_episodes(self.env, policy, seed, max_decisions, timer, self.device)
 
     def get_state(self) -> dict[str, Any]:
-        """The environments' state (``None`` if they cannot snapshot) and the carried observation."""
+        """The environments' state and the carried observation.
+
+        An environment that cannot snapshot (a gymnasium ``AsyncVectorEnv``: its environments live in
+        other processes) is stored as ``None``, with a warning the first time, since resuming it
+        starts fresh episodes.
+        """
         try:
             env_state = self.env.get_state()
-        except (AttributeError, NotImplementedError):
+        except NotImplementedError as exc:
+            if not self._warned_no_snapshot:
+                warnings.warn(f"checkpoints hold no environment state ({exc}); a resumed run starts fresh "
+                              "episodes and is not bit-identical (env.vectorization=sync can snapshot)", stacklevel=2)
+                self._warned_no_snapshot = True
             env_state = None
         return {"env": env_state, "obs": None if self.obs is None else self.obs.to_dict()}
 

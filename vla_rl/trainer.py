@@ -3,14 +3,18 @@
 ``Trainer(cfg).train()`` runs a job described by a :class:`vla_rl.config.TrainConfig` and writes
 ``runs/NAME/`` (see :mod:`vla_rl.runlog`). ``Trainer(cfg, resume=True)`` continues from
 ``runs/NAME/checkpoints/latest.pt`` so that the next iterates equal those of an uninterrupted
-run with the same seed (environments that cannot snapshot their state are re-reset, with a
-warning, and then the continuation is statistically but not bitwise the same).
+run with the same seed (environments that cannot snapshot their state, gymnasium's
+``AsyncVectorEnv``, are re-reset with a warning, and then the continuation is statistically but not
+bitwise the same). SIGTERM (a preemptible machine's notice) stops the run at the end of the
+iteration in progress, with a checkpoint; :func:`unfinished` tells a relaunch to resume.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,33 @@ from vla_rl.grpo import episode_batch, group_advantages
 from vla_rl.ppo import ClippedUpdate, LossWeights, compute_gae
 from vla_rl.rollout import EpisodeStats, LocalCollector, RewardScaler, Timer, account
 from vla_rl.runlog import RunLog
+
+
+def unfinished(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s run directory holds a run that stopped before its end (checkpoints, no summary)."""
+    run_dir = Path(cfg.out_dir) / cfg.run_name
+    return (run_dir / "checkpoints" / ckpt.LATEST).exists() and not (run_dir / "summary.json").exists()
+
+
+class StopRequest:
+    """Set by SIGTERM while installed (main thread only): the loop checkpoints and stops at a safe point."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._request)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def _request(self, signum: int, _frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
 
 
 def seed_everything(seed: int) -> None:
@@ -57,6 +88,7 @@ class Trainer:
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.config_dict = to_dict(cfg)
+        ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
         state = self._read_resume_state() if resume else None
         if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
             raise ckpt.CheckpointError(
@@ -72,6 +104,9 @@ class Trainer:
         self.collector = collector
         first_obs = collector.reset(cfg.seed)
         action_dim = int(np.prod(collector.single_action_space.shape))
+        # What the policy was built for, so that it can be rebuilt without an environment (vla_rl.deploy).
+        self.obs_spec = {k: {"shape": list(v.shape[1:]), "dtype": str(v.dtype)} for k, v in first_obs.items()}
+        self.action_dim = action_dim
         self.policy = policies.make_policy(cfg.policy, first_obs, action_dim).to(self.device)
         self.policy.set_instructions(list(collector.instructions))
         if cfg.algo == "ppo":
@@ -104,32 +139,45 @@ class Trainer:
     # ----------------------------------------------------------------------------------------- loop
 
     def train(self) -> dict[str, Any]:
-        """Run iterations until the step budget (or ``stop_success``) is reached; returns the summary."""
-        cfg = self.cfg
+        """Run iterations until the step budget (or ``stop_success``) is reached; returns the summary.
+
+        On SIGTERM the iteration in progress ends, a checkpoint is written and the summary (with
+        ``stopped_by`` naming the signal) is returned without writing ``summary.json``, so that
+        :func:`unfinished` reports the run and a relaunch resumes it.
+        """
+        stop = StopRequest()
         try:
-            while self.env_steps < cfg.total_env_steps:
-                metrics = self.step()
-                done = self.env_steps >= cfg.total_env_steps
-                if cfg.eval.every and (self.iteration % cfg.eval.every == 0 or done):
-                    evaluation = self.evaluate(record=cfg.log.video)
-                    metrics |= evaluation
-                    held = evaluation.get("eval/heldout/success", evaluation.get("eval/train/success"))
-                    if cfg.stop_success is not None and held is not None and held >= cfg.stop_success:
-                        done = True
-                metrics["wall_time"] = self.wall_time()
-                self.log.log(metrics)
-                if done or self.iteration % cfg.checkpoint_every == 0:
-                    self.save()
-                if done:
-                    break
+            with stop:
+                self._loop(stop)
         finally:
             self.log.plot()
             self.log.close()
         summary = self.summary()
+        if stop.signal is not None:
+            return {**summary, "stopped_by": stop.signal}
         tmp = self.run_dir / ".summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))
         tmp.replace(self.run_dir / "summary.json")
         return summary
+
+    def _loop(self, stop: StopRequest) -> None:
+        """Iterate (collect, update, evaluate, log, checkpoint) until done or asked to stop."""
+        cfg = self.cfg
+        while self.env_steps < cfg.total_env_steps:
+            metrics = self.step()
+            done = self.env_steps >= cfg.total_env_steps
+            if cfg.eval.every and (self.iteration % cfg.eval.every == 0 or done):
+                evaluation = self.evaluate(record=cfg.log.video)
+                metrics |= evaluation
+                held = evaluation.get("eval/heldout/success", evaluation.get("eval/train/success"))
+                if cfg.stop_success is not None and held is not None and held >= cfg.stop_success:
+                    done = True
+            metrics["wall_time"] = self.wall_time()
+            self.log.log(metrics)
+            if done or stop.signal is not None or self.iteration % cfg.checkpoint_every == 0:
+                self.save()
+            if done or stop.signal is not None:
+                break
 
     def wall_time(self) -> float:
         """Wall seconds this run has trained, over all its sessions."""
@@ -253,6 +301,8 @@ class Trainer:
             "env_steps": self.env_steps,
             "wall_time": self.wall_time(),
             "policy": self.policy.state_dict(),
+            "obs_spec": self.obs_spec,
+            "action_dim": self.action_dim,
             "updater": self.updater.state_dict(),
             "rng": ckpt.rng_state(),
             "collector": self.collector.get_state(),
