@@ -1,0 +1,54 @@
+"""GRPO groups stay groups: every iteration, members of a group start from one scene and instruction."""
+
+from __future__ import annotations
+
+import torch
+
+from vla_rl.config import build_config
+from vla_rl.trainer import Trainer
+
+GROUP = 4
+NUM_ENVS = 16
+
+
+def test_group_members_share_initial_state_and_instruction_every_iteration(tmp_path):
+    cfg = build_config({
+        "out_dir": str(tmp_path), "name": "grpo", "algo": "grpo", "seed": 1, "total_env_steps": 10**9,
+        "env": {"kind": "sims", "task": "reach", "num_envs": NUM_ENVS, "render": False,
+                "terminate_on_success": True},
+        "grpo": {"group_size": GROUP, "optim": {"epochs": 1, "num_minibatches": 1}},
+        "policy": {"name": "mlp", "hidden_sizes": [16], "obs_keys": ["proprio", "state"]},
+        "eval": {"every": 0}, "log": {"wandb": "disabled", "progress": False, "video": False},
+    })
+    trainer = Trainer(cfg)
+    sampled = trainer.policy.act
+    leaders = torch.arange(NUM_ENVS) % GROUP == 0
+
+    def leaders_reach(obs, deterministic=False):
+        # Each group's first member heads for the goal, succeeds and ends its episode early.
+        out = sampled(obs, deterministic)
+        scripted = torch.cat([(obs["state"][:, :3] / 0.03).clamp(-1, 1), -torch.ones(len(obs), 1)], 1)
+        out["action"][leaders] = scripted[leaders]
+        return out
+
+    trainer.policy.act = leaders_reach
+    starts, episodes = [], []
+    collect = trainer.collector.collect_episodes
+
+    def recording(*args, **kwargs):
+        batch, returns, success = collect(*args, **kwargs)
+        starts.append(batch["obs"][0].select("state", "proprio", "instruction", "task"))
+        episodes.append(trainer.collector.env._episode.copy())
+        return batch, returns, success
+
+    trainer.collector.collect_episodes = recording
+    for _ in range(4):
+        trainer.step()
+    trainer.close()
+    # The leaders did finish extra episodes while their group mates were still in their first one.
+    assert any((e.reshape(-1, GROUP)[:, 0] > e.reshape(-1, GROUP)[:, 1]).any() for e in episodes[:-1])
+    for iteration, start in enumerate(starts):
+        for key in ("state", "proprio", "instruction", "task"):
+            grouped = start[key].reshape(NUM_ENVS // GROUP, GROUP, -1)
+            assert (grouped == grouped[:, :1]).all(), f"iteration {iteration}: group members differ in {key}"
+        assert len(set(start["instruction"].tolist())) > 1  # groups differ from each other
