@@ -314,7 +314,7 @@ def test_shard_rollout_equals_the_in_process_collection(stages):
     core.set_weights(policy.state_dict(), 2, rng_state=rng)
     worker = RolloutWorker(cfg.env, 0, 0, 4, stages, cfg.seed, _LocalServer(core))
     worker.reset(cfg.seed)
-    wire, seconds = worker.rollout(16, min_version=2)
+    wire, seconds, _ = worker.rollout(16, min_version=2)
     batch = from_wire(wire, batch_dims=2)
     assert expected["truncated"].any(), "the test should cover bootstrapping at truncation"
     for key, value in expected.items(include_nested=True, leaves_only=True):
@@ -324,6 +324,37 @@ def test_shard_rollout_equals_the_in_process_collection(stages):
             torch.testing.assert_close(batch[key], value, rtol=0, atol=1e-6, msg=str(key))
     assert torch.equal(batch["version"], torch.full((16, 4), 2))
     assert seconds["simulate"] > 0 and "wait" in seconds
+
+
+def test_a_new_sims_shard_continues_from_the_state_a_rollout_ended_in():
+    """What the collector does for a shard Ray restarted: the state returned by one rollout, set into a
+    fresh shard, gives the rollout the old shard would have run next, camera frames included."""
+    cfg = build_config(
+        {
+            "seed": 2,
+            "env": {"kind": "sims", "task": "reach", "num_envs": 4, "render": True, "image_size": 32},
+            "policy": {"name": "mlp", "hidden_sizes": [16]},
+            "log": {"wandb": "disabled", "progress": False, "video": False},
+        }
+    )
+    env = make_env(cfg.env, seed=cfg.seed)
+    policy = policies.make_policy(cfg.policy, env.reset_td(seed=cfg.seed), 4)
+    env.close()
+    core = InferenceCore(policy, max_batch=2, timeout_s=None)
+    core.set_weights(policy.state_dict(), 1)
+    old, new = (RolloutWorker(cfg.env, 1, 2, 2, 1, cfg.seed, _LocalServer(core)) for _ in range(2))
+    old.reset(cfg.seed)
+    _, _, state = old.rollout(12, min_version=1)
+    rng = torch.get_rng_state()
+    expected = from_wire(old.rollout(12, min_version=1)[0], batch_dims=2)
+    new.set_state(state, reset_seed=99)
+    torch.set_rng_state(rng)
+    batch = from_wire(new.rollout(12, min_version=1)[0], batch_dims=2)
+    assert expected["obs", "rgb"].dtype == torch.uint8 and expected["obs", "rgb"].float().std() > 0
+    for key, value in expected.items(include_nested=True, leaves_only=True):
+        assert torch.equal(batch[key], value), key
+    for worker in (old, new):
+        worker.close()
 
 
 def test_split_shards_see_the_episodes_of_one_env():

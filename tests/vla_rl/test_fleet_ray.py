@@ -6,14 +6,17 @@ always shut down; every wait is bounded.
 
 from __future__ import annotations
 
+import copy
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import policies
 from vla_rl.checkpoint import LATEST, load_checkpoint
-from vla_rl.config import build_config
+from vla_rl.config import build_config, load_config
 from vla_rl.fleet.collector import FleetCollector
 from vla_rl.fleet.job import run_job, start_fleet
 from vla_rl.rollout import Timer
@@ -21,6 +24,8 @@ from vla_rl.trainer import Trainer
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(tmp_path, name, total_steps=256, **fleet):
@@ -81,6 +86,44 @@ def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(
     got = load_checkpoint(latest)["policy"]
     for key, value in want.items():
         assert torch.equal(got[key], value), f"{key} differs between in-process and Ray"
+
+
+def _vla_config(tmp_path, name):
+    """The default VLA job (configs/default.yaml: sims reach, 64 px RGB, the VLA), small, co-located."""
+    return load_config(ROOT / "configs" / "default.yaml", [
+        "env.num_envs=8", "ppo.rollout_steps=16", "ppo.optim.epochs=2", f"total_env_steps={3 * 8 * 16}",
+        "eval.every=0", "log.wandb=disabled", "log.progress=false", "log.video=false",
+        "fleet.mode=colocated", "fleet.shards=2", f"out_dir={tmp_path}", f"name={name}",
+    ])
+
+
+def test_killed_vla_shard_is_rolled_back_so_batches_and_weights_are_unchanged(ray_session, tmp_path, eventually):
+    cfg = _vla_config(tmp_path, "undisturbed")
+    fleet = start_fleet(cfg, name="vla", scheduler=ray_session)
+    try:
+        runs = {}
+        for name in ("undisturbed", "killed"):
+            cfg = _vla_config(tmp_path, name)
+            trainer = Trainer(cfg, collector=FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs))
+            batches = _record_batches(trainer.collector)
+            rows = [trainer.step()]
+            killer = _kill_mid_collection(eventually, fleet.server, fleet.workers[1], 4) if name == "killed" else None
+            rows += [trainer.step(), trainer.step()]
+            if killer is not None:
+                killer.join(timeout=5)
+            runs[name] = (batches, rows, trainer.policy.state_dict())
+    finally:
+        fleet.close()
+
+    (want, _, want_weights), (got, rows, got_weights) = runs["undisturbed"], runs["killed"]
+    # The shard died during the second collection (not between two): it was rolled back there.
+    assert [row["fleet/shard_restarts"] for row in rows] == [0.0, 1.0, 1.0]
+    assert want[0]["obs", "rgb"].shape == (16, 8, 1, 3, 64, 64)
+    for reference, batch in zip(want, got, strict=True):
+        for key, value in reference.exclude("version").items(include_nested=True, leaves_only=True):
+            assert torch.equal(batch[key], value), f"re-collected {key} differs"
+    unequal = [k for k, v in want_weights.items() if not torch.equal(got_weights[k], v)]
+    assert not unequal, f"{len(unequal)} of {len(want_weights)} weight tensors differ after the fault: {unequal[:5]}"
 
 
 @pytest.fixture(scope="module")
@@ -169,13 +212,95 @@ def _collect_three(collector, policy):
     return staleness
 
 
+def test_a_shard_killed_between_iterations_continues_from_where_it_stopped(colocated, eventually):
+    fleet, collector, policy, _ = colocated
+    state, rng = collector.get_state(), torch.get_rng_state()
+    collector.collect(policy, 8, Timer())
+    reference = collector.collect(policy, 8, Timer())
+
+    collector.set_state(state, reset_seed=0)
+    torch.set_rng_state(rng)
+    collector.collect(policy, 8, Timer())
+    restarts = collector.restarts["shard"]
+    ray.kill(fleet.workers[0], no_restart=False)  # while the trainer would update: no rollout runs
+    assert eventually(lambda: _answers(fleet.workers[0])), "the killed shard did not restart"
+    batch = collector.collect(policy, 8, Timer())
+
+    assert collector.restarts["shard"] == restarts + 1
+    for key, value in reference.exclude("version").items(include_nested=True, leaves_only=True):
+        assert torch.equal(batch[key], value), f"{key} differs after the shard's restart"
+
+
+def _answers(worker):
+    """Whether ``worker`` answers a call now (False while Ray restarts it)."""
+    try:
+        return ray.get(worker.ping.remote(), timeout=5) is not None
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
+
+
 def test_async_collection_runs_one_version_behind(colocated):
     fleet, _, policy, cfg = colocated
-    cfg.fleet.sync.mode = "async"  # the fixture's fleet, a collector in asynchronous mode
-    collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
+    fleet_cfg = copy.deepcopy(cfg.fleet)
+    fleet_cfg.sync.mode = "async"  # the fixture's fleet, a collector in asynchronous mode
+    collector = FleetCollector(fleet_cfg, fleet.workers, fleet.server, cfg.env.num_envs)
     collector.reset(cfg.seed)
     assert _collect_three(collector, policy) == [0.0, 1.0, 1.0]
-    collector.get_state()  # waits for the rollout in flight, leaving the shards idle
+    collector.reset(cfg.seed)  # ends the rollout queued in the background, leaving the shards idle
+
+
+SLOW_UPDATE_S = 0.6
+"""Seconds added to every update: several 8-step Pendulum rollouts fit in it (each takes ~0.05 s)."""
+
+
+@pytest.mark.parametrize("bound", [1, 3])
+def test_async_staleness_stays_within_max_staleness_under_a_slow_trainer(colocated, tmp_path, monkeypatch, bound):
+    fleet, _, _, base = colocated
+    cfg = copy.deepcopy(base)
+    cfg.out_dir, cfg.total_env_steps = str(tmp_path), 6 * 32  # six iterations of 4 envs x 8 steps
+    cfg.fleet.sync.mode, cfg.fleet.sync.max_staleness = "async", bound
+    trainer = Trainer(cfg, collector=FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs))
+    update = trainer.updater.update
+
+    def slow_update(batch):
+        time.sleep(SLOW_UPDATE_S)  # a slow trainer: the shards run ahead, up to the bound
+        return update(batch)
+
+    monkeypatch.setattr(trainer.updater, "update", slow_update)
+    trainer.train()  # checkpoints every iteration, with rollouts queued
+    staleness = [(row["fleet/staleness"], row["fleet/staleness_max"]) for row in trainer.log.rows]
+    trainer.collector.reset(cfg.seed)  # ends the rollouts still queued
+    assert len(staleness) == 6 and staleness[0] == (0.0, 0.0)
+    if bound == 1:
+        assert staleness[1:] == [(1.0, 1.0)] * 5
+    else:
+        assert 1 < max(s for _, s in staleness) <= bound, staleness
+        assert all(mean <= worst <= bound for mean, worst in staleness), staleness
+
+    # A resumed run starts from the environments after the last batch trained on and collects the
+    # batches that were queued at the checkpoint again, with its own weights.
+    saved = load_checkpoint(tmp_path / cfg.run_name / "checkpoints" / LATEST)["collector"]["shards"]
+    cfg.total_env_steps = 8 * 32
+    resumed = Trainer(cfg, resume=True, collector=FleetCollector(cfg.fleet, fleet.workers, fleet.server, 4))
+    batches = _record_batches(resumed.collector)
+    resumed.train()
+    resumed.collector.reset(cfg.seed)
+    assert resumed.log.rows[6]["fleet/staleness"] == 0.0
+    first_obs = torch.cat([stage["state"] for shard in saved for stage in shard["obs"]])
+    assert torch.equal(batches[0]["obs", "state"][0], first_obs)
+
+
+def _record_batches(collector):
+    """Make ``collector.collect`` keep a copy of every batch it returns; returns the list of copies."""
+    batches, collect = [], collector.collect
+
+    def recording(policy, steps, timer):
+        batch = collect(policy, steps, timer)
+        batches.append(batch.clone())
+        return batch
+
+    collector.collect = recording
+    return batches
 
 
 @pytest.mark.parametrize(("mode", "transport"), [("disaggregated", "ray"), ("pipelined", "socket")])

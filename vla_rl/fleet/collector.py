@@ -1,21 +1,31 @@
 """The trainer's view of the fleet: a collector (see :class:`vla_rl.rollout.LocalCollector`) over Ray
 simulator shards and the batching inference server.
 
-One ``collect(policy, T)``:
+One synchronous ``collect(policy, T)`` (``fleet.sync.mode=sync``):
 
 1. pushes the policy's weights to the server as version ``v`` (the module itself the first time and
-   after a server restart), with the trainer's torch RNG state in synchronous mode;
-2. asks every shard for a T-step rollout that may be answered only by version ``v`` or newer;
+   after a server restart), with the trainer's torch RNG state;
+2. asks every shard for a T-step rollout that may be answered only by version ``v`` or newer; each
+   shard returns its ``[T, n]`` batch and its state at the end of the rollout, which the collector
+   keeps: it is the shards' state at the start of the next rollout;
 3. watches them: if a shard dies or the server restarts, the attempt is aborted — the server's
-   waiting requests are cancelled until every rollout has stopped, every shard is rolled back to
-   its state at the start of the iteration (taken before step 2), the weights are pushed again,
-   and the iteration is collected again, so the batch is complete and the same as without the fault;
-4. concatenates the shards' ``[T, n]`` batches into ``[T, N]`` and, in synchronous mode, takes the
-   server's RNG state back, so the trainer continues exactly as in process.
+   waiting requests are cancelled until every rollout has stopped, every shard is rolled back to the
+   kept state (a shard that died between iterations too), the weights are pushed again, and the
+   iteration is collected again, so the batch is complete and the same as without the fault;
+4. concatenates the shards' ``[T, n]`` batches into ``[T, N]`` and takes the server's RNG state
+   back, so the trainer continues exactly as in process.
 
-In asynchronous mode the next rollout starts as soon as a batch is handed over, so the shards
-simulate while the trainer updates; a batch then comes from the previous version (staleness 1,
-reported as ``fleet/staleness``), and one older than ``fleet.sync.max_staleness`` is collected again.
+Asynchronous mode (``fleet.sync.mode=async``) keeps up to ``S = fleet.sync.max_staleness`` rollouts
+submitted ahead of the trainer: a shard actor runs its calls in order, so the queued rollouts run
+back to back while the trainer updates, each with the newest weights the server holds when it
+steps. ``collect`` hands over the oldest, pushes the new weights, and submits one more. A batch
+submitted after version ``v`` was pushed, behind ``q <= S - 1`` others, is handed over at version
+``v + q + 1`` at the latest, so its staleness (``fleet/staleness``, the mean over its steps of the
+current version minus the version that acted; ``fleet/staleness_max``) never exceeds ``S``:
+collection waits instead of running ahead, and no simulated batch is ever dropped. A fault
+discards the queue and re-collects from the kept state. Checkpoints (:meth:`FleetCollector.get_state`)
+hold the shards' state at the end of the last batch handed over, not the queued batches: a
+resumed run collects them again with its own weights.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import contextlib
 import copy
 import time
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +46,7 @@ from torch import nn
 
 from vla_rl.fleet.config import FleetConfig
 from vla_rl.fleet.inference import NoPolicyError, from_wire
+from vla_rl.fleet.worker import ShardNotStarted
 from vla_rl.rollout import Timer
 
 POLL_S = 0.5
@@ -70,28 +82,25 @@ class FleetCollector:
         self.synchronous = fleet.sync.mode == "sync"
         # Versions only grow: a resumed trainer continues after whatever the server already holds.
         self.version = max(0, int(self._get(server.status.remote())["version"]))
+        self._server_version = self.version  # the last version pushed: the server holds less only after a restart
         self._server_has_module = False
-        self._inflight: _Attempt | None = None  # async: the rollout running while the trainer updates
+        self._queue: deque[_Attempt] = deque()  # async: rollouts submitted ahead of the trainer, oldest first
+        self._state: list[Any] | None = None  # every shard's state at the start of the oldest rollout not handed over
         self._metrics: dict[str, float] = {}
         self.restarts = {"shard": 0, "server": 0}
 
     # ------------------------------------------------------------------------------ collector API
     def reset(self, seed: int | None) -> TensorDict:
-        """Reset every shard's environments; returns the first observation ``[N]``."""
-        self._drain_inflight()
+        """Reset every shard's environments (queued rollouts are discarded); returns the first observation ``[N]``."""
+        self._discard_queue()
+        self._state = None
         return torch.cat(self._get([w.reset.remote(seed) for w in self.workers]))
 
     def collect(self, policy: nn.Module, steps: int, timer: Timer) -> TensorDict:
         """``steps`` decisions of every environment (see the module docstring); adds ``version`` ``[T, N]``."""
         self.version += 1
         start = time.perf_counter()
-        if self.synchronous:
-            rng = torch.get_rng_state()
-            self._push(policy, rng)
-            batch, seconds = self._complete(self._start(steps, self.version), policy, rng)
-            torch.set_rng_state(self._get(self.server.rng_state.remote()))
-        else:
-            batch, seconds = self._collect_async(policy, steps)
+        batch, seconds = self._collect_sync(policy, steps) if self.synchronous else self._collect_async(policy, steps)
         if self.fleet.offload:
             self._get(self.server.offload.remote())
         wall = time.perf_counter() - start
@@ -112,13 +121,15 @@ class FleetCollector:
         return batch
 
     def get_state(self) -> dict[str, Any]:
-        """Every shard's environments and carried observations, and the weights version."""
-        self._drain_inflight()
-        return {"shards": self._get([w.get_state.remote() for w in self.workers]), "version": self.version}
+        """Every shard's environments and carried observation at the end of the last batch handed over, and
+        the weights version. Rollouts queued in asynchronous mode go on; they are not part of the state."""
+        if self._state is None:  # nothing collected since a reset: the shards are idle
+            self._state = self._snapshot()
+        return {"shards": self._state, "version": self.version}
 
     def set_state(self, state: dict[str, Any], reset_seed: int) -> None:
         """Restore :meth:`get_state`'s result; environments that could not snapshot are reset with ``reset_seed``."""
-        self._drain_inflight()
+        self._discard_queue()
         if len(state["shards"]) != len(self.workers):
             raise ValueError(
                 f"the checkpoint holds {len(state['shards'])} shards but fleet.shards={len(self.workers)}; "
@@ -132,12 +143,37 @@ class FleetCollector:
         return dict(self._metrics)
 
     def close(self) -> None:
-        """Stop waiting for in-flight work (the job owns the actors and kills them)."""
-        self._inflight = None
+        """Stop waiting for queued rollouts (the job owns the actors and kills them)."""
+        self._queue.clear()
 
     # ------------------------------------------------------------------------------ internals
     def _get(self, refs: Any) -> Any:
+        """``ray.get`` bounded by ``fleet.collect_timeout_s``."""
         return ray.get(refs, timeout=self.fleet.collect_timeout_s)
+
+    def _collect_sync(self, policy: nn.Module, steps: int) -> tuple[TensorDict, dict[str, float]]:
+        """Collect with the newest weights and the trainer's RNG state; hand the server's RNG state back."""
+        rng = torch.get_rng_state()
+        self._push(policy, rng)
+        batch, seconds = self._complete(self._submit(steps, self.version), policy, rng)
+        torch.set_rng_state(self._get(self.server.rng_state.remote()))
+        return batch, seconds
+
+    def _collect_async(self, policy: nn.Module, steps: int) -> tuple[TensorDict, dict[str, float]]:
+        """Hand over the oldest queued batch; push the newest weights; queue up to ``max_staleness`` rollouts."""
+        if not self._queue:  # the first collection, or the first after a reset or restore
+            self._push(policy, None)
+            self._queue.append(self._submit(steps, self.version))
+        if self._queue[0].steps != steps:
+            raise ValueError(
+                f"asynchronous collection queued {self._queue[0].steps}-step rollouts but was asked for {steps} steps; "
+                "collect the same number of steps every iteration, or reset() first"
+            )
+        batch, seconds = self._complete(self._queue.popleft(), policy, None)
+        self._push(policy, None)
+        while len(self._queue) < self.fleet.sync.max_staleness:
+            self._queue.append(self._submit(steps, self.version))
+        return batch, seconds
 
     def _push(self, policy: nn.Module, rng_state: torch.Tensor | None) -> None:
         """Send weights ``self.version`` (and the module when the server has none)."""
@@ -149,31 +185,34 @@ class FleetCollector:
             self.restarts["server"] += 1
             self._get(self.server.set_weights.remote(state, self.version, rng_state, _cpu_copy(policy)))
         self._server_has_module = True
+        self._server_version = self.version
 
     def _snapshot(self) -> list[Any]:
+        """Every idle shard's state, asked for now."""
         return self._get([w.get_state.remote() for w in self.workers])
 
-    def _start(self, steps: int, version: int) -> _Attempt:
-        """Snapshot the idle shards, then start their rollouts at ``version``."""
-        snapshot = self._snapshot()
-        return _Attempt([w.rollout.remote(steps, version) for w in self.workers], snapshot, steps, version)
+    def _submit(self, steps: int, version: int) -> _Attempt:
+        """Start every shard's next rollout (queued behind its running one), answered by ``version`` or newer."""
+        if self._state is None:  # idle shards after a reset or an inexact restore: the rollback point
+            self._state = self._snapshot()
+        return _Attempt([w.rollout.remote(steps, version) for w in self.workers], steps, version)
 
     def _complete(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> tuple[TensorDict, dict[str, float]]:
-        """Wait for ``attempt``; if a shard or the server dies, roll all back to the snapshot and collect again."""
+        """Wait for ``attempt`` (the oldest); if a shard or the server dies, roll back and collect it again."""
         for _ in range(self.fleet.max_restarts + 1):
             try:
-                return self._finish(attempt.refs)
-            except RayActorError:
+                batch, seconds, self._state = self._finish(attempt.refs)
+                return batch, seconds
+            except (RayActorError, ShardNotStarted):  # died during this rollout, or since the last one
                 self.restarts["shard"] += 1
             except _ServerRestarted:
                 self.restarts["server"] += 1
                 self._server_has_module = False
-            self._recover(attempt, policy, rng)
-            attempt.refs = [w.rollout.remote(attempt.steps, attempt.version) for w in self.workers]
+            attempt = self._recover(attempt, policy, rng)
         raise FleetError(f"components died more than fleet.max_restarts={self.fleet.max_restarts} times in one iteration")
 
-    def _finish(self, refs: list[Any]) -> tuple[TensorDict, dict[str, float]]:
-        """Wait for rollouts, watching the server; concatenate shards."""
+    def _finish(self, refs: list[Any]) -> tuple[TensorDict, dict[str, float], list[Any]]:
+        """Wait for rollouts, watching the server; concatenate shards; also return their states at the end."""
         deadline = time.monotonic() + self.fleet.collect_timeout_s
         pending = list(refs)
         while pending:
@@ -187,10 +226,10 @@ class FleetCollector:
         results = ray.get(refs)
         batch = torch.cat([from_wire(r[0], batch_dims=2) for r in results], dim=1)
         seconds: dict[str, float] = {}
-        for _, shard_seconds in results:
+        for _, shard_seconds, _ in results:
             for key, value in shard_seconds.items():
                 seconds[key] = seconds.get(key, 0.0) + value / len(results)
-        return batch, seconds
+        return batch, seconds, [r[2] for r in results]
 
     def _check_server(self) -> None:
         """Raise :class:`_ServerRestarted` if the server came back (without weights).
@@ -203,24 +242,34 @@ class FleetCollector:
             status = ray.get(self.server.status.remote(), timeout=POLL_S)
         except GetTimeoutError:
             return  # restarting, or busy with a batch: look again at the next poll
-        if status["version"] < self.version:
+        if status["version"] < self._server_version:
             raise _ServerRestarted
 
-    def _recover(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> None:
-        """After a shard or the server died: end the attempt, wait for restarts, roll every shard back."""
-        self._abort(attempt.refs)
+    def _recover(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> _Attempt:
+        """After a shard or the server died: end ``attempt`` and the queue behind it, wait for restarts, roll
+        every shard back to the start of ``attempt``; returns the attempt collected again."""
+        self._queue.appendleft(attempt)
+        self._discard_queue()
         self._await_shards()
         recoveries = self.restarts["shard"] + self.restarts["server"]
-        self._restore(attempt.snapshot, reset_seed=1_000_003 * self.version + recoveries)
+        self._restore(self._state, reset_seed=1_000_003 * self.version + recoveries)
         self._get(self.server.cancel_pending.remote())
         if rng is not None or not self._server_has_module:
             self._push(policy, rng)  # in sync mode the server's sampling restarts from the iteration's RNG state
+        return self._submit(attempt.steps, attempt.version)
+
+    def _discard_queue(self) -> None:
+        """End every queued rollout (cancelling the server's waiting requests); their batches are dropped."""
+        refs = [ref for attempt in self._queue for ref in attempt.refs]
+        self._queue.clear()
+        if refs:
+            self._abort(refs)
 
     def _abort(self, refs: list[Any]) -> None:
         """Cancel the server's waiting requests until every rollout of ``refs`` has ended.
 
         Cancelled once is not enough: a shard that reconnects to a restarted server sends its
-        unanswered requests again.
+        unanswered requests again, and a shard starts its next queued rollout.
         """
         deadline = time.monotonic() + self.fleet.collect_timeout_s
         pending = list(refs)
@@ -236,6 +285,7 @@ class FleetCollector:
     def _restore(self, states: list[Any], reset_seed: int) -> None:
         """Put every shard back into ``states``; warn when some environments had to be reset instead."""
         exact = self._get([w.set_state.remote(s, reset_seed) for w, s in zip(self.workers, states)])
+        self._state = list(states) if all(exact) else None  # None: snapshot the reset shards before the next rollout
         if not all(exact):
             warnings.warn(
                 "some shard environments cannot snapshot their state and were reset instead: the continuation "
@@ -256,26 +306,6 @@ class FleetCollector:
                         raise FleetError(f"a shard did not come back within {self.fleet.collect_timeout_s}s") from None
                     time.sleep(POLL_S / 5)
 
-    def _collect_async(self, policy: nn.Module, steps: int) -> tuple[TensorDict, dict[str, float]]:
-        """Take the batch collected during the last update; start the next one with the newest weights."""
-        if self._inflight is None:
-            self._push(policy, None)
-            self._inflight = self._start(steps, self.version)
-        attempt, self._inflight = self._inflight, None
-        batch, seconds = self._complete(attempt, policy, None)
-        if self.version - int(batch["version"].min()) > self.fleet.sync.max_staleness:
-            self._push(policy, None)
-            batch, seconds = self._complete(self._start(steps, self.version), policy, None)
-        self._push(policy, None)
-        self._inflight = self._start(steps, self.version)
-        return batch, seconds
-
-    def _drain_inflight(self) -> None:
-        """Wait for an asynchronous rollout in flight (its batch is dropped) so the shards are idle."""
-        if self._inflight is not None:
-            refs, self._inflight = self._inflight.refs, None
-            ray.wait(refs, num_returns=len(refs), timeout=self.fleet.collect_timeout_s)
-
 
 class _ServerRestarted(Exception):
     """The inference server restarted during a collection."""
@@ -283,10 +313,9 @@ class _ServerRestarted(Exception):
 
 @dataclass
 class _Attempt:
-    """Rollouts in flight, with the shards' states at their start (to collect them again)."""
+    """One rollout of every shard, in flight or queued."""
 
     refs: list[Any]
-    snapshot: list[Any]
     steps: int
     version: int
 

@@ -85,9 +85,15 @@ class SyncSettings:
 
     mode: Literal["sync", "async"] = "sync"
     """``sync``: every iteration's experience comes from the newest weights (identical learning to
-    in-process); ``async``: shards collect the next batch while the trainer updates (one version behind)."""
+    in-process); ``async``: shards keep collecting while the trainer updates, with the weights they have."""
     max_staleness: int = 1
-    """``async`` only: a batch older than this many versions is discarded and collected again."""
+    """``async`` only: S, the most rollouts the shards run ahead of the trainer, hence the most versions
+    a batch's weights may be behind the trainer's when it is handed over (``fleet/staleness_max <= S``).
+    Collection blocks rather than exceed it: with S batches queued the shards wait for the trainer to
+    take one, so no simulated batch is ever dropped as too old (dropping would waste the simulation
+    and rendering it cost, and would still have to wait for its replacement). ``1``: one batch
+    collected during each update, one version behind. Queued batches are not checkpointed; a resumed
+    run collects them again from the checkpoint's environment state with its own weights."""
 
 
 @dataclass

@@ -9,7 +9,11 @@ A rollout of T decisions keeps one inference request in flight per stage: while 
 answers stage ``s``, the shard steps (simulates and renders) the other stages, so with ``P >= 2``
 inference hides behind simulation. Observations, actions and the reply's weights version are
 recorded per step; the result is the ``[T, n]`` batch of :mod:`vla_rl.rollout` (raw rewards,
-``next_value`` from the server's values and bootstrap values), plus ``version``.
+``next_value`` from the server's values and bootstrap values), plus ``version``, and the shard's
+state at its end (:meth:`RolloutWorker.get_state`), from which the collector rolls the shard back
+if the next rollout is lost. ``sims`` environments, and gymnasium MuJoCo or array-state tasks in a
+``SyncVectorEnv``, snapshot exactly; a gymnasium ``AsyncVectorEnv`` (``env.vectorization=async``)
+cannot, and is reset instead.
 """
 
 from __future__ import annotations
@@ -27,8 +31,13 @@ from vla_rl.fleet.inference import Reply, Request, Wire, as_tensor, to_wire
 from vla_rl.rollout import Timer, env_step
 
 
+class ShardNotStarted(RuntimeError):
+    """A rollout was asked of a shard whose environments were never started: a shard process that
+    Ray restarted between two rollouts (its state is lost; the collector restores it)."""
+
+
 def _env_state(env: Any) -> Any:
-    """The env's snapshot, or ``None`` if it cannot take one."""
+    """The env's snapshot, or ``None`` if it cannot take one (a gymnasium ``AsyncVectorEnv``)."""
     try:
         return env.get_state()
     except (AttributeError, NotImplementedError):
@@ -117,11 +126,7 @@ class RolloutWorker:
                 self.obs[s] = TensorDict.from_dict(state["obs"][s], batch_size=[env.num_envs])
         return exact
 
-    def set_obs(self, obs: TensorDict) -> None:
-        """Replace the carried observation ``[n]`` (after a resume whose environments were re-reset)."""
-        self.obs = list(torch.split(obs, [env.num_envs for env in self.envs]))
-
-    def rollout(self, steps: int, min_version: int) -> tuple[Wire, dict[str, float]]:
+    def rollout(self, steps: int, min_version: int) -> tuple[Wire, dict[str, float], dict[str, Any]]:
         """Run ``steps`` decisions of every environment with the server's policy.
 
         Args:
@@ -129,11 +134,15 @@ class RolloutWorker:
             min_version: the oldest weights version the server may answer with.
 
         Returns:
-            The ``[T, n]`` batch (:func:`~vla_rl.fleet.inference.to_wire`) and this shard's seconds ``simulate``, ``render`` and ``wait``
-            (blocked on the server: inference not hidden by simulation, plus transport).
+            The ``[T, n]`` batch (:func:`~vla_rl.fleet.inference.to_wire`), this shard's seconds ``simulate``,
+            ``render`` and ``wait`` (blocked on the server: inference not hidden by simulation, plus
+            transport), and its state after the rollout (:meth:`get_state`).
+
+        Raises:
+            ShardNotStarted: neither :meth:`reset` nor :meth:`set_state` ran in this process.
         """
         if any(o is None for o in self.obs):
-            raise RuntimeError(f"shard {self.shard}: call reset() (or set_state) before rollout()")
+            raise ShardNotStarted(f"shard {self.shard}: call reset() (or set_state) before rollout()")
         self.link.forget()  # replies still due to an aborted rollout
         timer = Timer()
         stages = range(len(self.envs))
@@ -178,7 +187,7 @@ class RolloutWorker:
             following = torch.cat([batch["value"][1:], as_tensor(reply.value)[None]], dim=0)
             batch["next_value"] = torch.where(batch["truncated"], batch.pop("bootstrap"), following)
             batches.append(batch)
-        return to_wire(torch.cat(batches, dim=1)), dict(timer.seconds)
+        return to_wire(torch.cat(batches, dim=1)), dict(timer.seconds), self.get_state()
 
     def _ask(self, stage: int, bootstrap: TensorDict | None, value_only: bool, min_version: int) -> Any:
         request = Request(
