@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -39,9 +41,15 @@ class EnvConfig:
     render: bool = True
     """Render RGB camera frames into the observation (``sims`` only; the VLA needs them)."""
     image_size: int = 64
-    """Height and width of rendered frames in pixels (``sims`` only)."""
+    """Height and width of rendered frames in pixels, 8 to 1024 (``sims`` only; the VLA's
+    ``policy.image_size`` must equal it)."""
+    cameras: tuple[str, ...] = ("front",)
+    """Cameras rendered, in this order (``sims`` only): ``front`` and/or ``wrist``; ``rgb`` is
+    ``[N, cams, 3, H, W]``."""
+    depth: bool = False
+    """Also render linear depth in metres as ``depth`` float ``[N, cams, H, W]`` (``sims`` only)."""
     backend: str = "batch"
-    """Simulator backend of ``sims``: ``batch`` (threaded CPU) or ``mjx``."""
+    """Simulator backend of ``sims``, one of ``sims.backends.BACKENDS``: ``batch`` (threaded CPU), ``mjx``, ..."""
     vectorization: Literal["sync", "async"] = "sync"
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None
@@ -140,6 +148,10 @@ class LogConfig:
     """Show a progress bar with steps/s and success."""
     video: bool = True
     """Write evaluation videos (train and held-out instructions) under ``videos/``."""
+    video_every: int = 5
+    """Videos at the first evaluation, every this many evaluations after it and the last one (1: at
+    every evaluation). A gymnasium task renders environment 0 for its video; the metrics cost no
+    rendering (docs/training.md, "Evaluation cost")."""
     video_format: Literal["mp4", "gif"] = "mp4"
     """Video container."""
 
@@ -291,28 +303,125 @@ def build_config(data: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
+@dataclass(frozen=True)
+class Range:
+    """Valid values of a numeric field: from ``low`` (excluded when ``low_open``) to ``high``; ``None``: unbounded."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        """Whether ``value`` is a finite number inside the range."""
+        if not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return above and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        if self.low is None:
+            return "must be a finite number"
+        if self.high is None:
+            return f"must be {'greater than' if self.low_open else 'at least'} {self.low}"
+        return f"must be in {'(' if self.low_open else '['}{self.low}, {self.high}]"
+
+
+AT_LEAST_1, NON_NEGATIVE, POSITIVE, FRACTION = Range(1), Range(0), Range(0, low_open=True), Range(0, 1)
+_OPTIM_RANGES = {
+    "lr": Range(0, 1, low_open=True), "epochs": AT_LEAST_1, "num_minibatches": AT_LEAST_1,
+    "clip_coef": Range(0, 1, low_open=True), "ent_coef": NON_NEGATIVE, "max_grad_norm": POSITIVE,
+    "target_kl": POSITIVE,
+}
+RANGES: dict[str, Range] = {
+    "seed": Range(0, 2**31 - 1), "total_env_steps": AT_LEAST_1, "stop_success": FRACTION,
+    "checkpoint_every": AT_LEAST_1, "torch_threads": AT_LEAST_1,
+    "env.num_envs": AT_LEAST_1, "env.image_size": Range(8, 1024), "env.max_episode_steps": AT_LEAST_1,
+    "ppo.rollout_steps": AT_LEAST_1, "ppo.gamma": FRACTION, "ppo.gae_lambda": FRACTION, "ppo.vf_coef": NON_NEGATIVE,
+    "grpo.group_size": Range(2), "grpo.std_eps": POSITIVE,
+    "distill.rollout_steps": AT_LEAST_1, "distill.teacher_iterations": NON_NEGATIVE,
+    "distill.buffer_size": AT_LEAST_1, "distill.updates": AT_LEAST_1, "distill.batch_size": AT_LEAST_1,
+    **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill") for key, r in _OPTIM_RANGES.items()},
+    "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
+    "log.video_every": AT_LEAST_1,
+}
+"""Valid range of every numeric field of :class:`TrainConfig` except ``fleet`` (checked by ``validate_fleet``);
+``None`` values (optional fields left unset) are not checked. Tuples are checked element by element."""
+POLICY_RANGES: dict[str, Range] = {
+    "hidden_sizes": AT_LEAST_1, "trunk_sizes": AT_LEAST_1, "critic_hidden_sizes": AT_LEAST_1,
+    "conv_channels": AT_LEAST_1, "obs_clip": NON_NEGATIVE, "image_size": Range(8, 1024), "patch_size": AT_LEAST_1,
+    "conv_stride": AT_LEAST_1, "attention_heads": AT_LEAST_1, "width": AT_LEAST_1, "trunk_target_dims": AT_LEAST_1,
+    "aux_loss_coef": NON_NEGATIVE, "head.chunk": AT_LEAST_1, "head.bins": Range(2), "head.init_log_std": Range(),
+}
+"""Valid ranges of the numeric fields of the policies' config dataclasses (a field a policy lacks is skipped)."""
+SIMS_FLAT_KEYS = ("proprio", "state")
+"""The flat float observation keys of a ``sims`` environment (docs/ARCHITECTURE.md, "sims -> vla_rl")."""
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
+
+
 def validate(cfg: TrainConfig) -> None:
-    """Check cross-field consistency without modifying ``cfg``.
+    """Check every value's range and the cross-field consistency, without modifying ``cfg``.
 
     Raises:
-        ConfigError: The first inconsistency found, with the fix.
+        ConfigError: The first bad value found, naming its key and the valid range or the fix.
     """
-    positive = {
-        "env.num_envs": cfg.env.num_envs,
-        "total_env_steps": cfg.total_env_steps,
-        "ppo.rollout_steps": cfg.ppo.rollout_steps,
-        "distill.rollout_steps": cfg.distill.rollout_steps,
-        "grpo.group_size": cfg.grpo.group_size,
-        "eval.num_envs": cfg.eval.num_envs,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1")
+    _check_ranges(cfg, RANGES)
+    _check_ranges(cfg.policy, POLICY_RANGES, "policy.")
+    if not cfg.out_dir or "/" in cfg.name or cfg.name in (".", ".."):
+        raise ConfigError(f"name={cfg.name!r}, out_dir={cfg.out_dir!r}: out_dir must be set and name one directory name")
+    if not _DEVICE.fullmatch(cfg.device):
+        raise ConfigError(f"device={cfg.device!r} is not a torch device; valid: cpu, cuda, cuda:N, mps")
+    if not cfg.log.wandb_project:
+        raise ConfigError("log.wandb_project must not be empty (default: vla-rl)")
+    bad_sets = sorted(set(cfg.eval.sets) - {"train", "heldout"})
+    if bad_sets:
+        raise ConfigError(f"eval.sets has unknown instruction set(s) {bad_sets}; valid: train, heldout")
+    if not cfg.eval.sets:
+        raise ConfigError("eval.sets is empty; valid: train, heldout (one or both)")
+    check_task(cfg.env)
+    if cfg.env.kind == "sims":
+        _check_sims_env(cfg.env)
+    _check_algo(cfg)
+    _check_policy(cfg)
+    validate_fleet(cfg)
+
+
+def _check_ranges(section: Any, ranges: dict[str, Range], prefix: str = "") -> None:
+    """Raise :class:`ConfigError` naming the first field of ``section`` (dotted keys of ``ranges``) out of its range."""
+    for key, valid in ranges.items():
+        value: Any = section
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else [(key, value)]
+        for where, item in items:
+            if item is not None and not valid.contains(item):
+                raise ConfigError(f"{prefix}{where}={item!r} {valid}")
+
+
+def _check_sims_env(env: EnvConfig) -> None:
+    """The ``sims``-only settings: backend and cameras."""
+    from sims.backends import BACKENDS
+    from sims.scene import CAMERAS
+
+    if env.backend not in BACKENDS:
+        raise ConfigError(f"env.backend={env.backend!r} is not a sims backend; valid: {', '.join(BACKENDS)}")
+    unknown = [c for c in env.cameras if c not in CAMERAS]
+    if unknown or not env.cameras or len(set(env.cameras)) < len(env.cameras):
+        raise ConfigError(
+            f"env.cameras={list(env.cameras)} must name distinct cameras (at least one); valid: {', '.join(CAMERAS)}"
+        )
+
+
+def _check_algo(cfg: TrainConfig) -> None:
+    """The selected algorithm's settings against each other and the environment."""
     optim = algo_optim(cfg)
     if optim.kl_adaptive_lr and optim.target_kl is None:
         raise ConfigError(f"{cfg.algo}.optim.kl_adaptive_lr=true needs {cfg.algo}.optim.target_kl (e.g. 0.01)")
-    if optim.num_minibatches < 1 or optim.epochs < 1:
-        raise ConfigError(f"{cfg.algo}.optim.epochs and num_minibatches must be at least 1")
+    batch = cfg.ppo.rollout_steps * cfg.env.num_envs
+    if cfg.algo == "ppo" and optim.num_minibatches > batch:
+        raise ConfigError(
+            f"ppo.optim.num_minibatches={optim.num_minibatches} must be at most the batch "
+            f"ppo.rollout_steps x env.num_envs = {batch}"
+        )
     if cfg.algo == "distill" and not cfg.distill.teacher:
         raise ConfigError(
             "algo=distill needs distill.teacher=PATH, a checkpoint of a state-policy run, e.g. "
@@ -325,11 +434,34 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"env.num_envs={cfg.env.num_envs} must be a multiple of grpo.group_size={cfg.grpo.group_size}"
             )
-    bad_sets = sorted(set(cfg.eval.sets) - {"train", "heldout"})
-    if bad_sets:
-        raise ConfigError(f"eval.sets has unknown instruction set(s) {bad_sets}; valid: train, heldout")
-    check_task(cfg.env)
-    validate_fleet(cfg)
+
+
+def _check_policy(cfg: TrainConfig) -> None:
+    """The policy section against itself and the observations the environment gives."""
+    p, env, name = cfg.policy, cfg.env, _policy_name(cfg.policy)
+    if getattr(p, "obs_keys", None) == ():
+        raise ConfigError("policy.obs_keys is empty; name at least one observation key, e.g. [state]")
+    if not hasattr(p, "image_key"):  # a state policy
+        flat = {"policy.obs_keys": p.obs_keys}
+    elif env.kind != "sims" or not env.render:
+        raise ConfigError(f"policy.name={name} reads camera images: it needs env.kind=sims and env.render=true")
+    elif p.image_size != env.image_size:
+        raise ConfigError(f"policy.image_size={p.image_size} must equal env.image_size={env.image_size} (the frame size)")
+    elif p.image_size % p.patch_size:
+        raise ConfigError(f"policy.image_size={p.image_size} must be a multiple of policy.patch_size={p.patch_size}")
+    elif not p.conv_channels:
+        raise ConfigError("policy.conv_channels is empty; give the stem's channels at least, e.g. [16, 16, 16]")
+    elif p.attention_target_key and p.readout != "attention":
+        raise ConfigError(f"policy.attention_target_key={p.attention_target_key!r} needs policy.readout=attention")
+    else:
+        flat = {"policy.proprio_key": (p.proprio_key,), "policy.trunk_target_key": (p.trunk_target_key,),
+                "policy.critic_obs_keys": p.critic_obs_keys}
+    if env.kind != "sims":
+        return
+    for key, names in flat.items():
+        unknown = [k for k in names if k and k not in SIMS_FLAT_KEYS]
+        if unknown:
+            raise ConfigError(f"{key}={unknown} are not sims observation keys; valid: {', '.join(SIMS_FLAT_KEYS)}")
 
 
 def algo_optim(cfg: TrainConfig) -> OptimConfig:

@@ -57,6 +57,7 @@ class GymTensorEnv:
         self.instructions = [""]
         self.max_episode_steps = max_episode_steps
         self._render_failed = False
+        self._render_started = False
         self.env_offset = env_offset
 
     def _obs_td(self, obs: Any) -> TensorDict:
@@ -103,11 +104,17 @@ class GymTensorEnv:
         )
 
     def render_frame(self) -> np.ndarray | None:
-        """Environment 0's ``rgb_array`` render (``None`` unless made with ``render_mode="rgb_array"``)."""
+        """Environment 0's ``rgb_array`` render (``None`` unless made with ``render_mode="rgb_array"``).
+
+        A MuJoCo environment renders with fast settings (see :func:`_fast_mujoco_render`).
+        """
         envs = getattr(self.env, "envs", None)
         if not envs or envs[0].render_mode != "rgb_array" or self._render_failed:
             return None
         try:
+            if not self._render_started:
+                self._render_started = True
+                _fast_mujoco_render(envs[0])
             return np.asarray(envs[0].render())
         except gym.error.DependencyNotInstalled as exc:
             warnings.warn(f"no evaluation video for {self.task_names[0]}: {exc}", stacklevel=2)
@@ -136,6 +143,28 @@ class GymTensorEnv:
     def close(self) -> None:
         """Close the underlying vector environment."""
         self.env.close()
+
+
+VIDEO_SIZE = 256
+"""Frame width and height of a gymnasium MuJoCo task's evaluation video (gymnasium's default, 480,
+reads back and encodes 3.5x the pixels; 256 is what ``vla_rl.runlog`` upscales smaller frames to)."""
+# Off in evaluation videos, as in sims/render.py: HalfCheetah's 480x480 frame costs 50 ms with them
+# and multisampling, 4 ms without (docs/training.md, "Evaluation cost").
+_SLOW_RENDER_FLAGS = (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX)
+
+
+def _fast_mujoco_render(env: gym.Env) -> None:
+    """Before ``env``'s first render (MuJoCo envs only): ``VIDEO_SIZE`` frames, no multisampling,
+    shadows, reflections or skybox."""
+    base = env.unwrapped
+    renderer = getattr(base, "mujoco_renderer", None)
+    if renderer is None:
+        return
+    renderer.width = renderer.height = VIDEO_SIZE  # read with offsamples when the GL context is made
+    base.model.vis.quality.offsamples = 0
+    env.render()
+    for flag in _SLOW_RENDER_FLAGS:
+        renderer.viewer.scn.flags[flag] = 0
 
 
 def _wrappers(env: gym.Env) -> list[gym.Env]:
@@ -207,7 +236,10 @@ def make_env(
 
         kwargs: dict[str, Any] = {"seed": seed, "instructions": instructions, "backend": cfg.backend}
         if cfg.render:
-            kwargs["render"] = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size, num_contexts=num_threads)
+            kwargs["render"] = sims.RenderConfig(
+                height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras), depth=cfg.depth,
+                num_contexts=num_threads,
+            )
         if num_threads is not None:
             kwargs["num_threads"] = num_threads
         if group_size > 1:

@@ -130,8 +130,18 @@ class RunLog:
         _atomic_bytes(path, buf.getvalue())
         return path
 
-    def video(self, frames: list[np.ndarray], name: str, fps: int = 20) -> Path | None:
-        """Write ``frames`` (``[H, W, 3]`` uint8) to ``videos/<name>.<format>``; ``None`` when disabled or empty."""
+    def video_due(self, evaluation: int, last: bool) -> bool:
+        """Whether evaluation number ``evaluation`` (1 for the first) gets videos: see ``LogConfig.video_every``."""
+        return self.cfg.video and (last or (evaluation - 1) % self.cfg.video_every == 0)
+
+    def video(
+        self, frames: list[np.ndarray], name: str, fps: int = 20, wandb_key: str = "video", step: int | None = None
+    ) -> Path | None:
+        """Write ``frames`` (``[H, W, 3]`` uint8) to ``videos/<name>.<format>``; ``None`` when disabled or empty.
+
+        With wandb enabled the file is also logged as a ``wandb.Video`` under ``wandb_key`` at ``step``
+        (environment steps; the media land in ``wandb/*/files/media/videos/``).
+        """
         if not self.cfg.video or not frames:
             return None
         import imageio.v2 as iio
@@ -144,6 +154,10 @@ class RunLog:
         else:
             iio.mimwrite(tmp, big, fps=fps, macro_block_size=16)
         tmp.replace(path)
+        if self.wandb_run is not None:
+            import wandb
+
+            self.wandb_run.log({wandb_key: wandb.Video(str(path), format=self.cfg.video_format)}, step=step)
         return path
 
     def close(self) -> None:
@@ -157,6 +171,6 @@ class RunLog:
 def upscale(frame: np.ndarray, min_size: int = 256) -> np.ndarray:
     """Nearest-neighbour upscale of a small ``[H, W, 3]`` frame so videos are watchable (and 16-aligned)."""
     factor = max(1, -(-min_size // max(frame.shape[:2])))
-    big = frame.repeat(factor, axis=0).repeat(factor, axis=1)
+    big = frame.repeat(factor, axis=0).repeat(factor, axis=1) if factor > 1 else frame  # repeat(1) still copies
     h, w = big.shape[0] - big.shape[0] % 16, big.shape[1] - big.shape[1] % 16
     return np.ascontiguousarray(big[:h, :w])

@@ -262,10 +262,16 @@ class Trainer:
     # ------------------------------------------------------------------------------------ evaluation
 
     def evaluate(self, record: bool = False, episodes: int | None = None) -> dict[str, float]:
-        """Evaluate the deterministic policy on each instruction set; writes videos when ``record``.
+        """Evaluate the deterministic policy on each instruction set; writes videos when ``record`` and
+        this evaluation is due some (``log.video_every``).
 
         Runs under saved-and-restored RNG states, so evaluating never changes the training iterates.
+        ``time/eval`` of the result is the evaluation's wall seconds, videos included.
         """
+        start = time.perf_counter()
+        every = self.cfg.eval.every
+        number = max(1, self.iteration // every) if every else 1
+        record = record and self.log.video_due(number, last=self.env_steps >= self.cfg.total_env_steps)
         sets = self.cfg.eval.sets if self.cfg.env.kind == "sims" else ("train",)
         out: dict[str, float] = {}
         saved = ckpt.rng_state()
@@ -274,7 +280,7 @@ class Trainer:
                 if which not in self.eval_envs:
                     self.eval_envs[which] = make_env(
                         self.cfg.env, seed=self.cfg.seed + 7919, num_envs=self.cfg.eval.num_envs,
-                        instructions=which, video=record,
+                        instructions=which, video=self.cfg.log.video,
                     )
                 env = self.eval_envs[which]
                 self.policy.set_instructions(list(env.instructions))  # this set's instruction table
@@ -284,11 +290,13 @@ class Trainer:
                 )
                 out |= {f"eval/{which}/{k}": v for k, v in metrics.items()}
                 if record:
-                    self.log.video(frames, f"iter_{self.iteration:06d}_{which}")
+                    name = f"iter_{self.iteration:06d}_{which}"
+                    self.log.video(frames, name, wandb_key=f"video/{which}", step=self.env_steps)
         finally:
             self.policy.set_instructions(list(self.collector.instructions))
             ckpt.set_rng_state(saved)
         out["eval/return"] = out[f"eval/{sets[-1]}/return"]
+        out["time/eval"] = time.perf_counter() - start
         return out
 
     # ----------------------------------------------------------------------------------- checkpoints
@@ -350,16 +358,22 @@ class Trainer:
     # --------------------------------------------------------------------------------------- summary
 
     def summary(self) -> dict[str, Any]:
-        """Final figures: steps, wall time, last evaluation, time to 90% held-out success, output paths."""
+        """Final figures: steps, wall time and its iteration and evaluation parts, last evaluation, time to
+        90% held-out success, output paths."""
         rows = self.log.rows
         key = "eval/heldout/success" if self.cfg.env.kind == "sims" else "eval/train/success"
         hit = next((r for r in rows if r.get(key, -1.0) >= 0.9), None)
         last_eval = next((r for r in reversed(rows) if key in r), {})
+        wall = self.wall_time()
+        eval_s = sum(r.get("time/eval", 0.0) for r in rows)
         return {
             "run_dir": str(self.run_dir),
             "iterations": self.iteration,
             "env_steps": self.env_steps,
-            "wall_time_s": self.wall_time(),
+            "wall_time_s": wall,
+            "iteration_time_s": sum(r.get("time/iteration", 0.0) for r in rows),
+            "eval_time_s": eval_s,
+            "eval_share": eval_s / wall if wall > 0 else 0.0,
             "final_eval": {k: v for k, v in last_eval.items() if k.startswith("eval/")},
             "time_to_90pct_s": hit["wall_time"] if hit else None,
             "steps_to_90pct": hit["env_steps"] if hit else None,

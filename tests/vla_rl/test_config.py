@@ -1,5 +1,9 @@
 """Config loading: defaults, overrides, round trip, and errors that name the valid choices."""
 
+import dataclasses
+import re
+import typing
+
 import pytest
 
 from vla_rl.config import CONFIG_DIR, ConfigError, build_config, load_config, parse_overrides, to_dict
@@ -64,3 +68,112 @@ def test_train_script_takes_overrides_after_the_ray_address(capsys):
     # The bad mode is reported by the config loader: argparse took the override after "--ray local".
     assert train_script.main(["--ray", "local", "fleet.mode=ring"]) == 2
     assert "fleet.mode='ring' is not a valid choice" in capsys.readouterr().err
+
+
+DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
+
+
+def _train_main():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_script", CONFIG_DIR.parent / "scripts" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize(
+    ("config", "override", "message"),
+    [
+        (HALFCHEETAH, "ppo.optim.lr=-1", r"ppo.optim.lr=-1.0 must be in \(0, 1\]"),
+        (HALFCHEETAH, "ppo.optim.lr=.inf", r"ppo.optim.lr=inf must be in \(0, 1\]"),
+        (DEFAULT, "env.image_size=7", r"env.image_size=7 must be in \[8, 1024\]"),
+        (DEFAULT, "policy.image_size=32", r"policy.image_size=32 must equal env.image_size=64"),
+        (DEFAULT, "policy.patch_size=3", r"policy.image_size=64 must be a multiple of policy.patch_size=3"),
+        (DEFAULT, "env.cameras=[front,top]", r"env.cameras=\['front', 'top'\] .*valid: front, wrist"),
+        (DEFAULT, "env.render=false", r"policy.name=vla reads camera images: it needs .*env.render=true"),
+        (DEFAULT, "env.backend=gpu", r"env.backend='gpu' is not a sims backend; valid: batch, mjx"),
+        (DEFAULT, "policy.attention_heads=0", r"policy.attention_heads=0 must be at least 1"),
+        (DEFAULT, "policy.readout=flatten", r"policy.attention_target_key='goal_pixel' needs policy.readout=attention"),
+        (DEFAULT, "policy.critic_obs_keys=[proprio,pixels]", r"policy.critic_obs_keys=\['pixels'\] are not sims"),
+        (HALFCHEETAH, "seed=-1", r"seed=-1 must be in \[0, 2147483647\]"),
+        (HALFCHEETAH, "total_env_steps=0", r"total_env_steps=0 must be at least 1"),
+        (HALFCHEETAH, "stop_success=1.5", r"stop_success=1.5 must be in \[0, 1\]"),
+        (HALFCHEETAH, "checkpoint_every=0", r"checkpoint_every=0 must be at least 1"),
+        (HALFCHEETAH, "torch_threads=0", r"torch_threads=0 must be at least 1"),
+        (HALFCHEETAH, "device=gpu", r"device='gpu' is not a torch device; valid: cpu, cuda"),
+        (HALFCHEETAH, "name=a/b", r"name='a/b'.*one directory name"),
+        (HALFCHEETAH, "env.max_episode_steps=0", r"env.max_episode_steps=0 must be at least 1"),
+        (HALFCHEETAH, "ppo.gamma=1.5", r"ppo.gamma=1.5 must be in \[0, 1\]"),
+        (HALFCHEETAH, "ppo.gae_lambda=-0.1", r"ppo.gae_lambda=-0.1 must be in \[0, 1\]"),
+        (HALFCHEETAH, "ppo.vf_coef=-1", r"ppo.vf_coef=-1.0 must be at least 0"),
+        (HALFCHEETAH, "ppo.optim.clip_coef=0", r"ppo.optim.clip_coef=0.0 must be in \(0, 1\]"),
+        (HALFCHEETAH, "ppo.optim.epochs=0", r"ppo.optim.epochs=0 must be at least 1"),
+        (HALFCHEETAH, "ppo.optim.ent_coef=-0.01", r"ppo.optim.ent_coef=-0.01 must be at least 0"),
+        (HALFCHEETAH, "ppo.optim.max_grad_norm=0", r"ppo.optim.max_grad_norm=0.0 must be greater than 0"),
+        (HALFCHEETAH, "ppo.optim.target_kl=0", r"ppo.optim.target_kl=0.0 must be greater than 0"),
+        (HALFCHEETAH, "ppo.optim.num_minibatches=4096", r"num_minibatches=4096 must be at most .* = 2048"),
+        (HALFCHEETAH, "grpo.group_size=1", r"grpo.group_size=1 must be at least 2"),
+        (HALFCHEETAH, "grpo.std_eps=0", r"grpo.std_eps=0.0 must be greater than 0"),
+        (HALFCHEETAH, "distill.buffer_size=0", r"distill.buffer_size=0 must be at least 1"),
+        (HALFCHEETAH, "distill.teacher_iterations=-1", r"distill.teacher_iterations=-1 must be at least 0"),
+        (HALFCHEETAH, "eval.every=-1", r"eval.every=-1 must be at least 0"),
+        (HALFCHEETAH, "eval.episodes=0", r"eval.episodes=0 must be at least 1"),
+        (HALFCHEETAH, "eval.sets=[]", r"eval.sets is empty; valid: train, heldout"),
+        (HALFCHEETAH, "log.video_every=0", r"log.video_every=0 must be at least 1"),
+        (HALFCHEETAH, "log.wandb_project=", r"log.wandb_project must not be empty"),
+        (HALFCHEETAH, "policy.hidden_sizes=[64,0]", r"policy.hidden_sizes\[1\]=0 must be at least 1"),
+        (HALFCHEETAH, "policy.obs_clip=-1", r"policy.obs_clip=-1.0 must be at least 0"),
+        (HALFCHEETAH, "policy.obs_keys=[]", r"policy.obs_keys is empty"),
+        (HALFCHEETAH, "policy.head.chunk=0", r"policy.head.chunk=0 must be at least 1"),
+        (HALFCHEETAH, "policy.head.bins=1", r"policy.head.bins=1 must be at least 2"),
+        (DEFAULT, "env.kind=gym env.task=Pendulum-v1", r"policy.name=vla reads camera images: it needs env.kind=sims"),
+    ],
+)
+def test_bad_value_is_a_one_line_error_naming_the_key_before_any_run_directory(
+    tmp_path, capsys, config, override, message
+):
+    argv = ["--config", str(CONFIG_DIR / config), *override.split(), f"out_dir={tmp_path}", "log.wandb=disabled"]
+    assert _train_main()(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert re.search(message, err), err
+    assert list(tmp_path.iterdir()) == [], "a run directory was created for a bad config"
+
+
+def _numeric(tp) -> bool:
+    """Whether a field annotation holds numbers (int or float, optional, or a tuple of them)."""
+    args = typing.get_args(tp)
+    return tp in (int, float) or any(_numeric(a) for a in args if a is not type(None) and a is not Ellipsis)
+
+
+def _numeric_fields(cls, prefix=""):
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _numeric_fields(tp, f"{prefix}{f.name}.")
+        elif _numeric(tp):
+            yield f"{prefix}{f.name}"
+
+
+def test_every_numeric_field_has_a_valid_range():
+    import policies
+    from vla_rl.config import POLICY_RANGES, RANGES, TrainConfig
+
+    train = [k for k in _numeric_fields(TrainConfig) if not k.startswith("fleet.")]  # validate_fleet's
+    assert sorted(set(train) - set(RANGES)) == []
+    for name, cls in policies.MODELS.items():
+        assert sorted(set(_numeric_fields(cls)) - set(POLICY_RANGES)) == [], name
+
+
+def test_render_knobs_reach_the_environment():
+    from vla_rl.envs import make_env
+
+    cfg = load_config(CONFIG_DIR / DEFAULT, ["env.cameras=[front,wrist]", "env.depth=true", "env.image_size=32",
+                                "policy.image_size=32"])
+    env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
+    try:
+        obs = env.reset_td(seed=0)
+    finally:
+        env.close()
+    assert obs["rgb"].shape == (2, 2, 3, 32, 32) and obs["depth"].shape == (2, 2, 32, 32)
