@@ -11,7 +11,11 @@ A policy maps an observation TensorDict (batch ``[N]``) to an action distributio
 - ``update_normalization(obs)`` merges a batch into the running observation statistics
   (the trainer calls it once per collected batch; ``forward`` never changes them);
 - ``set_instructions(list[str])`` tells a language-conditioned policy what the ``instruction``
-  indices mean (a no-op for policies that ignore language).
+  indices mean (a no-op for policies that ignore language);
+- ``actor() -> PolicyActor``: the actor alone, an ``nn.Module`` from plain tensors (named by
+  ``actor_input_names``) to the mode action, for deployment and export; it holds no critic or
+  auxiliary head and reads no privileged key. ``act(obs, deterministic=True)["action"]`` is the
+  same computation: ``head(actor_features(*actor_inputs(obs))).mode()``.
 """
 
 from __future__ import annotations
@@ -96,12 +100,29 @@ def value_layer(in_features: int) -> nn.Linear:
 
 
 class ActorCritic(nn.Module):
-    """Base class: subclasses build ``self.head`` and ``self.value_head`` and implement
-    :meth:`features` (and may override :meth:`critic_features` when the critic can skip the actor).
+    """Base class: subclasses build ``self.head`` and ``self.value_head``, implement :meth:`features`
+    (and may override :meth:`critic_features` when the critic can skip the actor), and describe their
+    actor with ``actor_input_names``, ``actor_module_names`` and :meth:`actor_features`.
     """
 
     head: ActionHead
     value_head: nn.Linear
+    actor_input_names: tuple[str, ...]
+    """Names of the actor's input tensors, in the order :meth:`actor_features` takes them."""
+    actor_module_names: tuple[str, ...]
+    """Submodules the actor uses (``head`` included): what :meth:`actor` holds and exports."""
+
+    def actor_inputs(self, obs: TensorDictBase) -> tuple[torch.Tensor, ...]:
+        """The actor's input tensors from an observation batch (default: the keys of ``actor_input_names``)."""
+        return tuple(obs_entry(obs, k) for k in self.actor_input_names)
+
+    def actor_features(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Actor features ``[N, F_a]`` from the tensors of :meth:`actor_inputs`."""
+        raise NotImplementedError
+
+    def actor(self) -> PolicyActor:
+        """The actor alone (weights shared with this policy, not copied); see :class:`PolicyActor`."""
+        return PolicyActor(self)
 
     @property
     def action_shape(self) -> tuple[int, ...]:
@@ -154,3 +175,35 @@ class ActorCritic(nn.Module):
     def value(self, obs: TensorDictBase) -> torch.Tensor:
         """State value ``[N]``."""
         return self.value_head(self.critic_features(obs)).squeeze(-1)
+
+
+class PolicyActor(nn.Module):
+    """A policy's actor alone: ``forward(*inputs) -> action`` (the mode), for deployment and export.
+
+    The inputs are plain tensors named by ``input_names`` (the policy's ``actor_input_names``), each
+    with a leading batch dimension ``[N, ...]``; the output is the mode action ``[N, A]`` (``[N, K, A]``
+    with action chunks). Only the actor's submodules are registered, so ``state_dict``, ``.to`` and a
+    traced or exported graph hold no critic, no auxiliary head and no privileged observation key; the
+    weights are the policy's own objects, so training the policy updates its actor.
+
+    Args:
+        policy: the actor-critic whose actor this is.
+    """
+
+    def __init__(self, policy: ActorCritic) -> None:
+        super().__init__()
+        self.input_names = tuple(policy.actor_input_names)
+        for name in policy.actor_module_names:
+            module = getattr(policy, name)
+            if module is not None:
+                self.add_module(name, module)
+        # Not registered as a submodule (that would bring the critic along); its actor parts are above.
+        self.__dict__["policy"] = policy
+
+    def distribution(self, *inputs: torch.Tensor) -> ActionDistribution:
+        """The action distribution of the inputs (``sample()`` for stochastic acting)."""
+        return self.policy.head(self.policy.actor_features(*inputs))
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The mode action ``[N, A]`` (or ``[N, K, A]``) of the inputs."""
+        return self.distribution(*inputs).mode()

@@ -17,7 +17,6 @@ from policies.base import (
     ActorCritic,
     ObsSpec,
     build_mlp,
-    obs_entry,
     require_key,
     spec_shapes,
     value_layer,
@@ -63,6 +62,7 @@ class MLPActorCritic(ActorCritic):
                 "MLPPolicyConfig.obs_keys is empty; name at least one observation key, e.g. ('state',)."
             )
         self.obs_keys = tuple(cfg.obs_keys)
+        self.actor_input_names = self.obs_keys
         obs_dim = sum(require_key(shapes, k, 1, "MLPActorCritic")[0] for k in self.obs_keys)
         hidden = tuple(cfg.hidden_sizes)
         out = hidden[-1] if hidden else obs_dim
@@ -72,22 +72,31 @@ class MLPActorCritic(ActorCritic):
         self.head = make_head(cfg.head, out, action_dim)
         self.value_head = value_layer(out)
 
+    actor_module_names = ("normalizer", "actor_trunk", "head")
+
     def flat_obs(self, obs: TensorDictBase) -> torch.Tensor:
         """The raw (unnormalised) concatenated observation ``[N, obs_dim]``."""
-        return torch.cat([obs_entry(obs, k).float() for k in self.obs_keys], dim=-1)
+        return self._concat(*self.actor_inputs(obs))
 
-    def _input(self, obs: TensorDictBase) -> torch.Tensor:
-        x = self.flat_obs(obs)
+    @staticmethod
+    def _concat(*inputs: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x.float() for x in inputs], dim=-1)
+
+    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
         return self.normalizer(x) if self.normalizer is not None else x
 
+    def actor_features(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Actor trunk output ``[N, hidden]`` from the ``obs_keys`` tensors ``[N, D_k]``, in order."""
+        return self.actor_trunk(self._normalized(self._concat(*inputs)))
+
     def features(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self._input(obs)
+        x = self._normalized(self.flat_obs(obs))
         actor = self.actor_trunk(x)
         critic = actor if self.critic_trunk is None else self.critic_trunk(x)
         return actor, critic
 
     def critic_features(self, obs: TensorDictBase) -> torch.Tensor:
-        x = self._input(obs)
+        x = self._normalized(self.flat_obs(obs))
         return self.actor_trunk(x) if self.critic_trunk is None else self.critic_trunk(x)
 
     def update_normalization(self, obs: TensorDictBase) -> None:

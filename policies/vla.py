@@ -27,6 +27,13 @@ is a separate MLP over those flat keys (RunningNorm on its input), so ``value()`
 skip the image encoder and may read privileged simulator state; the actor is unchanged (pixels +
 language + proprio), and evaluation uses the actor only.
 
+Deployment (:meth:`~policies.base.ActorCritic.actor`): the actor alone maps ``rgb`` uint8
+``[N, C, 3, H, W]``, ``instruction_embedding`` float ``[N, 384]`` (the MiniLM embedding of the
+instruction text, :meth:`VLAPolicy.embed_instructions`, computed outside the graph) and ``proprio``
+``[N, P]`` to the mode action; it holds no critic and no auxiliary head and reads neither ``state``
+nor ``goal_pixel``. ``act`` runs the same actor computation on the embedding its ``instruction``
+index selects.
+
 A late-fusion alternative (a transformer over image, language and proprio tokens) was tried
 and removed: on the pointing test of tests/policies it stayed near chance after 1,500 steps,
 where FiLM reaches 99% after 200, at twice the cost per step (docs/policies.md).
@@ -68,6 +75,9 @@ from policies.encoders import (
 )
 from policies.heads import ActionHeadConfig, make_head
 from policies.normalization import RunningNorm
+
+INSTRUCTION_EMBEDDING = "instruction_embedding"
+"""Name of the actor's language input: the instruction's sentence embedding, float ``[N, EMBED_DIM]``."""
 
 
 @dataclass
@@ -139,6 +149,10 @@ class VLAPolicy(ActorCritic):
         sentences: the frozen sentence-embedding cache; defaults to the process-wide MiniLM one.
     """
 
+    actor_module_names = (
+        "language", "image_encoder", "attention", "image_proj", "proprio_norm", "proprio", "trunk", "head"
+    )
+
     def __init__(
         self, cfg: VLAConfig, obs_spec: ObsSpec, action_dim: int, sentences: SentenceCache | None = None
     ) -> None:
@@ -173,6 +187,7 @@ class VLAPolicy(ActorCritic):
         fused = d * (self.cameras + 1)
 
         self.proprio_norm: RunningNorm | None = None
+        self.proprio: nn.Sequential | None = None
         if cfg.proprio_key:
             (proprio_dim,) = require_key(shapes, cfg.proprio_key, 1, "VLAPolicy")
             if cfg.normalize_proprio:
@@ -181,6 +196,8 @@ class VLAPolicy(ActorCritic):
             fused += d
 
         self.trunk = build_mlp(fused, cfg.trunk_sizes, cfg.activation)
+        proprio_input = (cfg.proprio_key,) if cfg.proprio_key else ()
+        self.actor_input_names = (cfg.image_key, INSTRUCTION_EMBEDDING, *proprio_input)
         out = cfg.trunk_sizes[-1] if cfg.trunk_sizes else fused
         self.head = make_head(cfg.head, out, action_dim)
 
@@ -214,16 +231,21 @@ class VLAPolicy(ActorCritic):
             self.target_head = nn.Linear(cfg.trunk_sizes[-1] if cfg.trunk_sizes else fused, cfg.trunk_target_dims)
 
     # --- language -------------------------------------------------------------------------
+    def embed_instructions(self, instructions: Sequence[str]) -> torch.Tensor:
+        """Sentence embeddings ``[L, EMBED_DIM]`` (float32, CPU) of ``instructions``, MiniLM cached per string."""
+        sentences = self.sentences if self.sentences is not None else shared_sentence_cache()
+        return sentences(list(instructions))
+
     def set_instructions(self, instructions: Sequence[str]) -> None:
         """Embed ``instructions`` (MiniLM, cached per string) so that index i means ``instructions[i]``."""
         if isinstance(instructions, str) or not instructions:
             raise ValueError("set_instructions needs a non-empty list of strings, e.g. env.instructions.")
-        sentences = self.sentences if self.sentences is not None else shared_sentence_cache()
-        embeddings = sentences(list(instructions))
+        embeddings = self.embed_instructions(instructions)
         self.instructions = tuple(instructions)
         self.instruction_embeddings = embeddings.to(self.instruction_embeddings.device)
 
-    def _language(self, obs: TensorDictBase) -> torch.Tensor:
+    def _embedding(self, obs: TensorDictBase) -> torch.Tensor:
+        """The sentence embedding ``[N, EMBED_DIM]`` of each observation's ``instruction`` index."""
         index = obs_entry(obs, self.cfg.instruction_key)
         count = self.instruction_embeddings.shape[0]
         if count == 0:
@@ -240,34 +262,49 @@ class VLAPolicy(ActorCritic):
                 f"instruction index out of range [0, {count}); the policy holds {count} instructions. "
                 f"Call set_instructions with the environment's instruction list."
             )
-        return self.language(self.instruction_embeddings[index])
+        return self.instruction_embeddings[index]
 
     # --- observation -> features ------------------------------------------------------------
-    def _images(self, obs: TensorDictBase) -> torch.Tensor:
-        rgb = obs_entry(obs, self.cfg.image_key)
+    def actor_inputs(self, obs: TensorDictBase) -> tuple[torch.Tensor, ...]:
+        """``(rgb [N, C, 3, H, W], instruction_embedding [N, EMBED_DIM], proprio [N, P])`` of a batch
+        (no ``proprio`` when ``proprio_key`` is empty)."""
+        inputs = (obs_entry(obs, self.cfg.image_key), self._embedding(obs))
+        return inputs + ((obs_entry(obs, self.cfg.proprio_key),) if self.cfg.proprio_key else ())
+
+    def _images(self, rgb: torch.Tensor) -> torch.Tensor:
         if rgb.dtype != torch.uint8 or rgb.dim() != 5 or rgb.shape[1:3] != (self.cameras, 3):
             raise ValueError(
                 f"{self.cfg.image_key!r} must be uint8 [N, {self.cameras}, 3, H, W]; got {rgb.dtype} {tuple(rgb.shape)}."
             )
         return preprocess_images(rgb, self.cfg.image_size)
 
-    def _proprio(self, obs: TensorDictBase) -> torch.Tensor:
-        x = obs_entry(obs, self.cfg.proprio_key).float()
+    def _proprio(self, proprio: torch.Tensor) -> torch.Tensor:
+        x = proprio.float()
         return self.proprio(self.proprio_norm(x) if self.proprio_norm is not None else x)
 
-    def _forward(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Actor features, critic features and the attention logits (``None`` without attention)."""
-        lang = self._language(obs)
+    def _actor(
+        self, rgb: torch.Tensor, embedding: torch.Tensor, proprio: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Trunk output ``[N, F]`` and the attention logits (``None`` without attention) of the actor's inputs."""
+        lang = self.language(embedding)
         n = lang.shape[0]
         per_camera = lang.repeat_interleave(self.cameras, dim=0)
-        maps = self.image_encoder(self._images(obs), per_camera)
+        maps = self.image_encoder(self._images(rgb), per_camera)
         logits = None
         if self.attention is not None:
             maps, logits = self.attention(maps, per_camera)
         parts = [self.image_proj(maps).view(n, -1), lang]
-        if self.cfg.proprio_key:
-            parts.append(self._proprio(obs))
-        x = self.trunk(torch.cat(parts, dim=-1))
+        if self.proprio is not None:
+            parts.append(self._proprio(proprio))
+        return self.trunk(torch.cat(parts, dim=-1)), logits
+
+    def actor_features(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Trunk output ``[N, F]`` from ``rgb``, ``instruction_embedding`` and ``proprio`` (see :meth:`actor_inputs`)."""
+        return self._actor(*inputs)[0]
+
+    def _forward(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Actor features, critic features and the attention logits (``None`` without attention)."""
+        x, logits = self._actor(*self.actor_inputs(obs))
         return x, (x if self.critic_trunk is None else self.critic_features(obs)), logits
 
     def features(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:

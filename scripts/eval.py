@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Evaluate a checkpoint: ``python scripts/eval.py --checkpoint PATH [--instructions heldout|train] [--episodes N]``.
+"""Evaluate a checkpoint: ``python scripts/eval.py --checkpoint PATH [--instructions heldout|train] [--episodes N] [--device cpu|cuda|cuda:N]``.
 
 Prints the success rate (overall and per task) of the deterministic policy on the chosen
 instruction set; ``--video PATH`` saves environment 0's first episode, ``--json PATH`` the figures.
@@ -34,12 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="reset seed (default: the run's evaluation seed)")
     parser.add_argument("--video", type=Path, default=None, help="write env 0's first episode (.mp4 or .gif)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N (default: cpu)")
     args = parser.parse_args(argv)
     if args.episodes is not None and args.episodes < 1:
         parser.error("--episodes must be at least 1")
     try:
         metrics, cfg, frames = evaluate_checkpoint(
-            args.checkpoint, args.instructions, args.episodes, args.num_envs, args.seed
+            args.checkpoint, args.instructions, args.episodes, args.num_envs, args.seed, device=args.device
         )
     except (CheckpointError, ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -57,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
         out = {
             "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "torch": torch.__version__},
-            "config": {"checkpoint": str(args.checkpoint), "instructions": args.instructions, "task": cfg.env.task},
+            "config": {
+                "checkpoint": str(args.checkpoint), "instructions": args.instructions, "task": cfg.env.task,
+                "device": args.device,
+            },
             "results": {k.replace("/", "_"): v for k, v in metrics.items()},
         }
         args.json.write_text(json.dumps(out, indent=2))

@@ -116,6 +116,7 @@ def evaluate_checkpoint(
     episodes: int | None = None,
     num_envs: int | None = None,
     seed: int | None = None,
+    device: str = "cpu",
 ) -> tuple[dict[str, float], Any, list[np.ndarray]]:
     """Load a checkpoint's policy and evaluate it on a fresh environment of its task.
 
@@ -125,21 +126,24 @@ def evaluate_checkpoint(
         episodes: Episodes to run (default: the run's ``eval.episodes``).
         num_envs: Parallel environments (default: the run's ``eval.num_envs``).
         seed: Reset seed (default: the run's evaluation seed).
+        device: Where the policy runs: ``cpu``, ``cuda`` or ``cuda:N`` (the environment stays on the CPU).
 
     Returns:
         The metrics of :func:`evaluate_policy`, the run config and environment 0's frames.
 
     Raises:
         vla_rl.checkpoint.CheckpointError: The checkpoint is missing, corrupt, or does not fit its config.
-        ValueError: An unknown instruction set.
+        ValueError: An unknown instruction set, or a device this machine does not have.
     """
     import policies
     from vla_rl.checkpoint import CheckpointError, load_checkpoint
     from vla_rl.config import build_config
+    from vla_rl.deploy import resolve_device
     from vla_rl.envs import make_env
 
     if instructions not in ("train", "heldout"):
         raise ValueError(f"instructions={instructions!r}; valid: train, heldout")
+    target = resolve_device(device)
     state = load_checkpoint(path)
     cfg = build_config(state["config"])
     torch.set_num_threads(cfg.torch_threads)
@@ -154,10 +158,11 @@ def evaluate_checkpoint(
             policy.load_state_dict(state["policy"])
         except RuntimeError as exc:
             raise CheckpointError(f"{path}: weights do not fit the policy its config describes: {exc}") from exc
-        policy.set_instructions(list(env.instructions))
+        policy.to(target).set_instructions(list(env.instructions))
         policy.eval()
         metrics, frames = evaluate_policy(
-            policy, env, episodes or cfg.eval.episodes, seed if seed is not None else cfg.seed + 7919, record=True
+            policy, env, episodes or cfg.eval.episodes, seed if seed is not None else cfg.seed + 7919,
+            device=target, record=True,
         )
     finally:
         close = getattr(env, "close", None)
