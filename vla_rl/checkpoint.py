@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 MAGIC = b"VLARLCKPT1\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: algorithm state under 'algorithm', obs_spec and action_dim
 LATEST = "latest.pt"
 
 

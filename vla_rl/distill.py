@@ -7,20 +7,26 @@ proprioception. Each iteration collects ``[T, N]`` steps with the teacher acting
 states its own mistakes lead to: DAgger, Ross et al. 2011), labels every visited observation
 with the teacher's deterministic action, and maximises the student's log-likelihood of those
 labels on minibatches drawn from the aggregated data set (the last ``buffer_size`` labelled
-observations). The "learning by cheating" recipe of Chen et al. 2019.
+observations). The "learning by cheating" recipe of Chen et al. 2019. :class:`DAgger` is the
+algorithm object (``algo=distill``).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 from torch import nn
 
 import policies
+from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.checkpoint import CheckpointError, load_checkpoint
-from vla_rl.config import build_config
+from vla_rl.config import TrainConfig, build_config
+from vla_rl.ppo import ClippedUpdate, LossWeights
+from vla_rl.rollout import EpisodeStats, Timer, account
 
 
 def load_teacher(path: str | Path, obs: TensorDict, action_dim: int, device: torch.device) -> nn.Module:
@@ -86,4 +92,53 @@ def action_agreement(student: torch.Tensor, teacher: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(s, t, dim=1, eps=1e-6).mean())
 
 
-__all__ = ["action_agreement", "imitation_update", "label", "load_teacher"]
+class DAgger(Algorithm):
+    """Distillation of a privileged-state teacher into the policy on the states the policy visits."""
+
+    name = "distill"
+
+    def __init__(self, cfg: TrainConfig, setup: Setup) -> None:
+        self.cfg = cfg.distill
+        self.device = setup.device
+        self.policy = setup.policy
+        # ClippedUpdate serves for its optimiser and learning-rate schedule; the loss is the imitation NLL.
+        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False))
+        self.teacher = load_teacher(self.cfg.teacher, setup.first_obs, setup.action_dim, setup.device)
+        self.buffer: TensorDict | None = None  # the aggregated, labelled observations
+
+    def set_progress(self, fraction_done: float) -> float:
+        """See :meth:`ClippedUpdate.set_progress`."""
+        return self.updater.set_progress(fraction_done)
+
+    def collect(self, collector: Any, stats: EpisodeStats, iteration: int, timer: Timer) -> Experience:
+        """T steps driven by the teacher (first iterations) or the student, labelled by the teacher."""
+        actor = self.teacher if iteration < self.cfg.teacher_iterations else self.policy
+        batch = collector.collect(actor, self.cfg.rollout_steps, timer)
+        account(batch, stats, None)
+        chunk = chunk_length(batch["action"], batch.batch_dims)
+        flat = batch.select("obs", "action").reshape(-1)
+        start = time.perf_counter()
+        flat["teacher_action"] = label(self.teacher, flat["obs"].to(self.device)).cpu()
+        timer.add("infer", time.perf_counter() - start)
+        # How close the acting policy's (sampled) actions were to the teacher's labels.
+        metrics = {"action_agreement": action_agreement(flat["action"], flat["teacher_action"])}
+        return Experience(flat.select("obs", "teacher_action").to(self.device), batch.numel() * chunk, metrics)
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """Aggregate ``batch`` into the data set, then imitation steps on minibatches of it."""
+        cfg = self.cfg
+        self.buffer = batch if self.buffer is None else torch.cat([self.buffer, batch])[-cfg.buffer_size :]
+        return imitation_update(
+            self.policy, self.updater.optimizer, self.buffer, cfg.updates, cfg.batch_size, cfg.optim.max_grad_norm
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimiser, learning-rate scale and the aggregated data set."""
+        return {"updater": self.updater.state_dict(), "buffer": None if self.buffer is None else self.buffer.to_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.updater.load_state_dict(state["updater"])
+        buffer = state["buffer"]
+        self.buffer = None if buffer is None else TensorDict.from_dict(
+            buffer, batch_size=[buffer["teacher_action"].shape[0]])

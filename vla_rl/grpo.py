@@ -3,13 +3,20 @@
 No critic: each episode's return is compared with the other G - 1 episodes of its group
 (Shao et al. 2024, DeepSeekMath; RLinf's embodied GRPO), the normalised difference is the
 advantage of every step of that episode, and the update is PPO's clipped surrogate
-(:class:`vla_rl.ppo.ClippedUpdate` with ``vf_coef=0``).
+(:class:`vla_rl.ppo.ClippedUpdate` with ``vf_coef=0``). :class:`GRPO` is the algorithm object.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tensordict import TensorDict
+
+from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
+from vla_rl.config import TrainConfig
+from vla_rl.ppo import ClippedUpdate, LossWeights
+from vla_rl.rollout import EpisodeStats, Timer
 
 
 def group_advantages(returns: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
@@ -45,3 +52,49 @@ def episode_batch(batch: TensorDict, advantage: torch.Tensor) -> TensorDict:
     batch["advantage"] = advantage[None].expand(batch.batch_size).clone()
     flat = batch[batch["alive"]]
     return flat.select("obs", "action", "log_prob", "advantage")
+
+
+class GRPO(Algorithm):
+    """Group-relative policy optimisation: G episodes per initial state, no critic."""
+
+    name = "grpo"
+
+    def __init__(self, cfg: TrainConfig, setup: Setup) -> None:
+        self.cfg = cfg.grpo
+        self.seed = cfg.seed
+        self.device = setup.device
+        self.policy = setup.policy
+        # No critic, and advantages are already normalised per group.
+        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False))
+
+    @staticmethod
+    def group_size(cfg: TrainConfig) -> int:
+        """G: the environments of a group start every episode from one initial state."""
+        return cfg.grpo.group_size
+
+    def set_progress(self, fraction_done: float) -> float:
+        """See :meth:`ClippedUpdate.set_progress`."""
+        return self.updater.set_progress(fraction_done)
+
+    def collect(self, collector: Any, stats: EpisodeStats, iteration: int, timer: Timer) -> Experience:
+        """Every environment's next episode (the first iteration from the run's seed), with group advantages."""
+        seed = self.seed if iteration == 0 else None
+        batch, returns, success = collector.collect_episodes(self.policy, seed, collector.max_episode_steps, timer)
+        advantage = group_advantages(returns, self.cfg.group_size, self.cfg.std_eps)
+        chunk = chunk_length(batch["action"], batch.batch_dims)
+        stats.finished += [
+            (float(r), int(n) * chunk, bool(s)) for r, n, s in zip(returns, batch["alive"].sum(0), success)
+        ]
+        return Experience(episode_batch(batch, advantage).to(self.device), batch.numel() * chunk)
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """Clipped surrogate (and auxiliary losses) over minibatch epochs."""
+        return self.updater.update(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimiser and learning-rate scale."""
+        return {"updater": self.updater.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.updater.load_state_dict(state["updater"])

@@ -1,9 +1,10 @@
-"""PPO's mathematics: GAE and the clipped policy-gradient update (shared with GRPO).
+"""PPO: GAE, the clipped policy-gradient update (shared with GRPO) and the algorithm object.
 
 Read top to bottom: :func:`compute_gae` turns a [T, N] rollout into advantages and returns;
 :func:`surrogate_loss` and :func:`value_loss` are the paper's equations; :class:`ClippedUpdate`
 runs minibatch epochs over a flat batch with gradient clipping, KL early stop, KL-adaptive
-learning rate and linear learning-rate annealing.
+learning rate and linear learning-rate annealing; :class:`PPO` puts them behind the trainer's
+:class:`vla_rl.algorithm.Algorithm` interface.
 
 References: Schulman et al. 2017 (PPO), Schulman et al. 2016 (GAE); the "37 implementation
 details" of PPO (Huang et al. 2022) for value clipping, per-minibatch advantage normalisation
@@ -13,12 +14,15 @@ and the ``(ratio - 1) - log(ratio)`` KL estimator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 from torch import nn
 
-from vla_rl.config import OptimConfig
+from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
+from vla_rl.config import OptimConfig, TrainConfig
+from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, account
 
 
 def compute_gae(
@@ -201,3 +205,50 @@ class ClippedUpdate:
         """Restore what :meth:`state_dict` returned."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_scale = float(state["lr_scale"])
+
+
+class PPO(Algorithm):
+    """Proximal policy optimisation: T steps of every environment per iteration, GAE, clipped updates."""
+
+    name = "ppo"
+
+    def __init__(self, cfg: TrainConfig, setup: Setup) -> None:
+        self.cfg = cfg.ppo
+        self.device = setup.device
+        weights = LossWeights(vf_coef=self.cfg.vf_coef, clip_value=self.cfg.clip_value, norm_adv=self.cfg.norm_adv)
+        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, weights)
+        self.policy = setup.policy
+        self.reward_scaler = RewardScaler(setup.num_envs, self.cfg.gamma) if self.cfg.normalize_reward else None
+
+    def set_progress(self, fraction_done: float) -> float:
+        """See :meth:`ClippedUpdate.set_progress`."""
+        return self.updater.set_progress(fraction_done)
+
+    def collect(self, collector: Any, stats: EpisodeStats, iteration: int, timer: Timer) -> Experience:
+        """``rollout_steps`` decisions of every environment, with advantages and returns (GAE)."""
+        cfg = self.cfg
+        batch = collector.collect(self.policy, cfg.rollout_steps, timer)
+        account(batch, stats, self.reward_scaler)
+        advantage, returns = compute_gae(
+            batch["reward"], batch["value"], batch["next_value"], batch["terminated"], batch["done"],
+            cfg.gamma, cfg.gae_lambda,
+        )
+        batch["advantage"], batch["returns"] = advantage, returns
+        chunk = chunk_length(batch["action"], batch.batch_dims)
+        flat = batch.select("obs", "action", "log_prob", "value", "advantage", "returns").reshape(-1)
+        return Experience(flat.to(self.device), batch.numel() * chunk)
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """Clipped surrogate, value and auxiliary losses over minibatch epochs."""
+        return self.updater.update(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimiser, learning-rate scale and the reward normaliser."""
+        scaler = None if self.reward_scaler is None else self.reward_scaler.state_dict()
+        return {"updater": self.updater.state_dict(), "reward_scaler": scaler}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.updater.load_state_dict(state["updater"])
+        if self.reward_scaler is not None:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])

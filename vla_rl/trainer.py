@@ -1,4 +1,7 @@
-"""The trainer: collect, update, evaluate, log, checkpoint — one loop for PPO and GRPO.
+"""The trainer: collect, update, evaluate, log, checkpoint — one loop for every algorithm.
+
+What is particular to PPO, GRPO or DAgger lives in its :class:`vla_rl.algorithm.Algorithm`;
+the trainer never branches on ``cfg.algo``.
 
 ``Trainer(cfg).train()`` runs a job described by a :class:`vla_rl.config.TrainConfig` and writes
 ``runs/NAME/`` (see :mod:`vla_rl.runlog`). ``Trainer(cfg, resume=True)`` continues from
@@ -21,17 +24,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 import policies
 from vla_rl import checkpoint as ckpt
-from vla_rl.config import RESUMABLE_KEYS, TrainConfig, algo_optim, diff_configs, save_yaml, to_dict
-from vla_rl.distill import action_agreement, imitation_update, label, load_teacher
+from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
+from vla_rl.config import RESUMABLE_KEYS, TrainConfig, diff_configs, save_yaml, to_dict
 from vla_rl.envs import make_env
 from vla_rl.evaluate import evaluate_policy
-from vla_rl.grpo import episode_batch, group_advantages
-from vla_rl.ppo import ClippedUpdate, LossWeights, compute_gae
-from vla_rl.rollout import EpisodeStats, LocalCollector, RewardScaler, Timer, account
+from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
 from vla_rl.runlog import RunLog
 
 
@@ -98,9 +98,9 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         seed_everything(cfg.seed)
         self.device = torch.device(cfg.device)
-        self.group_size = cfg.grpo.group_size if cfg.algo == "grpo" else 1
+        group_size = algorithm_class(cfg.algo).group_size(cfg)
         if collector is None:
-            collector = LocalCollector(make_env(cfg.env, seed=cfg.seed, group_size=self.group_size), self.device)
+            collector = LocalCollector(make_env(cfg.env, seed=cfg.seed, group_size=group_size), self.device)
         self.collector = collector
         first_obs = collector.reset(cfg.seed)
         action_dim = int(np.prod(collector.single_action_space.shape))
@@ -109,19 +109,8 @@ class Trainer:
         self.action_dim = action_dim
         self.policy = policies.make_policy(cfg.policy, first_obs, action_dim).to(self.device)
         self.policy.set_instructions(list(collector.instructions))
-        if cfg.algo == "ppo":
-            weights = LossWeights(vf_coef=cfg.ppo.vf_coef, clip_value=cfg.ppo.clip_value, norm_adv=cfg.ppo.norm_adv)
-        else:  # GRPO: no critic, advantages already normalised per group (distillation uses only the optimiser).
-            weights = LossWeights(vf_coef=0.0, clip_value=False, norm_adv=False)
-        self.updater = ClippedUpdate(self.policy, algo_optim(cfg), weights)
-        self.buffer: TensorDict | None = None  # distillation's aggregated, labelled observations
-        self.teacher = (
-            load_teacher(cfg.distill.teacher, first_obs, action_dim, self.device) if cfg.algo == "distill" else None
-        )
+        self.algorithm = make_algorithm(cfg, Setup(self.policy, self.device, first_obs, action_dim, collector.num_envs))
         self.stats = EpisodeStats.zeros(collector.num_envs)
-        self.reward_scaler = (
-            RewardScaler(collector.num_envs, cfg.ppo.gamma) if cfg.algo == "ppo" and cfg.ppo.normalize_reward else None
-        )
         self.iteration = 0
         self.env_steps = 0
         self.wall_before = 0.0  # wall seconds of earlier sessions of this run
@@ -187,77 +176,28 @@ class Trainer:
         """One iteration: collect experience, update the policy; returns its metrics (not logged)."""
         start = time.perf_counter()
         timer = Timer()
-        self.collect_metrics: dict[str, float] = {}
-        lr = self.updater.set_progress(self.env_steps / self.cfg.total_env_steps)
-        collect = {"ppo": self._collect_ppo, "grpo": self._collect_grpo, "distill": self._collect_distill}
-        batch, steps = collect[self.cfg.algo](timer)
+        lr = self.algorithm.set_progress(self.env_steps / self.cfg.total_env_steps)
+        experience = self.algorithm.collect(self.collector, self.stats, self.iteration, timer)
         update_start = time.perf_counter()
-        if self.cfg.algo == "distill":
-            d = self.cfg.distill
-            self.buffer = batch if self.buffer is None else torch.cat([self.buffer, batch])[-d.buffer_size :]
-            metrics = imitation_update(
-                self.policy, self.updater.optimizer, self.buffer, d.updates, d.batch_size, d.optim.max_grad_norm
-            )
-        else:
-            metrics = self.updater.update(batch)
+        metrics = self.algorithm.update(experience.batch)
         # Statistics move only after the update, so the update saw the ones used at collection.
-        self.policy.update_normalization(batch["obs"])
+        self.policy.update_normalization(experience.batch["obs"])
         timer.add("update", time.perf_counter() - update_start)
         self.iteration += 1
-        self.env_steps += steps
+        self.env_steps += experience.env_steps
         elapsed = time.perf_counter() - start
         metrics |= self.stats.pop_summary()
-        metrics |= self.collect_metrics
+        metrics |= experience.metrics
         metrics |= self.collector.metrics()
         metrics |= {f"time/{k}": v for k, v in timer.seconds.items()}
         metrics |= {
             "iteration": float(self.iteration),
             "env_steps": float(self.env_steps),
             "lr": lr,
-            "steps_per_s": steps / elapsed,
+            "steps_per_s": experience.env_steps / elapsed,
             "time/iteration": elapsed,
         }
         return metrics
-
-    def _collect_ppo(self, timer: Timer) -> tuple[TensorDict, int]:
-        cfg = self.cfg.ppo
-        batch = self.collector.collect(self.policy, cfg.rollout_steps, timer)
-        account(batch, self.stats, self.reward_scaler)
-        advantage, returns = compute_gae(
-            batch["reward"], batch["value"], batch["next_value"], batch["terminated"], batch["done"],
-            cfg.gamma, cfg.gae_lambda,
-        )
-        batch["advantage"], batch["returns"] = advantage, returns
-        chunk = _chunk_len(batch["action"], batch.batch_dims)
-        flat = batch.select("obs", "action", "log_prob", "value", "advantage", "returns").reshape(-1)
-        return flat.to(self.device), batch.numel() * chunk
-
-    def _collect_grpo(self, timer: Timer) -> tuple[TensorDict, int]:
-        seed = self.cfg.seed if self.iteration == 0 else None
-        limit = self.collector.max_episode_steps
-        batch, returns, success = self.collector.collect_episodes(self.policy, seed, limit, timer)
-        advantage = group_advantages(returns, self.group_size, self.cfg.grpo.std_eps)
-        alive = batch["alive"]
-        chunk = _chunk_len(batch["action"], batch.batch_dims)
-        self.stats.finished += [
-            (float(r), int(n) * chunk, bool(s)) for r, n, s in zip(returns, alive.sum(0), success)
-        ]
-        return episode_batch(batch, advantage).to(self.device), batch.numel() * chunk
-
-    def _collect_distill(self, timer: Timer) -> tuple[TensorDict, int]:
-        cfg = self.cfg.distill
-        teacher_acts = self.iteration < cfg.teacher_iterations
-        actor = self.teacher if teacher_acts else self.policy
-        batch = self.collector.collect(actor, cfg.rollout_steps, timer)
-        account(batch, self.stats, None)
-        chunk = _chunk_len(batch["action"], batch.batch_dims)
-        flat = batch.select("obs", "action").reshape(-1)
-        start = time.perf_counter()
-        flat["teacher_action"] = label(self.teacher, flat["obs"].to(self.device)).cpu()
-        timer.add("infer", time.perf_counter() - start)
-        # How close the acting policy's (sampled) actions were to the teacher's labels.
-        self.collect_metrics["action_agreement"] = action_agreement(flat["action"], flat["teacher_action"])
-        return flat.select("obs", "teacher_action").to(self.device), batch.numel() * chunk
 
     # ------------------------------------------------------------------------------------ evaluation
 
@@ -311,13 +251,11 @@ class Trainer:
             "policy": self.policy.state_dict(),
             "obs_spec": self.obs_spec,
             "action_dim": self.action_dim,
-            "updater": self.updater.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
             "rng": ckpt.rng_state(),
             "collector": self.collector.get_state(),
             "episode_stats": self.stats.state_dict(),
-            "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
             "wandb_id": self.log.wandb_id,
-            "buffer": None if self.buffer is None else self.buffer.to_dict(),
         }
         return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration)
 
@@ -343,15 +281,11 @@ class Trainer:
             self.policy.load_state_dict(state["policy"])
         except RuntimeError as exc:
             raise ckpt.CheckpointError(f"checkpoint weights do not fit the configured policy: {exc}") from exc
-        self.updater.load_state_dict(state["updater"])
+        self.algorithm.load_state_dict(state["algorithm"])
         self.iteration = int(state["iteration"])
         self.env_steps = int(state["env_steps"])
         self.wall_before = float(state["wall_time"])
         self.stats.load_state_dict(state["episode_stats"])
-        if self.reward_scaler is not None:
-            self.reward_scaler.load_state_dict(state["reward_scaler"])
-        if state.get("buffer") is not None:
-            self.buffer = TensorDict.from_dict(state["buffer"], batch_size=[state["buffer"]["teacher_action"].shape[0]])
         self.collector.set_state(state["collector"], reset_seed=self.cfg.seed + self.iteration)
         ckpt.set_rng_state(state["rng"])
 
@@ -390,11 +324,6 @@ class Trainer:
             close = getattr(env, "close", None)
             if close is not None:
                 close()
-
-
-def _chunk_len(action: torch.Tensor, batch_dims: int) -> int:
-    """K of actions ``[..., K, A]`` (1 without chunks)."""
-    return action.shape[batch_dims] if action.dim() == batch_dims + 2 else 1
 
 
 def _get(data: dict[str, Any], dotted: str) -> Any:

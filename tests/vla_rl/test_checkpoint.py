@@ -50,8 +50,8 @@ def test_resumed_run_produces_the_same_iterates(tmp_path, monkeypatch):
     assert resumed.iteration == straight.iteration == 3
     for key, value in straight.policy.state_dict().items():
         assert torch.equal(value, resumed.policy.state_dict()[key]), key
-    opt_a = straight.updater.optimizer.state_dict()["state"]
-    opt_b = resumed.updater.optimizer.state_dict()["state"]
+    opt_a = straight.algorithm.updater.optimizer.state_dict()["state"]
+    opt_b = resumed.algorithm.updater.optimizer.state_dict()["state"]
     for idx in opt_a:
         assert torch.equal(opt_a[idx]["exp_avg_sq"], opt_b[idx]["exp_avg_sq"])
     assert (straight.collector.obs == resumed.collector.obs).all()

@@ -29,10 +29,10 @@ def test_student_imitates_teacher(tmp_path):
 
     def error():
         mine = student.policy.act(obs, deterministic=True)["action"]
-        return float(((mine - label(student.teacher, obs)) ** 2).mean())
+        return float(((mine - label(student.algorithm.teacher, obs)) ** 2).mean())
 
     before = error()
-    assert float((label(student.teacher, obs) ** 2).mean()) > 0.01  # the teacher's actions are not ~0
+    assert float((label(student.algorithm.teacher, obs) ** 2).mean()) > 0.01  # the teacher's actions are not ~0
     for _ in range(5):
         student.step()
     assert error() < 0.25 * before

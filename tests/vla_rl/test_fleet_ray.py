@@ -260,13 +260,13 @@ def test_async_staleness_stays_within_max_staleness_under_a_slow_trainer(colocat
     cfg.out_dir, cfg.total_env_steps = str(tmp_path), 6 * 32  # six iterations of 4 envs x 8 steps
     cfg.fleet.sync.mode, cfg.fleet.sync.max_staleness = "async", bound
     trainer = Trainer(cfg, collector=FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs))
-    update = trainer.updater.update
+    update = trainer.algorithm.updater.update
 
     def slow_update(batch):
         time.sleep(SLOW_UPDATE_S)  # a slow trainer: the shards run ahead, up to the bound
         return update(batch)
 
-    monkeypatch.setattr(trainer.updater, "update", slow_update)
+    monkeypatch.setattr(trainer.algorithm.updater, "update", slow_update)
     trainer.train()  # checkpoints every iteration, with rollouts queued
     staleness = [(row["fleet/staleness"], row["fleet/staleness_max"]) for row in trainer.log.rows]
     trainer.collector.reset(cfg.seed)  # ends the rollouts still queued

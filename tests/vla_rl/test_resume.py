@@ -37,7 +37,7 @@ def _assert_same_training_state(a: Trainer, b: Trainer) -> None:
     weights_a, weights_b = a.policy.state_dict(), b.policy.state_dict()
     unequal = [k for k in weights_a if not torch.equal(weights_a[k], weights_b[k])]
     assert not unequal, f"{len(unequal)} of {len(weights_a)} policy tensors differ: {unequal[:5]}"
-    opt_a, opt_b = a.updater.optimizer.state_dict()["state"], b.updater.optimizer.state_dict()["state"]
+    opt_a, opt_b = a.algorithm.updater.optimizer.state_dict()["state"], b.algorithm.updater.optimizer.state_dict()["state"]
     for idx in opt_a:
         assert torch.equal(opt_a[idx]["exp_avg_sq"], opt_b[idx]["exp_avg_sq"])
     assert (a.collector.obs == b.collector.obs).all()

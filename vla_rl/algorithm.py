@@ -1,0 +1,115 @@
+"""The interface every training algorithm offers the trainer, and the factory that builds one.
+
+An :class:`Algorithm` owns what is particular to a way of learning — how experience is gathered
+from the collector (PPO: T steps with GAE; GRPO: one episode per environment, group-relative
+advantages; DAgger: teacher-labelled steps), its update rule, optimiser and any state beyond the
+policy (a reward normaliser, an aggregated data set). The trainer (:mod:`vla_rl.trainer`) owns the
+loop, evaluation, logging and checkpoints, and never asks which algorithm it runs (rsl_rl's split
+of runner and algorithm).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from vla_rl.config import TrainConfig
+from vla_rl.rollout import EpisodeStats, Timer
+
+
+@dataclass
+class Experience:
+    """One iteration's experience, ready for :meth:`Algorithm.update`.
+
+    Attributes:
+        batch: A flat TensorDict ``[B]`` on the policy's device; its ``obs`` feed the
+            observation normaliser after the update.
+        env_steps: Environment steps it took (decisions x chunk length, summed over environments).
+        metrics: Collection diagnostics to log (e.g. teacher-student agreement).
+    """
+
+    batch: TensorDict
+    env_steps: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Setup:
+    """What an algorithm is built from besides the config.
+
+    Attributes:
+        policy: The policy being trained (on ``device``).
+        device: Device of the policy and of the batches handed to the update.
+        first_obs: A sample observation ``[N]`` of the training environments.
+        action_dim: Size A of one action.
+        num_envs: N, the training environments.
+    """
+
+    policy: nn.Module
+    device: torch.device
+    first_obs: TensorDict
+    action_dim: int
+    num_envs: int
+
+
+class Algorithm(ABC):
+    """A training algorithm behind the trainer's small interface (collect, update, state_dict)."""
+
+    registry: ClassVar[dict[str, type[Algorithm]]] = {}
+    name: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Algorithm.registry[cls.name] = cls
+
+    @staticmethod
+    def group_size(cfg: TrainConfig) -> int:
+        """Consecutive training environments that must share every initial state (1: independent)."""
+        return 1
+
+    @abstractmethod
+    def set_progress(self, fraction_done: float) -> float:
+        """Set the learning rate for the iteration starting at ``fraction_done`` of the run; returns it."""
+
+    @abstractmethod
+    def collect(self, collector: Any, stats: EpisodeStats, iteration: int, timer: Timer) -> Experience:
+        """Gather one iteration's experience from ``collector``, recording finished episodes into ``stats``."""
+
+    @abstractmethod
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """Learn from ``batch``; returns mean diagnostics (losses, KL, gradient norm)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything beyond the policy's weights that a resumed run needs (optimiser, normalisers, data)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The algorithm registered as ``name`` (``ppo``, ``grpo``, ``distill``)."""
+    # The modules register their algorithms when imported (here: they import this module).
+    import vla_rl.distill
+    import vla_rl.grpo
+    import vla_rl.ppo  # noqa: F401
+
+    if name not in Algorithm.registry:
+        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(Algorithm.registry))}")
+    return Algorithm.registry[name]
+
+
+def make_algorithm(cfg: TrainConfig, setup: Setup) -> Algorithm:
+    """Build the algorithm ``cfg.algo`` names for the policy and environments of ``setup``."""
+    return algorithm_class(cfg.algo)(cfg, setup)
+
+
+def chunk_length(action: torch.Tensor, batch_dims: int) -> int:
+    """K of actions ``[..., K, A]`` (1 without action chunks)."""
+    return action.shape[batch_dims] if action.dim() == batch_dims + 2 else 1
