@@ -29,6 +29,7 @@ from policies.encoders import EMBED_DIM
 from policies.vla import INSTRUCTION_EMBEDDING
 from vla_rl.checkpoint import CheckpointError, load_checkpoint
 from vla_rl.config import build_config
+from vla_rl.device import resolve_device
 
 ExportFormat = Literal["torchscript", "onnx"]
 EXPORT_FORMATS: tuple[str, ...] = ("torchscript", "onnx")
@@ -42,29 +43,6 @@ class TensorSpec(NamedTuple):
 
     shape: tuple[int, ...]
     dtype: torch.dtype
-
-
-def resolve_device(name: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N`` as a torch device, checked to exist on this machine.
-
-    Raises:
-        ValueError: not one of those names, or a CUDA device this machine does not have (one line).
-    """
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"device {name!r} is not a torch device; use cpu, cuda or cuda:N") from exc
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} requested but CUDA is not available on this machine; use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA device(s); "
-                f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}"
-            )
-    elif device.type != "cpu":
-        raise ValueError(f"device {name!r} is not supported; use cpu, cuda or cuda:N")
-    return device
 
 
 def _obs_spec(raw: Any, path: str | Path) -> dict[str, TensorSpec]:

@@ -138,7 +138,7 @@ def evaluate_checkpoint(
     import policies
     from vla_rl.checkpoint import CheckpointError, load_checkpoint
     from vla_rl.config import build_config
-    from vla_rl.deploy import resolve_device
+    from vla_rl.device import resolve_device
     from vla_rl.envs import make_env
 
     if instructions not in ("train", "heldout"):

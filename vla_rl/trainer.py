@@ -28,7 +28,8 @@ import torch
 import policies
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
-from vla_rl.config import RESUMABLE_KEYS, TrainConfig, diff_configs, save_yaml, to_dict
+from vla_rl.config import RESUMABLE_KEYS, ConfigError, TrainConfig, diff_configs, save_yaml, to_dict
+from vla_rl.device import resolve_device
 from vla_rl.envs import make_env
 from vla_rl.evaluate import evaluate_policy
 from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
@@ -97,7 +98,10 @@ class Trainer:
         self.start_time = time.perf_counter()
         torch.set_num_threads(cfg.torch_threads)
         seed_everything(cfg.seed)
-        self.device = torch.device(cfg.device)
+        try:  # before anything is built: a CUDA run on a machine without CUDA is a config error
+            self.device = resolve_device(cfg.device)
+        except ValueError as exc:
+            raise ConfigError(f"device={cfg.device!r}: {exc}") from exc
         group_size = algorithm_class(cfg.algo).group_size(cfg)
         if collector is None:
             collector = LocalCollector(make_env(cfg.env, seed=cfg.seed, group_size=group_size), self.device)

@@ -177,3 +177,14 @@ def test_render_knobs_reach_the_environment():
     finally:
         env.close()
     assert obs["rgb"].shape == (2, 2, 3, 32, 32) and obs["depth"].shape == (2, 2, 32, 32)
+
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_on_a_machine_without_cuda_is_a_config_error_before_the_run_directory(tmp_path, capsys):
+    argv = ["--config", str(CONFIG_DIR / HALFCHEETAH), "device=cuda", f"out_dir={tmp_path}", "log.wandb=disabled"]
+    assert _train_main()(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert "device='cuda'" in err and "CUDA is not available" in err
+    assert list(tmp_path.iterdir()) == []
