@@ -25,7 +25,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from infra.placement import Placement
+from infra.gang_placer import Placement
 from infra.requests import GangRequest
 from infra.resources import MILLI, Cluster, Node
 from infra.scheduler import PreemptCallback, Scheduler

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from infra import policies
+from infra import node_scoring
 from infra.frag import TypicalPods
-from infra.placement import Assignment, GangPlacer, Placement, Taken
+from infra.gang_placer import Assignment, GangPlacer, Placement, Taken
 from infra.requests import (
     Bundle,
     DifferentNodes,
@@ -66,7 +66,7 @@ class Scheduler:
 
     Args:
         cluster: the nodes.
-        policy: a placement policy name (``infra.policies.names()``).
+        policy: a placement policy name (``infra.node_scoring.names()``).
         typical: typical pods for fragmentation-aware policies (estimated online when None).
         seed: seeds tie-breaking and random policies.
     """
@@ -76,7 +76,7 @@ class Scheduler:
     ) -> None:
         self.cluster = cluster
         self.state = ClusterState(cluster)
-        self.policy = policies.load(policy, typical=typical)
+        self.policy = node_scoring.load(policy, typical=typical)
         self._placer = GangPlacer(self.state, self.policy, np.random.default_rng(seed))
         self._gangs: dict[str, _Gang] = {}
         self._arrivals = itertools.count()

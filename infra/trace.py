@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from infra.frag import FragModel, PodShape, TypicalPods
-from infra.policies import Demand, Policy
+from infra.node_scoring import Demand, Policy
 from infra.resources import MILLI, ClusterState
 
 CURVE_POINTS = 131

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from infra import policies
+from infra import node_scoring
 from infra.frag import TypicalPods
 from infra.resources import Cluster, ClusterState
 from infra.trace import VARIANTS, ReplayResult, arrival_sequence, make_variant, read_pods, replay
@@ -110,7 +110,7 @@ def main() -> None:
         "--nodes", required=True, type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)"
     )
     ap.add_argument(
-        "--policies", default="random,bestfit,fgd,fgd-strand", help=f"comma list of {policies.names()}"
+        "--policies", default="random,bestfit,fgd,fgd-strand", help=f"comma list of {node_scoring.names()}"
     )
     ap.add_argument("--seeds", default="42-51", type=parse_seeds, help="a range 42-51 or a list 42,43")
     ap.add_argument("--inflate", default=1.3, type=float, help="append pod copies up to this x GPU capacity")
@@ -130,7 +130,7 @@ def main() -> None:
     args = ap.parse_args()
     names = [p for p in args.policies.split(",") if p]
     for name in names:
-        policies.load(name)  # fail early with the list of valid names
+        node_scoring.load(name)  # fail early with the list of valid names
     if args.latency_repeats < 1:
         ap.error(f"--latency-repeats {args.latency_repeats}: must be >= 1")
     if args.inflate < 1.0:
@@ -160,7 +160,7 @@ def main() -> None:
             for s in args.seeds:
                 progress.update(task, description=f"{name} seed {s}")
                 t0 = time.perf_counter()
-                policy = policies.load(name, typical=typical)
+                policy = node_scoring.load(name, typical=typical)
                 results.append(
                     replay(state, sequences[s], policy, typical, s, timing_repeats=args.latency_repeats)
                 )

@@ -1,5 +1,5 @@
 """One way to call a service: ``handle.call(method, *args)`` (in-process here; Ray actors in
-:mod:`infra.llm.placement`)."""
+:mod:`infra.llm.service_plane`)."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ class Multiplexer:
 
     def __init__(self, groups: list[GPUGroup], reward: ServiceHandle) -> None:
         if not groups:
-            raise ValueError("Multiplexer needs at least one GPU group; place one with infra.llm.placement.")
+            raise ValueError("Multiplexer needs at least one GPU group; place one with infra.llm.service_plane.")
         self.groups = {g.name: g for g in groups}
         self.reward = reward
         self._locks = {g.name: _FifoLock() for g in groups}

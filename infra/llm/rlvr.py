@@ -271,7 +271,7 @@ def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
     out = Path(cfg.out_dir) / cfg.name
     with _progress(cfg.iterations) as progress:
         if cfg.ray:
-            from infra.llm.placement import ray_job_services
+            from infra.llm.service_plane import ray_job_services
 
             with ray_job_services(cfg.model) as svc:
                 result = run_job(cfg.name, cfg, svc, on_iteration=progress)

@@ -1,7 +1,7 @@
 """The LLM job's services: rollout (generation), reward (verification) and trainer (GRPO).
 
 Each service is a plain class, usable in-process, that becomes a long-lived Ray actor when
-placed by :mod:`infra.llm.placement`. Every service serves several jobs at once:
+placed by :mod:`infra.llm.service_plane`. Every service serves several jobs at once:
 
 - a job registers once; its state (weights; for the trainer also the reference model and the
   optimiser) stays resident in the service's host memory for the job's lifetime;

@@ -9,9 +9,9 @@ import torch
 
 from infra.llm.model import ModelConfig
 from infra.llm.multiplex import LLMJobSpec, Multiplexer
-from infra.llm.placement import group_request, place_services
 from infra.llm.rlvr import JobServices, RLVRConfig, run_job
 from infra.llm.router import EngineCost, PrefillDecodeAware
+from infra.llm.service_plane import group_request, place_services
 from infra.llm.tasks import VOCAB_SIZE
 from infra.scheduler import GPU, Cluster, Node, RequestError, Scheduler
 
@@ -26,7 +26,7 @@ def _cfg(name: str, seed: int, iterations: int = 3) -> RLVRConfig:
 def test_model_larger_than_any_gpu_is_refused_by_the_scheduler() -> None:
     cluster = Cluster((Node("n0", 8000, 65536, (GPU("H100", memory_mib=81920),) * 2),))
     sched = Scheduler(cluster, policy="bestfit")
-    from infra.llm.placement import ServiceSizes
+    from infra.llm.service_plane import ServiceSizes
 
     with pytest.raises(RequestError, match="GPU memory"):
         sched.submit(group_request("huge", ServiceSizes(), gpu=True, weights_mib=140_000))  # 70B in bf16

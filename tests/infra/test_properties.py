@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra import policies
+from infra import node_scoring
 from infra.scheduler import (
     GPU,
     Bundle,
@@ -132,7 +132,7 @@ ops = st.lists(
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters(), stream=ops, policy=st.sampled_from(policies.names()), data=st.data())
+@given(cluster=clusters(), stream=ops, policy=st.sampled_from(node_scoring.names()), data=st.data())
 def test_invariants_hold_over_random_request_streams(cluster, stream, policy, data):
     s = Scheduler(cluster, policy=policy, seed=1)
     for k, (op, r) in enumerate(stream):
@@ -157,7 +157,7 @@ def test_invariants_hold_over_random_request_streams(cluster, stream, policy, da
 
 
 @settings(max_examples=60, deadline=None)
-@given(cluster=clusters(), data=st.data(), policy=st.sampled_from(policies.names()))
+@given(cluster=clusters(), data=st.data(), policy=st.sampled_from(node_scoring.names()))
 def test_release_returns_exactly_what_was_taken(cluster, data, policy):
     s = Scheduler(cluster, policy=policy)
     for k in range(data.draw(st.integers(0, 4))):  # some load first

@@ -2,7 +2,7 @@
 
 import pytest
 
-from infra import policies
+from infra import node_scoring
 from infra.scheduler import (
     GPU,
     Bundle,
@@ -21,7 +21,7 @@ def frac(m, cpu=1000):
     return Bundle(cpu, 1024, gpu_fraction=m)
 
 
-@pytest.mark.parametrize("policy", policies.names())
+@pytest.mark.parametrize("policy", node_scoring.names())
 def test_a_fraction_never_spans_two_half_free_gpus(policy):
     one = Cluster((Node("n", 8000, 8192, (GPU("T4"),) * 2),))
     s = Scheduler(one, policy=policy)
@@ -148,7 +148,7 @@ def test_pack_fills_the_gangs_node_and_spread_avoids_it(cluster):
     assert len(spread.nodes()) == 3
 
 
-@pytest.mark.parametrize("policy", policies.names())
+@pytest.mark.parametrize("policy", node_scoring.names())
 def test_every_policy_respects_gpu_models(cluster, policy):
     s = Scheduler(cluster, policy=policy)
     p = s.submit(GangRequest("g", (Bundle(1000, 1024, gpus=2, gpu_models=frozenset({"A10"})),)))

@@ -5,7 +5,7 @@ import csv
 import numpy as np
 import pytest
 
-from infra import policies
+from infra import node_scoring
 from infra.frag import FragModel, TypicalPods
 from infra.resources import Cluster, ClusterState
 from infra.trace import arrival_sequence, make_variant, read_pods, replay
@@ -46,12 +46,12 @@ def test_replay_on_a_subsampled_cluster(openb):
     assert sum(p.total_gpu_milli for p in seq) <= 1.3 * state.total_gpu_milli()
     results = {}
     for name in ("random", "bestfit", "fgd", "fgd-strand"):
-        r = replay(state, seq, policies.load(name, typical=typical), typical, 42)
+        r = replay(state, seq, node_scoring.load(name, typical=typical), typical, 42)
         assert (r.alloc_pct <= r.arrived_pct + 1e-9).all()
         assert (np.diff(r.alloc_pct) >= 0).all()
         assert r.failed > 0 and np.isfinite(r.alloc_curve[100])
         results[name] = r
-    again = replay(state, seq, policies.load("fgd", typical=typical), typical, 42)
+    again = replay(state, seq, node_scoring.load("fgd", typical=typical), typical, 42)
     assert np.array_equal(again.alloc_pct, results["fgd"].alloc_pct)  # same seed, same replay
     assert results["random"].alloc_curve[100] < min(
         results[n].alloc_curve[100] for n in ("bestfit", "fgd", "fgd-strand")
@@ -80,7 +80,7 @@ def test_own_policy_against_fgd_on_variants(openb, variant, margin):
     alloc = {
         name: np.mean(
             [
-                replay(state, q, policies.load(name, typical=typical), typical, s).alloc_curve[[100, 130]]
+                replay(state, q, node_scoring.load(name, typical=typical), typical, s).alloc_curve[[100, 130]]
                 for s, q in seqs
             ],
             axis=0,
@@ -127,7 +127,7 @@ def test_random_bestfit_fgd_reproduce_the_fgd_simulator(trace_dir, openb):
     expected = {c: reference_means(trace_dir / "expected_alloc_default.csv", seeds, c) for c in (100, 130)}
     for name, ref_name in REFERENCE.items():
         curves = [
-            replay(state, seqs[s], policies.load(name, typical=typical), typical, s).alloc_curve
+            replay(state, seqs[s], node_scoring.load(name, typical=typical), typical, s).alloc_curve
             for s in seeds
         ]
         for column in (100, 130):

@@ -48,7 +48,7 @@ def ray_session():
     from infra.ray_backend import node_args
     from infra.scheduler import Scheduler
     from vla_rl.fleet.config import ClusterSpec
-    from vla_rl.fleet.placement import cluster_of
+    from vla_rl.fleet.job_gang import cluster_of
 
     cluster = cluster_of(ClusterSpec(gpus=4))
     ray.init(**node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")

@@ -114,7 +114,7 @@ class FleetConfig:
     offload: bool = False
     """``colocated``: move the inference model off the GPU while the trainer updates."""
     policy: str = ""
-    """Placement policy of infra's scheduler (one of ``infra.policies.names()``; ``""``: the scheduler's default)."""
+    """Placement policy of infra's scheduler (one of ``infra.node_scoring.names()``; ``""``: the scheduler's default)."""
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     """The nodes to place on (for ``address=local`` they are also started)."""
     shard: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0))
@@ -222,7 +222,7 @@ def validate_fleet(cfg: TrainConfig) -> None:
     if server.threads < 1 or fleet.max_restarts < 0 or fleet.collect_timeout_s <= 0:
         raise ConfigError("fleet.server.threads >= 1, fleet.max_restarts >= 0 and fleet.collect_timeout_s > 0 are required")
     if fleet.policy:
-        from infra.policies import names
+        from infra.node_scoring import names
 
         if fleet.policy not in names():
             raise ConfigError(f"fleet.policy={fleet.policy!r} is not a placement policy; valid: {', '.join(names())}")
@@ -240,6 +240,6 @@ def validate_fleet(cfg: TrainConfig) -> None:
             f"fleet.trainer.gpu={trainer_gpu}: disaggregated mode gives the trainer whole GPUs (an integer) so it "
             "never shares one with simulators and inference; use colocated for sharing"
         )
-    from vla_rl.fleet.placement import place_job
+    from vla_rl.fleet.job_gang import place_job
 
     place_job(fleet, "validate")  # the job must fit fleet.cluster: fail now, before Ray starts

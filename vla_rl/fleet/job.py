@@ -1,7 +1,7 @@
 """Launch and supervise the training job on Ray: place, start, train, restart what dies.
 
 :func:`run_job` connects to (or, for ``fleet.address=local``, starts) a Ray cluster whose nodes are
-those of ``fleet.cluster``, places the job's gang with infra's scheduler (:mod:`vla_rl.fleet.placement`),
+those of ``fleet.cluster``, places the job's gang with infra's scheduler (:mod:`vla_rl.fleet.job_gang`),
 starts every component on its placed node and GPUs with ``infra.ray_backend.RayBackend``, and runs
 the unchanged :class:`vla_rl.trainer.Trainer` inside a trainer actor with a
 :class:`~vla_rl.fleet.collector.FleetCollector`. If the trainer actor dies, a new one resumes from the
@@ -28,7 +28,7 @@ from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError
 from vla_rl.fleet.config import FleetConfig
 from vla_rl.fleet.inference import InferenceServer
-from vla_rl.fleet.placement import JobLayout, cluster_of, place_job
+from vla_rl.fleet.job_gang import JobLayout, cluster_of, place_job
 from vla_rl.fleet.worker import RolloutWorker
 
 #: Concurrent calls the inference server's event loop accepts (requests of all stages of all shards).
@@ -145,7 +145,7 @@ def start_fleet(cfg: Any, name: str | None = None, scheduler: Scheduler | None =
             (default: a new one over ``fleet.cluster``, for a cluster this job has alone).
 
     Raises:
-        vla_rl.fleet.placement.PlacementError: the job does not fit ``fleet.cluster``.
+        vla_rl.fleet.job_gang.PlacementError: the job does not fit ``fleet.cluster``.
     """
     fleet: FleetConfig = cfg.fleet
     scheduler, placement, layout = place_job(fleet, name or cfg.run_name, scheduler)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.policies import Demand, Policy
+from infra.node_scoring import Demand, Policy
 from infra.requests import Bundle, DifferentNodes, GangRequest, PinGPUs, SameGPU, SameNode
 from infra.resources import ClusterState
 

@@ -3,7 +3,7 @@
 A policy answers one question: on which node, and which GPUs of it, does one bundle go? It sees
 the whole cluster as arrays (``ClusterState``) and scores every feasible node at once; the best
 score wins and ties are broken uniformly at random (as kube-scheduler's ``selectHost`` does).
-Gangs and constraints are handled above it (``infra.placement``) by narrowing the masks of a
+Gangs and constraints are handled above it (``infra.gang_placer``) by narrowing the masks of a
 ``Demand``.
 
 Policies: ``random``, ``pack`` (Ray PACK-like: the gang's nodes first, else the emptiest feasible
