@@ -317,11 +317,12 @@ class VLAPolicy(ActorCritic):
         actor, critic, logits = self._forward(obs)
         dist = self.head(actor)
         value = self.value_head(critic).squeeze(-1)
-        losses = []
-        if self.cfg.attention_target_key and self.attention is not None and logits is not None:
-            points = obs_entry(obs, self.cfg.attention_target_key).float().flatten(0, 1)  # [N * cams, 2]
+        losses = []  # each auxiliary loss where the batch carries its target (a dataset may not)
+        key = self.cfg.attention_target_key
+        if key and key in obs and self.attention is not None and logits is not None:
+            points = obs_entry(obs, key).float().flatten(0, 1)  # [N * cams, 2]
             losses.append(self.attention.point_loss(logits, points))
-        if self.target_head is not None and self.target_norm is not None:
+        if self.target_head is not None and self.target_norm is not None and self.cfg.trunk_target_key in obs:
             target = self.target_norm(self._trunk_target(obs))
             losses.append((self.target_head(actor) - target).pow(2).mean())
         aux = self.cfg.aux_loss_coef * sum(losses) if losses else None
@@ -341,7 +342,8 @@ class VLAPolicy(ActorCritic):
     def update_normalization(self, obs: TensorDictBase) -> None:
         if self.proprio_norm is not None:
             self.proprio_norm.update(obs_entry(obs, self.cfg.proprio_key).float())
-        if self.critic_norm is not None:
+        # Privileged keys may be missing (a demonstration dataset without them): their statistics wait.
+        if self.critic_norm is not None and all(k in obs for k in self.critic_keys):
             self.critic_norm.update(self._critic_input(obs))
-        if self.target_norm is not None:
+        if self.target_norm is not None and self.cfg.trunk_target_key in obs:
             self.target_norm.update(self._trunk_target(obs))

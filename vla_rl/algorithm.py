@@ -48,6 +48,9 @@ class Setup:
         first_obs: A sample observation ``[N]`` of the training environments.
         action_dim: Size A of one action.
         num_envs: N, the training environments.
+        instructions: The training environments' instruction table (``instruction`` indexes it).
+        reference: A frozen copy of the policy ``init_from`` loaded (``None`` without one), for
+            penalties toward it.
     """
 
     policy: nn.Module
@@ -55,6 +58,20 @@ class Setup:
     first_obs: TensorDict
     action_dim: int
     num_envs: int
+    instructions: list[str]
+    reference: nn.Module | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a run lasts: ``total`` environment steps (RL) or iterations (SFT)."""
+
+    unit: str
+    total: int
+
+    def done(self, env_steps: int, iteration: int) -> float:
+        """Fraction of the budget used (1.0 or more: the run is over)."""
+        return (env_steps if self.unit == "env_steps" else iteration) / self.total
 
 
 class Algorithm(ABC):
@@ -71,6 +88,11 @@ class Algorithm(ABC):
     def group_size(cfg: TrainConfig) -> int:
         """Consecutive training environments that must share every initial state (1: independent)."""
         return 1
+
+    @staticmethod
+    def budget(cfg: TrainConfig) -> Budget:
+        """The run's length: ``total_env_steps`` environment steps."""
+        return Budget("env_steps", cfg.total_env_steps)
 
     @abstractmethod
     def set_progress(self, fraction_done: float) -> float:
@@ -94,11 +116,12 @@ class Algorithm(ABC):
 
 
 def algorithm_class(name: str) -> type[Algorithm]:
-    """The algorithm registered as ``name`` (``ppo``, ``grpo``, ``distill``)."""
+    """The algorithm registered as ``name`` (``ppo``, ``grpo``, ``distill``, ``sft``)."""
     # The modules register their algorithms when imported (here: they import this module).
     import vla_rl.distill
     import vla_rl.grpo
-    import vla_rl.ppo  # noqa: F401
+    import vla_rl.ppo
+    import vla_rl.sft  # noqa: F401
 
     if name not in Algorithm.registry:
         raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(Algorithm.registry))}")

@@ -80,6 +80,12 @@ class OptimConfig:
     """Stop the epochs early when the approximate KL of a minibatch exceeds this (``None``: never)."""
     kl_adaptive_lr: bool = False
     """Scale the learning rate by 1.5 up or down to keep the KL near ``target_kl`` (needs ``target_kl``)."""
+    ref_kl_coef: float = 0.0
+    """Weight of a KL penalty toward the policy ``init_from`` loaded (the SFT policy), estimated on
+    the batch's actions with the ``exp(d) - 1 - d`` estimator; 0: none (needs ``init_from``)."""
+    critic_warmup_iterations: int = 0
+    """First iterations that train only the critic (value loss), the actor frozen: a critic fitted to
+    a pretrained policy before its first policy-gradient step (PPO; needs ``init_from``)."""
 
 
 @dataclass
@@ -137,6 +143,27 @@ class DistillConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Supervised fine-tuning on demonstrations: maximise the policy's log-likelihood of the dataset's actions.
+
+    The dataset is a LeRobot v3.0 folder (``scripts/collect_demos.py`` writes one); with action
+    chunks (``policy.head.chunk=K``) each frame's label is its next K actions. The policy's
+    auxiliary perception losses are added where the dataset carries their keys.
+    """
+
+    dataset: str = ""
+    """Folder of the LeRobot v3.0 dataset."""
+    iterations: int = 200
+    """Iterations of the run (the budget of ``algo=sft``; ``total_env_steps`` is not used)."""
+    updates: int = 50
+    """Gradient steps per iteration."""
+    batch_size: int = 256
+    """Frames per gradient step, drawn uniformly with the trainer's torch RNG."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, anneal_lr=True))
+    """Learning rate, its annealing over ``iterations`` and the gradient clip (epochs/minibatches unused)."""
+
+
+@dataclass
 class LogConfig:
     """Where and how progress is reported."""
 
@@ -168,6 +195,8 @@ class EvalConfig:
     """Environments stepped in parallel during evaluation."""
     sets: tuple[str, ...] = ("train", "heldout")
     """Instruction sets evaluated (``sims`` only; gymnasium tasks have one)."""
+    at_start: bool = False
+    """Also evaluate before the first iteration (iteration 0): what a policy loaded with ``init_from`` starts at."""
 
 
 @dataclass
@@ -180,8 +209,12 @@ class TrainConfig:
     """Parent directory of run directories."""
     seed: int = 0
     """Seed of torch, numpy, python and the environments."""
-    algo: Literal["ppo", "grpo", "distill"] = "ppo"
-    """Training algorithm: ``ppo``, ``grpo``, or ``distill`` (imitate a state teacher, DAgger)."""
+    algo: Literal["ppo", "grpo", "distill", "sft"] = "ppo"
+    """Training algorithm: ``ppo``, ``grpo``, ``distill`` (imitate a state teacher, DAgger) or ``sft``
+    (supervised fine-tuning on a demonstration dataset)."""
+    init_from: str = ""
+    """Start from the policy weights (and observation statistics) of this checkpoint, e.g. an
+    ``algo=sft`` run; the optimiser starts fresh. Empty: random initialisation."""
     total_env_steps: int = 200_000
     """Stop after this many environment steps (summed over environments)."""
     stop_success: float | None = None
@@ -200,6 +233,8 @@ class TrainConfig:
     """GRPO section (used when ``algo=grpo``)."""
     distill: DistillConfig = field(default_factory=DistillConfig)
     """Distillation section (used when ``algo=distill``)."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised fine-tuning section (used when ``algo=sft``)."""
     policy: Any = None
     """Policy section: ``name`` picks a model of ``policies.MODELS``, the other keys are its fields."""
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -330,7 +365,7 @@ AT_LEAST_1, NON_NEGATIVE, POSITIVE, FRACTION = Range(1), Range(0), Range(0, low_
 _OPTIM_RANGES = {
     "lr": Range(0, 1, low_open=True), "epochs": AT_LEAST_1, "num_minibatches": AT_LEAST_1,
     "clip_coef": Range(0, 1, low_open=True), "ent_coef": NON_NEGATIVE, "max_grad_norm": POSITIVE,
-    "target_kl": POSITIVE,
+    "target_kl": POSITIVE, "ref_kl_coef": NON_NEGATIVE, "critic_warmup_iterations": NON_NEGATIVE,
 }
 RANGES: dict[str, Range] = {
     "seed": Range(0, 2**31 - 1), "total_env_steps": AT_LEAST_1, "stop_success": FRACTION,
@@ -340,7 +375,8 @@ RANGES: dict[str, Range] = {
     "grpo.group_size": Range(2), "grpo.std_eps": POSITIVE,
     "distill.rollout_steps": AT_LEAST_1, "distill.teacher_iterations": NON_NEGATIVE,
     "distill.buffer_size": AT_LEAST_1, "distill.updates": AT_LEAST_1, "distill.batch_size": AT_LEAST_1,
-    **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill") for key, r in _OPTIM_RANGES.items()},
+    "sft.iterations": AT_LEAST_1, "sft.updates": AT_LEAST_1, "sft.batch_size": AT_LEAST_1,
+    **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill", "sft") for key, r in _OPTIM_RANGES.items()},
     "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
     "log.video_every": AT_LEAST_1,
 }
@@ -427,6 +463,21 @@ def _check_algo(cfg: TrainConfig) -> None:
             "algo=distill needs distill.teacher=PATH, a checkpoint of a state-policy run, e.g. "
             "python scripts/train.py --config configs/reach_state_ppo.yaml name=teacher, then distill.teacher=runs/teacher"
         )
+    if cfg.algo == "sft" and not cfg.sft.dataset:
+        raise ConfigError(
+            "algo=sft needs sft.dataset=DIR, a LeRobot v3.0 dataset, e.g. "
+            "python scripts/collect_demos.py --task reach --episodes 200 --out demos/reach, then sft.dataset=demos/reach"
+        )
+    if cfg.algo == "sft" and not Path(cfg.sft.dataset, "meta", "info.json").is_file():
+        raise ConfigError(f"sft.dataset={cfg.sft.dataset!r} holds no meta/info.json; give the folder of a LeRobot "
+                          "v3.0 dataset (scripts/collect_demos.py writes one)")
+    if (optim.ref_kl_coef > 0 or optim.critic_warmup_iterations > 0) and not cfg.init_from:
+        raise ConfigError(f"{cfg.algo}.optim.ref_kl_coef and critic_warmup_iterations act toward/for the policy "
+                          "init_from loads; set init_from=CHECKPOINT or leave them at 0")
+    if optim.critic_warmup_iterations > 0 and cfg.algo != "ppo":
+        raise ConfigError(f"{cfg.algo}.optim.critic_warmup_iterations needs a critic: algo=ppo")
+    if cfg.init_from and not Path(cfg.init_from).exists():
+        raise ConfigError(f"init_from={cfg.init_from!r} does not exist; give a checkpoint .pt or a run directory")
     if cfg.algo == "grpo":
         if cfg.env.kind != "sims":
             raise ConfigError("algo=grpo needs env.kind=sims (groups of G environments sharing an initial state)")
@@ -466,7 +517,7 @@ def _check_policy(cfg: TrainConfig) -> None:
 
 def algo_optim(cfg: TrainConfig) -> OptimConfig:
     """The optimiser section of the selected algorithm."""
-    return {"ppo": cfg.ppo.optim, "grpo": cfg.grpo.optim, "distill": cfg.distill.optim}[cfg.algo]
+    return {"ppo": cfg.ppo.optim, "grpo": cfg.grpo.optim, "distill": cfg.distill.optim, "sft": cfg.sft.optim}[cfg.algo]
 
 
 def check_task(env: EnvConfig) -> None:

@@ -65,7 +65,9 @@ class GRPO(Algorithm):
         self.device = setup.device
         self.policy = setup.policy
         # No critic, and advantages are already normalised per group.
-        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False))
+        self.updater = ClippedUpdate(
+            setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False), setup.reference
+        )
 
     @staticmethod
     def group_size(cfg: TrainConfig) -> int:

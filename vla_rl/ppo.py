@@ -108,6 +108,20 @@ def value_loss(
     return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
 
 
+def reference_kl(
+    reference: nn.Module, obs: TensorDict, action: torch.Tensor, log_prob: torch.Tensor
+) -> torch.Tensor:
+    """KL(pi || reference) estimated on actions sampled from (about) pi: mean of ``exp(d) - 1 - d``.
+
+    ``d = log ref(a|s) - log pi(a|s)``; the estimator is non-negative and unbiased for actions drawn
+    from pi (Schulman's "k3", as GRPO's KL term). ``log_prob`` ``[B]`` carries pi's gradient.
+    """
+    with torch.no_grad():
+        ref_log_prob = reference.evaluate(obs, action)[0]
+    d = ref_log_prob - log_prob
+    return (d.exp() - 1.0 - d).mean()
+
+
 @dataclass
 class LossWeights:
     """Terms of the total loss beyond the surrogate; GRPO sets ``vf_coef=0`` (no critic)."""
@@ -122,12 +136,17 @@ class ClippedUpdate:
 
     The batch given to :meth:`update` is a flat TensorDict ``[B]`` with ``obs`` (a sub-TensorDict),
     ``action``, ``log_prob``, ``advantage`` and, when the critic is trained, ``value`` and ``returns``.
+    With a ``reference`` policy and ``cfg.ref_kl_coef > 0`` the loss adds that weight times
+    KL(pi || reference), estimated on the batch's actions.
     """
 
-    def __init__(self, policy: nn.Module, cfg: OptimConfig, weights: LossWeights) -> None:
+    def __init__(
+        self, policy: nn.Module, cfg: OptimConfig, weights: LossWeights, reference: nn.Module | None = None
+    ) -> None:
         self.policy = policy
         self.cfg = cfg
         self.weights = weights
+        self.reference = reference if cfg.ref_kl_coef > 0 else None
         # The fused kernel does one pass over all parameters: the same update, less per-tensor overhead.
         self.params = list(policy.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5, fused=True)
@@ -143,8 +162,11 @@ class ClippedUpdate:
             group["lr"] = lr
         return lr
 
-    def update(self, batch: TensorDict) -> dict[str, float]:
-        """Run ``epochs x num_minibatches`` gradient steps over ``batch``; returns mean diagnostics."""
+    def update(self, batch: TensorDict, critic_only: bool = False) -> dict[str, float]:
+        """Run ``epochs x num_minibatches`` gradient steps over ``batch``; returns mean diagnostics.
+
+        ``critic_only``: the loss is the value loss alone (the actor's parameters get no gradient).
+        """
         cfg, w = self.cfg, self.weights
         size = batch.batch_size[0]
         mb_size = max(size // cfg.num_minibatches, 1)
@@ -164,14 +186,20 @@ class ClippedUpdate:
                 pg_loss, stats = surrogate_loss(log_prob, mb["log_prob"], adv, cfg.clip_coef)
                 entropy_loss = entropy.mean()
                 loss = pg_loss - cfg.ent_coef * entropy_loss
+                if self.reference is not None:
+                    ref_kl = reference_kl(self.reference, mb["obs"], mb["action"], log_prob)
+                    loss = loss + cfg.ref_kl_coef * ref_kl
+                    stats["ref_kl"] = ref_kl.detach()
+                if aux_loss is not None:
+                    loss = loss + aux_loss
+                    stats["aux_loss"] = aux_loss.detach()
+                if critic_only:
+                    loss = torch.zeros((), device=log_prob.device)
                 if train_critic:
                     clip = cfg.clip_coef if w.clip_value else None
                     v_loss = value_loss(value, mb["value"], mb["returns"], clip)
                     loss = loss + w.vf_coef * v_loss
                     stats["value_loss"] = v_loss.detach()
-                if aux_loss is not None:
-                    loss = loss + aux_loss
-                    stats["aux_loss"] = aux_loss.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
@@ -186,7 +214,7 @@ class ClippedUpdate:
             if stopped_early:
                 break
         out = {k: float(v) / max(steps, 1) for k, v in totals.items()}
-        if cfg.kl_adaptive_lr and cfg.target_kl is not None:
+        if cfg.kl_adaptive_lr and cfg.target_kl is not None and not critic_only:  # a frozen actor has no KL
             # rsl_rl's rule: shrink the step when the policy moved too far, grow it when it barely moved.
             if out["approx_kl"] > 2.0 * cfg.target_kl:
                 self.lr_scale = max(self.lr_scale / 1.5, 1e-3)
@@ -216,9 +244,10 @@ class PPO(Algorithm):
         self.cfg = cfg.ppo
         self.device = setup.device
         weights = LossWeights(vf_coef=self.cfg.vf_coef, clip_value=self.cfg.clip_value, norm_adv=self.cfg.norm_adv)
-        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, weights)
+        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, weights, setup.reference)
         self.policy = setup.policy
         self.reward_scaler = RewardScaler(setup.num_envs, self.cfg.gamma) if self.cfg.normalize_reward else None
+        self.critic_only = False  # this iteration trains only the critic (warm-up after init_from)
 
     def set_progress(self, fraction_done: float) -> float:
         """See :meth:`ClippedUpdate.set_progress`."""
@@ -227,6 +256,7 @@ class PPO(Algorithm):
     def collect(self, collector: Any, stats: EpisodeStats, iteration: int, timer: Timer) -> Experience:
         """``rollout_steps`` decisions of every environment, with advantages and returns (GAE)."""
         cfg = self.cfg
+        self.critic_only = iteration < cfg.optim.critic_warmup_iterations
         batch = collector.collect(self.policy, cfg.rollout_steps, timer)
         account(batch, stats, self.reward_scaler)
         advantage, returns = compute_gae(
@@ -239,8 +269,8 @@ class PPO(Algorithm):
         return Experience(flat.to(self.device), batch.numel() * chunk)
 
     def update(self, batch: TensorDict) -> dict[str, float]:
-        """Clipped surrogate, value and auxiliary losses over minibatch epochs."""
-        return self.updater.update(batch)
+        """Clipped surrogate, value and auxiliary losses over minibatch epochs (the value loss alone in warm-up)."""
+        return self.updater.update(batch, critic_only=self.critic_only) | {"critic_warmup": float(self.critic_only)}
 
     def state_dict(self) -> dict[str, Any]:
         """Optimiser, learning-rate scale and the reward normaliser."""

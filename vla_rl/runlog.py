@@ -39,16 +39,20 @@ class RunLog:
     Args:
         run_dir: The run directory (created if missing).
         cfg: The logging section.
-        total_steps: Environment steps of the whole run (the progress bar's total).
+        total_steps: The run's budget in ``unit`` (the progress bar's total).
         config: The full config as a dict (sent to wandb).
         wandb_id: The wandb run id to continue when resuming.
+        unit: What the budget counts, a metric of every row: ``env_steps`` (RL) or ``iterations`` (SFT);
+            the progress bar, the curves' x axis and wandb's step follow it.
     """
 
     def __init__(
-        self, run_dir: Path, cfg: LogConfig, total_steps: int, config: dict[str, Any], wandb_id: str | None = None
+        self, run_dir: Path, cfg: LogConfig, total_steps: int, config: dict[str, Any], wandb_id: str | None = None,
+        unit: str = "env_steps",
     ) -> None:
         self.run_dir = run_dir
         self.cfg = cfg
+        self.key = "env_steps" if unit == "env_steps" else "iteration"
         self.rows: list[dict[str, float]] = []
         self.wandb_run = None
         self.wandb_id = wandb_id
@@ -62,7 +66,8 @@ class RunLog:
                 name=run_dir.name, id=wandb_id, resume="allow" if wandb_id else None,
             )
             self.wandb_id = self.wandb_run.id
-        self.bar = tqdm(total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, disable=not cfg.progress)
+        self.bar = tqdm(total=total_steps, unit="step" if self.key == "env_steps" else "it", unit_scale=True,
+                        dynamic_ncols=True, disable=not cfg.progress)
 
     def load_rows(self, up_to_iteration: int) -> None:
         """Reload ``metrics.csv`` rows up to an iteration (a resumed run continues the same file)."""
@@ -75,13 +80,13 @@ class RunLog:
                 if parsed.get("iteration", 0) <= up_to_iteration:
                     self.rows.append(parsed)
         if self.rows:
-            self.bar.update(int(self.rows[-1].get("env_steps", 0)))
+            self.bar.update(int(self.rows[-1].get(self.key, 0)))
 
     def log(self, metrics: dict[str, float]) -> None:
         """Record one iteration's metrics; refresh the CSV, progress bar and wandb."""
         self.rows.append(dict(metrics))
         self._write_csv()
-        steps = int(metrics["env_steps"])
+        steps = int(metrics[self.key])
         self.bar.update(steps - self.bar.n)
         shown = {k.split("/")[-2] if k.startswith("eval/") else k: v for k, v in metrics.items()
                  if k in ("episode_success", "episode_return", "eval/heldout/success")}
@@ -100,7 +105,7 @@ class RunLog:
         _atomic_bytes(self.run_dir / "metrics.csv", out.getvalue().encode())
 
     def plot(self) -> Path:
-        """Draw the learning curves (return and success against environment steps) to ``curves.png``."""
+        """Draw the learning curves (return and success against the budget's unit) to ``curves.png``."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -108,14 +113,14 @@ class RunLog:
 
         fig, (ax_ret, ax_succ) = plt.subplots(1, 2, figsize=(11, 4))
         for key, label in CURVES:
-            points = [(r["env_steps"], r[key]) for r in self.rows if key in r]
+            points = [(r[self.key], r[key]) for r in self.rows if key in r]
             if not points:
                 continue
             ax = ax_ret if "return" in key else ax_succ
             xs, ys = zip(*points)
             ax.plot(xs, ys, marker="o" if key.startswith("eval") else None, ms=3, label=label)
         for ax, title in ((ax_ret, "return"), (ax_succ, "success rate")):
-            ax.set_xlabel("environment steps")
+            ax.set_xlabel("environment steps" if self.key == "env_steps" else "iterations")
             ax.set_title(title)
             ax.grid(alpha=0.3)
             if ax.lines:

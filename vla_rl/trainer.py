@@ -14,6 +14,7 @@ iteration in progress, with a checkpoint; :func:`unfinished` tells a relaunch to
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import signal
@@ -28,7 +29,15 @@ import torch
 import policies
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
-from vla_rl.config import RESUMABLE_KEYS, ConfigError, TrainConfig, diff_configs, save_yaml, to_dict
+from vla_rl.config import (
+    RESUMABLE_KEYS,
+    ConfigError,
+    TrainConfig,
+    algo_optim,
+    diff_configs,
+    save_yaml,
+    to_dict,
+)
 from vla_rl.device import resolve_device
 from vla_rl.envs import make_env
 from vla_rl.evaluate import evaluate_policy
@@ -113,7 +122,10 @@ class Trainer:
         self.action_dim = action_dim
         self.policy = policies.make_policy(cfg.policy, first_obs, action_dim).to(self.device)
         self.policy.set_instructions(list(collector.instructions))
-        self.algorithm = make_algorithm(cfg, Setup(self.policy, self.device, first_obs, action_dim, collector.num_envs))
+        reference = self._init_from(cfg.init_from) if cfg.init_from else None
+        self.budget = algorithm_class(cfg.algo).budget(cfg)
+        self.algorithm = make_algorithm(cfg, Setup(self.policy, self.device, first_obs, action_dim,
+                                                   collector.num_envs, list(collector.instructions), reference))
         self.stats = EpisodeStats.zeros(collector.num_envs)
         self.iteration = 0
         self.env_steps = 0
@@ -124,8 +136,8 @@ class Trainer:
         if state is not None:
             self._restore(state)
         self.log = RunLog(
-            self.run_dir, cfg.log, cfg.total_env_steps, self.config_dict,
-            wandb_id=state.get("wandb_id") if state else None,
+            self.run_dir, cfg.log, self.budget.total, self.config_dict,
+            wandb_id=state.get("wandb_id") if state else None, unit=self.budget.unit,
         )
         self.log.load_rows(self.iteration)
 
@@ -140,6 +152,9 @@ class Trainer:
         """
         stop = StopRequest()
         try:
+            if self.cfg.eval.at_start and self.iteration == 0 and not self.log.rows:
+                self.log.log({"iteration": 0.0, "env_steps": 0.0, **self.evaluate(record=False),
+                              "wall_time": self.wall_time()})
             with stop:
                 self._loop(stop)
         finally:
@@ -156,9 +171,9 @@ class Trainer:
     def _loop(self, stop: StopRequest) -> None:
         """Iterate (collect, update, evaluate, log, checkpoint) until done or asked to stop."""
         cfg = self.cfg
-        while self.env_steps < cfg.total_env_steps:
+        while self.budget.done(self.env_steps, self.iteration) < 1.0:
             metrics = self.step()
-            done = self.env_steps >= cfg.total_env_steps
+            done = self.budget.done(self.env_steps, self.iteration) >= 1.0
             if cfg.eval.every and (self.iteration % cfg.eval.every == 0 or done):
                 evaluation = self.evaluate(record=cfg.log.video)
                 metrics |= evaluation
@@ -180,7 +195,7 @@ class Trainer:
         """One iteration: collect experience, update the policy; returns its metrics (not logged)."""
         start = time.perf_counter()
         timer = Timer()
-        lr = self.algorithm.set_progress(self.env_steps / self.cfg.total_env_steps)
+        lr = self.algorithm.set_progress(self.budget.done(self.env_steps, self.iteration))
         experience = self.algorithm.collect(self.collector, self.stats, self.iteration, timer)
         update_start = time.perf_counter()
         metrics = self.algorithm.update(experience.batch)
@@ -199,6 +214,7 @@ class Trainer:
             "env_steps": float(self.env_steps),
             "lr": lr,
             "steps_per_s": experience.env_steps / elapsed,
+            "samples_per_s": experience.batch.batch_size[0] / elapsed,
             "time/iteration": elapsed,
         }
         return metrics
@@ -262,6 +278,26 @@ class Trainer:
             "wandb_id": self.log.wandb_id,
         }
         return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration)
+
+    def _init_from(self, path: str) -> torch.nn.Module | None:
+        """Load the policy of checkpoint ``path`` into ours; returns a frozen copy when a penalty needs it.
+
+        Raises:
+            vla_rl.checkpoint.CheckpointError: the checkpoint is unusable or its policy does not fit ours.
+        """
+        state = ckpt.load_checkpoint(path)
+        try:
+            self.policy.load_state_dict(state["policy"])
+        except RuntimeError as exc:
+            raise ckpt.CheckpointError(
+                f"init_from={path}: its policy does not fit the configured one ({exc}); use the same policy section"
+            ) from exc
+        if algo_optim(self.cfg).ref_kl_coef == 0:
+            return None
+        reference = copy.deepcopy(self.policy).eval()
+        for param in reference.parameters():
+            param.requires_grad_(False)
+        return reference
 
     def _read_resume_state(self) -> dict[str, Any]:
         path = self.ckpt_dir / ckpt.LATEST

@@ -1,0 +1,102 @@
+"""SFT on demonstrations, then RL from the SFT checkpoint: loss, success, exact loading, warm-up, KL."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from vla_rl.checkpoint import load_checkpoint
+from vla_rl.config import CONFIG_DIR, ConfigError, load_config
+from vla_rl.demos.collect import CollectConfig, collect_demos
+from vla_rl.trainer import Trainer
+
+QUIET = ["log.wandb=disabled", "log.progress=false", "log.video=false"]
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory) -> Path:
+    """Reach demonstrations with DART noise (recovery states, clean expert labels), with frames."""
+    out = tmp_path_factory.mktemp("demos") / "reach"
+    collect_demos(CollectConfig(task="reach", episodes=200, out=out, noise=0.3, num_envs=16), progress=False)
+    return out
+
+
+def _rows(run_dir: Path) -> list[dict[str, float]]:
+    with (run_dir / "metrics.csv").open() as f:
+        return [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(f)]
+
+
+def _state_job(out_dir: Path, name: str, *overrides: str):
+    return load_config(CONFIG_DIR / "reach_state_ppo.yaml",
+                       [f"out_dir={out_dir}", f"name={name}", "eval.episodes=64", *QUIET, *overrides])
+
+
+@pytest.fixture(scope="module")
+def sft_run(demos, tmp_path_factory) -> Trainer:
+    out = tmp_path_factory.mktemp("runs")
+    trainer = Trainer(_state_job(out, "sft", "algo=sft", f"sft.dataset={demos}", "sft.iterations=30",
+                                 "sft.updates=40", "sft.batch_size=128", "eval.every=30", "eval.at_start=true"))
+    trainer.train()
+    trainer.close()
+    return trainer
+
+
+def test_sft_lowers_its_loss_and_raises_success_far_above_chance(sft_run):
+    rows = _rows(sft_run.run_dir)
+    chance, final = rows[0], rows[-1]
+    assert chance["iteration"] == 0 and final["iteration"] == 30
+    nll = [r["sft_nll"] for r in rows if "sft_nll" in r]
+    assert nll[-1] < nll[0] - 2.0, nll
+    assert chance["eval/heldout/success"] < 0.2
+    assert final["eval/heldout/success"] >= 0.8 and final["eval/train/success"] >= 0.8, final
+
+
+def test_rl_from_the_sft_checkpoint_starts_at_its_success_and_warms_the_critic_up(sft_run, tmp_path):
+    sft_final = _rows(sft_run.run_dir)[-1]
+    rl = Trainer(_state_job(tmp_path, "rl", f"init_from={sft_run.run_dir}", "eval.at_start=true", "eval.every=1",
+                            "total_env_steps=4800", "checkpoint_every=1", "ppo.optim.critic_warmup_iterations=1",
+                            "ppo.optim.ref_kl_coef=0.1"))
+    sft_weights = load_checkpoint(sft_run.run_dir)["policy"]
+    for key, value in rl.policy.state_dict().items():
+        assert torch.equal(value, sft_weights[key]), key  # loading is exact
+    rl.train()
+    rl.close()
+    rows = _rows(rl.run_dir)
+    start, first = rows[0], rows[1]
+    for key in ("eval/heldout/success", "eval/train/success", "eval/heldout/return"):
+        assert start[key] == sft_final[key], key  # the RL run starts where SFT ended
+    assert first["critic_warmup"] == 1.0 and rows[2]["critic_warmup"] == 0.0
+    assert rows[2]["ref_kl"] >= 0.0
+    # After the warm-up iteration alone the actor is the SFT actor: only the critic (and the
+    # observation statistics, which move after every update) changed.
+    warm = load_checkpoint(rl.run_dir / "checkpoints" / "iter_000001.pt")["policy"]
+    changed = {k for k in warm if not torch.equal(warm[k], sft_weights[k])}
+    assert changed and all(k.startswith(("critic", "value", "normalizer")) for k in changed), changed
+    assert any(k.startswith("value") for k in changed)
+
+
+def test_sft_of_the_default_vla_lowers_its_loss_on_pixels(demos, tmp_path):
+    cfg = load_config(CONFIG_DIR / "default.yaml", [f"out_dir={tmp_path}", "name=vla", "algo=sft",
+                                                    f"sft.dataset={demos}", "sft.iterations=4", "sft.updates=10",
+                                                    "sft.batch_size=64", "eval.every=0", *QUIET])
+    trainer = Trainer(cfg)
+    trainer.train()
+    trainer.close()
+    rows = _rows(trainer.run_dir)
+    assert rows[-1]["sft_nll"] < rows[0]["sft_nll"] and "aux_loss" in rows[0]
+
+
+def test_sft_and_init_from_refuse_bad_input(tmp_path, demos):
+    with pytest.raises(ConfigError, match=r"algo=sft needs sft\.dataset"):
+        _state_job(tmp_path, "x", "algo=sft")
+    with pytest.raises(ConfigError, match=r"holds no meta/info\.json"):
+        _state_job(tmp_path, "x", "algo=sft", f"sft.dataset={tmp_path}")
+    with pytest.raises(ConfigError, match=r"init_from=.* does not exist"):
+        _state_job(tmp_path, "x", f"init_from={tmp_path / 'nothing'}")
+    with pytest.raises(ConfigError, match="ref_kl_coef and critic_warmup_iterations"):
+        _state_job(tmp_path, "x", "ppo.optim.ref_kl_coef=0.1")
+    with pytest.raises(ConfigError, match="does not issue"):
+        Trainer(_state_job(tmp_path, "x", "algo=sft", f"sft.dataset={demos}", "env.task=push"))

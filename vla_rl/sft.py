@@ -1,0 +1,113 @@
+"""Supervised fine-tuning (behaviour cloning) of a policy on a demonstration dataset.
+
+Each iteration draws ``sft.updates x sft.batch_size`` frames uniformly from a LeRobot v3.0 dataset
+(:class:`vla_rl.demos.reader.DemoDataset`, frames decoded once into memory) with the trainer's torch
+RNG, so a resumed run draws the same frames, and takes ``sft.updates`` gradient steps that maximise
+the policy's log-likelihood of the recorded actions: a Gaussian head's negative log-likelihood, a
+binned head's cross-entropy over bins (the same ``log_prob``), summed over the K actions of a chunk
+(``policy.head.chunk=K``: the next K recorded actions, the last one repeated past an episode's end).
+The policy's auxiliary perception losses are added where the dataset carries their targets
+(``goal_pixel``, ``state``). The trainer evaluates SFT runs in the environment exactly as RL runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from vla_rl.algorithm import Algorithm, Budget, Experience, Setup
+from vla_rl.config import ConfigError, TrainConfig
+from vla_rl.demos.reader import DatasetError, DemoDataset
+from vla_rl.ppo import ClippedUpdate, LossWeights
+from vla_rl.rollout import EpisodeStats, Timer
+
+OBS_KEYS = ("rgb", "proprio", "instruction", "task", "state", "goal_pixel")
+"""Dataset keys that are observations (those present are handed to the policy)."""
+
+
+def load_dataset(cfg: TrainConfig, instructions: list[str]) -> tuple[DemoDataset, torch.Tensor]:
+    """The run's dataset and the map from its task indices to ``instructions`` (the env's table).
+
+    Raises:
+        ConfigError: the dataset is unreadable, or names an instruction the environment does not know.
+    """
+    head = getattr(cfg.policy, "head", None)
+    chunk = getattr(head, "chunk", 1)
+    cameras = list(cfg.env.cameras) if getattr(cfg.policy, "image_key", None) else []
+    try:
+        data = DemoDataset(cfg.sft.dataset, action_chunk=chunk if chunk > 1 else None, cameras=cameras,
+                           image_size=cfg.env.image_size if cameras else None)
+    except (DatasetError, ValueError) as exc:
+        raise ConfigError(f"sft.dataset={cfg.sft.dataset!r}: {exc}") from exc
+    index = {text: i for i, text in enumerate(instructions)}
+    unknown = [t for t in data.instructions if t not in index]
+    if unknown:
+        raise ConfigError(
+            f"sft.dataset={cfg.sft.dataset!r} has {len(unknown)} instruction(s) that env.task={cfg.env.task!r} "
+            f"does not issue, e.g. {unknown[0]!r}; record the demonstrations on the same task and instruction set"
+        )
+    return data, torch.tensor([index[t] for t in data.instructions], dtype=torch.int64)
+
+
+class SFT(Algorithm):
+    """Behaviour cloning on demonstrations, behind the trainer's algorithm interface."""
+
+    name = "sft"
+
+    def __init__(self, cfg: TrainConfig, setup: Setup) -> None:
+        self.cfg = cfg.sft
+        self.device = setup.device
+        self.policy = setup.policy
+        self.data, self.instruction_map = load_dataset(cfg, setup.instructions)
+        # ClippedUpdate serves for its optimiser and learning-rate schedule; the loss is the NLL below.
+        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False))
+
+    @staticmethod
+    def budget(cfg: TrainConfig) -> Budget:
+        """``sft.iterations`` iterations."""
+        return Budget("iterations", cfg.sft.iterations)
+
+    def set_progress(self, fraction_done: float) -> float:
+        """See :meth:`ClippedUpdate.set_progress`."""
+        return self.updater.set_progress(fraction_done)
+
+    def collect(self, collector: Any, stats: EpisodeStats, iteration: int, timer: Timer) -> Experience:
+        """This iteration's frames ``[updates * batch_size]``: ``obs`` and the labels ``action``."""
+        size = self.cfg.updates * self.cfg.batch_size
+        frames = self.data.batch(torch.randint(0, len(self.data), (size,)))
+        obs = frames.select(*(k for k in OBS_KEYS if k in frames))
+        obs["instruction"] = self.instruction_map[obs["instruction"]]
+        batch = TensorDict({"obs": obs, "action": frames["action"]}, batch_size=[size])
+        return Experience(batch.to(self.device), 0, {"sft/dataset_frames": float(len(self.data))})
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """``updates`` gradient steps on consecutive slices of ``batch``; mean NLL, auxiliary loss, grad norm."""
+        totals: dict[str, float] = {}
+        params = self.updater.params
+        optimizer = self.updater.optimizer
+        for start in range(0, batch.batch_size[0], self.cfg.batch_size):
+            mb = batch[start : start + self.cfg.batch_size]
+            log_prob, entropy, _, aux = self.policy.evaluate_terms(mb["obs"], mb["action"])
+            nll = -log_prob.mean()
+            loss = nll if aux is None else nll + aux
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
+            optimizer.step()
+            step = {"sft_nll": nll, "entropy": entropy.mean(), "grad_norm": grad_norm}
+            if aux is not None:
+                step["aux_loss"] = aux
+            for key, value in step.items():
+                totals[key] = totals.get(key, 0.0) + float(value.detach())
+        return {k: v / self.cfg.updates for k, v in totals.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimiser and learning-rate scale (the frames drawn follow the checkpointed torch RNG)."""
+        return {"updater": self.updater.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.updater.load_state_dict(state["updater"])
