@@ -1,8 +1,19 @@
 #!/usr/bin/env python
-"""Evaluate a checkpoint: ``python scripts/eval.py --checkpoint PATH [--instructions heldout|train] [--episodes N] [--device cpu|cuda|cuda:N]``.
+"""Evaluate a checkpoint on fresh episodes of one split, with 95 % Wilson intervals.
 
-Prints the success rate (overall and per task) of the deterministic policy on the chosen
-instruction set; ``--video PATH`` saves environment 0's first episode, ``--json PATH`` the figures.
+    python scripts/eval.py --checkpoint runs/NAME --split paraphrase --episodes 512 --json out.json
+    python scripts/eval.py --checkpoint runs/NAME --split composition
+    python scripts/eval.py --checkpoint runs/NAME --task reach --instruction "hover above the {a}" --instruction "find the {a}"
+    python scripts/eval.py --checkpoint runs/NAME --instructions-file my_templates.txt --task lift
+
+Splits (``sims``): ``train``, ``validation`` (what may stop a run), and the test splits
+``paraphrase`` (held-out templates) and ``composition`` (task x colour x object combinations never
+instructed in training), each from its own seed stream. ``--instruction`` (repeatable) and
+``--instructions-file`` (one template per line) replace the split's instructions: ``{a}`` and
+``{b}`` are filled with each episode's entities ("red block"), and success is the task's own
+predicate, so give templates that describe ``--task``. Prints success overall, per task and per
+instruction; ``--json PATH`` writes ``{machine, config, results}``; ``--video PATH`` saves
+environment 0's first episode.
 """
 
 from __future__ import annotations
@@ -10,25 +21,59 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
+from bench_report import machine_info
+
+from sims.tasks import SPLITS
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
 from vla_rl.evaluate import evaluate_checkpoint
 from vla_rl.runlog import upscale
 
 
+def _templates(args: argparse.Namespace) -> list[str]:
+    templates = list(args.instruction or [])
+    if args.instructions_file is not None:
+        lines = args.instructions_file.read_text().splitlines()
+        templates += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    for template in templates:
+        try:
+            template.format(a="x", b="y")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"instruction template {template!r} may use only {{a}} and {{b}} ({exc})") from exc
+    return templates
+
+
+def _print(report: dict, title: str) -> None:
+    def line(name: str, r: dict) -> str:
+        low, high = r["ci95"]
+        return f"  {name:44.44s} {r['success']:6.1%}  [{low:.1%}, {high:.1%}]  n={r['episodes']}"
+
+    print(title)
+    print(line("all", report))
+    for name, r in report["tasks"].items():
+        print(line(f"task {name}", r))
+    for text, r in list(report["instructions"].items())[:40]:
+        print(line(f"'{text}'", r))
+    if len(report["instructions"]) > 40:
+        print(f"  ... {len(report['instructions']) - 40} more instructions (all in --json)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, evaluate, print (and optionally write) the figures; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
-    parser.add_argument("--instructions", choices=("heldout", "train"), default="heldout")
+    parser.add_argument("--split", choices=SPLITS, default="paraphrase", help="episodes' split (default: paraphrase)")
+    parser.add_argument("--instruction", action="append", metavar="TEXT", help="an instruction template (repeatable)")
+    parser.add_argument("--instructions-file", type=Path, default=None, help="instruction templates, one per line")
+    parser.add_argument("--task", default=None, help="evaluate this task of a multi-task run")
     parser.add_argument("--episodes", type=int, default=None, help="episodes (default: the run's eval.episodes)")
     parser.add_argument("--num-envs", type=int, default=None, help="parallel environments")
     parser.add_argument("--seed", type=int, default=None, help="reset seed (default: the run's evaluation seed)")
@@ -39,30 +84,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.episodes is not None and args.episodes < 1:
         parser.error("--episodes must be at least 1")
     try:
-        metrics, cfg, frames = evaluate_checkpoint(
-            args.checkpoint, args.instructions, args.episodes, args.num_envs, args.seed, device=args.device
-        )
-    except (CheckpointError, ConfigError, ValueError) as exc:
+        templates = _templates(args)
+        result = evaluate_checkpoint(args.checkpoint, args.split, args.episodes, args.num_envs, args.seed,
+                                     device=args.device, templates=templates or None, task=args.task,
+                                     record=args.video is not None)
+    except (CheckpointError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{cfg.env.task} ({args.instructions} instructions), {metrics['episodes']:.0f} episodes:")
-    for key, value in metrics.items():
-        print(f"  {key:24s} {value:.3f}")
-    if args.video and frames:
+    cfg = result.config
+    report = result.report()
+    seed = args.seed if args.seed is not None else cfg.seed + 7919
+    source = "custom instructions" if templates else f"the {args.split} split"
+    _print(report, f"{args.task or cfg.env.task}: {report['episodes']} episodes of {source} (seed {seed}):")
+    if args.video and result.frames:
         import imageio.v2 as iio
 
-        iio.mimwrite(args.video, [upscale(f) for f in frames], **({"fps": 20} if args.video.suffix == ".mp4" else {"duration": 50}))
+        iio.mimwrite(args.video, [upscale(f) for f in result.frames],
+                     **({"fps": 20} if args.video.suffix == ".mp4" else {"duration": 50}))
         print(f"video: {args.video}")
     if args.json:
-        import torch
-
         out = {
-            "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "torch": torch.__version__},
-            "config": {
-                "checkpoint": str(args.checkpoint), "instructions": args.instructions, "task": cfg.env.task,
-                "device": args.device,
-            },
-            "results": {k.replace("/", "_"): v for k, v in metrics.items()},
+            "machine": machine_info(),
+            "config": {"checkpoint": str(args.checkpoint), "split": args.split, "task": args.task or cfg.env.task,
+                       "templates": templates, "episodes": report["episodes"], "seed": seed,
+                       "num_envs": args.num_envs or cfg.eval.num_envs, "device": args.device},
+            "results": report | {"steps_per_s": result.steps_per_s},
         }
         args.json.write_text(json.dumps(out, indent=2))
     return 0

@@ -26,6 +26,7 @@ import sims
 from sims.experts import ScriptedExpert
 from sims.render import RenderConfig
 from sims.scene import CAMERAS
+from sims.tasks import SPLITS
 from sims.vec_env import ACTION_DIM, make_vec_env
 
 CONTROL_FPS = 25  # one frame per control step of 40 ms: real time
@@ -40,13 +41,13 @@ def main() -> None:
     parser.add_argument("--camera", default="front", choices=CAMERAS)
     parser.add_argument("--envs", type=int, default=1, help="environments tiled side by side")
     parser.add_argument("--policy", default="expert", choices=["expert", "random"])
-    parser.add_argument("--instructions", default="train", choices=["train", "heldout"])
+    parser.add_argument("--split", default="train", choices=list(SPLITS))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.out.suffix not in (".mp4", ".gif"):
         parser.error(f"--out {args.out}: the file must end in .mp4 or .gif")
 
-    env = make_vec_env(args.task, args.envs, seed=args.seed, instructions=args.instructions, num_threads=1,
+    env = make_vec_env(args.task, args.envs, seed=args.seed, split=args.split, num_threads=1,
                        render=RenderConfig(width=args.size, height=args.size, cameras=(args.camera,)))
     expert = ScriptedExpert(env)
     rng = np.random.default_rng(args.seed)

@@ -22,7 +22,7 @@ class SingleEnv(gym.Env):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 25}
 
-    def __init__(self, task: str = "reach", instructions: str = "train", render_mode: str | None = None,
+    def __init__(self, task: str = "reach", split: str = "train", render_mode: str | None = None,
                  render: RenderConfig | bool | None = None, backend: str = "batch"):
         """Args: task name or "suite"; instruction set; gymnasium render mode; camera observations; backend."""
         if render_mode not in (None, "rgb_array"):
@@ -30,7 +30,7 @@ class SingleEnv(gym.Env):
         self.render_mode = render_mode
         if render_mode == "rgb_array" and not render:
             render = RenderConfig(width=128, height=128)
-        self._vec = make_vec_env(task, 1, instructions=instructions, render=render, backend=backend,
+        self._vec = make_vec_env(task, 1, split=split, render=render, backend=backend,
                                  num_threads=1)
         self.observation_space = self._vec.single_observation_space
         self.action_space = self._vec.single_action_space

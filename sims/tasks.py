@@ -115,7 +115,50 @@ TASKS: dict[str, Task] = {
     )
 }
 TASK_NAMES = tuple(TASKS)
-INSTRUCTION_SETS = ("train", "heldout")
+
+SPLITS = ("train", "validation", "paraphrase", "composition")
+"""Episode splits. ``train``: the training templates on the training seed stream (demonstrations
+and RL). ``validation``: the same templates on another seed stream (the only split that may stop
+a run or pick a checkpoint). ``paraphrase``: the held-out templates on a test stream.
+``composition``: training templates naming a (task, entity, colour) combination that no other
+split ever instructs (:func:`held_out_colours`), on a test stream. The four streams are disjoint."""
+_TEMPLATES = {"train": "train", "validation": "train", "paraphrase": "heldout", "composition": "train"}
+_STREAM = {"train": (), "validation": (1,), "paraphrase": (2,), "composition": (3,)}
+
+
+_NOUNS = tuple(dict.fromkeys(ENTITY_NOUNS))
+
+
+def held_out_colours(task: str, entity: int) -> tuple[int, ...]:
+    """Colours (palette indices) in which ``task`` never names ``entity`` outside the composition split.
+
+    The combination is of words: task, colour and noun (the three cubes share "block"), two of
+    the nine colours per (task, noun), shifted across tasks and nouns, so that every colour word,
+    every noun and every task still appears in training, only not together. Uncoloured entities
+    (the drawer handle) have none.
+    """
+    if entity >= NUM_COLOURED:
+        return ()
+    first = (2 * TASK_NAMES.index(task) + 3 * _NOUNS.index(ENTITY_NOUNS[entity])) % len(COLOUR_NAMES)
+    return first, (first + 4) % len(COLOUR_NAMES)
+
+
+def composition_tasks(task_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The tasks of ``task_names`` that have composition combinations (all but drawer)."""
+    return tuple(t for t in task_names if any(held_out_colours(t, e) for e in TASKS[t].a_choices))
+
+
+def check_split(split: str, task_names: tuple[str, ...]) -> None:
+    """Raise ValueError naming the valid splits, or why ``split`` cannot run on these tasks."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+    if split == "composition" and not composition_tasks(task_names):
+        raise ValueError(f"tasks {list(task_names)} name no coloured entity, so they have no composition split")
+
+
+def episode_rng(seed: int, group: int, episode: int, split: str) -> np.random.Generator:
+    """The generator of episode ``episode`` of environment group ``group``: one disjoint stream per split."""
+    return np.random.default_rng([seed, group, episode, *_STREAM[split]])
 
 
 def resolve_tasks(task: str) -> tuple[str, ...]:
@@ -131,26 +174,34 @@ def resolve_tasks(task: str) -> tuple[str, ...]:
     return (task,)
 
 
-def _phrase(entity: int, colour: int) -> str:
+def entity_phrase(entity: int, colour: int) -> str:
+    """How an instruction names ``entity`` in palette colour ``colour``: "red block", "drawer"."""
     noun = ENTITY_NOUNS[entity]
     return noun if entity == HANDLE else f"{COLOUR_NAMES[colour]} {noun}"
 
 
-def instruction_table(task_names: tuple[str, ...], which: str) -> list[str]:
-    """Every instruction string the tasks can issue from instruction set ``which``, sorted.
+def _allowed(task: str, entity: int, colour: int, split: str) -> bool:
+    """Whether ``split`` may name ``entity`` of ``task`` in ``colour`` (composition: only held-out ones)."""
+    held = colour in held_out_colours(task, entity)
+    return held if split == "composition" else not held
+
+
+def instruction_table(task_names: tuple[str, ...], split: str) -> list[str]:
+    """Every instruction string the tasks can issue in ``split``, sorted.
 
     Raises:
-        ValueError: ``which`` is not "train" or "heldout".
+        ValueError: an unknown split, or ``composition`` for tasks without coloured entities.
     """
-    if which not in INSTRUCTION_SETS:
-        raise ValueError(f"unknown instruction set {which!r}; use one of {INSTRUCTION_SETS}")
+    check_split(split, task_names)
+    if split == "composition":
+        task_names = composition_tasks(task_names)
     strings: set[str] = set()
     colours = range(len(COLOUR_NAMES))
     for name in task_names:
         task = TASKS[name]
-        a_phrases = {_phrase(e, c) for e in task.a_choices for c in colours}
-        b_phrases = {_phrase(e, c) for e in task.b_choices for c in colours} or {""}
-        for template in task.templates(which):
+        a_phrases = {entity_phrase(e, c) for e in task.a_choices for c in colours if _allowed(name, e, c, split)}
+        b_phrases = {entity_phrase(e, c) for e in task.b_choices for c in colours} or {""}
+        for template in task.templates(_TEMPLATES[split]):
             strings.update(template.format(a=a, b=b) for a in a_phrases for b in b_phrases)
     return sorted(strings)
 
@@ -177,24 +228,41 @@ class Episode:
     mocap_pos: np.ndarray
 
 
-def sample_episode(rng: np.random.Generator, task_names: tuple[str, ...], which: str,
+def _colours_for(rng: np.random.Generator, task: str, a: int, split: str) -> np.ndarray:
+    """Distinct colours of every coloured entity, with ``a``'s colour allowed in ``split``."""
+    # Distinct colours across objects, pads and buttons: the colour word of an instruction then
+    # picks out one thing in view (a red pad beside the red block made reach a shape
+    # discrimination at 3-5 pixels per object, which pixels-to-action RL did not learn).
+    colours = rng.choice(len(COLOUR_NAMES), NUM_COLOURED, replace=False)
+    if a >= NUM_COLOURED:
+        return colours
+    allowed = [c for c in range(len(COLOUR_NAMES)) if _allowed(task, a, c, split)]
+    if int(colours[a]) not in allowed:  # swap a's colour with the entity that wears an allowed one
+        want = allowed[int(rng.integers(len(allowed)))]
+        other = int(np.flatnonzero(colours == want)[0])
+        colours[a], colours[other] = want, colours[a]
+    return colours
+
+
+def sample_episode(rng: np.random.Generator, task_names: tuple[str, ...], split: str,
                    layout: S.SceneLayout, nmocap: int) -> Episode:
-    """Sample an episode: task, layout, colours, instruction paraphrase, arm start."""
-    task_idx = int(rng.integers(len(task_names)))
-    task = TASKS[task_names[task_idx]]
+    """Sample an episode of ``split``: task, layout, colours, instruction paraphrase, arm start."""
+    choices = composition_tasks(task_names) if split == "composition" else task_names
+    name = choices[int(rng.integers(len(choices)))]
+    task_idx, task = task_names.index(name), TASKS[name]
     n_placed = NUM_OBJECTS + S.NUM_PADS + S.NUM_BUTTONS
     cells = _CELLS[rng.choice(len(_CELLS), n_placed, replace=False)]
     cells = cells + rng.uniform(-_JITTER, _JITTER, cells.shape)
-    # Distinct colours across objects, pads and buttons: the colour word of an instruction
-    # then picks out one thing in view (a red pad beside the red block made reach a shape
-    # discrimination at 3-5 pixels per object, which pixels-to-action RL did not learn).
-    colours = rng.choice(len(COLOUR_NAMES), NUM_COLOURED, replace=False)
-    a = int(rng.choice(task.a_choices))
+    a_choices = task.a_choices
+    if split == "composition":
+        a_choices = tuple(e for e in a_choices if held_out_colours(name, e))
+    a = int(rng.choice(a_choices))
+    colours = _colours_for(rng, name, a, split)
     b = int(rng.choice([e for e in task.b_choices if e != a])) if task.b_choices else a
-    templates = task.templates(which)
+    templates = task.templates(_TEMPLATES[split])
     template = templates[int(rng.integers(len(templates)))]
-    text = template.format(a=_phrase(a, int(colours[a]) if a < NUM_COLOURED else 0),
-                           b=_phrase(b, int(colours[b]) if b < NUM_COLOURED else 0))
+    text = template.format(a=entity_phrase(a, int(colours[a]) if a < NUM_COLOURED else 0),
+                           b=entity_phrase(b, int(colours[b]) if b < NUM_COLOURED else 0))
 
     qpos = layout.qpos0.copy()
     qpos[layout.arm_qpos] = (*rng.uniform(-0.05, 0.05, 2), 0.0)

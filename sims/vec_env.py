@@ -32,7 +32,9 @@ class EnvConfig:
         task: a task name or ``"suite"`` (a task sampled per environment and episode).
         num_envs: number of environments N.
         seed: base seed; episode k of group g is sampled from ``(seed, g, k)``.
-        instructions: instruction paraphrase set, ``"train"`` or ``"heldout"``.
+        split: the episodes' split (:data:`sims.tasks.SPLITS`): ``train``, ``validation``,
+            ``paraphrase`` (held-out templates) or ``composition`` (held-out task x entity x colour
+            combinations); each draws from its own seed stream.
         render: camera observations (None: state only).
         backend: ``"batch"`` (mujoco.batch, CPU threads), ``"mjx"`` or ``"mjx-warp"``.
         group_size: consecutive groups of this many environments share every episode's initial
@@ -49,7 +51,7 @@ class EnvConfig:
     task: str = "reach"
     num_envs: int = 16
     seed: int = 0
-    instructions: str = "train"
+    split: str = "train"
     render: RenderConfig | None = None
     backend: str = "batch"
     group_size: int = 1
@@ -66,8 +68,7 @@ class EnvConfig:
             ValueError: a field out of range, naming the field and the valid values.
         """
         task_names = T.resolve_tasks(self.task)
-        if self.instructions not in T.INSTRUCTION_SETS:
-            raise ValueError(f"instructions={self.instructions!r}; use one of {T.INSTRUCTION_SETS}")
+        T.check_split(self.split, task_names)
         if self.backend not in (*BACKENDS, "mjx-warp"):
             raise ValueError(f"backend={self.backend!r}; valid backends: batch, mjx, mjx-warp")
         if self.num_envs < 1:
@@ -104,7 +105,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self.task_names: tuple[str, ...] = config.validate()
         self.model, self.layout = S.build_model()
         self.num_envs = config.num_envs
-        self.instructions: list[str] = T.instruction_table(self.task_names, config.instructions)
+        self.instructions: list[str] = T.instruction_table(self.task_names, config.split)
         self._instruction_index = {s: i for i, s in enumerate(self.instructions)}
         self._backend = make_backend(config.backend, self.model, self.num_envs, config.frame_skip,
                                      config.num_threads)
@@ -158,8 +159,8 @@ class SimVectorEnv(gym.vector.VectorEnv):
         mocap = np.empty((len(ids), nmocap, 3))
         for k, i in enumerate(ids):
             group = (self.config.env_offset + i) // self.config.group_size
-            rng = np.random.default_rng([self._seed, group, int(self._episode[i])])
-            ep = T.sample_episode(rng, self.task_names, self.config.instructions, self.layout, nmocap)
+            rng = T.episode_rng(self._seed, group, int(self._episode[i]), self.config.split)
+            ep = T.sample_episode(rng, self.task_names, self.config.split, self.layout, nmocap)
             self._task[i], self._a[i], self._b[i] = ep.task, ep.a, ep.b
             self._colours[i] = ep.colours
             self._instruction[i] = self._instruction_index[ep.text]
@@ -272,6 +273,12 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self._obs = self._observe()[0]
         return {k: v.copy() for k, v in self._obs.items()}
 
+    def entity_phrases(self) -> list[tuple[str, str]]:
+        """Each environment's current episode's entities as instructions name them, ``("red block", "blue target")``."""
+        return [(T.entity_phrase(int(a), int(c[a]) if a < T.NUM_COLOURED else 0),
+                 T.entity_phrase(int(b), int(c[b]) if b < T.NUM_COLOURED else 0))
+                for a, b, c in zip(self._a, self._b, self._colours)]
+
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS = ("_task", "_a", "_b", "_instruction", "_colours", "_steps", "_episode")
 
@@ -360,7 +367,7 @@ def _obs_td(obs: dict[str, np.ndarray], n: int):
     return TensorDict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in obs.items()}, batch_size=[n])
 
 
-def make_vec_env(task: str, num_envs: int, *, seed: int = 0, instructions: str = "train",
+def make_vec_env(task: str, num_envs: int, *, seed: int = 0, split: str = "train",
                  render: RenderConfig | bool | None = None, backend: str = "batch", group_size: int = 1,
                  **kwargs: Any) -> SimVectorEnv:
     """Create N environments of ``task`` (a task name or ``"suite"``); see :class:`EnvConfig`.
@@ -372,6 +379,6 @@ def make_vec_env(task: str, num_envs: int, *, seed: int = 0, instructions: str =
         render = RenderConfig()
     elif render is False:
         render = None
-    config = replace(EnvConfig(), task=task, num_envs=num_envs, seed=seed, instructions=instructions,
+    config = replace(EnvConfig(), task=task, num_envs=num_envs, seed=seed, split=split,
                      render=render, backend=backend, group_size=group_size, **kwargs)
     return SimVectorEnv(config)

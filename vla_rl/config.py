@@ -185,16 +185,19 @@ class LogConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation of the deterministic policy on train and held-out instructions."""
+    """Evaluation of the deterministic policy during training, on the splits of ``sims.tasks.SPLITS``."""
 
     every: int = 10
     """Evaluate every this many iterations (and after the last one); 0 disables periodic evaluation."""
     episodes: int = 32
-    """Episodes per instruction set."""
+    """Episodes per split."""
     num_envs: int = 32
     """Environments stepped in parallel during evaluation."""
-    sets: tuple[str, ...] = ("train", "heldout")
-    """Instruction sets evaluated (``sims`` only; gymnasium tasks have one)."""
+    splits: tuple[str, ...] = ("train", "validation")
+    """Splits evaluated during training (``sims`` only; gymnasium tasks have one): ``train``,
+    ``validation`` (the only split ``stop_success`` reads), and the test splits ``paraphrase`` and
+    ``composition``, whose figures are for curves only — quote them from ``scripts/eval.py`` on
+    fresh episodes, never from a run that could have been tuned on them."""
     at_start: bool = False
     """Also evaluate before the first iteration (iteration 0): what a policy loaded with ``init_from`` starts at."""
 
@@ -218,7 +221,7 @@ class TrainConfig:
     total_env_steps: int = 200_000
     """Stop after this many environment steps (summed over environments)."""
     stop_success: float | None = None
-    """Also stop once held-out evaluation success reaches this fraction (``None``: never)."""
+    """Also stop once evaluation success on the ``validation`` split reaches this fraction (``None``: never)."""
     checkpoint_every: int = 10
     """Save a checkpoint every this many iterations (and after the last one)."""
     torch_threads: int = 1
@@ -408,11 +411,15 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"device={cfg.device!r} is not a torch device; valid: cpu, cuda, cuda:N, mps")
     if not cfg.log.wandb_project:
         raise ConfigError("log.wandb_project must not be empty (default: vla-rl)")
-    bad_sets = sorted(set(cfg.eval.sets) - {"train", "heldout"})
-    if bad_sets:
-        raise ConfigError(f"eval.sets has unknown instruction set(s) {bad_sets}; valid: train, heldout")
-    if not cfg.eval.sets:
-        raise ConfigError("eval.sets is empty; valid: train, heldout (one or both)")
+    from sims.tasks import SPLITS
+
+    bad_splits = sorted(set(cfg.eval.splits) - set(SPLITS))
+    if bad_splits:
+        raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(SPLITS)}")
+    if not cfg.eval.splits:
+        raise ConfigError(f"eval.splits is empty; valid: {', '.join(SPLITS)}")
+    if cfg.env.kind == "sims" and cfg.stop_success is not None and "validation" not in cfg.eval.splits:
+        raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
     check_task(cfg.env)
     if cfg.env.kind == "sims":
         _check_sims_env(cfg.env)

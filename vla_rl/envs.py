@@ -210,7 +210,7 @@ def make_env(
     *,
     seed: int,
     num_envs: int | None = None,
-    instructions: str = "train",
+    split: str = "train",
     group_size: int = 1,
     video: bool = False,
     env_offset: int = 0,
@@ -222,7 +222,7 @@ def make_env(
         cfg: The environment section of the run config.
         seed: Seed of a ``sims`` env's episode streams (gymnasium envs are seeded by the first ``reset_td(seed)``).
         num_envs: Number of environments; default ``cfg.num_envs``.
-        instructions: Instruction set (``train`` or ``heldout``) for ``sims`` tasks.
+        split: Episode split of ``sims`` tasks (``sims.tasks.SPLITS``: train, validation, paraphrase, composition).
         group_size: Consecutive environments sharing each episode's initial state (GRPO).
         video: Gymnasium tasks only: render ``rgb_array`` frames for evaluation videos
             (``sims`` videos come from the camera observation).
@@ -234,7 +234,7 @@ def make_env(
     if cfg.kind == "sims":
         import sims
 
-        kwargs: dict[str, Any] = {"seed": seed, "instructions": instructions, "backend": cfg.backend}
+        kwargs: dict[str, Any] = {"seed": seed, "split": split, "backend": cfg.backend}
         if cfg.render:
             kwargs["render"] = sims.RenderConfig(
                 height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras), depth=cfg.depth,

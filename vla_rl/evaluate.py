@@ -1,14 +1,19 @@
-"""Evaluation: the deterministic policy over a fixed number of episodes, per task, with a video.
+"""Evaluation: the deterministic policy over a fixed number of episodes, per task and instruction.
 
 Each environment ``i`` of ``N`` contributes exactly its first ``episodes // N`` (+1 for the
 first ``episodes % N``) episodes, so short successful episodes are not over-counted. The
 environment is reset with the same seed at every evaluation, so successive evaluations of one
-run face the same initial states and instructions and their curves are comparable.
+run face the same initial states and instructions and their curves are comparable. Episodes
+come from one split of ``sims.tasks.SPLITS``; the test splits (``paraphrase``, ``composition``)
+draw from seed streams that training and validation never touch. Success rates are reported with
+95 % Wilson score intervals (:func:`wilson_interval`).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +32,29 @@ def _frame(env: Any, obs: TensorDict) -> np.ndarray | None:
     return render() if render is not None else None
 
 
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (95 % for ``z=1.96``); ``(0, 1)`` for ``n=0``."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class Episode:
+    """One evaluated episode: its task and instruction indices, return, length and success."""
+
+    task: int
+    instruction: int
+    ret: float
+    length: int
+    success: bool
+
+
 @torch.no_grad()
-def evaluate_policy(
+def run_episodes(
     policy: nn.Module,
     env: Any,
     episodes: int,
@@ -36,7 +62,7 @@ def evaluate_policy(
     device: torch.device | str = "cpu",
     record: bool = False,
     max_decisions: int = 100_000,
-) -> tuple[dict[str, float], list[np.ndarray]]:
+) -> tuple[list[Episode], list[np.ndarray], float]:
     """Run the policy's mode action until every environment has finished its quota of episodes.
 
     Args:
@@ -49,8 +75,7 @@ def evaluate_policy(
         max_decisions: Safety bound on the number of decisions.
 
     Returns:
-        Metrics (``success``, ``return``, ``length``, ``success/<task>`` per task, ``episodes``,
-        ``steps_per_s``) and the recorded frames.
+        The episodes, environment 0's frames, and environment steps per second.
     """
     n = env.num_envs
     quota = torch.tensor([episodes // n + (i < episodes % n) for i in range(n)])
@@ -58,7 +83,7 @@ def evaluate_policy(
     ret = torch.zeros(n)
     length = torch.zeros(n, dtype=torch.int64)
     succeeded = torch.zeros(n, dtype=torch.bool)
-    results: list[tuple[int, float, int, bool]] = []  # task, return, length, success
+    results: list[Episode] = []
     frames: list[np.ndarray] = []
     recording = record
     obs = env.reset_td(seed=seed)
@@ -67,7 +92,7 @@ def evaluate_policy(
     for _ in range(max_decisions):
         if bool((counted >= quota).all()):
             break
-        task = obs["task"].clone()
+        task, instruction = obs["task"].clone(), obs["instruction"].clone()
         if recording and (frame := _frame(env, obs)) is not None:
             frames.append(frame)
         action = policy.act(obs.to(device), deterministic=True)["action"].cpu()
@@ -81,7 +106,8 @@ def evaluate_policy(
             succeeded |= step["success"]
             for i in torch.nonzero(~live).flatten().tolist():
                 if counted[i] < quota[i]:
-                    results.append((int(task[i]), float(ret[i]), int(length[i]), bool(succeeded[i])))
+                    results.append(Episode(int(task[i]), int(instruction[i]), float(ret[i]), int(length[i]),
+                                           bool(succeeded[i])))
                     counted[i] += 1
                 if i == 0 and recording:
                     recording = False
@@ -95,62 +121,157 @@ def evaluate_policy(
     elapsed = time.perf_counter() - start
     if not results:
         raise RuntimeError(f"evaluation finished no episode within {max_decisions} decisions")
+    return results, frames, env_steps / max(elapsed, 1e-9)
+
+
+def summarise(results: list[Episode], task_names: list[str]) -> dict[str, float]:
+    """``success``, ``return``, ``length``, ``episodes`` and ``success/<task>`` (with several tasks)."""
     metrics = {
-        "success": float(np.mean([r[3] for r in results])),
-        "return": float(np.mean([r[1] for r in results])),
-        "length": float(np.mean([r[2] for r in results])),
+        "success": float(np.mean([r.success for r in results])),
+        "return": float(np.mean([r.ret for r in results])),
+        "length": float(np.mean([r.length for r in results])),
         "episodes": float(len(results)),
-        "steps_per_s": env_steps / max(elapsed, 1e-9),
     }
-    names = list(getattr(env, "task_names", []))
-    for t, name in enumerate(names):
-        of_task = [r[3] for r in results if r[0] == t]
-        if of_task and len(names) > 1:
+    for t, name in enumerate(task_names):
+        of_task = [r.success for r in results if r.task == t]
+        if of_task and len(task_names) > 1:
             metrics[f"success/{name}"] = float(np.mean(of_task))
-    return metrics, frames
+    return metrics
+
+
+def evaluate_policy(
+    policy: nn.Module,
+    env: Any,
+    episodes: int,
+    seed: int,
+    device: torch.device | str = "cpu",
+    record: bool = False,
+) -> tuple[dict[str, float], list[np.ndarray]]:
+    """:func:`run_episodes` summarised (:func:`summarise`, plus ``steps_per_s``), and the recorded frames."""
+    results, frames, steps_per_s = run_episodes(policy, env, episodes, seed, device, record)
+    return summarise(results, list(getattr(env, "task_names", []))) | {"steps_per_s": steps_per_s}, frames
+
+
+class InstructedEnv:
+    """A ``sims`` vector env whose episodes are instructed from the caller's templates.
+
+    Each episode gets the next template (round robin over environments and episodes), filled with
+    its own entities (``{a}``, ``{b}``: "red block"); success is the task's own predicate, so a
+    template must describe the episode's task (``--task`` picks it). ``instructions`` grows as new
+    strings appear and ``on_new`` is called with it then (the policy embeds them).
+    """
+
+    def __init__(self, env: Any, templates: list[str], on_new: Any) -> None:
+        self.env, self.templates, self.on_new = env, templates, on_new
+        self.num_envs, self.task_names = env.num_envs, env.task_names
+        self.single_action_space = env.single_action_space
+        self.instructions: list[str] = []
+        self._index: dict[str, int] = {}
+        self._template = np.arange(env.num_envs) % len(templates)
+
+    def _instruct(self, obs: TensorDict) -> None:
+        texts = [self.templates[t].format(a=a, b=b) for t, (a, b) in zip(self._template, self.env.entity_phrases())]
+        fresh = [t for t in dict.fromkeys(texts) if t not in self._index]
+        for text in fresh:
+            self._index[text] = len(self.instructions)
+            self.instructions.append(text)
+        if fresh:
+            self.on_new(list(self.instructions))
+        obs["instruction"] = torch.tensor([self._index[t] for t in texts], dtype=torch.int64)
+
+    def reset_td(self, seed: int | None = None) -> TensorDict:
+        """Reset the env and instruct every environment's first episode."""
+        obs = self.env.reset_td(seed=seed)
+        self._instruct(obs)
+        return obs
+
+    def step_td(self, action: torch.Tensor) -> TensorDict:
+        """Step; environments whose episode ended get the next template for their next episode."""
+        out = self.env.step_td(action)
+        ended = (out["terminated"] | out["truncated"]).numpy()
+        self._template[ended] = (self._template[ended] + self.num_envs) % len(self.templates)
+        out["final_observation"]["instruction"] = out["observation"]["instruction"].clone()
+        self._instruct(out["observation"])
+        return out
+
+    def close(self) -> None:
+        """Close the wrapped env."""
+        self.env.close()
+
+
+@dataclass
+class CheckpointEval:
+    """What :func:`evaluate_checkpoint` measured: the episodes, the tables they index, env 0's frames."""
+
+    episodes: list[Episode]
+    task_names: list[str]
+    instructions: list[str]
+    frames: list[np.ndarray]
+    steps_per_s: float
+    config: Any
+
+    def report(self) -> dict[str, Any]:
+        """Success overall, per task and per instruction, each with its count and 95 % Wilson interval."""
+
+        def rate(group: list[Episode]) -> dict[str, Any]:
+            k = sum(e.success for e in group)
+            low, high = wilson_interval(k, len(group))
+            return {"success": k / len(group), "episodes": len(group), "ci95": [low, high]}
+
+        by_task = {n: [e for e in self.episodes if e.task == t] for t, n in enumerate(self.task_names)}
+        by_text: dict[str, list[Episode]] = {}
+        for e in self.episodes:
+            by_text.setdefault(self.instructions[e.instruction], []).append(e)
+        return {**rate(self.episodes), "return": float(np.mean([e.ret for e in self.episodes])),
+                "tasks": {n: rate(g) for n, g in by_task.items() if g},
+                "instructions": {t: rate(g) for t, g in sorted(by_text.items())}}
 
 
 def evaluate_checkpoint(
     path: str | Path,
-    instructions: str = "heldout",
+    split: str = "paraphrase",
     episodes: int | None = None,
     num_envs: int | None = None,
     seed: int | None = None,
     device: str = "cpu",
-) -> tuple[dict[str, float], Any, list[np.ndarray]]:
-    """Load a checkpoint's policy and evaluate it on a fresh environment of its task.
+    templates: list[str] | None = None,
+    task: str | None = None,
+    record: bool = True,
+) -> CheckpointEval:
+    """Load a checkpoint's policy and evaluate it on fresh episodes of one split of its task.
 
     Args:
         path: A checkpoint file, a ``checkpoints/`` directory or a run directory.
-        instructions: Instruction set, ``train`` or ``heldout`` (``sims`` tasks only).
+        split: ``train``, ``validation``, ``paraphrase`` or ``composition`` (``sims`` tasks only).
         episodes: Episodes to run (default: the run's ``eval.episodes``).
         num_envs: Parallel environments (default: the run's ``eval.num_envs``).
         seed: Reset seed (default: the run's evaluation seed).
         device: Where the policy runs: ``cpu``, ``cuda`` or ``cuda:N`` (the environment stays on the CPU).
-
-    Returns:
-        The metrics of :func:`evaluate_policy`, the run config and environment 0's frames.
+        templates: Instructions of the caller's, ``{a}``/``{b}`` filled from each episode (see
+            :class:`InstructedEnv`), instead of the split's own.
+        task: Evaluate this task of a multi-task run (a sims task name); default the run's.
+        record: Keep environment 0's first episode's frames.
 
     Raises:
         vla_rl.checkpoint.CheckpointError: The checkpoint is missing, corrupt, or does not fit its config.
-        ValueError: An unknown instruction set, or a device this machine does not have.
+        ValueError: An unknown split or task, or a device this machine does not have.
     """
+    import dataclasses
+
     import policies
     from vla_rl.checkpoint import CheckpointError, load_checkpoint
     from vla_rl.config import build_config
     from vla_rl.device import resolve_device
     from vla_rl.envs import make_env
 
-    if instructions not in ("train", "heldout"):
-        raise ValueError(f"instructions={instructions!r}; valid: train, heldout")
     target = resolve_device(device)
     state = load_checkpoint(path)
     cfg = build_config(state["config"])
     torch.set_num_threads(cfg.torch_threads)
-    if cfg.env.kind != "sims" and instructions != "train":
-        instructions = "train"  # gymnasium tasks have a single "instruction set"
+    sims_env = cfg.env.kind == "sims"
+    env_cfg = dataclasses.replace(cfg.env, task=task) if task and sims_env else cfg.env
     n = num_envs or cfg.eval.num_envs
-    env = make_env(cfg.env, seed=cfg.seed + 7919, num_envs=n, instructions=instructions, video=True)
+    env = make_env(env_cfg, seed=cfg.seed + 7919, num_envs=n, split=split if sims_env else "train", video=record)
     try:
         obs = env.reset_td(seed=cfg.seed + 7919)
         policy = policies.make_policy(cfg.policy, obs, int(np.prod(env.single_action_space.shape)))
@@ -160,12 +281,14 @@ def evaluate_checkpoint(
             raise CheckpointError(f"{path}: weights do not fit the policy its config describes: {exc}") from exc
         policy.to(target).set_instructions(list(env.instructions))
         policy.eval()
-        metrics, frames = evaluate_policy(
+        if templates:
+            env = InstructedEnv(env, templates, policy.set_instructions)
+        results, frames, steps_per_s = run_episodes(
             policy, env, episodes or cfg.eval.episodes, seed if seed is not None else cfg.seed + 7919,
-            device=target, record=True,
+            device=target, record=record,
         )
     finally:
         close = getattr(env, "close", None)
         if close is not None:
             close()
-    return metrics, cfg, frames
+    return CheckpointEval(results, list(env.task_names), list(env.instructions), frames, steps_per_s, cfg)

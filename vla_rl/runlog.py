@@ -21,8 +21,10 @@ from vla_rl.config import LogConfig
 CURVES = (
     ("episode_return", "train episode return"),
     ("episode_success", "train episode success"),
-    ("eval/heldout/success", "eval success (held-out)"),
-    ("eval/train/success", "eval success (train instructions)"),
+    ("eval/train/success", "eval success (train episodes)"),
+    ("eval/validation/success", "eval success (validation)"),
+    ("eval/paraphrase/success", "eval success (paraphrase, test)"),
+    ("eval/composition/success", "eval success (composition, test)"),
     ("eval/return", "eval return"),
 )
 
@@ -89,7 +91,7 @@ class RunLog:
         steps = int(metrics[self.key])
         self.bar.update(steps - self.bar.n)
         shown = {k.split("/")[-2] if k.startswith("eval/") else k: v for k, v in metrics.items()
-                 if k in ("episode_success", "episode_return", "eval/heldout/success")}
+                 if k in ("episode_success", "episode_return", "eval/validation/success")}
         self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=steps)

@@ -177,7 +177,7 @@ class Trainer:
             if cfg.eval.every and (self.iteration % cfg.eval.every == 0 or done):
                 evaluation = self.evaluate(record=cfg.log.video)
                 metrics |= evaluation
-                held = evaluation.get("eval/heldout/success", evaluation.get("eval/train/success"))
+                held = evaluation.get("eval/validation/success", evaluation.get("eval/train/success"))
                 if cfg.stop_success is not None and held is not None and held >= cfg.stop_success:
                     done = True
             metrics["wall_time"] = self.wall_time()
@@ -222,7 +222,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------ evaluation
 
     def evaluate(self, record: bool = False, episodes: int | None = None) -> dict[str, float]:
-        """Evaluate the deterministic policy on each instruction set; writes videos when ``record`` and
+        """Evaluate the deterministic policy on each split of ``eval.splits``; writes videos when ``record`` and
         this evaluation is due some (``log.video_every``).
 
         Runs under saved-and-restored RNG states, so evaluating never changes the training iterates.
@@ -231,19 +231,19 @@ class Trainer:
         start = time.perf_counter()
         every = self.cfg.eval.every
         number = max(1, self.iteration // every) if every else 1
-        record = record and self.log.video_due(number, last=self.env_steps >= self.cfg.total_env_steps)
-        sets = self.cfg.eval.sets if self.cfg.env.kind == "sims" else ("train",)
+        record = record and self.log.video_due(number, last=self.budget.done(self.env_steps, self.iteration) >= 1.0)
+        splits = self.cfg.eval.splits if self.cfg.env.kind == "sims" else ("train",)
         out: dict[str, float] = {}
         saved = ckpt.rng_state()
         try:
-            for which in sets:
+            for which in splits:
                 if which not in self.eval_envs:
                     self.eval_envs[which] = make_env(
                         self.cfg.env, seed=self.cfg.seed + 7919, num_envs=self.cfg.eval.num_envs,
-                        instructions=which, video=self.cfg.log.video,
+                        split=which, video=self.cfg.log.video,
                     )
                 env = self.eval_envs[which]
-                self.policy.set_instructions(list(env.instructions))  # this set's instruction table
+                self.policy.set_instructions(list(env.instructions))  # this split's instruction table
                 metrics, frames = evaluate_policy(
                     self.policy, env, episodes or self.cfg.eval.episodes,
                     seed=self.cfg.seed + 7919, device=self.device, record=record,
@@ -255,7 +255,7 @@ class Trainer:
         finally:
             self.policy.set_instructions(list(self.collector.instructions))
             ckpt.set_rng_state(saved)
-        out["eval/return"] = out[f"eval/{sets[-1]}/return"]
+        out["eval/return"] = out[f"eval/{splits[-1]}/return"]
         out["time/eval"] = time.perf_counter() - start
         return out
 
@@ -333,9 +333,9 @@ class Trainer:
 
     def summary(self) -> dict[str, Any]:
         """Final figures: steps, wall time and its iteration and evaluation parts, last evaluation, time to
-        90% held-out success, output paths."""
+        90% validation success, output paths."""
         rows = self.log.rows
-        key = "eval/heldout/success" if self.cfg.env.kind == "sims" else "eval/train/success"
+        key = "eval/validation/success" if self.cfg.env.kind == "sims" else "eval/train/success"
         hit = next((r for r in rows if r.get(key, -1.0) >= 0.9), None)
         last_eval = next((r for r in reversed(rows) if key in r), {})
         wall = self.wall_time()

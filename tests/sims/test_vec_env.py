@@ -35,24 +35,60 @@ def test_every_task_steps_with_contract_shapes(task: str) -> None:
     assert all(isinstance(t, str) and t for t in texts)
 
 
-def test_instruction_sets_are_disjoint_and_name_the_colour() -> None:
+def test_instruction_tables_of_the_splits_are_disjoint_and_name_the_colour() -> None:
     for task in sims.TASK_NAMES:
         train = set(T.instruction_table((task,), "train"))
-        heldout = set(T.instruction_table((task,), "heldout"))
-        assert train and heldout and not train & heldout, task
-    env = make_vec_env("reach", 8, seed=3, num_threads=1, instructions="heldout")
+        paraphrase = set(T.instruction_table((task,), "paraphrase"))
+        assert train and paraphrase and not train & paraphrase, task
+        assert set(T.instruction_table((task,), "validation")) == train
+        if task != "drawer":
+            composition = set(T.instruction_table((task,), "composition"))
+            assert composition and not composition & (train | paraphrase), task
+    env = make_vec_env("reach", 8, seed=3, num_threads=1, split="paraphrase")
     obs, _ = env.reset()
     for i in range(8):
         text = env.instructions[obs["instruction"][i]]
         colour = T.COLOUR_NAMES[env._colours[i, env._a[i]]]
-        assert colour in text and text in T.instruction_table(("reach",), "heldout")
+        assert colour in text and text in T.instruction_table(("reach",), "paraphrase")
+
+
+def _episodes(split: str, n: int = 64) -> list[tuple[int, int, int, str]]:
+    env = make_vec_env("suite", n, seed=11, num_threads=1, split=split)
+    obs = env.reset_arrays(seed=11)
+    names = env.task_names
+    return [(int(obs["task"][i]), int(env._a[i]), int(env._colours[i, env._a[i]]) if env._a[i] < T.NUM_COLOURED
+             else -1, env.instructions[obs["instruction"][i]]) for i in range(n)] + [names]  # type: ignore[list-item]
+
+
+def test_composition_combinations_appear_only_in_the_composition_split() -> None:
+    *comp, names = _episodes("composition")
+    assert all(colour in T.held_out_colours(names[task], a) for task, a, colour, _ in comp)
+    assert {names[task] for task, *_ in comp} == set(T.composition_tasks(names))
+    train_words = set(" ".join(T.instruction_table(names, "train")).split())
+    for split in ("train", "validation", "paraphrase"):
+        *eps, _ = _episodes(split)
+        assert not any(colour in T.held_out_colours(names[task], a) for task, a, colour, _ in eps), split
+    # Every word of a composition instruction is a word of training instructions: only the combination is new.
+    assert all(set(text.split()) <= train_words for *_, text in comp)
+
+
+def test_splits_draw_disjoint_episode_streams() -> None:
+    firsts = {split: _episodes(split)[:-1] for split in ("train", "validation", "paraphrase")}
+    assert firsts["train"] != firsts["validation"]
+    layouts = {}
+    for split in T.SPLITS:
+        env = make_vec_env("reach", 8, seed=0, num_threads=1, split=split)
+        layouts[split] = env.reset_arrays(seed=0)["state"].tobytes()
+    assert len(set(layouts.values())) == len(T.SPLITS)
 
 
 def test_unknown_task_lists_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"unknown task 'fly'.*reach.*drawer"):
         make_vec_env("fly", 2)
-    with pytest.raises(ValueError, match="heldout"):
-        make_vec_env("reach", 2, instructions="test")
+    with pytest.raises(ValueError, match=r"unknown split 'test'.*paraphrase"):
+        make_vec_env("reach", 2, split="test")
+    with pytest.raises(ValueError, match="no composition split"):
+        make_vec_env("drawer", 2, split="composition")
     with pytest.raises(ValueError, match="group_size"):
         make_vec_env("reach", 6, group_size=4)
 
@@ -133,7 +169,7 @@ def test_same_step_autoreset_keeps_final_observation_and_truncates() -> None:
 
 
 def test_scripted_reach_succeeds_and_terminates() -> None:
-    env = make_vec_env("reach", 16, seed=7, num_threads=1, instructions="heldout")
+    env = make_vec_env("reach", 16, seed=7, num_threads=1, split="paraphrase")
     obs, _ = env.reset()
     done = np.zeros(16, bool)
     success = np.zeros(16, bool)
@@ -189,7 +225,7 @@ def test_shards_with_env_offset_equal_one_large_set() -> None:
             np.testing.assert_array_equal(part[key], whole[key][offset:offset + 4])
 
 
-def _rollout(env, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
+def _replay(env, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
     return [env.step_arrays(a)["observation"] for a in actions]
 
 
@@ -201,14 +237,14 @@ def test_snapshot_restores_bit_for_bit_with_sleeping_bodies(render: bool) -> Non
     rng = np.random.default_rng(0)
     actions = rng.uniform(-1, 1, (160, 6, ACTION_DIM)).astype(np.float32)
     actions[:, :3] *= 0.05  # half the envs barely move, so their trees fall asleep
-    _rollout(env, actions[:100])
+    _replay(env, actions[:100])
     asleep = [int((env._backend.batch.get_data(i).tree_asleep >= 0).sum()) for i in range(6)]
     assert max(asleep) > 0, "the scenario must have sleeping bodies to test their restore"
     snapshot = env.get_state()
-    expected = _rollout(env, actions[100:])
+    expected = _replay(env, actions[100:])
     restored = make_vec_env("suite", 6, seed=3, render=render, num_threads=1)  # other thread count
     restored.set_state(snapshot)
-    got = _rollout(restored, actions[100:])
+    got = _replay(restored, actions[100:])
     for want, have in zip(expected, got):
         for key in want:
             np.testing.assert_array_equal(want[key], have[key], err_msg=key)

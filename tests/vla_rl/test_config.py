@@ -12,9 +12,9 @@ GYM = ["env.kind=gym", "env.task=Pendulum-v1", "policy.name=mlp"]
 
 
 def test_overrides_are_typed_and_nested():
-    cfg = load_config(CONFIG_DIR / "halfcheetah_ppo.yaml", ["ppo.optim.lr=1e-3", "env.num_envs=4", "eval.sets=[train]"])
+    cfg = load_config(CONFIG_DIR / "halfcheetah_ppo.yaml", ["ppo.optim.lr=1e-3", "env.num_envs=4", "eval.splits=[train]"])
     assert cfg.ppo.optim.lr == 1e-3 and isinstance(cfg.ppo.optim.lr, float)
-    assert cfg.env.num_envs == 4 and cfg.eval.sets == ("train",)
+    assert cfg.env.num_envs == 4 and cfg.eval.splits == ("train",)
     assert cfg.policy.hidden_sizes == (64, 64)
 
 
@@ -34,12 +34,17 @@ def test_round_trip_through_dict():
         (["env.task=HalfCheeta-v5"], r"not a registered gymnasium id; did you mean HalfCheetah-v"),
         (["ppo.optim.kl_adaptive_lr=true"], r"needs ppo.optim.target_kl"),
         (["env.num_envs=0"], r"env.num_envs=0 must be at least 1"),
-        (["eval.sets=[train,test]"], r"unknown instruction set\(s\) \['test'\]; valid: train, heldout"),
+        (["eval.splits=[train,test]"], r"unknown split\(s\) \['test'\]; valid: train, validation, paraphrase"),
     ],
 )
 def test_bad_values_name_the_valid_choices(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(CONFIG_DIR / "halfcheetah_ppo.yaml", GYM + overrides)
+
+
+def test_stopping_reads_only_the_validation_split():
+    with pytest.raises(ConfigError, match=r"stop_success reads the validation split"):
+        load_config(CONFIG_DIR / "default.yaml", ["eval.splits=[train,paraphrase]"])
 
 
 def test_unknown_sims_task_lists_tasks():
@@ -119,7 +124,7 @@ def _train_main():
         (HALFCHEETAH, "distill.teacher_iterations=-1", r"distill.teacher_iterations=-1 must be at least 0"),
         (HALFCHEETAH, "eval.every=-1", r"eval.every=-1 must be at least 0"),
         (HALFCHEETAH, "eval.episodes=0", r"eval.episodes=0 must be at least 1"),
-        (HALFCHEETAH, "eval.sets=[]", r"eval.sets is empty; valid: train, heldout"),
+        (HALFCHEETAH, "eval.splits=[]", r"eval.splits is empty; valid: train, validation"),
         (HALFCHEETAH, "log.video_every=0", r"log.video_every=0 must be at least 1"),
         (HALFCHEETAH, "log.wandb_project=", r"log.wandb_project must not be empty"),
         (HALFCHEETAH, "policy.hidden_sizes=[64,0]", r"policy.hidden_sizes\[1\]=0 must be at least 1"),

@@ -63,7 +63,7 @@ def test_layout_files_info_and_columns(recorded):
     assert video["dtype"] == "video" and video["shape"] == [SIZE, SIZE, 3]
     assert video["info"]["video.fps"] == 25 and video["info"]["video.codec"] == "h264"
     source = info["source"]
-    assert (source["split"], source["instructions"], source["seed"], source["kept"]) == ("train", "train", 0, 6)
+    assert (source["split"], source["seed"], source["kept"]) == ("train", 0, 6)
 
     schema = pq.read_schema(root / "data/chunk-000/file-000.parquet")
     assert schema.field("observation.state").type == pa.list_(pa.float32(), T.PROPRIO_DIM)

@@ -46,7 +46,7 @@ def run_dir(tmp_path_factory):
 def observation(run_dir):
     """A full simulator observation ``[3]`` (privileged keys included) and the env's instruction list."""
     cfg = build_config(load_checkpoint(run_dir)["config"])
-    env = make_env(cfg.env, seed=5, num_envs=3, instructions="heldout")
+    env = make_env(cfg.env, seed=5, num_envs=3, split="paraphrase")
     obs = env.reset_td(seed=5)
     env.close()
     return obs, list(env.instructions)

@@ -13,11 +13,11 @@ def test_ppo_learns_reach_from_state(tmp_path):
         "checkpoint_every=1000", "log.wandb=disabled", "log.progress=false", "log.video=false",
     ])
     trainer = Trainer(cfg)
-    before = trainer.evaluate()["eval/heldout/success"]
+    before = trainer.evaluate()["eval/validation/success"]
     trainer.train()
     after = trainer.evaluate()
     trainer.close()
     # An untrained policy barely reaches an object by chance; the trained one reaches most.
     assert before <= 0.1
-    assert after["eval/heldout/success"] >= 0.5
+    assert after["eval/validation/success"] >= 0.5
     assert after["eval/train/success"] >= 0.5

@@ -74,7 +74,7 @@ def test_resumed_default_vla_job_equals_the_uninterrupted_run(tmp_path, monkeypa
     assert resumed.iteration == straight.iteration == 3
     _assert_same_training_state(straight, resumed)
     row_a, row_b = straight.log.rows[-1], resumed.log.rows[-1]
-    for key in ("policy_loss", "value_loss", "approx_kl", "eval/heldout/success", "eval/train/return"):
+    for key in ("policy_loss", "value_loss", "approx_kl", "eval/validation/success", "eval/train/return"):
         assert row_a[key] == row_b[key], key
     assert not unfinished(cfg)
 

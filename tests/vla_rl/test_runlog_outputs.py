@@ -25,7 +25,7 @@ SHORT = [
 # The metrics.csv columns README.md promises: returns, success (train and held-out), losses, KL, timings.
 COLUMNS = {
     "iteration", "env_steps", "wall_time", "episode_return", "episode_success", "eval/train/success",
-    "eval/heldout/success", "eval/return", "policy_loss", "value_loss", "approx_kl", "lr", "steps_per_s",
+    "eval/validation/success", "eval/return", "policy_loss", "value_loss", "approx_kl", "lr", "steps_per_s",
     "time/iteration", "time/simulate", "time/render", "time/infer", "time/update", "time/eval",
 }
 # The summary.json keys README.md promises (final evaluation, time-to-90%, env steps, wall time) and its split.
@@ -62,7 +62,7 @@ def test_metrics_csv_has_one_row_per_iteration_with_the_promised_columns(rows):
     assert not missing, f"metrics.csv lacks {sorted(missing)}"
     for row in rows:
         assert float(row["time/eval"]) > 0 and float(row["time/iteration"]) > 0
-        assert 0.0 <= float(row["eval/heldout/success"]) <= 1.0
+        assert 0.0 <= float(row["eval/validation/success"]) <= 1.0
 
 
 def test_curves_png_is_a_png_image(run_dir):
@@ -75,7 +75,7 @@ def test_curves_png_is_a_png_image(run_dir):
 def test_videos_at_the_first_every_kth_and_last_evaluation_readable(run_dir):
     names = sorted(p.name for p in (run_dir / "videos").glob("*.mp4"))
     # log.video_every=2: evaluations 1 and 3 (also the last); not 2.
-    assert names == [f"iter_00000{i}_{s}.mp4" for i in (1, 3) for s in ("heldout", "train")]
+    assert names == [f"iter_00000{i}_{s}.mp4" for i in (1, 3) for s in ("train", "validation")]
     for name in names:
         frames = iio.mimread(run_dir / "videos" / name)
         assert len(frames) > 1 and frames[0].shape[-1] == 3 and frames[0].std() > 0
@@ -88,7 +88,7 @@ def test_summary_json_has_the_promised_keys_and_the_evaluation_share(run_dir, ro
     missing = SUMMARY_KEYS - set(summary)
     assert not missing, f"summary.json lacks {sorted(missing)}"
     assert summary["iterations"] == ITERATIONS and summary["env_steps"] == ITERATIONS * STEPS
-    assert "eval/heldout/success" in summary["final_eval"]
+    assert "eval/validation/success" in summary["final_eval"]
     eval_s = sum(float(r["time/eval"]) for r in rows)
     assert summary["eval_time_s"] == pytest.approx(eval_s)
     assert summary["eval_share"] == pytest.approx(eval_s / summary["wall_time_s"])

@@ -50,8 +50,8 @@ def test_sft_lowers_its_loss_and_raises_success_far_above_chance(sft_run):
     assert chance["iteration"] == 0 and final["iteration"] == 30
     nll = [r["sft_nll"] for r in rows if "sft_nll" in r]
     assert nll[-1] < nll[0] - 2.0, nll
-    assert chance["eval/heldout/success"] < 0.2
-    assert final["eval/heldout/success"] >= 0.8 and final["eval/train/success"] >= 0.8, final
+    assert chance["eval/validation/success"] < 0.2
+    assert final["eval/validation/success"] >= 0.8 and final["eval/train/success"] >= 0.8, final
 
 
 def test_rl_from_the_sft_checkpoint_starts_at_its_success_and_warms_the_critic_up(sft_run, tmp_path):
@@ -66,7 +66,7 @@ def test_rl_from_the_sft_checkpoint_starts_at_its_success_and_warms_the_critic_u
     rl.close()
     rows = _rows(rl.run_dir)
     start, first = rows[0], rows[1]
-    for key in ("eval/heldout/success", "eval/train/success", "eval/heldout/return"):
+    for key in ("eval/validation/success", "eval/train/success", "eval/validation/return"):
         assert start[key] == sft_final[key], key  # the RL run starts where SFT ended
     assert first["critic_warmup"] == 1.0 and rows[2]["critic_warmup"] == 0.0
     assert rows[2]["ref_kl"] >= 0.0

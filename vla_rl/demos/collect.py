@@ -166,11 +166,11 @@ def _record(env: SimVectorEnv, writer: LeRobotWriter, cfg: CollectConfig, bar: t
 
 def _source(env: SimVectorEnv, cfg: CollectConfig, counts: dict[str, int]) -> dict[str, Any]:
     """info.json ``source``: the split, seeds and settings the episodes come from, and the episode counts."""
-    seeds = (f"episode k of environment i is drawn from default_rng([{cfg.seed}, i, k]) with i in [0, {cfg.num_envs}) "
+    seeds = (f"episode k of environment i is drawn from sims.tasks.episode_rng({cfg.seed}, i, k, 'train') with i in [0, {cfg.num_envs}) "
              f"and k in [0, {counts['max_env_episode']}); meta/episodes sims/env_index, sims/env_episode say which")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     return {"generator": "scripts/collect_demos.py (sims.experts.ScriptedExpert)", "split": SPLIT,
-            "instructions": SPLIT, "task_names": list(env.task_names), "episode_seeds": seeds,
+            "task_names": list(env.task_names), "episode_seeds": seeds,
             "max_delta": env.config.max_delta, "frame_skip": env.config.frame_skip, **counts, **settings}
 
 
@@ -189,7 +189,7 @@ def collect_demos(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
     shutil.rmtree(partial, ignore_errors=True)
     render = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras),
                                num_contexts=cfg.num_threads)
-    env = sims.make_vec_env(cfg.task, cfg.num_envs, seed=cfg.seed, instructions=SPLIT, render=render,
+    env = sims.make_vec_env(cfg.task, cfg.num_envs, seed=cfg.seed, split=SPLIT, render=render,
                             **({"num_threads": cfg.num_threads} if cfg.num_threads else {}))
     try:
         writer = LeRobotWriter(partial, fps=control_fps(env), features=sims_features(env), tasks=env.instructions,
