@@ -14,7 +14,11 @@ Figures (``results`` keys name the figure and unit):
   on the same scene, one frame at a time; their ratio; a sweep over GL contexts and
   ``LP_NUM_THREADS`` (each setting in a fresh process: Mesa reads it once);
 - ``full_step_render_steps_per_s``: the full step with 64x64 RGB observations;
-- ``mjx_cpu_steps_per_s`` and ``mjx_cpu_compile_s``: the MJX backend on the CPU.
+- ``mjx_cpu_steps_per_s`` and ``mjx_cpu_compile_s``: the MJX backend on the CPU;
+- ``warp_cpu_*``: the Warp backend on Warp's CPU device, same task and N, beside batch + EGL:
+  physics substeps x envs per second, the full step (state; with 64x64 RGB from its ray tracer),
+  the device renderer alone (frames/s), setup incl. kernel load (``scripts/bench_sims_gpu.py``
+  measures the same on a GPU).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 from bench_report import write_report
+from bench_sims_gpu import measure_warp
 from rich.console import Console
 from rich.table import Table
 
@@ -190,9 +195,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seconds", type=float, default=3.0, help="timing window per figure")
     parser.add_argument("--gym-copies", type=int, default=8, help="AsyncVectorEnv processes")
-    parser.add_argument("--mjx-envs", type=int, default=8,
-                        help="MJX batch (16+ hung in XLA's CPU runtime on the 2-core test machine)")
+    parser.add_argument("--mjx-envs", type=int, default=64, help="MJX batch")
     parser.add_argument("--skip-mjx", action="store_true")
+    parser.add_argument("--warp-steps", type=int, default=10, help="timed calls per Warp figure")
+    parser.add_argument("--skip-warp", action="store_true")
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--render-only", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -222,6 +228,10 @@ def main() -> None:
     if not args.skip_mjx:
         with console.status("MJX on the CPU (includes XLA compilation)"):
             results.update(bench_mjx(args.task, args.mjx_envs, args.seconds))
+    if not args.skip_warp:
+        with console.status("Warp backend on Warp's CPU device"):
+            warp = measure_warp(args.task, args.envs, "cpu", args.warp_steps)
+        results.update({"warp_cpu_" + k.removeprefix("warp_"): v for k, v in warp.items()})
 
     table = Table(title=f"sims benchmark: {args.task}, {args.envs} envs, {args.threads} threads")
     table.add_column("figure")

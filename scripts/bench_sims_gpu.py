@@ -1,22 +1,29 @@
-"""Simulator throughput on an accelerator: MJX (and MJX-Warp) physics and EGL frames at 1,024-8,192 envs.
+"""Simulator throughput on one GPU: the Warp backend (physics, full step, frames) and MJX, 1,024-8,192 worlds.
 
-    MUJOCO_GL=egl python scripts/bench_sims_gpu.py --json runs/bench_sims_gpu.json
+    scripts/bench_gpu.sh                        # the prepared command (at most 8 minutes, one JSON)
+    python scripts/bench_sims_gpu.py --device cpu --envs 8,16 --steps 2 --json /tmp/b.json   # exercise on a CPU
 
-Prepared for a GPU machine; it refuses to run without one (JAX must see a GPU). Per number of
-environments it measures
+Per number of worlds N (the suite scene, ``frame_skip`` substeps per control step, 64x64 RGB from the
+front camera), ``results["envs_N"]`` holds
 
-- ``mjx_steps_per_s``: the MJX backend's full environment step (physics with the task's
-  substeps, reward and observations computed on the device, autoresets), after compilation;
-- ``mjx_warp_steps_per_s``: the same with ``impl="warp"`` where MuJoCo Warp is installed;
-- ``render_frames_per_s``: 64x64 RGB frames of those states through :class:`sims.BatchRenderer`
-  on the GPU's EGL driver (hardware OpenGL), one context per CPU core up to 8;
-- ``step_render_steps_per_s``: the full step with those frames as observations.
+- ``warp_physics_steps_per_s``: physics substeps x worlds per second of the Warp backend's step alone
+  (the issue's "physics steps");
+- ``warp_env_steps_per_s``: control steps x worlds per second of ``SimVectorEnv.step_arrays`` with
+  state observations (physics, task code on the device, autoresets);
+- ``warp_frames_per_s``: frames per second of the device renderer alone (BVH refit, ray tracing,
+  uint8 ``[N, 1, 3, 64, 64]`` on the device);
+- ``warp_env_render_steps_per_s``: control steps x worlds per second of the full step with RGB;
+- ``warp_setup_s``: building the env (kernel compilation at the first size, a cache load after);
+- with ``--mjx``: ``mjx_steps_per_s`` and ``mjx_compile_s``, the MJX backend's full step.
+
+The JSON is rewritten after every size, so a run cut short keeps what it measured; once
+``--budget-s`` seconds are spent, the remaining sizes are skipped (and listed as skipped).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.metadata
 import os
 import sys
 import time
@@ -25,93 +32,96 @@ from pathlib import Path
 os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax
 import numpy as np
+import torch
 from bench_report import write_report
-from rich.console import Console
 
-from sims import tasks as T
-from sims.render import BatchRenderer, RenderConfig
-from sims.vec_env import ACTION_DIM, make_vec_env
+from sims.render import RenderConfig
+from sims.vec_env import ACTION_DIM, EnvConfig, make_vec_env
 
 
-def timed_steps(env, n: int, steps: int) -> float:
-    """Environment steps per second over ``steps`` steps (after two warm-up steps)."""
-    rng = np.random.default_rng(0)
-    actions = rng.uniform(-1, 1, (4, n, ACTION_DIM)).astype(np.float32)
-    for k in range(2):
-        env.step_arrays(actions[k])
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rate(fn, calls: int, device: torch.device | None) -> float:
+    """Calls per second of ``fn`` over ``calls`` calls, after one warm-up call, device synchronised."""
+    fn()
+    _sync(device)
     start = time.perf_counter()
-    for k in range(steps):
-        env.step_arrays(actions[k % 4])
-    return steps * n / (time.perf_counter() - start)
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    return calls / (time.perf_counter() - start)
 
 
-def bench_backend(backend: str, task: str, n: int, steps: int) -> dict:
+def measure_warp(task: str, n: int, device: str, steps: int) -> dict[str, float]:
+    """The Warp backend's figures for ``n`` worlds on ``device`` (see the module docstring)."""
     start = time.perf_counter()
-    env = make_vec_env(task, n, seed=0, backend=backend)
+    env = make_vec_env(task, n, seed=0, backend="warp", warp_device=device)
+    env.reset_arrays(seed=0)
+    setup = time.perf_counter() - start
+    dev = env.device
+    actions = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (4, n, ACTION_DIM)), dtype=torch.float32,
+                              device=dev)
+    k = iter(range(1 << 30))
+    backend, frame_skip = env._backend, env.config.frame_skip
+    ctrl = env._control(actions[0])
+    out = {"warp_setup_s": setup,
+           "warp_physics_steps_per_s": _rate(lambda: backend.step(ctrl), steps, dev) * n * frame_skip,
+           "warp_env_steps_per_s": _rate(lambda: env.step_arrays(actions[next(k) % 4]), steps, dev) * n}
+    env = backend = None  # free the first env before building the second
+    env = make_vec_env(task, n, seed=0, backend="warp", warp_device=device, render=RenderConfig())
+    env.reset_arrays(seed=0)
+    out["warp_frames_per_s"] = _rate(env._backend.render, steps, dev) * n
+    out["warp_env_render_steps_per_s"] = _rate(lambda: env.step_arrays(actions[next(k) % 4]), steps, dev) * n
+    return out
+
+
+def measure_mjx(task: str, n: int, steps: int) -> dict[str, float]:
+    """The MJX backend's full step (compilation timed apart)."""
+    start = time.perf_counter()
+    env = make_vec_env(task, n, seed=0, backend="mjx")
     env.reset_arrays()
-    env.step_arrays(np.zeros((n, ACTION_DIM), np.float32))
+    zero = np.zeros((n, ACTION_DIM), np.float32)
+    env.step_arrays(zero)
     compile_s = time.perf_counter() - start
-    return {"steps_per_s": timed_steps(env, n, steps), "compile_s": compile_s}
-
-
-def bench_render(task: str, n: int, contexts: int, repeats: int) -> float:
-    env = make_vec_env(task, n, seed=0, num_threads=1)
-    env.reset_arrays()
-    renderer = BatchRenderer(env.model, RenderConfig(num_contexts=contexts))
-    args = (env._backend.qpos, env._backend.mocap_pos, T.PALETTE_RGBA[env._colours], env.layout)
-    renderer.render(*args)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        renderer.render(*args)
-    rate = repeats * n / (time.perf_counter() - start)
-    renderer.close()
-    return rate
+    return {"mjx_steps_per_s": _rate(lambda: env.step_arrays(zero), steps, env.device) * n, "mjx_compile_s": compile_s}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, required=True, help="write the figures here (after every size)")
     parser.add_argument("--task", default="suite")
-    parser.add_argument("--envs", default="1024,2048,4096,8192", help="comma-separated env counts")
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--contexts", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument("--device", default="cuda:0", help='Warp device: "cuda:N", or "cpu" to exercise the script')
+    parser.add_argument("--envs", default="1024,2048,4096,8192", help="comma-separated numbers of worlds")
+    parser.add_argument("--steps", type=int, default=20, help="timed calls per figure")
+    parser.add_argument("--mjx", action="store_true", help="also time the MJX backend (JAX on the same GPU)")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="skip the sizes left after this long")
     args = parser.parse_args()
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        sys.exit(f"no GPU visible to JAX (devices: {jax.devices()}); run this on a GPU machine, "
-                 "or scripts/bench_sims.py on a CPU one")
-    console = Console()
-    warp = True
-    try:
-        import mujoco_warp  # noqa: F401
-    except ImportError:
-        warp = False
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: torch sees no GPU here; pass --device cpu to exercise the script")
+
+    began = time.perf_counter()
+    config = {k: v for k, v in vars(args).items() if k != "json"}
+    config.update(frame_skip=EnvConfig().frame_skip, image="64x64 RGB, front camera",
+                  versions={p: importlib.metadata.version(p) for p in ("mujoco-warp", "warp-lang")})
     results: dict = {}
     for n in (int(x) for x in args.envs.split(",")):
-        row: dict = {}
-        with console.status(f"MJX, {n} envs"):
-            mjx = bench_backend("mjx", args.task, n, args.steps)
-        row["mjx_steps_per_s"], row["mjx_compile_s"] = mjx["steps_per_s"], mjx["compile_s"]
-        if warp:
-            with console.status(f"MJX-Warp, {n} envs"):
-                w = bench_backend("mjx-warp", args.task, n, args.steps)
-            row["mjx_warp_steps_per_s"], row["mjx_warp_compile_s"] = w["steps_per_s"], w["compile_s"]
-        with console.status(f"EGL frames, {n} envs"):
-            row["render_frames_per_s"] = bench_render(args.task, n, args.contexts, 3)
-        with console.status(f"MJX step with 64x64 RGB, {n} envs"):
-            env = make_vec_env(args.task, n, seed=0, backend="mjx",
-                               render=RenderConfig(num_contexts=args.contexts))
-            env.reset_arrays()
-            row["step_render_steps_per_s"] = timed_steps(env, n, max(5, args.steps // 5))
-            env.close()
+        if time.perf_counter() - began > args.budget_s:
+            results[f"envs_{n}"] = {"skipped": f"budget of {args.budget_s:.0f} s spent"}
+            continue
+        row = measure_warp(args.task, n, args.device, args.steps)
+        if args.mjx:
+            row.update(measure_mjx(args.task, n, max(2, args.steps // 4)))
         results[f"envs_{n}"] = row
-        console.print(n, json.dumps({k: round(v, 1) for k, v in row.items()}))
-    if args.json:
-        config = {k: v for k, v in vars(args).items() if k != "json"}
-        config["jax_devices"] = [str(d) for d in jax.devices()]
+        print(n, {k: round(v, 1) for k, v in row.items()}, flush=True)
+        results["wall_s"] = time.perf_counter() - began
         write_report(args.json, config, results)
-        console.print(f"wrote {args.json}")
+    results["wall_s"] = time.perf_counter() - began
+    write_report(args.json, config, results)
+    print(f"wrote {args.json} after {results['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,14 @@ os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 # Mesa's software rasteriser: no helper threads per context; the renderer's own pool of contexts
 # runs in parallel instead (measured fastest for 64x64 tiles, see docs/sims.md).
 os.environ.setdefault("LP_NUM_THREADS", "0")
+# JAX (the MJX backend) takes GPU memory as it needs it rather than 75 % of it up front, so that
+# several simulator shards, the inference server and the trainer share one GPU
+# (XLA_PYTHON_CLIENT_MEM_FRACTION caps a process instead). Effective before JAX's first use.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# MJX on the CPU: XLA's concurrency-optimised scheduler deadlocks an executable holding two or more
+# MJX steps at 16 or more environments (every thread parked, docs/sims.md); the plain one does not.
+if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
 
 from sims.render import BatchRenderer, RenderConfig
 from sims.single import SingleEnv, gym_id, register_all

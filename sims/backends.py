@@ -6,13 +6,19 @@ A backend holds ``num_envs`` simulations of one model and offers:
   (velocities, warm starts and time zeroed);
 - ``step(ctrl)``: apply controls [N, nu] to all simulations and advance ``frame_skip`` substeps;
 - ``qpos``, ``qvel``, ``mocap_pos``: the current state, arrays of the backend's module ``xp``;
-- ``xp``: the array module (``numpy`` or ``jax.numpy``) that :func:`sims.tasks.evaluate` runs with;
+- ``xp``: the array module that :func:`sims.tasks.evaluate` runs with (``numpy``, ``jax.numpy``,
+  or torch on a device through :class:`sims.xp_torch.TorchNamespace`);
+- ``ax``: the array module of what the environment hands out (``numpy`` on the host, or a
+  :class:`~sims.xp_torch.TorchNamespace` on the backend's device: observations stay there);
 - ``compile(fn)``: ``fn`` as the backend runs it (jitted for MJX);
-- ``get_state()`` / ``restore(state)``: a snapshot of every simulation, restored bit for bit.
+- ``get_state()`` / ``restore(state)``: a snapshot of every simulation, restored bit for bit;
+- ``renders``: whether the backend renders its own frames (``set_colours(ids, rgba)``,
+  ``render(points)``); otherwise the environment renders with :class:`sims.render.BatchRenderer`.
 
 :class:`BatchBackend` runs ``mujoco.batch.Batch`` (threaded CPU, bit-identical at any thread
-count); :class:`MjxBackend` runs MJX (``jax.vmap`` + ``jax.jit``; the Warp implementation when
-``impl="warp"`` and it is installed).
+count); :class:`MjxBackend` runs MJX (``jax.vmap`` + ``jax.jit``), its results reaching torch by
+DLPack; :class:`sims.warp_backend.WarpBackend` runs MuJoCo Warp on a Warp device, with its own
+batched renderer. ``"mjx-warp"`` (MJX's Warp implementation) is gone: see :func:`make_backend`.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import mujoco
 import mujoco.batch
 import numpy as np
 
-BACKENDS = ("batch", "mjx")
+BACKENDS = ("batch", "mjx", "warp")
 
 
 class BatchBackend:
@@ -40,7 +46,8 @@ class BatchBackend:
     the replayed state rows equal the saved ones.
     """
 
-    xp = np
+    xp = ax = np
+    renders = False
 
     def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, num_threads: int | None = None):
         """Args: model; num_envs simulations; frame_skip substeps per step; num_threads (None: all CPUs)."""
@@ -138,22 +145,34 @@ class BatchBackend:
 
 
 class MjxBackend:
-    """MJX: the same model vmapped and jitted with JAX (CPU or accelerator)."""
+    """MJX: the same model vmapped and jitted with JAX (CPU or accelerator).
 
-    def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, impl: str | None = None):
-        """Args: model; num_envs simulations; frame_skip substeps per step; impl ("jax", "warp" or None)."""
+    Results reach the environment as torch tensors on the JAX device by DLPack (no copy); resets
+    upload only the restarted rows' values. JAX's GPU memory is allocated on demand
+    (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, set by ``import sims`` unless already set), so that
+    several shards share one GPU.
+    """
+
+    renders = False
+
+    def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int):
+        """Args: model; num_envs simulations; frame_skip substeps per step."""
         import jax
         import jax.numpy as jnp
         from mujoco import mjx
+
+        from sims.xp_torch import TorchNamespace
 
         self.xp = jnp
         self.frame_skip = frame_skip
         model = copy.copy(model)
         model.opt.enableflags &= ~int(mujoco.mjtEnableBit.mjENBL_SLEEP)  # MJX has no sleeping
-        self.mjx_model = mjx.put_model(model, impl=impl) if impl else mjx.put_model(model)
+        self.mjx_model = mjx.put_model(model)
         data0 = mjx.make_data(self.mjx_model)
         self._data = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (num_envs, *x.shape)), data0)
-        self._data0 = data0
+        jax_device = next(iter(self._data.qpos.devices()))
+        self.ax = TorchNamespace("cpu" if jax_device.platform == "cpu" else f"cuda:{jax_device.id}")
+        self.device = self.ax.device
 
         def substeps(data: Any, ctrl: Any) -> Any:
             data = data.replace(ctrl=ctrl)
@@ -174,6 +193,7 @@ class MjxBackend:
 
         self._step = jax.jit(jax.vmap(substeps))
         self._restart = jax.jit(restart)
+        self._shapes = (num_envs, model.nq, model.nmocap, model.nu)
 
     def compile(self, fn: Any) -> Any:
         """``fn`` jitted (array arguments traced, the rest static by closure)."""
@@ -194,19 +214,24 @@ class MjxBackend:
         return self._data.mocap_pos
 
     def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
-        """Restart simulations ``ids`` from these positions, mocap placements and controls."""
-        n = self._data.qpos.shape[0]
+        """Restart simulations ``ids`` from these positions, mocap placements and controls.
+
+        Only the restarted rows travel to the device (full-size arrays, so one compiled shape;
+        the other rows are masked out on the device, never read back).
+        """
+        n, nq, nmocap, nu = self._shapes
         mask = np.zeros(n, dtype=bool)
         mask[ids] = True
-        full_qpos = np.array(self._data.qpos)
-        full_mocap = np.array(self._data.mocap_pos)
-        full_ctrl = np.array(self._data.ctrl)
+        full_qpos, full_mocap, full_ctrl = np.zeros((n, nq)), np.zeros((n, nmocap, 3)), np.zeros((n, nu))
         full_qpos[ids], full_mocap[ids], full_ctrl[ids] = qpos, mocap_pos, ctrl
         self._data = self._restart(self._data, mask, full_qpos, full_mocap, full_ctrl)
 
-    def step(self, ctrl: np.ndarray) -> None:
-        """Apply ``ctrl`` [N, nu] and advance every simulation by ``frame_skip`` substeps."""
-        self._data = self._step(self._data, self.xp.asarray(ctrl))
+    def step(self, ctrl: Any) -> None:
+        """Apply ``ctrl`` [N, nu] (a torch tensor, taken by DLPack) and advance ``frame_skip`` substeps."""
+        import jax.dlpack
+
+        ctrl = jax.dlpack.from_dlpack(ctrl.contiguous()) if hasattr(ctrl, "__dlpack__") else self.xp.asarray(ctrl)
+        self._data = self._step(self._data, ctrl.astype(self._data.ctrl.dtype))
 
     def get_state(self) -> dict[str, Any]:
         """Snapshot: every leaf of the batched MJX data, as numpy arrays (MJX has no sleeping)."""
@@ -226,16 +251,30 @@ class MjxBackend:
 
 
 def make_backend(name: str, model: mujoco.MjModel, num_envs: int, frame_skip: int,
-                 num_threads: int | None = None) -> BatchBackend | MjxBackend:
-    """Create backend ``name`` ("batch", "mjx" or "mjx-warp").
+                 num_threads: int | None = None, *, warp_device: str = "auto", render: Any = None,
+                 colour_geoms: np.ndarray | None = None) -> Any:
+    """Create backend ``name`` ("batch", "mjx" or "warp").
+
+    ``warp_device``, ``render`` (a :class:`sims.render.RenderConfig`) and ``colour_geoms`` are the
+    Warp backend's, which renders its own frames.
 
     Raises:
-        ValueError: an unknown name; the message lists the valid ones.
+        ValueError: an unknown name (the message lists the valid ones), or ``"mjx-warp"``, removed.
     """
     if name == "batch":
         return BatchBackend(model, num_envs, frame_skip, num_threads)
     if name == "mjx":
         return MjxBackend(model, num_envs, frame_skip)
+    if name == "warp":
+        from sims.warp_backend import WarpBackend
+
+        return WarpBackend(model, num_envs, frame_skip, warp_device, render=render, colour_geoms=colour_geoms)
     if name == "mjx-warp":
-        return MjxBackend(model, num_envs, frame_skip, impl="warp")
-    raise ValueError(f"unknown backend {name!r}; valid backends: batch, mjx, mjx-warp")
+        raise ValueError(MJX_WARP_REMOVED)
+    raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
+
+
+MJX_WARP_REMOVED = (
+    "backend='mjx-warp' was removed: use backend='warp', which runs the same MuJoCo Warp kernels "
+    "directly (no JAX in between), hands its arrays to torch without a copy and renders on the device "
+    "(see docs/sims.md)")

@@ -12,6 +12,7 @@ import numpy as np
 from sims import scene as S
 from sims import tasks as T
 from sims.vec_env import SimVectorEnv
+from sims.xp_torch import to_numpy
 
 _OPEN, _CLOSED = -1.0, 1.0
 
@@ -41,8 +42,9 @@ class ScriptedExpert:
         self.timer[sel] = 0
 
     def act(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        """Actions [N, 4] for observation ``obs`` (a numpy observation dict)."""
+        """Actions [N, 4] for observation ``obs`` (an observation dict of numpy arrays or tensors)."""
         env = self.env
+        obs = {k: to_numpy(obs[k]) for k in ("state", "task")}
         actions = np.empty((env.num_envs, 4), np.float32)
         for i in range(env.num_envs):
             state = obs["state"][i]
@@ -143,9 +145,10 @@ def run_expert(env: SimVectorEnv, episodes_per_env: int = 1, seed: int | None = 
     for _ in range(longest * episodes_per_env):
         out = env.step_arrays(expert.act(obs))
         obs = out["observation"]
-        done = out["terminated"] | out["truncated"]
+        done = to_numpy(out["terminated"]) | to_numpy(out["truncated"])
+        success = to_numpy(out["success"])
         for i in np.flatnonzero(done & (finished < episodes_per_env)):
-            results[i, finished[i]] = out["success"][i]
+            results[i, finished[i]] = success[i]
             finished[i] += 1
         expert.reset(done)
         if (finished >= episodes_per_env).all():

@@ -3,7 +3,8 @@
 Every task shares the scene of :mod:`sims.scene`. An episode names one or two *entities*
 (``a`` and ``b``) of the scene: the five objects (0-4), the two target pads (5-6), the two button
 caps (7-8) and the drawer handle (9). Rewards, success and observations are computed by
-:func:`evaluate`, written once against an array module ``xp`` (``numpy`` or ``jax.numpy``), so
+:func:`evaluate`, written once against an array module ``xp`` (``numpy``, ``jax.numpy``, or
+:class:`sims.xp_torch.TorchNamespace` for torch on a device), so
 every backend shares it.
 """
 
@@ -310,7 +311,7 @@ def evaluate(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[s
     """Observations, reward and success of every environment, for any array module.
 
     Args:
-        xp: ``numpy`` or ``jax.numpy``.
+        xp: ``numpy``, ``jax.numpy`` or a :class:`sims.xp_torch.TorchNamespace`.
         qpos: [N, nq]; qvel: [N, nv]; mocap_pos: [N, nmocap, 3].
         task_ids: [N] index into ``task_names``; a, b: [N] entity indices of the instruction.
         task_names: the env's tasks.
@@ -367,8 +368,8 @@ def evaluate(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[s
     state = xp.concatenate([tip_goal - tip, obj_goal - pa, tip, ents.reshape(ents.shape[0], -1),
                             press_all, drawer[:, None]], axis=1)
     return {
-        "proprio": proprio.astype(xp.float32),
-        "state": state.astype(xp.float32),
-        "reward": reward.astype(xp.float32),
+        "proprio": xp.astype(proprio, xp.float32),
+        "state": xp.astype(state, xp.float32),
+        "reward": xp.astype(reward, xp.float32),
         "success": success,
     }

@@ -4,6 +4,11 @@ Actions are float32 in ``[-1, 1]^4``: the first three move the gripper's positio
 to ``max_delta`` metres per step along x, y, z (target = current position + action * max_delta,
 clipped to the joint ranges); the fourth sets the gripper (-1 open, +1 closed), mapped to the
 finger actuators' range.
+
+The environment's arrays live where its backend's do: numpy on the host for ``batch``; torch
+tensors on the backend's device for ``warp`` (and for ``mjx``, whose JAX arrays reach torch by
+DLPack). The core below is written once against that array module (``self._ax``); the gymnasium
+API converts to numpy at its edge, the TensorDict view hands the tensors on as they are.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from gymnasium.vector import AutoresetMode
 
 from sims import scene as S
 from sims import tasks as T
-from sims.backends import BACKENDS, make_backend
+from sims.backends import BACKENDS, MJX_WARP_REMOVED, make_backend
 from sims.render import RenderConfig
+from sims.xp_torch import to_numpy
 
 ACTION_DIM = 4
 
@@ -36,7 +42,10 @@ class EnvConfig:
             ``paraphrase`` (held-out templates) or ``composition`` (held-out task x entity x colour
             combinations); each draws from its own seed stream.
         render: camera observations (None: state only).
-        backend: ``"batch"`` (mujoco.batch, CPU threads), ``"mjx"`` or ``"mjx-warp"``.
+        backend: ``"batch"`` (mujoco.batch, CPU threads), ``"mjx"`` (JAX) or ``"warp"`` (MuJoCo
+            Warp on ``warp_device``, rendering on the device too).
+        warp_device: the Warp backend's device: ``"cpu"``, ``"cuda:N"``, or ``"auto"`` (the first
+            GPU Warp finds, else the CPU). Observations come as torch tensors on it.
         group_size: consecutive groups of this many environments share every episode's initial
             state (layout, colours, instruction), as GRPO needs; 1 for independent environments.
         env_offset: global index of this set's first environment, when a fleet of shards splits
@@ -54,6 +63,7 @@ class EnvConfig:
     split: str = "train"
     render: RenderConfig | None = None
     backend: str = "batch"
+    warp_device: str = "auto"
     group_size: int = 1
     env_offset: int = 0
     num_threads: int | None = None
@@ -69,8 +79,10 @@ class EnvConfig:
         """
         task_names = T.resolve_tasks(self.task)
         T.check_split(self.split, task_names)
-        if self.backend not in (*BACKENDS, "mjx-warp"):
-            raise ValueError(f"backend={self.backend!r}; valid backends: batch, mjx, mjx-warp")
+        if self.backend == "mjx-warp":
+            raise ValueError(MJX_WARP_REMOVED)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}; valid backends: {', '.join(BACKENDS)}")
         if self.num_envs < 1:
             raise ValueError(f"num_envs={self.num_envs}; it must be at least 1")
         if self.group_size < 1 or self.num_envs % self.group_size or self.env_offset % self.group_size:
@@ -108,19 +120,23 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self.instructions: list[str] = T.instruction_table(self.task_names, config.split)
         self._instruction_index = {s: i for i, s in enumerate(self.instructions)}
         self._backend = make_backend(config.backend, self.model, self.num_envs, config.frame_skip,
-                                     config.num_threads)
+                                     config.num_threads, warp_device=config.warp_device, render=config.render,
+                                     colour_geoms=self.layout.colour_geoms)
         xp = self._backend.xp
+        self._ax = ax = self._backend.ax
+        #: Where observations live: None for numpy on the host, else the torch device of the tensors.
+        self.device = getattr(ax, "device", None)
         self._evaluate = self._backend.compile(
             lambda qpos, qvel, mocap, task, a, b: T.evaluate(xp, qpos, qvel, mocap, task, a, b,
                                                              self.task_names, self.layout))
         self._renderer = None
-        if config.render is not None:
+        if config.render is not None and not self._backend.renders:
             from sims.render import BatchRenderer
 
             self._renderer = BatchRenderer(self.model, config.render)
         self._max_steps = np.array([T.TASKS[n].max_steps for n in self.task_names])
-        self._ctrl_low = self.model.actuator_ctrlrange[:, 0].copy()
-        self._ctrl_high = self.model.actuator_ctrlrange[:, 1].copy()
+        self._ctrl_low = ax.asarray(self.model.actuator_ctrlrange[:, 0].copy())
+        self._ctrl_high = ax.asarray(self.model.actuator_ctrlrange[:, 1].copy())
 
         n = self.num_envs
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
@@ -148,7 +164,8 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self._colours = np.zeros((n, T.NUM_COLOURED), np.int64)
         self._steps = np.zeros(n, np.int64)
         self._episode = np.zeros(n, np.int64)
-        self._obs: dict[str, np.ndarray] | None = None
+        self._obs: dict[str, Any] | None = None
+        self._sync_episodes()
         self.timings = {"render": 0.0}  # seconds spent rendering since construction (monotonic)
 
     # ----------------------------------------------------------------------------- episodes
@@ -171,88 +188,108 @@ class SimVectorEnv(gym.vector.VectorEnv):
         ctrl[:, :3] = qpos[:, self.layout.arm_qpos]
         ctrl[:, 3:] = S.FINGER_OPEN
         self._backend.set_state(ids, qpos, mocap, ctrl)
+        if self._backend.renders:
+            self._backend.set_colours(ids, T.PALETTE_RGBA[self._colours[ids]])
+        self._sync_episodes()
 
-    def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    def _sync_episodes(self) -> None:
+        """The episode arrays as the backend's task code (``xp``) and the observations (``ax``) read them."""
+        xp, ax = self._backend.xp, self._ax
+        self._episode_xp = tuple(xp.asarray(v) for v in (self._task, self._a, self._b))
+        self._episode_ax = {"instruction": ax.asarray(self._instruction, copy=True),
+                            "task": ax.asarray(self._task, copy=True)}
+
+    def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, Any], Any, Any]:
         """Observation, reward and success of environments ``ids`` (None: all) at the current state.
 
-        The task code runs on every environment (one compiled shape for jitted backends).
+        Arrays of the env's module (numpy, or torch on the device). The task code runs on every
+        environment (one compiled shape for jitted backends); the device renderer draws every world.
         """
-        xp, b = self._backend.xp, self._backend
-        out = self._evaluate(b.qpos, b.qvel, b.mocap_pos, xp.asarray(self._task), xp.asarray(self._a),
-                             xp.asarray(self._b))
-        sel = slice(None) if ids is None else ids
+        ax, b = self._ax, self._backend
+        out = self._evaluate(b.qpos, b.qvel, b.mocap_pos, *self._episode_xp)
+        out = {k: ax.asarray(v) for k, v in out.items()}  # numpy: as is; JAX: DLPack, no copy
+        sel = slice(None) if ids is None else ax.asarray(ids)
         obs = {
-            "proprio": np.array(out["proprio"])[sel],  # copies: JAX results are read-only
-            "state": np.array(out["state"])[sel],
-            "instruction": self._instruction[sel].copy(),
-            "task": self._task[sel].copy(),
+            "proprio": out["proprio"][sel],
+            "state": out["state"][sel],
+            # Copies: the episode arrays are shared until the next reset.
+            **{k: ax.asarray(v[sel], copy=True) for k, v in self._episode_ax.items()},
         }
-        if self._renderer is not None:
-            qpos, mocap = np.asarray(b.qpos)[sel], np.asarray(b.mocap_pos)[sel]
-            state = obs["state"]
+        if self.config.render is not None:
+            state = out["state"]
             goal = (state[:, T.STATE_TIP_GOAL] + state[:, T.STATE_TIP])[:, None]
-            env_ids = self.config.env_offset + np.arange(self.num_envs)[sel]
             start = time.perf_counter()
-            frames = self._renderer.render(qpos, mocap, T.PALETTE_RGBA[self._colours[sel]], self.layout, goal,
-                                           env_ids=env_ids)
+            if b.renders:  # every world at once, on the device
+                frames = {k: v[sel] for k, v in b.render(goal).items()}
+            else:
+                rows = np.arange(self.num_envs)[sel if ids is None else ids]
+                frames = self._renderer.render(to_numpy(b.qpos)[rows], to_numpy(b.mocap_pos)[rows],
+                                               T.PALETTE_RGBA[self._colours[rows]], self.layout,
+                                               to_numpy(goal)[rows], env_ids=self.config.env_offset + rows)
+                frames = {k: ax.asarray(v) for k, v in frames.items()}
             self.timings["render"] += time.perf_counter() - start
             frames["goal_pixel"] = frames.pop("pixels")[:, :, 0]
             obs.update(frames)
-        return obs, np.array(out["reward"])[sel], np.array(out["success"])[sel]
+        return obs, out["reward"][sel], out["success"][sel]
 
     # ----------------------------------------------------------------------------- core
-    def _check_action(self, action: Any) -> np.ndarray:
+    def _check_action(self, action: Any) -> Any:
         """Validate and clip an action batch; raise before touching any environment."""
         expected = (self.num_envs, ACTION_DIM)
+        ax = self._ax
         try:
-            arr = np.asarray(action, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
+            arr = ax.asarray(action, dtype=ax.float32)
+        except (TypeError, ValueError, RuntimeError) as exc:
             raise ValueError(f"action must be a float array of shape {expected}: {exc}") from exc
-        if arr.shape != expected:
-            raise ValueError(f"action has shape {arr.shape}; expected {expected} (num_envs, action_dim)")
-        bad = ~np.isfinite(arr).all(axis=1)
+        if tuple(arr.shape) != expected:
+            raise ValueError(f"action has shape {tuple(arr.shape)}; expected {expected} (num_envs, action_dim)")
+        bad = ~ax.all(ax.isfinite(arr), axis=1)
         if bad.any():
-            raise ValueError(f"action holds NaN or inf for environments {np.flatnonzero(bad)[:10].tolist()}; "
+            raise ValueError(f"action holds NaN or inf for environments {np.flatnonzero(to_numpy(bad))[:10].tolist()}; "
                              "no environment was stepped — check the policy's outputs")
-        return np.clip(arr, -1.0, 1.0)
+        return ax.clip(arr, -1.0, 1.0)
 
-    def _control(self, action: np.ndarray) -> np.ndarray:
+    def _control(self, action: Any) -> Any:
         """Map actions in [-1, 1] to actuator controls, clipped to the actuator ranges."""
-        arm = np.asarray(self._backend.qpos)[:, self.layout.arm_qpos]
-        ctrl = np.empty((self.num_envs, self.model.nu))
-        ctrl[:, :3] = arm + action[:, :3] * self.config.max_delta
-        ctrl[:, 3:] = (S.FINGER_OPEN * 0.5 * (1.0 - action[:, 3]))[:, None]
-        return np.clip(ctrl, self._ctrl_low, self._ctrl_high)
+        ax = self._ax
+        arm = ax.asarray(self._backend.qpos)[:, self.layout.arm_qpos]
+        fingers = S.FINGER_OPEN * 0.5 * (1.0 - action[:, 3:4])
+        ctrl = ax.concatenate([arm + action[:, :3] * self.config.max_delta,
+                               ax.concatenate([fingers] * (self.model.nu - 3), axis=1)], axis=1)
+        return ax.clip(ctrl, self._ctrl_low, self._ctrl_high)
 
     def step_arrays(self, action: Any) -> dict[str, Any]:
-        """Step all environments; return numpy arrays (the core of ``step`` and ``step_td``).
+        """Step all environments (the core of ``step`` and ``step_td``).
 
-        Returns:
+        Returns arrays of the env's module (numpy; torch on the device for ``warp`` and ``mjx``):
             ``observation`` and ``final_observation`` (dicts of arrays), ``reward`` float32 [N],
             ``terminated``, ``truncated``, ``success`` bool [N].
         """
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
+        ax = self._ax
         action = self._check_action(action)
         self._backend.step(self._control(action))
         self._steps += 1
         obs, reward, success = self._observe()
-        terminated = success.copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
+        # Episode bookkeeping is the host's (resets sample episodes there): N bools come back.
+        terminated = to_numpy(success).copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self._max_steps[self._task]) & ~terminated
         done = terminated | truncated
         final = obs
         if done.any():
-            final = {k: v.copy() for k, v in obs.items()}
             ids = np.flatnonzero(done)
             self._start_episodes(ids)
             fresh = self._observe(ids)[0]
+            obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
+            rows = ax.asarray(ids)
             for key, value in fresh.items():
-                obs[key][ids] = value
+                obs[key][rows] = value
         self._obs = obs
-        return {"observation": obs, "final_observation": final, "reward": reward.astype(np.float32),
-                "terminated": terminated, "truncated": truncated, "success": success.astype(bool)}
+        return {"observation": obs, "final_observation": final, "reward": reward,
+                "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
 
-    def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
         """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
         if mask is None:
             ids = np.arange(self.num_envs)
@@ -271,7 +308,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         if len(ids):
             self._start_episodes(ids)
         self._obs = self._observe()[0]
-        return {k: v.copy() for k, v in self._obs.items()}
+        return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
 
     def entity_phrases(self) -> list[tuple[str, str]]:
         """Each environment's current episode's entities as instructions name them, ``("red block", "blue target")``."""
@@ -305,18 +342,19 @@ class SimVectorEnv(gym.vector.VectorEnv):
         for key in self._EPISODE_FIELDS:
             setattr(self, key, np.array(state[key], dtype=getattr(self, key).dtype))
         self._seed = int(state["seed"])
+        self._sync_episodes()
         self._obs = self._observe()[0] if state["started"] else None
 
     # ----------------------------------------------------------------------------- gymnasium
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Gymnasium reset; ``options={"reset_mask": bool[N]}`` resets only those environments."""
         mask = (options or {}).get("reset_mask")
-        obs = self.reset_arrays(seed=seed, mask=mask)
-        return obs, {}
+        obs = self.reset_arrays(seed=seed, mask=to_numpy(mask) if mask is not None else None)
+        return _numpy(obs), {}
 
     def step(self, actions: Any):
-        """Gymnasium step: (obs, reward, terminated, truncated, infos); SAME_STEP autoreset."""
-        out = self.step_arrays(actions)
+        """Gymnasium step: (obs, reward, terminated, truncated, infos) as numpy; SAME_STEP autoreset."""
+        out = _numpy(self.step_arrays(actions))
         done = out["terminated"] | out["truncated"]
         infos = {"success": out["success"], "_success": np.ones(self.num_envs, bool),
                  "final_obs": out["final_observation"], "_final_obs": done}
@@ -326,7 +364,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         """The first camera's frame of every environment, [N, H, W, 3] uint8 (with rendering on)."""
         if self._obs is None or "rgb" not in self._obs:
             return None
-        return self._obs["rgb"][:, 0].transpose(0, 2, 3, 1)
+        return to_numpy(self._obs["rgb"][:, 0]).transpose(0, 2, 3, 1)
 
     def close(self, **kwargs: Any) -> None:
         """Release the renderer's GL contexts."""
@@ -337,34 +375,45 @@ class SimVectorEnv(gym.vector.VectorEnv):
     # ----------------------------------------------------------------------------- TensorDict view
     def reset_td(self, seed: int | None = None, mask: Any = None):
         """Reset (all, or where ``mask``) and return the observation as a TensorDict [N]."""
-        if mask is not None and hasattr(mask, "numpy"):
-            mask = mask.cpu().numpy()
-        return _obs_td(self.reset_arrays(seed=seed, mask=mask), self.num_envs)
+        if mask is not None:
+            mask = to_numpy(mask)
+        return _obs_td(self.reset_arrays(seed=seed, mask=mask), self.num_envs, self.device)
 
     def step_td(self, action: Any):
-        """Step with a torch action [N, A]; return a TensorDict [N] (see docs/ARCHITECTURE.md)."""
-        import torch
+        """Step with a torch action [N, A]; return a TensorDict [N] (see docs/ARCHITECTURE.md).
+
+        On a device backend the action may stay on the device and the result lives there (no copy).
+        """
         from tensordict import TensorDict
 
-        if isinstance(action, torch.Tensor):
+        if self.device is None and hasattr(action, "detach"):
             action = action.detach().cpu().numpy()
         out = self.step_arrays(action)
         n = self.num_envs
         return TensorDict({
-            "observation": _obs_td(out["observation"], n),
-            "final_observation": _obs_td(out["final_observation"], n),
-            "reward": torch.from_numpy(out["reward"]),
-            "terminated": torch.from_numpy(out["terminated"]),
-            "truncated": torch.from_numpy(out["truncated"]),
-            "success": torch.from_numpy(out["success"]),
-        }, batch_size=[n])
+            "observation": _obs_td(out["observation"], n, self.device),
+            "final_observation": _obs_td(out["final_observation"], n, self.device),
+            **{k: _tensor(out[k]) for k in ("reward", "terminated", "truncated", "success")},
+        }, batch_size=[n], device=self.device)
 
 
-def _obs_td(obs: dict[str, np.ndarray], n: int):
+def _numpy(tree: Any) -> Any:
+    """Numpy arrays for the arrays of a (nested) dict of numpy arrays or torch tensors."""
+    if isinstance(tree, dict):
+        return {k: _numpy(v) for k, v in tree.items()}
+    return to_numpy(tree)
+
+
+def _tensor(x: Any):
     import torch
+
+    return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _obs_td(obs: dict[str, Any], n: int, device: Any = None):
     from tensordict import TensorDict
 
-    return TensorDict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in obs.items()}, batch_size=[n])
+    return TensorDict({k: _tensor(v) for k, v in obs.items()}, batch_size=[n], device=device)
 
 
 def make_vec_env(task: str, num_envs: int, *, seed: int = 0, split: str = "train",

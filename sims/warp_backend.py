@@ -1,0 +1,327 @@
+"""MuJoCo Warp backend: every world stepped and rendered by ``mujoco_warp`` on one Warp device.
+
+The same model as the batch backend (island sleeping included) lives on a Warp device, ``"cpu"``
+or ``"cuda:N"``. Its state arrays are handed to the environment as torch tensors that alias the
+Warp arrays (``wp.to_torch``, no copy), so :func:`sims.tasks.evaluate` runs in torch on the device
+(:class:`sims.xp_torch.TorchNamespace`) and observations, rewards and frames reach the policy
+without leaving the device. Episode sampling stays on the host (it is the batch backend's seeded
+numpy code, so both backends draw the same episodes); a reset uploads only the restarted rows.
+
+Frames come from mujoco_warp's batched ray tracer (``create_render_context``, ``refit_bvh``,
+``render``). Colours are per world: the model's ``geom_rgba`` is allocated with one row per world
+(``put_model(batch_sizes={"geom_rgba": N})``) and each episode writes its colours into its row.
+The packed BGRA pixels are reordered on the device into uint8 ``[N, cams, 3, H, W]``.
+
+On CUDA the ``frame_skip`` substeps and the render pass are captured once as CUDA graphs (when
+Warp's memory pool is on), and Warp's stream is ordered against torch's current stream at every
+hand-over (event waits), so the two libraries never race on a shared array.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import mujoco
+import numpy as np
+import torch
+
+from sims.render import RenderConfig
+from sims.xp_torch import TorchNamespace
+
+#: Contacts and constraint rows allocated per world. The suite's scripted experts peak at 19
+#: contacts and 77 constraint rows with sleeping (48 environments x 240 steps, MuJoCo C); without
+#: sleeping every resting object adds its contacts, so there is room for all of them.
+NCONMAX = 48
+NJMAX = 192
+
+#: Solver tolerance of the Warp model (the batch model keeps MuJoCo's 1e-8). MuJoCo C solves each
+#: constraint island on its own, so dofs without contacts (the gantry in the air) get their exact
+#: unconstrained acceleration; mujoco_warp solves a world's constraints as one system, whose shared
+#: line search and tolerance stop left those dofs short of it: 1e-2 m/s apart after one control
+#: step. At 1e-10 the two agree to 1e-7 over 10 steps, for 1 % more Newton iterations (measured).
+SOLVER_TOLERANCE = 1e-10
+
+#: Arrays that ``make_data`` allocates uninitialised (``wp.empty``) when island sleeping is on,
+#: and that the first solve reads: in reused memory (a second environment in one process) they
+#: hold garbage and the worlds turn NaN. The backend zeroes them. (mujoco_warp 4.0.0.)
+_UNINITIALISED = ("cM", "cqLD", "crhs", "cx", "cMa", "cqfrc_smooth", "cqacc_smooth", "cqacc_warmstart", "cqacc",
+                  "cqfrc_constraint")
+
+
+def resolve_device(device: str) -> str:
+    """The Warp device for ``device``: "cpu", "cuda:N", or "auto" (the first GPU, else the CPU).
+
+    Raises:
+        ValueError: a device Warp does not have; the message lists the ones it has.
+    """
+    import warp as wp
+
+    if wp.config.log_level == wp.LOG_INFO:  # the default prints a line per kernel module loaded
+        wp.config.log_level = wp.LOG_WARNING
+    wp.init()
+    names = [str(d) for d in wp.get_devices()]
+    if device == "auto":
+        return "cuda:0" if wp.get_cuda_device_count() > 0 else "cpu"
+    if device == "cuda":
+        device = "cuda:0"
+    if device not in names:
+        raise ValueError(f"warp_device={device!r} is not a Warp device here; available: {names} or 'auto'")
+    return device
+
+
+def _array_fields(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(path, wp.array) of every array in a mujoco_warp dataclass, nested dataclasses included."""
+    import warp as wp
+
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name, None)
+        if isinstance(value, wp.array):
+            out.append((prefix + f.name, value))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.extend(_array_fields(value, prefix + f.name + "."))
+    return out
+
+
+class WarpBackend:
+    """``num_envs`` worlds of one model in mujoco_warp, with an optional batched renderer.
+
+    The backend interface of :mod:`sims.backends` (``set_state``, ``step``, ``qpos``/``qvel``/
+    ``mocap_pos``, ``get_state``/``restore``) with torch tensors on :attr:`device`, plus the
+    renderer's ``set_colours`` and ``render``.
+    """
+
+    renders = True
+
+    def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, device: str = "auto",
+                 render: RenderConfig | None = None, colour_geoms: np.ndarray | None = None,
+                 nconmax: int = NCONMAX, njmax: int = NJMAX, deterministic: bool = True):
+        """Args: model; num_envs worlds; frame_skip substeps per step; device ("cpu", "cuda:N" or
+        "auto"); render: what to render (None: no renderer); colour_geoms: ids of the geoms whose
+        colour each episode sets; nconmax, njmax: contacts and constraint rows per world;
+        deterministic: mujoco_warp's deterministic contact order and reductions (GPU; the CPU
+        device runs serially and is deterministic anyway)."""
+        import mujoco_warp as mjw
+        import warp as wp
+
+        self._wp, self._mjw = wp, mjw
+        self.renders = render is not None
+        name = resolve_device(device)
+        self.wp_device = wp.get_device(name)
+        self.device = torch.device(name)
+        self.xp = self.ax = TorchNamespace(self.device)
+        self.frame_skip = frame_skip
+        self.num_envs = num_envs
+        self._cuda = self.wp_device.is_cuda
+        self._stream = self.wp_device.stream if self._cuda else None
+        with wp.ScopedDevice(self.wp_device):
+            self.m = mjw.put_model(model, batch_sizes={"geom_rgba": num_envs} if self.renders else None)
+            self.m.opt.tolerance.fill_(SOLVER_TOLERANCE)
+            if deterministic:
+                self.m.opt.deterministic = int(mjw.DeterminismType.ALL)
+            self.d = mjw.make_data(model, nworld=num_envs, nconmax=nconmax, njmax=njmax)
+            for name in _UNINITIALISED:
+                arr = getattr(self.d, name, None)
+                if arr is not None and arr.size:
+                    arr.zero_()
+            self._reset_mask_wp = wp.zeros(num_envs, dtype=bool)
+        self._qpos = wp.to_torch(self.d.qpos)
+        self._qvel = wp.to_torch(self.d.qvel)
+        self._mocap_pos = wp.to_torch(self.d.mocap_pos)
+        self._ctrl = wp.to_torch(self.d.ctrl)
+        self._overflow = wp.to_torch(self.d.overflow)
+        self._reset_mask = wp.to_torch(self._reset_mask_wp)
+        self._fields = _array_fields(self.d)
+
+        self._rc = None
+        if self.renders:
+            self._init_renderer(model, render, colour_geoms)
+        self._step_graph = self._render_graph = None
+        if self._cuda and wp.is_mempool_enabled(self.wp_device):
+            self._capture_graphs()
+
+    # ----------------------------------------------------------------------------- streams
+    @contextlib.contextmanager
+    def _on_warp(self):
+        """Run Warp launches after torch's queued work on this device, and torch's after them."""
+        wp = self._wp
+        if self._cuda:
+            self._stream.wait_stream(wp.stream_from_torch(torch.cuda.current_stream(self.device)))
+        with wp.ScopedDevice(self.wp_device):
+            yield
+        if self._cuda:
+            torch.cuda.current_stream(self.device).wait_stream(wp.stream_to_torch(self._stream))
+
+    def _capture_graphs(self) -> None:
+        """Capture the substeps (and the render pass) as CUDA graphs; launches stay eager on failure."""
+        wp, mjw = self._wp, self._mjw
+        self._reset_mask.fill_(True)
+        with self._on_warp():
+            mjw.step(self.m, self.d)  # load every module before capture
+            if self.renders:
+                self._render_launches()
+            mjw.reset_data(self.m, self.d, reset=self._reset_mask_wp)  # drop the warm-up state and flags
+        try:
+            with self._on_warp():
+                with wp.ScopedCapture() as capture:
+                    for _ in range(self.frame_skip):
+                        mjw.step(self.m, self.d)
+                self._step_graph = capture.graph
+                if self.renders:
+                    with wp.ScopedCapture() as capture:
+                        self._render_launches()
+                    self._render_graph = capture.graph
+        except Exception as exc:  # a driver without graph support: eager launches work everywhere
+            import warnings
+
+            warnings.warn(f"CUDA graph capture failed ({exc}); mujoco_warp runs uncaptured", stacklevel=2)
+            self._step_graph = self._render_graph = None
+
+    # ----------------------------------------------------------------------------- physics
+    def compile(self, fn: Any) -> Any:
+        """``fn`` as this backend runs it (eager torch on the device)."""
+        return fn
+
+    @property
+    def qpos(self) -> torch.Tensor:
+        return self._qpos
+
+    @property
+    def qvel(self) -> torch.Tensor:
+        return self._qvel
+
+    @property
+    def mocap_pos(self) -> torch.Tensor:
+        return self._mocap_pos
+
+    def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
+        """Restart worlds ``ids`` (velocities, warm starts, sleep, time zeroed) from these values."""
+        idx = torch.as_tensor(ids, device=self.device)
+        self._reset_mask.zero_()
+        self._reset_mask[idx] = True
+        with self._on_warp():
+            self._mjw.reset_data(self.m, self.d, reset=self._reset_mask_wp)
+        self._qpos[idx] = self.ax.asarray(qpos)
+        self._mocap_pos[idx] = self.ax.asarray(mocap_pos)
+        self._ctrl[idx] = self.ax.asarray(ctrl)
+
+    def step(self, ctrl: torch.Tensor) -> None:
+        """Apply ``ctrl`` [N, nu] and advance every world by ``frame_skip`` substeps.
+
+        Raises:
+            RuntimeError: a world ran out of contact or constraint rows (its physics is wrong).
+        """
+        self._ctrl.copy_(ctrl)
+        with self._on_warp():
+            if self._step_graph is not None:
+                self._wp.capture_launch(self._step_graph)
+            else:
+                for _ in range(self.frame_skip):
+                    self._mjw.step(self.m, self.d)
+        if bool(self._overflow.any()):
+            worlds = torch.nonzero(self._overflow).flatten()[:10].tolist()
+            raise RuntimeError(f"mujoco_warp overflow in worlds {worlds} (flags {self._overflow[worlds].tolist()}): "
+                               f"raise sims.warp_backend.NCONMAX / NJMAX (now {NCONMAX} / {NJMAX})")
+
+    def get_state(self) -> dict[str, Any]:
+        """Snapshot: every array of the device data (and the per-world colours), copied to numpy."""
+        arrays = self._fields + ([("model.geom_rgba", self.m.geom_rgba)] if self.renders else [])
+        with self._on_warp():
+            return {"arrays": {name: arr.numpy().copy() for name, arr in arrays}}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Write :meth:`get_state`'s snapshot back into the device arrays (in place).
+
+        Raises:
+            ValueError: the snapshot is of another model, number of worlds or array sizes.
+        """
+        arrays = dict(self._fields + ([("model.geom_rgba", self.m.geom_rgba)] if self.renders else []))
+        saved = state["arrays"]
+        bad = sorted(k for k in arrays if k not in saved or saved[k].shape != arrays[k].numpy().shape)
+        if bad or set(saved) - set(arrays):
+            raise ValueError(f"Warp snapshot does not fit this backend (arrays {bad[:5]} differ); build the env "
+                             "with the config it was saved with")
+        with self._on_warp():
+            for name, arr in arrays.items():
+                arr.assign(saved[name])
+
+    # ----------------------------------------------------------------------------- rendering
+    def _init_renderer(self, model: mujoco.MjModel, config: RenderConfig, colour_geoms: np.ndarray | None) -> None:
+        config.validate()
+        self.render_config = config
+        self._colour_geoms = torch.as_tensor(np.asarray(colour_geoms if colour_geoms is not None else []),
+                                             device=self.device, dtype=torch.int64)
+        self._cam_ids = [model.camera(c).id for c in config.cameras]
+        self._cam_fovy = [float(model.cam_fovy[c]) for c in self._cam_ids]
+        with self._wp.ScopedDevice(self.wp_device):
+            # Geom groups 0-2 are what MuJoCo's default visual option shows (colliders sit in group 3).
+            self._rc = self._mjw.create_render_context(
+                model, nworld=self.num_envs, cam_res=(config.width, config.height), render_rgb=True,
+                render_depth=config.depth, use_textures=False, use_shadows=False,
+                enabled_geom_groups=[0, 1, 2], cam_active=list(config.cameras))
+        self._rgba = self._wp.to_torch(self.m.geom_rgba)  # [N, ngeom, 4]
+        n, hw = self.num_envs, config.width * config.height
+        self._packed = self._wp.to_torch(self._rc.rgb_data).view(torch.uint8).view(n, -1, 4)  # BGRA per pixel
+        self._rgb_adr = self._rc.rgb_adr.numpy().tolist()
+        self._bgr = torch.tensor([2, 1, 0], device=self.device)
+        self._depth = self._wp.to_torch(self._rc.depth_data) if config.depth else None
+        self._depth_adr = self._rc.depth_adr.numpy().tolist()
+        self._hw = hw
+
+    def _render_launches(self) -> None:
+        mjw = self._mjw
+        mjw.kinematics(self.m, self.d)  # positions of the current qpos (a step leaves the pre-step ones)
+        mjw.camlight(self.m, self.d)
+        mjw.refit_bvh(self.m, self.d, self._rc)
+        mjw.render(self.m, self.d, self._rc)
+
+    def set_colours(self, ids: np.ndarray, rgba: np.ndarray) -> None:
+        """Colour geoms ``colour_geoms`` of worlds ``ids``: ``rgba`` [len(ids), len(colour_geoms), 4]."""
+        if self.renders:
+            idx = torch.as_tensor(ids, device=self.device)
+            self._rgba[idx[:, None], self._colour_geoms[None, :]] = self.ax.asarray(rgba)
+
+    def render(self, points: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Frames of every world at the current state.
+
+        Args:
+            points: optional world points [N, P, 3] to locate in every camera.
+
+        Returns:
+            ``rgb`` uint8 [N, cams, 3, H, W], ``depth`` float32 [N, cams, H, W] (camera-axis
+            metres) if configured, and with ``points`` ``pixels`` float32 [N, cams, P, 2] as
+            :func:`sims.render.project_points` gives them (NaN behind the camera).
+        """
+        cfg = self.render_config
+        with self._on_warp():
+            if self._render_graph is not None:
+                self._wp.capture_launch(self._render_graph)
+            else:
+                self._render_launches()
+        n, h, w = self.num_envs, cfg.height, cfg.width
+        # Each camera's pixels: [N, H*W, 4] BGRA -> [N, 3, H, W] RGB, one gather per camera.
+        frames = [self._packed[:, a:a + self._hw].view(n, h, w, 4).permute(0, 3, 1, 2)[:, self._bgr]
+                  for a in self._rgb_adr]
+        out = {"rgb": frames[0][:, None] if len(frames) == 1 else torch.stack(frames, dim=1)}
+        if self._depth is not None:
+            out["depth"] = torch.stack([self._depth[:, a:a + self._hw] for a in self._depth_adr], 1).reshape(
+                n, -1, h, w).clone()
+        if points is not None:
+            out["pixels"] = self._project(points)
+        return out
+
+    def _project(self, points: torch.Tensor) -> torch.Tensor:
+        """Normalised image coordinates of ``points`` [N, P, 3] in each camera, [N, cams, P, 2]."""
+        cam_pos = self._wp.to_torch(self.d.cam_xpos)  # [N, ncam, 3]
+        cam_mat = self._wp.to_torch(self.d.cam_xmat)  # [N, ncam, 3, 3]
+        aspect = self.render_config.width / self.render_config.height
+        out = []
+        for cam, fovy in zip(self._cam_ids, self._cam_fovy):
+            local = torch.einsum("npi,nij->npj", points - cam_pos[:, None, cam], cam_mat[:, cam])  # world -> camera
+            depth = -local[..., 2]
+            tan_half = float(np.tan(np.deg2rad(fovy) / 2.0))
+            uv = torch.stack([local[..., 0] / (depth * tan_half * aspect), -local[..., 1] / (depth * tan_half)], -1)
+            out.append(torch.where((depth > 0)[..., None], uv, torch.nan))
+        return torch.stack(out, dim=1)

@@ -1,0 +1,185 @@
+"""Warp backend on Warp's CPU device: agrees with ``batch``, solves the tasks as often, renders the
+same frames, is deterministic, refuses bad actions, snapshots exactly, hands torch its arrays.
+
+mujoco_warp compiles its kernels once per machine (about a minute on 2 cores, cached by Warp under
+``~/.cache/warp`` or ``$WARP_CACHE_PATH``; a few seconds to load after that); every test here
+shares the one compile of the process.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("mujoco_warp")
+
+import sims
+from sims.experts import run_expert
+from sims.render import RenderConfig
+from sims.vec_env import ACTION_DIM, make_vec_env
+from sims.xp_torch import to_numpy
+
+NUM_ENVS, STEPS = 8, 10
+# Tolerances over 10 control steps (40 substeps) of the suite, float32 (Warp) against float64
+# (MuJoCo C): measured 1.2e-7 for proprio (velocities included) and 3e-8 m for the state.
+STATE_TOL = 1e-3
+PROPRIO_TOL = 1e-3
+REWARD_TOL = 1e-3
+FRAME_MAD_TOL = 12.0  # mean absolute difference to EGL, levels of 255 (measured 4.4 front, 4.3 wrist)
+RENDER = RenderConfig(width=64, height=64, cameras=("front", "wrist"), depth=True, num_contexts=1)
+
+
+def _warp(task: str, n: int, **kwargs):
+    return make_vec_env(task, n, backend="warp", warp_device="cpu", **kwargs)
+
+
+def _trace(env, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
+    out = [{k: to_numpy(v) for k, v in env.reset_arrays().items()}]
+    for a in actions:
+        step = env.step_arrays(a)
+        out.append({**{k: to_numpy(v) for k, v in step["observation"].items()}, "reward": to_numpy(step["reward"])})
+    # One more step at the episodes' step limits: every environment truncates and autoresets.
+    env._steps[:] = env._max_steps[env._task] - 1
+    last = env.step_arrays(actions[0])
+    out.append({**{k: to_numpy(v) for k, v in last["observation"].items()}, "truncated": to_numpy(last["truncated"])})
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, list[dict[str, np.ndarray]]]:
+    actions = np.random.default_rng(0).uniform(-1, 1, (STEPS, NUM_ENVS, ACTION_DIM)).astype(np.float32)
+    batch = make_vec_env("suite", NUM_ENVS, seed=9, num_threads=1, render=RENDER)
+    warp = _warp("suite", NUM_ENVS, seed=9, render=RENDER)
+    out = {"batch": _trace(batch, actions), "warp": _trace(warp, actions)}
+    batch.close()
+    return out
+
+
+def test_warp_agrees_with_batch_over_ten_steps(runs) -> None:
+    for t, (ref, got) in enumerate(zip(runs["batch"][:-1], runs["warp"][:-1])):
+        for key in ("instruction", "task"):
+            np.testing.assert_array_equal(got[key], ref[key], err_msg=f"{key}, step {t}")
+        np.testing.assert_allclose(got["state"], ref["state"], atol=STATE_TOL, err_msg=f"state, step {t}")
+        np.testing.assert_allclose(got["proprio"], ref["proprio"], atol=PROPRIO_TOL, err_msg=f"proprio, step {t}")
+        np.testing.assert_allclose(got["goal_pixel"], ref["goal_pixel"], atol=1e-3, err_msg=f"goal_pixel, step {t}")
+        if t:
+            np.testing.assert_allclose(got["reward"], ref["reward"], atol=REWARD_TOL, err_msg=f"reward, step {t}")
+
+
+def test_warp_autoresets_like_batch(runs) -> None:
+    ref, got = runs["batch"][-1], runs["warp"][-1]
+    assert ref["truncated"].all() and got["truncated"].all()
+    for key in ("instruction", "task"):
+        np.testing.assert_array_equal(got[key], ref[key])
+    np.testing.assert_allclose(got["state"], ref["state"], atol=1e-6)
+
+
+def test_warp_frames_match_egl(runs) -> None:
+    for t, (ref, got) in enumerate(zip(runs["batch"], runs["warp"])):
+        assert got["rgb"].shape == ref["rgb"].shape == (NUM_ENVS, 2, 3, 64, 64) and got["rgb"].dtype == np.uint8
+        mad = np.abs(got["rgb"].astype(np.int16) - ref["rgb"]).mean(axis=(0, 2, 3, 4))
+        assert (mad <= FRAME_MAD_TOL).all(), f"step {t}: mean absolute difference per camera {mad}"
+        # Camera-axis depth in metres, like EGL's, away from silhouette edges.
+        assert np.median(np.abs(got["depth"] - ref["depth"])) < 1e-3
+
+
+def test_warp_is_deterministic_for_a_seed() -> None:
+    actions = np.random.default_rng(1).uniform(-1, 1, (12, 4, ACTION_DIM)).astype(np.float32)
+    a, b = (_trace(_warp("suite", 4, seed=5), actions) for _ in range(2))
+    for x, y in zip(a, b):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+    other = to_numpy(_warp("suite", 4, seed=6).reset_arrays()["state"])
+    assert not np.array_equal(other, a[0]["state"])
+
+
+def test_warp_refuses_bad_actions_and_leaves_every_env_untouched() -> None:
+    env = _warp("push", 3, seed=1)
+    env.reset_td()
+    env.step_td(torch.zeros(3, ACTION_DIM))
+    qpos, steps = env._backend.qpos.clone(), env._steps.copy()
+    with pytest.raises(ValueError, match=r"expected \(3, 4\)"):
+        env.step_td(torch.zeros(3, 3))
+    bad = torch.zeros(3, ACTION_DIM)
+    bad[1, 2] = torch.nan
+    with pytest.raises(ValueError, match=r"NaN or inf for environments \[1\]"):
+        env.step_td(bad)
+    bad[1, 2] = torch.inf
+    with pytest.raises(ValueError, match="NaN or inf"):
+        env.step(bad.numpy())  # the gymnasium path, numpy in
+    assert torch.equal(env._backend.qpos, qpos)
+    np.testing.assert_array_equal(env._steps, steps)
+
+
+def test_warp_tensordict_view_stays_on_the_device_without_copies() -> None:
+    env = _warp("suite", 4, seed=2, render=RenderConfig(width=32, height=32))
+    td = env.reset_td(seed=2)
+    out = env.step_td(torch.zeros(4, ACTION_DIM))
+    assert env.device == torch.device("cpu") and out.device == env.device
+    obs = out["observation"]
+    assert obs["rgb"].dtype == torch.uint8 and obs["rgb"].shape == (4, 1, 3, 32, 32)
+    assert obs["proprio"].dtype == torch.float32 and obs["state"].shape == (4, sims.tasks.STATE_DIM)
+    assert out["reward"].dtype == torch.float32 and out["success"].dtype == torch.bool
+    assert td["instruction"].dtype == torch.int64
+    # The backend's state tensors are the Warp arrays themselves.
+    backend = env._backend
+    assert backend.qpos.data_ptr() == backend.d.qpos.ptr and backend.mocap_pos.data_ptr() == backend.d.mocap_pos.ptr
+
+
+def test_warp_snapshot_continues_bit_for_bit() -> None:
+    env = _warp("suite", 4, seed=3, render=RenderConfig(width=32, height=32))
+    env.reset_arrays(seed=3)
+    actions = np.random.default_rng(2).uniform(-1, 1, (40, 4, ACTION_DIM)).astype(np.float32)
+    actions[:, :2] *= 0.05  # some trees fall asleep
+    for a in actions[:25]:
+        env.step_arrays(a)
+    snapshot = env.get_state()
+    expected = [env.step_arrays(a)["observation"] for a in actions[25:]]
+    restored = _warp("suite", 4, seed=3, render=RenderConfig(width=32, height=32))
+    restored.set_state(snapshot)
+    for a, want in zip(actions[25:], expected):
+        have = restored.step_arrays(a)["observation"]
+        for key in want:
+            assert torch.equal(want[key], have[key]), key
+    with pytest.raises(ValueError, match="snapshot"):
+        _warp("suite", 2, seed=3).set_state(snapshot)
+
+
+def test_removed_and_unknown_backends_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="mjx-warp' was removed: use backend='warp'"):
+        make_vec_env("reach", 2, backend="mjx-warp")
+    with pytest.raises(ValueError, match="not a Warp device here"):
+        _warp_device("cuda:7")
+
+
+def _warp_device(name: str):
+    return make_vec_env("reach", 2, backend="warp", warp_device=name)
+
+
+def _wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a success rate."""
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def _expert_parity(episodes: int) -> None:
+    """Scripted experts on the same seeded episodes: warp's success rate inside batch's 95 % interval."""
+    for task in sims.TASK_NAMES:
+        ref = run_expert(make_vec_env(task, episodes, seed=100, num_threads=1))[:, 0]
+        got = run_expert(_warp(task, episodes, seed=100))[:, 0]
+        lo, hi = _wilson(int(ref.sum()), episodes)
+        assert lo <= got.mean() <= hi, f"{task}: warp {got.mean():.3f}, batch {ref.mean():.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def test_experts_succeed_on_warp_as_on_batch() -> None:
+    _expert_parity(16)
+
+
+@pytest.mark.slow
+def test_experts_succeed_on_warp_as_on_batch_over_256_episodes() -> None:
+    _expert_parity(256)
