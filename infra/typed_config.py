@@ -51,6 +51,10 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"{path}={value!r} must be a list, e.g. {path}=[a,b]")
         item = args[0] if args else Any
         return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict:  # a free-form section, validated by whoever reads it (e.g. a nested job's overrides)
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{path} must be a mapping with string keys, got {value!r}")
+        return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{path} must be a mapping of {tp.__name__} fields, got {value!r}")

@@ -1,0 +1,176 @@
+"""The whole recipe in one call: demonstrations -> SFT -> RL from the SFT checkpoint -> test splits.
+
+:func:`run_recipe` runs the stages of a :class:`RecipeConfig` under ``<out_dir>/<name>/``:
+
+1. ``demos/``: the scripted experts' episodes of the ``train`` split, with DART noise, as a
+   LeRobot v3.0 dataset (:mod:`vla_rl.demos`);
+2. ``sft/``: ``algo=sft`` on that dataset (the base config with the ``sft`` overrides);
+3. ``rl/``: PPO (or GRPO) started from the SFT checkpoint with ``init_from`` (``rl`` overrides);
+4. each stage's final checkpoint evaluated on fresh episodes of the test splits
+   (``paraphrase``, ``composition``) and of ``train``, with 95 % Wilson intervals.
+
+Training stops and picks checkpoints on nothing but the ``validation`` split; the test streams
+are drawn only in step 4. A stage that finished is reused and an unfinished one resumed, so the
+same command continues an interrupted recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.typed_config import ConfigError, from_dict, merge, parse_overrides
+from vla_rl.config import CONFIG_DIR, EnvConfig, TrainConfig, build_config, read_yaml, to_dict
+from vla_rl.demos.collect import CollectConfig, collect_demos
+from vla_rl.evaluate import evaluate_checkpoint
+from vla_rl.trainer import Trainer, unfinished
+
+
+@dataclass
+class DemoSettings:
+    """The demonstrations of step 1 (the base config's task, image size and cameras)."""
+
+    episodes: int = 2000
+    """Successful expert episodes to record."""
+    noise: float = 0.3
+    """DART noise on the executed actions (labels stay the expert's): recovery states for SFT."""
+    num_envs: int = 16
+    """Environments the experts act in together."""
+
+
+@dataclass
+class TestSettings:
+    """The final evaluation of step 4, on fresh episodes."""
+
+    splits: tuple[str, ...] = ("train", "paraphrase", "composition")
+    """Splits evaluated (never ``validation``: the runs were stopped on it)."""
+    episodes: int = 1024
+    """Episodes per split and checkpoint."""
+    num_envs: int = 64
+    """Environments stepped together."""
+
+
+@dataclass
+class RecipeConfig:
+    """Demonstrations, SFT, RL and the test evaluation of one recipe run."""
+
+    name: str = "sft-rl"
+    """Results go to ``<out_dir>/<name>/`` (demos/, sft/, rl/, recipe.json)."""
+    out_dir: str = "runs"
+    """Parent directory."""
+    seed: int = 0
+    """Seed of the demonstrations and of both training runs."""
+    base: str = "suite.yaml"
+    """Training config both stages start from (a file in configs/, or a path)."""
+    demos: DemoSettings = field(default_factory=DemoSettings)
+    """Step 1."""
+    sft: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the base config for the SFT stage (``algo`` and ``sft.dataset`` are set)."""
+    rl: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the base config for the RL stage (``init_from`` is set)."""
+    test: TestSettings = field(default_factory=TestSettings)
+    """Step 4."""
+
+
+def load_recipe(path: str | Path | None, overrides: list[str]) -> RecipeConfig:
+    """Read a recipe YAML (default ``configs/suite_sft_rl.yaml``) with ``key=value`` overrides.
+
+    Both stages' training configs are built and validated here, before anything runs.
+
+    Raises:
+        ConfigError: an unknown key, a bad value, or a stage config that does not validate.
+    """
+    data = merge(read_yaml(path or CONFIG_DIR / "suite_sft_rl.yaml"), parse_overrides(overrides))
+    recipe = from_dict(RecipeConfig, data)
+    if "validation" in recipe.test.splits:
+        raise ConfigError("test.splits must not hold validation: the runs are stopped on it; use train, "
+                          "paraphrase, composition")
+    _check_stages(recipe)
+    return recipe
+
+
+def _root(recipe: RecipeConfig) -> Path:
+    return Path(recipe.out_dir) / recipe.name
+
+
+def _stage_dicts(recipe: RecipeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    base_path = Path(recipe.base)
+    base = read_yaml(base_path if base_path.is_file() else CONFIG_DIR / recipe.base)
+    root = _root(recipe)
+    common = {"out_dir": str(root), "seed": recipe.seed}
+    sft = merge(merge(base, recipe.sft), {**common, "name": "sft", "algo": "sft", "sft": {"dataset": str(root / "demos")}})
+    rl = merge(merge(base, recipe.rl), {**common, "name": "rl", "init_from": str(root / "sft"),
+                                        "eval": {"at_start": True}})
+    return sft, rl
+
+
+def _check_stages(recipe: RecipeConfig) -> None:
+    """Validate both stages before anything runs, but for the files the earlier stages will write."""
+    sft, rl = _stage_dicts(recipe)
+    sft_without_data = merge(sft, {"sft": {"dataset": str(CONFIG_DIR)}})
+    for stage, data in (("sft", sft_without_data), ("rl", merge(rl, {"init_from": str(CONFIG_DIR)}))):
+        try:
+            build_config(data)
+        except ConfigError as exc:
+            if stage == "sft" and "meta/info.json" in str(exc):
+                continue  # the dataset step 1 writes
+            raise ConfigError(f"recipe stage {stage}: {exc}") from exc
+
+
+def _train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train one stage to its end, resuming it if it was interrupted; a finished stage is reused."""
+    run_dir = Path(cfg.out_dir) / cfg.run_name
+    if (run_dir / "summary.json").exists():
+        return json.loads((run_dir / "summary.json").read_text())
+    trainer = Trainer(cfg, resume=unfinished(cfg))
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()
+
+
+def _test(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
+    out = {}
+    for split in recipe.test.splits:
+        report = evaluate_checkpoint(run_dir, split, recipe.test.episodes, recipe.test.num_envs, record=False).report()
+        out[split] = {"success": report["success"], "ci95": report["ci95"], "episodes": report["episodes"],
+                      **{f"success_{t}": r["success"] for t, r in report["tasks"].items()},
+                      "tasks": report["tasks"]}
+    return out
+
+
+def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
+    """Run (or continue) every stage; returns ``{config, results: {sft, rl}, checkpoints, wall_s, stage_wall_s}``."""
+    start = time.perf_counter()
+    root = _root(recipe)
+    walls: dict[str, float] = {}
+    stages = dict(zip(("sft", "rl"), _stage_dicts(recipe)))
+    env = from_dict(EnvConfig, stages["sft"].get("env", {}), "env")
+    demos = root / "demos"
+    if not (demos / "meta" / "info.json").exists():
+        t = time.perf_counter()
+        collect_demos(CollectConfig(task=env.task, episodes=recipe.demos.episodes, out=demos, seed=recipe.seed,
+                                    noise=recipe.demos.noise, image_size=env.image_size,
+                                    num_envs=recipe.demos.num_envs, cameras=tuple(env.cameras)))
+        walls["demos"] = time.perf_counter() - t
+    results: dict[str, Any] = {}
+    configs: dict[str, TrainConfig] = {}
+    for stage in ("sft", "rl"):
+        cfg = configs[stage] = build_config(stages[stage])  # each stage's inputs exist by now
+        t = time.perf_counter()
+        summary = _train(cfg)
+        walls[stage] = time.perf_counter() - t
+        t = time.perf_counter()
+        results[stage] = _test(root / stage, recipe) | {"train_wall_time_s": summary["wall_time_s"]}
+        walls[f"test_{stage}"] = time.perf_counter() - t
+    return {
+        "config": {"recipe": dataclasses.asdict(recipe), **{s: to_dict(c) for s, c in configs.items()}},
+        "results": results,
+        "checkpoints": {s: str(root / s / "checkpoints" / "latest.pt") for s in ("sft", "rl")},
+        "wall_s": time.perf_counter() - start,
+        "stage_wall_s": walls,
+    }
