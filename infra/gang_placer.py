@@ -1,9 +1,11 @@
 """Gang placement: all bundles of a request or none, honouring its constraints.
 
 Bundles tied by ``SameGPU`` become one unit (their CPU, memory and GPU fractions summed, one GPU
-shared). Units tied by ``SameNode`` (or ``SameGPU`` across units) form a node group: its first
-unit goes where the policy says, the others are restricted to that node; if a later unit does not
-fit there, the group is undone and retried with that node excluded (a bounded search).
+shared, their GPU memory added up). Units tied by ``SameNode`` (or ``SameGPU`` across units) form a
+node group: only nodes with room for the whole group's CPU, memory and whole GPUs are candidates;
+its first unit goes where the policy says, the others are restricted to that node; if a later unit
+does not fit there, the group is undone and retried with that node excluded, until a node holds
+the group or no candidate is left (every candidate node can be tried).
 ``DifferentNodes``, ``PinGPUs`` and constraints naming placed services narrow the masks of each
 ``Demand``. Everything taken is applied to the ``ClusterState`` as it goes and undone on failure,
 so a failed gang leaves the state exactly as it was.
@@ -17,10 +19,7 @@ import numpy as np
 
 from infra.node_scoring import Demand, Policy
 from infra.requests import Bundle, DifferentNodes, GangRequest, PinGPUs, SameGPU, SameNode
-from infra.resources import ClusterState
-
-MAX_GROUP_RETRIES = 8
-"""Nodes tried for the first unit of a same-node group before the gang is declared unplaceable."""
+from infra.resources import MILLI, Alloc, ClusterState
 
 
 @dataclass(frozen=True)
@@ -35,10 +34,12 @@ class Assignment:
 
 @dataclass(frozen=True)
 class Placement:
-    """A placed gang: one assignment per running bundle (bundle index order)."""
+    """A placed gang: one assignment per running bundle (bundle index order) and its placement count."""
 
     gang: str
     assignments: tuple[Assignment, ...]
+    epoch: int = 0
+    """How many times the gang has been placed (its Ray groups are named after it)."""
 
     def nodes(self) -> set[str]:
         """Names of the nodes the gang uses."""
@@ -56,10 +57,6 @@ class _Unit:
     gpu_milli: int
     models: frozenset[str]
     gpu_memory_mib: int
-
-
-Taken = tuple[int, tuple[int, ...], int, int, int]
-"""(node, gpus, gpu_milli, cpu, mem) of one allocation on the state."""
 
 
 def _units(req: GangRequest, indices: list[int]) -> list[_Unit]:
@@ -104,7 +101,7 @@ def _units(req: GangRequest, indices: list[int]) -> list[_Unit]:
                     1,
                     sum(b.gpu_fraction for b in bs),
                     bs[0].gpu_models,
-                    max(b.gpu_memory_mib for b in bs),
+                    sum(b.gpu_memory_mib for b in bs),
                 )
             )
     return units
@@ -156,7 +153,8 @@ class GangPlacer:
         indices: list[int],
         services: dict[str, tuple[int, tuple[int, ...]]],
         running: dict[int, int] | None = None,
-    ) -> list[tuple[int, Taken]] | None:
+        node_mask: np.ndarray | None = None,
+    ) -> list[tuple[int, Alloc]] | None:
         """Place bundles ``indices`` of ``req``, all or none.
 
         Args:
@@ -164,51 +162,62 @@ class GangPlacer:
             indices: which bundles to place.
             services: placed services by name -> (node, GPU indices), for constraints naming them.
             running: bundles of this gang already placed -> node (a growing elastic gang).
+            node_mask: ``[N]`` bool, the only nodes allowed (None: all).
         Returns:
-            ``[(bundle, taken)]`` for every bundle, or None (the state unchanged).
+            ``[(bundle, alloc)]`` for every bundle, or None (the state unchanged).
         """
         units = _units(req, indices)
         gang_nodes = np.zeros(self.state.num_nodes, dtype=bool)
         node_of: dict[int, int] = dict(running or {})
         for n in node_of.values():
             gang_nodes[n] = True
-        done: list[tuple[int, Taken]] = []
+        done: list[tuple[int, Alloc]] = []
         for group in _node_groups(req, units):
-            placed = self._place_group(req, group, services, node_of, gang_nodes)
+            placed = self._place_group(req, group, services, node_of, gang_nodes, node_mask)
             if placed is None:
-                self.undo(t for _, t in done)
+                self.undo(a for _, a in done)
                 return None
             done += placed
         return done
 
-    def _place_group(self, req, group, services, node_of, gang_nodes) -> list[tuple[int, Taken]] | None:
-        excluded = np.zeros(self.state.num_nodes, dtype=bool)
-        for _ in range(MAX_GROUP_RETRIES):
-            taken: list[tuple[int, Taken]] = []
+    def _group_nodes(self, group: list[_Unit]) -> np.ndarray:
+        """``[N]`` bool: nodes with room now for the whole group's CPU, memory and whole GPUs."""
+        st = self.state
+        ok = st.alive & (st.cpu_free >= sum(u.cpu for u in group)) & (st.mem_free >= sum(u.mem for u in group))
+        whole = sum(u.num_gpu for u in group if u.gpu_milli == MILLI)
+        if whole:
+            ok &= (st.gpu_free == MILLI).sum(axis=1) >= whole
+        return ok
+
+    def _place_group(self, req, group, services, node_of, gang_nodes, node_mask) -> list[tuple[int, Alloc]] | None:
+        candidates = self._group_nodes(group) if len(group) > 1 else np.ones(self.state.num_nodes, dtype=bool)
+        if node_mask is not None:
+            candidates &= node_mask
+        while True:
+            taken: list[tuple[int, Alloc]] = []
             node = None
             for u in group:
                 mask, gmask = self._masks(req, u, services, node_of)
-                mask = mask & ~excluded if node is None else mask & (np.arange(mask.size) == node)
+                mask = mask & candidates if node is None else mask & (np.arange(mask.size) == node)
                 d = Demand(
                     u.cpu, u.mem, u.num_gpu, u.gpu_milli, u.models, u.gpu_memory_mib, mask, gmask, gang_nodes
                 )
                 choice = self.policy.choose(self.state, d, self.rng)
                 if choice is None:
                     break
-                t: Taken = (choice.node, choice.gpus, u.gpu_milli, u.cpu, u.mem)
-                self.state.allocate(choice.node, u.cpu, u.mem, choice.gpus, u.gpu_milli)
+                a = Alloc(choice.node, choice.gpus, u.gpu_milli, u.cpu, u.mem, u.gpu_memory_mib)
+                self.state.allocate(a)
                 node = choice.node
-                taken += _split(req, u, t)
+                taken += _split(req, u, a)
             else:
-                for b, t in taken:
-                    node_of[b] = t[0]
-                    gang_nodes[t[0]] = True
+                for b, a in taken:
+                    node_of[b] = a.node
+                    gang_nodes[a.node] = True
                 return taken
-            self.undo(t for _, t in taken)
+            self.undo(a for _, a in taken)
             if node is None:
                 return None
-            excluded[node] = True
-        return None
+            candidates[node] = False  # the group does not fit there: try the next best node
 
     def _masks(self, req, u: _Unit, services, node_of) -> tuple[np.ndarray, np.ndarray | None]:
         """Node and GPU masks imposed on unit ``u`` by the gang's constraints."""
@@ -237,19 +246,18 @@ class GangPlacer:
                 gmask = pin if gmask is None else gmask & pin
         return mask, gmask
 
-    def undo(self, taken) -> None:
+    def undo(self, allocs) -> None:
         """Free allocations made by ``place``."""
-        for node, gpus, milli, cpu, mem in taken:
-            self.state.free(node, cpu, mem, gpus, milli)
+        for a in allocs:
+            self.state.free(a)
 
 
-def _split(req: GangRequest, u: _Unit, t: Taken) -> list[tuple[int, Taken]]:
+def _split(req: GangRequest, u: _Unit, a: Alloc) -> list[tuple[int, Alloc]]:
     """Per-bundle share of a unit's allocation (SameGPU members share the GPU)."""
-    node, gpus, _, _, _ = t
     if len(u.bundles) == 1:
-        return [(u.bundles[0], t)]
+        return [(u.bundles[0], a)]
     out = []
     for i in u.bundles:
         b = req.bundles[i]
-        out.append((i, (node, gpus, b.gpu_fraction, b.cpu_milli, b.memory_mib)))
+        out.append((i, Alloc(a.node, a.gpus, b.gpu_fraction, b.cpu_milli, b.memory_mib, b.gpu_memory_mib)))
     return out

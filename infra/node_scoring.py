@@ -2,7 +2,8 @@
 
 A policy answers one question: on which node, and which GPUs of it, does one bundle go? It sees
 the whole cluster as arrays (``ClusterState``) and scores every feasible node at once; the best
-score wins and ties are broken uniformly at random (as kube-scheduler's ``selectHost`` does).
+score wins and ties go to the node ranked first in ``state.tie_rank``, a node order the scheduler
+draws from its seed (as the FGD simulator's random node naming does), so a seed fixes every choice.
 Gangs and constraints are handled above it (``infra.gang_placer``) by narrowing the masks of a
 ``Demand``.
 
@@ -87,7 +88,7 @@ def feasible(state: ClusterState, d: Demand) -> Candidates:
     nodes = np.flatnonzero(ok)
     allowed = state.model_mask(d.models)[nodes]
     if d.gpu_memory_mib:
-        allowed = allowed & state.memory_mask(d.gpu_memory_mib)[nodes]
+        allowed = allowed & state.memory_free_mask(d.gpu_memory_mib)[nodes]
     if d.gpu_mask is not None:
         allowed = allowed & d.gpu_mask[nodes]
     gpu_ok = allowed & (state.gpu_free[nodes] >= d.gpu_milli)
@@ -101,7 +102,7 @@ def first_gpus(gpu_ok_row: np.ndarray, k: int) -> tuple[int, ...]:
 
 
 class Policy:
-    """Base class: score feasible nodes (higher is better), take the best, break ties at random.
+    """Base class: score feasible nodes (higher is better), take the best, break ties by ``state.tie_rank``.
 
     Subclasses implement ``node_scores``; they may override ``pick_gpus`` (default: whole GPUs by
     index, a fraction on the tightest GPU that fits) or ``choose`` itself.
@@ -157,7 +158,7 @@ class RandomPolicy(Policy):
         return Choice(int(cand.nodes[k]), self.pick_gpus(state, d, cand, k, rng))
 
 
-def _free_fraction(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+def free_fraction(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
     """Mean free fraction of CPU, memory and (where present) GPU of each node."""
     cpu = state.cpu_free[nodes] / state.cpu_cap[nodes]
     mem = state.mem_free[nodes] / state.mem_cap[nodes]
@@ -173,7 +174,7 @@ class PackPolicy(Policy):
     name = "pack"
 
     def node_scores(self, state, d, cand):
-        score = _free_fraction(state, cand.nodes)
+        score = free_fraction(state, cand.nodes)
         if d.gang_nodes is not None:
             score = score + 2.0 * d.gang_nodes[cand.nodes]
         return score
@@ -185,7 +186,7 @@ class SpreadPolicy(Policy):
     name = "spread"
 
     def node_scores(self, state, d, cand):
-        score = _free_fraction(state, cand.nodes)
+        score = free_fraction(state, cand.nodes)
         if d.gang_nodes is not None:
             score = score - 2.0 * d.gang_nodes[cand.nodes]
         return score
@@ -247,7 +248,8 @@ class FGDPolicy(Policy):
     """Fragmentation gradient descent: place where the expected GPU fragmentation grows least.
 
     Scores follow the FGD simulator exactly: ``int(100 * sigmoid((F_before - F_after) / 1000))``;
-    a fraction goes on the first GPU with the best score, whole GPUs by index.
+    a fraction goes on the first GPU with the best score, whole GPUs by index; ties between nodes
+    go by ``state.tie_rank``.
 
     Args:
         typical: the workload's typical pods; None estimates them online from the requests seen.
@@ -266,7 +268,7 @@ class FGDPolicy(Policy):
         if self._fixed is None and d is not None:
             self._seen[d.shape] += 1
             total = sum(self._seen.values())
-            if self._model is None or total >= 2 * self._seen_at_build:
+            if self._model is None or total >= 2 * self._seen_at_build or self._model.state is not state:
                 shapes = [s for s, c in self._seen.items() for _ in range(c)]
                 self._model = FragModel(state, TypicalPods.from_shapes(shapes))
                 self._seen_at_build = total
@@ -322,7 +324,7 @@ class FGDPolicy(Policy):
             return None
         rows, gpus, delta = self.frag_delta(state, d, cand)
         score = self.rank(state, d, cand.nodes[rows], delta)
-        # Per node: its best candidate (first GPU on ties); across nodes: uniform among the best.
+        # Per node: its best candidate (first GPU on ties); across nodes: the best, first in tie_rank.
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         best_node = np.maximum.reduceat(score, starts)
         k = _argmax(best_node, cand.nodes[rows[starts]], state)

@@ -106,6 +106,12 @@ class GangRequest:
         priority: higher runs first and may preempt lower (default 0).
         min_bundles: for an elastic gang, the fewest bundles it accepts (None: all of them);
             the gang then runs with as many bundles as fit, between ``min_bundles`` and ``len(bundles)``.
+        tenant: who pays: GPU quotas (``infra.quota``) are per tenant.
+        timeout_s: longest wait in the queue (each time it waits) before the gang fails with the
+            reason it could not be placed (None: waits for ever).
+        grace_s: seconds a preempted gang has between the notice and the forced stop, to
+            checkpoint and stop by itself (0: stopped at once).
+        labels: free-form annotations (not compared).
     """
 
     name: str
@@ -113,12 +119,24 @@ class GangRequest:
     constraints: tuple[Constraint, ...] = ()
     priority: int = 0
     min_bundles: int | None = None
+    tenant: str = "default"
+    timeout_s: float | None = None
+    grace_s: float = 0.0
     labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def min_size(self) -> int:
         """Fewest bundles the gang runs with."""
         return len(self.bundles) if self.min_bundles is None else self.min_bundles
+
+    @property
+    def shape_key(self) -> tuple:
+        """Everything that decides where the gang fits (all but its name, timing and labels)."""
+        return (self.bundles, self.constraints, self.min_bundles, self.tenant)
+
+    def gpu_milli(self, size: int | None = None) -> int:
+        """Milli-GPU of the first ``size`` bundles (all of them by default)."""
+        return sum(b.total_gpu_milli for b in self.bundles[: len(self.bundles) if size is None else size])
 
 
 def validate_bundle(b: Bundle, state: ClusterState, where: str) -> None:
@@ -182,16 +200,26 @@ def validate_bundle(b: Bundle, state: ClusterState, where: str) -> None:
             )
 
 
-def validate(req: GangRequest, state: ClusterState, services: dict[str, tuple[int, tuple[int, ...]]]) -> None:
+def validate(
+    req: GangRequest,
+    state: ClusterState,
+    services: dict[str, tuple[int, tuple[int, ...]]],
+    checked: set[Bundle] | None = None,
+) -> None:
     """Check a gang before placement; raise ``RequestError`` naming the problem and the fix.
 
     Args:
         req: the gang.
         state: the cluster (capacities, models, live nodes).
         services: placed services by name -> (node index, GPU indices), for constraints naming them.
+        checked: bundles already known valid on this cluster (skipped; the valid ones are added).
     """
     if not req.name:
         raise RequestError("GangRequest.name is empty: give every gang a unique name.")
+    if req.grace_s < 0 or (req.timeout_s is not None and req.timeout_s <= 0):
+        raise RequestError(
+            f"gang {req.name!r}: grace_s={req.grace_s} must be >= 0 and timeout_s={req.timeout_s} > 0 (or None)."
+        )
     if not req.bundles:
         raise RequestError(f"gang {req.name!r} has no bundles: give at least one Bundle.")
     n = len(req.bundles)
@@ -200,7 +228,10 @@ def validate(req: GangRequest, state: ClusterState, services: dict[str, tuple[in
             f"gang {req.name!r}: min_bundles={req.min_bundles} must be between 1 and {n} (the number of bundles)."
         )
     for i, b in enumerate(req.bundles):
-        validate_bundle(b, state, f"gang {req.name!r} bundle {i}")
+        if checked is None or b not in checked:
+            validate_bundle(b, state, f"gang {req.name!r} bundle {i}")
+            if checked is not None:
+                checked.add(b)
     if req.min_bundles is not None and req.constraints:
         raise RequestError(
             f"gang {req.name!r}: elastic gangs (min_bundles) take no constraints here; "
@@ -233,6 +264,14 @@ def validate(req: GangRequest, state: ClusterState, services: dict[str, tuple[in
             if len(set(req.bundles[i].gpu_models for i in idx)) > 1:
                 raise RequestError(
                     f"gang {req.name!r}: SameGPU bundles {list(idx)} allow different GPU models; make them equal."
+                )
+            need = sum(req.bundles[i].gpu_memory_mib for i in idx)
+            allowed = state.model_mask(req.bundles[idx[0]].gpu_models)
+            if need and not (allowed & state.memory_mask(need)).any():
+                raise RequestError(
+                    f"gang {req.name!r}: SameGPU bundles {list(idx)} need {need} MiB of GPU memory together but "
+                    f"the largest allowed GPU has {int(state.gpu_mem[allowed].max(initial=0))} MiB; "
+                    "spread them over several GPUs or allow larger GPU models."
                 )
         if isinstance(c, PinGPUs):
             if c.node not in state.node_index:

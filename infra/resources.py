@@ -11,9 +11,11 @@ nodes at once without a per-node Python loop.
 
 from __future__ import annotations
 
+import copy
 import csv
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,6 +103,25 @@ class Cluster:
         return cls(tuple(nodes))
 
 
+class Alloc(NamedTuple):
+    """What one placed bundle (or one ``SameGPU`` unit) holds on a node.
+
+    Attributes:
+        node: node index.
+        gpus: GPU indices on the node.
+        gpu_milli: milli-GPU taken on each of ``gpus``.
+        cpu, mem: milli-CPU and MiB.
+        gpu_mem: MiB of device memory reserved on each of ``gpus``.
+    """
+
+    node: int
+    gpus: tuple[int, ...]
+    gpu_milli: int
+    cpu: int
+    mem: int
+    gpu_mem: int = 0
+
+
 @dataclass
 class ClusterState:
     """Free resources of every node and GPU, as arrays (``N`` nodes, ``G`` GPU slots per node).
@@ -111,11 +132,15 @@ class ClusterState:
         gpu_free: ``[N, G]`` int64, free milli-GPU per GPU; 0 for absent GPU slots.
         gpu_exists: ``[N, G]`` bool, which slots hold a GPU.
         gpu_model: ``[N, G]`` int32, index into ``model_names`` (-1 for absent slots).
-        gpu_mem: ``[N, G]`` int64, device memory in MiB (0: unknown).
+        gpu_mem: ``[N, G]`` int64, device memory in MiB (0: unknown, never refused for memory).
+        gpu_mem_free: ``[N, G]`` int64, device memory not reserved by placed bundles.
         alive: ``[N]`` bool; a lost node is not alive and never chosen.
         tie_rank: ``[N]`` int, order in which policies break score ties (lowest rank wins); the
-            trace replay draws it at random per seed, as the FGD simulator's node naming does.
+            scheduler and the trace replay draw it at random from their seed, as the FGD
+            simulator's node naming does.
         version: ``[N]`` int64, bumped on every change of a node (caches key on it).
+        grown: ``[N]`` int64, the value of ``clock`` when resources were last returned to the node
+            (the queue retries only what could use a node that grew since it last failed).
     """
 
     cluster: Cluster
@@ -127,8 +152,10 @@ class ClusterState:
     gpu_exists: np.ndarray = field(init=False)
     gpu_model: np.ndarray = field(init=False)
     gpu_count: np.ndarray = field(init=False)
+    gpu_mem_free: np.ndarray = field(init=False)
     alive: np.ndarray = field(init=False)
     version: np.ndarray = field(init=False)
+    grown: np.ndarray = field(init=False)
     model_names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -153,6 +180,8 @@ class ClusterState:
         self.alive = np.ones(n, dtype=bool)
         self.tie_rank = np.arange(n)
         self.version = np.zeros(n, dtype=np.int64)
+        self.grown = np.zeros(n, dtype=np.int64)
+        self.clock = 0
         self.reset()
 
     def reset(self) -> None:
@@ -160,7 +189,34 @@ class ClusterState:
         self.cpu_free = self.cpu_cap.copy()
         self.mem_free = self.mem_cap.copy()
         self.gpu_free = np.where(self.gpu_exists, MILLI, 0).astype(np.int64)
+        self.gpu_mem_free = self.gpu_mem.copy()
         self.version += 1
+        self.clock += 1
+        self.grown[:] = self.clock
+
+    def with_node(self, node: Node) -> ClusterState:
+        """A new state with ``node`` appended, the free amounts of the existing nodes kept."""
+        bigger = ClusterState(Cluster((*self.cluster.nodes, node)))
+        n, g = self.gpu_free.shape
+        bigger.cpu_free[:n] = self.cpu_free
+        bigger.mem_free[:n] = self.mem_free
+        bigger.gpu_free[:n, :g] = self.gpu_free
+        bigger.gpu_mem_free[:n, :g] = self.gpu_mem_free
+        bigger.alive[:n] = self.alive
+        bigger.tie_rank = np.concatenate([self.tie_rank, [n]])
+        bigger.version[:n] = self.version + 1
+        bigger.clock = self.clock + 1
+        bigger.grown[:] = bigger.clock
+        return bigger
+
+    def empty_copy(self) -> ClusterState:
+        """A copy with every node empty (same live nodes, capacities and tie order)."""
+        other = copy.copy(self)
+        other.version = self.version.copy()
+        other.grown = self.grown.copy()
+        other.alive = self.alive.copy()
+        other.reset()
+        return other
 
     @property
     def num_nodes(self) -> int:
@@ -190,37 +246,53 @@ class ClusterState:
         """``[N, G]`` bool: GPU slots with at least ``need_mib`` device memory (or unknown memory)."""
         return self.gpu_exists & ((self.gpu_mem == 0) | (self.gpu_mem >= need_mib))
 
-    def allocate(self, node: int, cpu: int, mem: int, gpus: tuple[int, ...], gpu_milli: int) -> None:
-        """Take resources on one node; raises ``RuntimeError`` (and changes nothing) if they are not free."""
-        idx = list(gpus)
-        if (
-            not self.alive[node]
-            or self.cpu_free[node] < cpu
-            or self.mem_free[node] < mem
-            or (idx and (self.gpu_free[node, idx] < gpu_milli).any())
-            or len(set(idx)) != len(idx)
-        ):
-            raise RuntimeError(
-                f"allocate on node {self.cluster.nodes[node].name}: cpu={cpu} mem={mem} gpus={gpus}x{gpu_milli} "
-                f"exceeds free cpu={self.cpu_free[node]} mem={self.mem_free[node]} gpu={self.gpu_free[node].tolist()}"
-            )
-        self.cpu_free[node] -= cpu
-        self.mem_free[node] -= mem
-        if idx:
-            self.gpu_free[node, idx] -= gpu_milli
-        self.version[node] += 1
+    def memory_free_mask(self, need_mib: int) -> np.ndarray:
+        """``[N, G]`` bool: GPU slots with ``need_mib`` device memory not yet reserved (or unknown memory)."""
+        return self.gpu_exists & ((self.gpu_mem == 0) | (self.gpu_mem_free >= need_mib))
 
-    def free(self, node: int, cpu: int, mem: int, gpus: tuple[int, ...], gpu_milli: int) -> None:
-        """Return resources taken by ``allocate``; raises ``RuntimeError`` on over-release."""
-        idx = list(gpus)
+    def fits(self, a: Alloc) -> bool:
+        """Whether ``a`` could be taken now (on a live node)."""
+        idx = list(a.gpus)
+        if not self.alive[a.node] or self.cpu_free[a.node] < a.cpu or self.mem_free[a.node] < a.mem:
+            return False
+        if not idx:
+            return True
+        if len(set(idx)) != len(idx) or (self.gpu_free[a.node, idx] < a.gpu_milli).any():
+            return False
+        known = self.gpu_mem[a.node, idx] > 0
+        return not (known & (self.gpu_mem_free[a.node, idx] < a.gpu_mem)).any()
+
+    def allocate(self, a: Alloc) -> None:
+        """Take ``a``; raises ``RuntimeError`` (and changes nothing) if it is not free."""
+        if not self.fits(a):
+            n = a.node
+            raise RuntimeError(
+                f"allocate on node {self.cluster.nodes[n].name}: {a} exceeds free cpu={self.cpu_free[n]} "
+                f"mem={self.mem_free[n]} gpu={self.gpu_free[n].tolist()} gpu_mem={self.gpu_mem_free[n].tolist()}"
+            )
+        self._add(a, -1)
+
+    def free(self, a: Alloc) -> None:
+        """Return ``a`` (taken by ``allocate``); raises ``RuntimeError`` on over-release."""
+        idx = list(a.gpus)
+        n = a.node
         if (
-            self.cpu_free[node] + cpu > self.cpu_cap[node]
-            or self.mem_free[node] + mem > self.mem_cap[node]
-            or (idx and (self.gpu_free[node, idx] + gpu_milli > MILLI).any())
+            self.cpu_free[n] + a.cpu > self.cpu_cap[n]
+            or self.mem_free[n] + a.mem > self.mem_cap[n]
+            or (idx and (self.gpu_free[n, idx] + a.gpu_milli > MILLI).any())
         ):
-            raise RuntimeError(f"free on node {self.cluster.nodes[node].name} returns more than its capacity")
-        self.cpu_free[node] += cpu
-        self.mem_free[node] += mem
+            raise RuntimeError(f"free on node {self.cluster.nodes[n].name} returns more than its capacity: {a}")
+        self._add(a, 1)
+        self.clock += 1
+        self.grown[n] = self.clock
+
+    def _add(self, a: Alloc, sign: int) -> None:
+        n, idx = a.node, list(a.gpus)
+        self.cpu_free[n] += sign * a.cpu
+        self.mem_free[n] += sign * a.mem
         if idx:
-            self.gpu_free[node, idx] += gpu_milli
-        self.version[node] += 1
+            self.gpu_free[n, idx] += sign * a.gpu_milli
+            known = [g for g in idx if self.gpu_mem[n, g] > 0]
+            if known and a.gpu_mem:
+                self.gpu_mem_free[n, known] += sign * a.gpu_mem
+        self.version[n] += 1

@@ -1,24 +1,39 @@
-"""The scheduler: a priority queue of gangs over a cluster, with preemption, release, elastic resize,
-node loss and a full event log. It is also the public surface of ``infra`` (see ARCHITECTURE.md).
+"""The scheduler: a priority queue of gangs over a cluster, and the public surface of ``infra``.
 
-``submit`` validates a gang, places it (all or nothing) with the configured policy, and if it does
-not fit, evicts strictly lower-priority gangs (lowest priority, then newest first) when that makes
-room; evicted gangs are told through their ``on_preempt`` callback before their resources go, and
-wait in the queue. What cannot run now waits in the queue, served by priority then arrival when
-resources free up. Everything that happens is appended to ``events``.
+``submit`` validates a gang and places it at once (all or nothing) with the configured policy
+when it fits and its tenant's GPU quota admits it. Otherwise it preempts: running gangs of
+strictly lower priority of its tenant, and gangs of tenants that borrow quota when it reclaims
+its own, are candidates; the victims are a minimal set for the placement found
+(``infra.preemption``). Else it waits in the queue, served by priority then arrival whenever
+resources come back (a release, a stopped victim, a lost node restored or a new one), and
+queued gangs preempt too. The first blocked gang holds a reservation that collects resources as
+they free up, while later gangs backfill the rest (``infra.reservation``).
+
+Preemption is a contract: the victim is told (``on_preempt`` and a ``PREEMPT_NOTICE`` event), has
+its request's ``grace_s`` to checkpoint and report ``stopped``, after which ``tick`` stops it by
+force (``FORCED_STOP``); it then waits in the queue and runs again when capacity returns. Its
+resources go to the preemptor in the plan at once; the preemptor is *ready* (``READY``) when every
+victim has stopped. A gang waiting longer than its ``timeout_s`` fails with the reason
+(``TIMED_OUT``). Every step is an ``Event`` in ``events``. Time is ``now`` (seconds) passed to each
+verb, or the scheduler's clock, so that a journal of verbs replays the same decisions.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
 from infra import node_scoring
 from infra.frag import TypicalPods
-from infra.gang_placer import Assignment, GangPlacer, Placement, Taken
+from infra.gang_placer import Assignment, GangPlacer, Placement
+from infra.preemption import Candidate, choose_victims
+from infra.quota import Quota, QuotaLedger
 from infra.requests import (
     Bundle,
     DifferentNodes,
@@ -29,10 +44,44 @@ from infra.requests import (
     SameNode,
     validate,
 )
-from infra.resources import GPU, Cluster, ClusterState, Node
+from infra.reservation import Reservation, reservation_targets
+from infra.resources import GPU, Alloc, Cluster, ClusterState, Node
+from infra.wait_queue import WaitQueue, fits_somewhere
+
+_MAX_PASSES = 50
+"""Bound on queue passes per drain (a pass repeats only when victims were requeued meanwhile)."""
 
 PreemptCallback = Callable[[str, str], None]
-"""``on_preempt(gang_name, reason)``: called before a gang is evicted, so it can checkpoint."""
+"""``on_preempt(gang_name, reason)``: called when a gang is told to stop, so it can checkpoint."""
+
+
+class EventKind(StrEnum):
+    """What an ``Event`` records."""
+
+    SUBMITTED = "submitted"
+    PLACED = "placed"
+    READY = "ready"
+    QUEUED = "queued"
+    RESERVED = "reserved"
+    UNRESERVED = "unreserved"
+    PREEMPT_NOTICE = "preempt_notice"
+    PREEMPTED = "preempted"
+    FORCED_STOP = "forced_stop"
+    RELEASED = "released"
+    RESIZED = "resized"
+    TIMED_OUT = "timed_out"
+    NODE_JOINED = "node_joined"
+    NODE_LOST = "node_lost"
+    NODE_RESTORED = "node_restored"
+    EVICTED_BY_NODE_LOSS = "evicted_by_node_loss"
+
+
+class GangState(StrEnum):
+    """Where a known gang stands."""
+
+    WAITING = "waiting"
+    PLACED = "placed"
+    DRAINING = "draining"
 
 
 @dataclass(frozen=True)
@@ -41,15 +90,16 @@ class Event:
 
     Attributes:
         seq: position in the log.
-        kind: ``submitted``, ``placed``, ``queued``, ``preempted``, ``released``, ``resized``,
-            ``node_lost``, ``node_restored``, ``evicted_by_node_loss``.
+        kind: what happened.
         gang: the gang concerned ("" for node events).
-        detail: kind-specific facts (nodes, priorities, reasons, sizes).
+        time: the scheduler's time of the event (seconds).
+        detail: kind-specific facts (nodes, priorities, reasons, sizes, deadlines).
     """
 
     seq: int
-    kind: str
+    kind: EventKind
     gang: str
+    time: float = 0.0
     detail: dict = field(default_factory=dict)
 
 
@@ -58,7 +108,20 @@ class _Gang:
     req: GangRequest
     on_preempt: PreemptCallback | None
     arrival: int
-    taken: dict[int, Taken] = field(default_factory=dict)  # bundle -> allocation, while running
+    state: GangState = GangState.WAITING
+    allocs: dict[int, Alloc] = field(default_factory=dict)
+    since: float = 0.0
+    epoch: int = 0
+    deadline: float | None = None
+    blocked_by: set[str] = field(default_factory=set)
+    blocking: set[str] = field(default_factory=set)
+    old_nodes: set[int] = field(default_factory=set)
+    borrowing: bool = False
+    preemptions: int = 0
+
+    @property
+    def gpu_milli(self) -> int:
+        return sum(self.req.bundles[b].total_gpu_milli for b in self.allocs)
 
 
 class Scheduler:
@@ -68,35 +131,96 @@ class Scheduler:
         cluster: the nodes.
         policy: a placement policy name (``infra.node_scoring.names()``).
         typical: typical pods for fragmentation-aware policies (estimated online when None).
-        seed: seeds tie-breaking and random policies.
+        seed: None breaks score ties by cluster node order; an int draws a random node order from
+            it (as the trace replay does) and seeds the random policy.
+        quotas: GPU quota per tenant (None: no quotas; see ``infra.quota``).
+        reserve: give the first blocked gang a reservation (backfill the rest).
+        clock: the time source when a verb is given no ``now``.
     """
 
     def __init__(
-        self, cluster: Cluster, policy: str = "fgd-strand", typical: TypicalPods | None = None, seed: int = 0
+        self,
+        cluster: Cluster,
+        policy: str = "fgd-strand",
+        typical: TypicalPods | None = None,
+        seed: int | None = None,
+        quotas: dict[str, Quota] | None = None,
+        reserve: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cluster = cluster
         self.state = ClusterState(cluster)
+        rng = np.random.default_rng(seed)
+        if seed is not None:
+            self.state.tie_rank = rng.permutation(self.state.num_nodes)
         self.policy = node_scoring.load(policy, typical=typical)
-        self._placer = GangPlacer(self.state, self.policy, np.random.default_rng(seed))
+        self._placer = GangPlacer(self.state, self.policy, rng)
+        self.ledger = QuotaLedger(quotas)
+        self.reserve = reserve
+        self.clock = clock
+        self.events: list[Event] = []
         self._gangs: dict[str, _Gang] = {}
         self._arrivals = itertools.count()
-        self.events: list[Event] = []
+        self._queue = WaitQueue()
+        self._services: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._on_node: list[set[str]] = [set() for _ in cluster.nodes]
+        self._by_priority: dict[int, set[str]] = {}
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._valid: set[Bundle] = set()
+        self._reservation: Reservation | None = None
+        self._unreservable: str | None = None
+        self._draining = False
+        self._requeued = False
 
     # ---------------------------------------------------------------- queries
     @property
     def queue(self) -> list[str]:
-        """Names of waiting gangs in the order they will be tried."""
-        return [g.req.name for g in sorted(self._waiting(), key=lambda g: (-g.req.priority, g.arrival))]
+        """Names of waiting gangs in the order they are served."""
+        return self._queue.names()
 
     @property
     def placements(self) -> dict[str, Placement]:
-        """Running gangs by name."""
-        return {name: self._placement(g) for name, g in self._gangs.items() if g.taken}
+        """Gangs that hold resources in the plan (ready or waiting for victims), by name."""
+        return {n: self._placement(g) for n, g in self._gangs.items() if g.state is GangState.PLACED}
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """The current reservation, if any."""
+        return self._reservation
+
+    def gangs(self) -> list[str]:
+        """Every known gang (waiting, placed or draining)."""
+        return list(self._gangs)
 
     def placement(self, name: str) -> Placement | None:
-        """Placement of gang ``name``, or None if it waits (KeyError if unknown)."""
+        """Placement of gang ``name``, or None unless it is placed (KeyError if unknown)."""
         g = self._gang(name)
-        return self._placement(g) if g.taken else None
+        return self._placement(g) if g.state is GangState.PLACED else None
+
+    def gang_state(self, name: str) -> GangState:
+        """Where gang ``name`` stands (KeyError if unknown)."""
+        return self._gang(name).state
+
+    def ready(self, name: str) -> bool:
+        """Whether ``name`` is placed and no victim of it is still draining (its actors may start)."""
+        g = self._gang(name)
+        return g.state is GangState.PLACED and not g.blocked_by
+
+    def blocked_by(self, name: str) -> set[str]:
+        """Draining victims a placed gang waits for."""
+        return set(self._gang(name).blocked_by)
+
+    def deadline(self, name: str) -> float | None:
+        """Forced-stop time of a draining gang, timeout of a waiting one (None: none)."""
+        return self._gang(name).deadline
+
+    def since(self, name: str) -> float:
+        """When the gang entered its current state."""
+        return self._gang(name).since
+
+    def borrowing(self, name: str) -> bool:
+        """Whether the placed gang was admitted on borrowed quota."""
+        return self._gang(name).borrowing
 
     def request(self, name: str) -> GangRequest:
         """The request of gang ``name`` (KeyError if unknown)."""
@@ -104,200 +228,534 @@ class Scheduler:
 
     def services(self) -> dict[str, tuple[int, tuple[int, ...]]]:
         """Placed services ``"<gang>/<bundle>"`` -> (node index, GPU indices)."""
-        return {f"{n}/{b}": (t[0], t[1]) for n, g in self._gangs.items() for b, t in g.taken.items()}
+        return dict(self._services)
+
+    def why_waiting(self, name: str) -> str:
+        """Why a waiting gang is not placed now (quota, missing services, resources, reservation)."""
+        g = self._gang(name)
+        if g.state is not GangState.WAITING:
+            return f"gang {name!r} is {g.state.value}"
+        missing = self._missing_services(g)
+        if missing:
+            return f"waits for services {missing} to be placed"
+        milli = g.req.gpu_milli(g.req.min_size)
+        if not self.ledger.admissible(g.req.tenant, milli):
+            return self.ledger.why_not(g.req.tenant, milli)
+        alive = np.flatnonzero(self.state.alive)
+        for i, b in enumerate(g.req.bundles):
+            if not fits_somewhere(b, self.state, alive):
+                return f"bundle {i} ({_describe(b)}) fits no live node now; {self._most_free(b)}"
+        res = self._reservation
+        held = f"; gang {res.gang!r} holds a reservation" if res is not None and res.gang != name else ""
+        return f"each bundle fits some node, but not the whole gang with its constraints{held}"
 
     # ---------------------------------------------------------------- verbs
-    def submit(self, req: GangRequest, on_preempt: PreemptCallback | None = None) -> Placement | None:
-        """Place ``req`` now (preempting lower priority if needed) or queue it.
+    def submit(
+        self, req: GangRequest, on_preempt: PreemptCallback | None = None, now: float | None = None
+    ) -> Placement | None:
+        """Place ``req`` now (preempting if needed) or queue it.
 
         Returns:
-            The placement, or None when the gang waits in the queue.
+            The placement (check ``ready`` when it preempted gangs with a grace period), or None
+            when the gang waits in the queue.
         Raises:
-            RequestError: invalid request or a name already in use (nothing placed).
+            RequestError: invalid request, unknown tenant, or a name already in use (nothing placed).
         """
+        now = self._now(now)
         if req.name in self._gangs:
-            raise RequestError(
-                f"gang name {req.name!r} is already in use; release it first or pick another name."
-            )
-        validate(req, self.state, self.services())
-        g = _Gang(req, on_preempt, next(self._arrivals))
+            raise RequestError(f"gang name {req.name!r} is already in use; release it first or pick another name.")
+        self.ledger.check_tenant(req.tenant, req.name)
+        validate(req, self.state, self._services, self._valid)
+        g = _Gang(req, on_preempt, next(self._arrivals), since=now)
         self._gangs[req.name] = g
-        self._log("submitted", req.name, priority=req.priority, bundles=len(req.bundles))
-        if self._try_place(g) or self._try_preempt(g):
+        self._log(EventKind.SUBMITTED, req.name, now, priority=req.priority, tenant=req.tenant,
+                  bundles=len(req.bundles))
+        if not self._missing_services(g) and self._admit(g, now):
             return self._placement(g)
-        self._log("queued", req.name, priority=req.priority)
-        return None
+        self._queue.mark_failed(req.shape_key, self.state.clock)
+        self._enqueue(g, now)
+        if self._reservation is None or self._queue.sorts_before(req.name, self._reservation.gang):
+            self._update_reservation(now)
+        return self._placement(g) if g.state is GangState.PLACED else None
 
-    def release(self, name: str) -> None:
-        """Stop gang ``name`` (running or waiting), return its resources, serve the queue."""
+    def release(self, name: str, now: float | None = None, reason: str = "released") -> None:
+        """Stop gang ``name`` (in any state), return what it holds, serve the queue."""
+        now = self._now(now)
         g = self._gang(name)
-        self._free(g)
+        if g.state is GangState.DRAINING:
+            self._unblock(g, now)
+        elif g.state is GangState.PLACED:
+            self._free(g)
+            self._clear_blocked(g)
+        if self._reservation is not None and self._reservation.gang == name:
+            self._drop_reservation(now)
+        self._queue.remove(name)
         del self._gangs[name]
-        self._log("released", name)
-        self._drain()
+        self._log(EventKind.RELEASED, name, now, reason=reason)
+        self._drain(now)
 
-    def resize(self, name: str, num_bundles: int) -> Placement:
-        """Grow or shrink a running elastic gang to ``num_bundles`` (all added bundles or none).
+    def stopped(self, name: str, now: float | None = None) -> None:
+        """A draining gang reports that it has stopped (checkpointed); it waits in the queue again."""
+        now = self._now(now)
+        g = self._gang(name)
+        if g.state is not GangState.DRAINING:
+            raise RequestError(f"gang {name!r} is {g.state.value}, not draining: only a preempted gang reports stopped.")
+        self._log(EventKind.PREEMPTED, name, now, stop="acknowledged")
+        self._unblock(g, now)
+        self._enqueue(g, now)
+        self._drain(now)
+
+    def tick(self, now: float | None = None) -> list[str]:
+        """Stop draining gangs whose grace is over, fail waiting gangs past their timeout; their names."""
+        now = self._now(now)
+        done = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, epoch, name = heapq.heappop(self._deadlines)
+            g = self._gangs.get(name)
+            if g is None or g.deadline is None or g.epoch != epoch or g.deadline > now:
+                continue
+            if g.state is GangState.DRAINING:
+                self._log(EventKind.FORCED_STOP, name, now, grace_s=g.req.grace_s)
+                self._unblock(g, now)
+                self._enqueue(g, now)
+            else:
+                reason = self.why_waiting(name)
+                self._log(EventKind.TIMED_OUT, name, now, waited_s=now - g.since, reason=reason)
+                self.release(name, now, reason=f"timed out after {g.req.timeout_s} s: {reason}")
+            done.append(name)
+        if done:
+            self._drain(now)
+        return done
+
+    def resize(self, name: str, num_bundles: int, now: float | None = None) -> Placement:
+        """Grow or shrink a placed elastic gang to ``num_bundles`` (all added bundles or none).
 
         Raises:
-            RequestError: not elastic, not running, or size outside ``[min_bundles, len(bundles)]``.
-            RuntimeError: growing does not fit now (the gang keeps its size).
+            RequestError: not elastic, not placed, or size outside ``[min_bundles, len(bundles)]``.
+            RuntimeError: growing does not fit now, or its quota does not admit it (it keeps its size).
         """
+        now = self._now(now)
         g = self._gang(name)
         req = g.req
         if req.min_bundles is None:
             raise RequestError(f"gang {name!r} is not elastic; submit it with min_bundles to resize it.")
-        if not g.taken:
-            raise RequestError(f"gang {name!r} waits in the queue; resize it once it runs.")
+        if g.state is not GangState.PLACED:
+            raise RequestError(f"gang {name!r} is {g.state.value}; resize it once it is placed.")
         if not req.min_size <= num_bundles <= len(req.bundles):
-            raise RequestError(
-                f"gang {name!r}: size {num_bundles} outside [{req.min_size}, {len(req.bundles)}]."
-            )
-        have = sorted(g.taken)
+            raise RequestError(f"gang {name!r}: size {num_bundles} outside [{req.min_size}, {len(req.bundles)}].")
+        have = sorted(g.allocs)
         if num_bundles < len(have):
             drop = have[num_bundles:]
-            self._placer.undo(g.taken.pop(b) for b in drop)
-            self._log("resized", name, size=num_bundles, removed=drop)
-            self._drain()
+            self._take_out(g, drop, free=True)
+            self._log(EventKind.RESIZED, name, now, size=num_bundles, removed=drop)
+            self._drain(now)
         elif num_bundles > len(have):
-            add = [b for b in range(len(req.bundles)) if b not in g.taken][: num_bundles - len(have)]
-            got = self._placer.place(req, add, self.services(), {b: t[0] for b, t in g.taken.items()})
+            add = [b for b in range(len(req.bundles)) if b not in g.allocs][: num_bundles - len(have)]
+            extra = sum(req.bundles[b].total_gpu_milli for b in add)
+            got = None
+            if self.ledger.admissible(req.tenant, extra):
+                got = self._placer.place(req, add, self._services, {b: a.node for b, a in g.allocs.items()})
             if got is None:
-                raise RuntimeError(
-                    f"gang {name!r}: {len(add)} more bundles do not fit now; it keeps {len(have)}."
-                )
-            g.taken.update(got)
-            self._log("resized", name, size=num_bundles, added=add, nodes=self._node_names(got))
+                raise RuntimeError(f"gang {name!r}: {len(add)} more bundles do not fit now; it keeps {len(have)}.")
+            self._put_in(g, got)
+            self._log(EventKind.RESIZED, name, now, size=num_bundles, added=add, nodes=self._node_names(got))
         return self._placement(g)
 
-    def remove_node(self, node_name: str) -> list[str]:
-        """A node is lost: its gangs are evicted and rescheduled (or queued). Returns their names."""
-        if node_name not in self.state.node_index:
-            raise KeyError(f"unknown node {node_name!r}; nodes are {list(self.state.node_index)[:5]}...")
-        n = self.state.node_index[node_name]
+    def remove_node(self, node_name: str, now: float | None = None) -> list[str]:
+        """A node is lost: its gangs are evicted and requeued (served at once). Returns their names."""
+        now = self._now(now)
+        n = self._node(node_name)
         if not self.state.alive[n]:
             return []
-        hit = [g for g in self._gangs.values() if any(t[0] == n for t in g.taken.values())]
-        self._log("node_lost", "", node=node_name, gangs=[g.req.name for g in hit])
-        for g in hit:
+        hit = sorted(self._on_node[n], key=lambda x: self._gangs[x].arrival)
+        self._log(EventKind.NODE_LOST, "", now, node=node_name, gangs=hit)
+        if self._reservation is not None and n in self._reservation.nodes:
+            self._drop_reservation(now)
+        for name in hit:
+            g = self._gangs[name]
             if g.on_preempt is not None:
-                g.on_preempt(g.req.name, f"node {node_name} lost")
+                g.on_preempt(name, f"node {node_name} lost")
             self._free(g)
-            self._log("evicted_by_node_loss", g.req.name, node=node_name)
+            self._clear_blocked(g)
+            self._log(EventKind.EVICTED_BY_NODE_LOSS, name, now, node=node_name)
+            self._enqueue(g, now)
+        for g in [g for g in self._gangs.values() if g.state is GangState.DRAINING and n in g.old_nodes]:
+            self._log(EventKind.PREEMPTED, g.req.name, now, stop=f"node {node_name} lost")
+            self._unblock(g, now)
+            self._enqueue(g, now)
         self.state.alive[n] = False
         self.state.version[n] += 1
-        self._drain()
-        return [g.req.name for g in hit]
+        self._nodes_changed()
+        self._drain(now)
+        return hit
 
-    def restore_node(self, node_name: str) -> None:
+    def restore_node(self, node_name: str, now: float | None = None) -> None:
         """A lost node is back (empty); the queue is served."""
-        n = self.state.node_index[node_name]
-        self.state.alive[n] = True
-        self.state.version[n] += 1
-        self._log("node_restored", "", node=node_name)
-        self._drain()
+        now = self._now(now)
+        n = self._node(node_name)
+        if self.state.alive[n]:
+            return
+        st = self.state
+        st.alive[n] = True
+        st.cpu_free[n], st.mem_free[n] = st.cpu_cap[n], st.mem_cap[n]
+        st.gpu_free[n] = np.where(st.gpu_exists[n], 1000, 0)
+        st.gpu_mem_free[n] = st.gpu_mem[n]
+        st.version[n] += 1
+        st.clock += 1
+        st.grown[n] = st.clock
+        self._log(EventKind.NODE_RESTORED, "", now, node=node_name)
+        self._nodes_changed()
+        self._drain(now)
 
-    # ---------------------------------------------------------------- internals
+    def add_node(self, node: Node, now: float | None = None) -> None:
+        """A node joins the cluster (a known lost node is restored); the queue is served."""
+        now = self._now(now)
+        if node.name in self.state.node_index:
+            self.restore_node(node.name, now)
+            return
+        self.state = self.state.with_node(node)
+        self.cluster = self.state.cluster
+        self._placer.state = self.state
+        self._on_node.append(set())
+        self._log(EventKind.NODE_JOINED, "", now, node=node.name, cpu_milli=node.cpu_milli, gpus=len(node.gpus),
+                  models=sorted({x.model for x in node.gpus}))
+        self._nodes_changed()
+        self._drain(now)
+
+    # ---------------------------------------------------------------- placing
+    def _admit(self, g: _Gang, now: float) -> bool:
+        """Place ``g`` now, or preempt for it; whether it is placed."""
+        got = self._place(g)
+        res = self._reservation
+        if got is None and res is not None and res.priority < g.req.priority:
+            self._drop_reservation(now)  # a lower-priority reservation yields before anyone is preempted
+            got = self._place(g)
+        if got is not None:
+            self._start(g, got, now)
+            return True
+        return self._preempt(g, now)
+
+    def _place(self, g: _Gang, check_quota: bool = True) -> list[tuple[int, Alloc]] | None:
+        """Allocations for the largest size of ``g`` that fits (and its quota admits), or None."""
+        req = g.req
+        want = list(range(len(req.bundles)))
+        for size in range(len(want), req.min_size - 1, -1):
+            if check_quota and not self.ledger.admissible(req.tenant, req.gpu_milli(size)):
+                continue
+            got = self._placer.place(req, want[:size], self._services)
+            if got is not None:
+                return got
+        return None
+
+    def _start(self, g: _Gang, got: list[tuple[int, Alloc]], now: float) -> None:
+        self._queue.remove(g.req.name)
+        g.state, g.since, g.deadline = GangState.PLACED, now, None
+        g.epoch += 1
+        g.borrowing = not self.ledger.within_nominal(g.req.tenant, sum(g.req.bundles[b].total_gpu_milli for b, _ in got))
+        self._put_in(g, got)
+        self._by_priority.setdefault(g.req.priority, set()).add(g.req.name)
+        self._log(EventKind.PLACED, g.req.name, now, nodes=self._node_names(got), size=len(got),
+                  epoch=g.epoch, borrowing=g.borrowing, waiting_for=sorted(g.blocked_by))
+
+    def _put_in(self, g: _Gang, got: list[tuple[int, Alloc]]) -> None:
+        """Record allocations already taken on the state as ``g``'s (ledger and indexes follow)."""
+        name = g.req.name
+        for b, a in got:
+            g.allocs[b] = a
+            self._services[f"{name}/{b}"] = (a.node, a.gpus)
+            self._on_node[a.node].add(name)
+            self.ledger.add(g.req.tenant, g.req.bundles[b].total_gpu_milli)
+
+    def _take_out(self, g: _Gang, bundles: list[int], free: bool) -> None:
+        """Drop ``bundles`` from ``g`` (their resources returned to the state when ``free``)."""
+        name = g.req.name
+        nodes = set()
+        for b in bundles:
+            a = g.allocs.pop(b)
+            nodes.add(a.node)
+            if free:
+                self.state.free(a)
+            del self._services[f"{name}/{b}"]
+            self.ledger.add(g.req.tenant, -g.req.bundles[b].total_gpu_milli)
+        for n in nodes - {a.node for a in g.allocs.values()}:
+            self._on_node[n].discard(name)
+
+    def _free(self, g: _Gang, free: bool = True) -> None:
+        """Return everything ``g`` holds (to the state too when ``free``); it leaves the placed set."""
+        g.old_nodes = {a.node for a in g.allocs.values()}
+        self._take_out(g, sorted(g.allocs), free)
+        self._by_priority.get(g.req.priority, set()).discard(g.req.name)
+
+    def _enqueue(self, g: _Gang, now: float) -> None:
+        g.state, g.since = GangState.WAITING, now
+        g.deadline = None if g.req.timeout_s is None else now + g.req.timeout_s
+        if g.deadline is not None:
+            heapq.heappush(self._deadlines, (g.deadline, g.epoch, g.req.name))
+        self._queue.push(g.req.name, g.req.priority, g.arrival)
+        self._log(EventKind.QUEUED, g.req.name, now, priority=g.req.priority)
+
+    # ---------------------------------------------------------------- preemption
+    def _preempt(self, g: _Gang, now: float) -> bool:
+        """Evict a minimal set of candidates if that lets ``g`` run; whether it is placed."""
+        groups = self._candidate_groups(g)
+        if not groups:
+            return False
+        milli = g.req.gpu_milli(g.req.min_size)
+        chosen = choose_victims(
+            self.state, groups, lambda: self._place(g, check_quota=False),
+            lambda returned: self.ledger.admissible(g.req.tenant, milli, returned),
+        )
+        if chosen is None:
+            return False
+        got, victims = chosen
+        reclaim = any(self._gangs[v.name].req.tenant != g.req.tenant for v in victims)
+        for v in victims:
+            self._notice(self._gangs[v.name], g, now, reclaim)
+        self._start(g, got, now)
+        if any(self._gangs[v.name].state is GangState.WAITING for v in victims):
+            self._drain(now)  # victims stopped at once may fit elsewhere
+        return True
+
+    def _candidate_groups(self, g: _Gang) -> list[list[Candidate]]:
+        """Candidates per node, nodes where the least has to go first (only nodes that could host a bundle)."""
+        req = g.req
+        names = set().union(*(s for p, s in self._by_priority.items() if p < req.priority))
+        if self.ledger.enabled:
+            names = {n for n in names if self._gangs[n].req.tenant == req.tenant}
+            if self.ledger.within_nominal(req.tenant, req.gpu_milli(req.min_size)):
+                names |= {n for s in self._by_priority.values() for n in s
+                          if self._gangs[n].req.tenant != req.tenant and self.ledger.borrowing(self._gangs[n].req.tenant)}
+        res = self._reservation
+        if res is not None and res.priority >= req.priority:
+            names = {n for n in names if not {a.node for a in self._gangs[n].allocs.values()} & res.nodes}
+        if not names:
+            return []
+        per_node: dict[int, list[Candidate]] = {}
+        for name in names:
+            v = self._gangs[name]
+            c = Candidate(name, (v.req.priority, -v.arrival), tuple(v.allocs.values()), v.req.tenant, v.gpu_milli)
+            for n in {a.node for a in c.allocs}:
+                per_node.setdefault(n, []).append(c)
+        useful = [n for n in per_node if self._could_host(req, n, per_node[n])]
+        useful.sort(key=lambda n: (len(per_node[n]), sum(c.gpu_milli for c in per_node[n]), self.state.tie_rank[n]))
+        return [per_node[n] for n in useful]
+
+    def _could_host(self, req: GangRequest, n: int, cands: list[Candidate]) -> bool:
+        """Whether some bundle of ``req`` could fit node ``n`` once ``cands`` left it (per GPU)."""
+        st = self.state
+        cpu, mem, gpu = int(st.cpu_free[n]), int(st.mem_free[n]), st.gpu_free[n].copy()
+        for c in cands:
+            for a in c.allocs:
+                if a.node == n:
+                    cpu, mem = cpu + a.cpu, mem + a.mem
+                    gpu[list(a.gpus)] += a.gpu_milli
+        for b in set(req.bundles):
+            if b.cpu_milli <= cpu and b.memory_mib <= mem:
+                usable = st.model_mask(b.gpu_models)[n] & (gpu >= b.gpu_milli)
+                if not b.num_gpu or usable.sum() >= b.num_gpu:
+                    return True
+        return False
+
+    def _notice(self, v: _Gang, by: _Gang, now: float, reclaim: bool) -> None:
+        """Tell victim ``v`` (whose resources are already free in the state) to stop for ``by``."""
+        why = f"preempted by {by.req.name!r} (priority {by.req.priority}{', reclaiming quota' if reclaim else ''})"
+        started = not v.blocked_by
+        self._free(v, free=False)
+        for w in self._clear_blocked(v):  # what v waited for, its preemptor now waits for
+            by.blocked_by.add(w)
+            self._gangs[w].blocking.add(by.req.name)
+        v.preemptions += 1
+        if v.on_preempt is not None:
+            v.on_preempt(v.req.name, why)
+        grace = v.req.grace_s if started else 0.0
+        self._log(EventKind.PREEMPT_NOTICE, v.req.name, now, by=by.req.name, priority=v.req.priority,
+                  by_priority=by.req.priority, reason=why, grace_s=grace, deadline=now + grace)
+        if grace > 0:
+            v.state, v.since, v.deadline = GangState.DRAINING, now, now + grace
+            heapq.heappush(self._deadlines, (v.deadline, v.epoch, v.req.name))
+            v.blocking.add(by.req.name)
+            by.blocked_by.add(v.req.name)
+        else:
+            self._log(EventKind.PREEMPTED, v.req.name, now, stop="immediate")
+            self._enqueue(v, now)
+
+    def _clear_blocked(self, g: _Gang) -> set[str]:
+        """Forget the victims ``g`` waited for (returns them)."""
+        for v in g.blocked_by:
+            self._gangs[v].blocking.discard(g.req.name)
+        out, g.blocked_by = g.blocked_by, set()
+        return out
+
+    def _unblock(self, v: _Gang, now: float) -> None:
+        """Draining ``v`` has stopped: the preemptors waiting for it may become ready."""
+        v.deadline = None
+        for name in sorted(v.blocking):
+            p = self._gangs.get(name)
+            if p is None:
+                continue
+            p.blocked_by.discard(v.req.name)
+            if not p.blocked_by and p.state is GangState.PLACED:
+                self._log(EventKind.READY, name, now)
+        v.blocking.clear()
+
+    # ---------------------------------------------------------------- queue and reservation
+    def _drain(self, now: float) -> None:
+        """Serve the queue in order (each shape retried only when nodes it could use grew)."""
+        if self._draining:
+            self._requeued = True  # a victim queued during the pass: one more pass
+            return
+        self._draining = True
+        try:
+            for _ in range(_MAX_PASSES):
+                self._requeued = False
+                self._top_up(now)
+                for name in self._queue.names():
+                    g = self._gangs.get(name)
+                    if g is None or g.state is not GangState.WAITING or self._missing_services(g):
+                        continue
+                    if not self._queue.worth_trying(g.req, self.state):
+                        continue
+                    if self._holder(name):
+                        self._place_holder_elsewhere(g, now)
+                    elif not self._admit(g, now):
+                        self._queue.mark_failed(g.req.shape_key, self.state.clock)
+                if not self._update_reservation(now) and not self._requeued:
+                    break
+        finally:
+            self._draining = False
+
+    def _holder(self, name: str) -> bool:
+        return self._reservation is not None and self._reservation.gang == name
+
+    def _place_holder_elsewhere(self, g: _Gang, now: float) -> None:
+        """The reserved gang fits somewhere now, holds aside: it runs there and the holds go back."""
+        got = self._place(g)
+        if got is not None:
+            self._drop_reservation(now)
+            self._start(g, got, now)
+
+    def _top_up(self, now: float) -> None:
+        """Give returned resources to the reservation first; place its gang once they cover it."""
+        res = self._reservation
+        if res is None or not res.top_up(self.state):
+            return
+        g = self._gangs[res.gang]
+        res.drop(self.state)
+        self._reservation = None
+        for _, a in res.targets:
+            self.state.allocate(a)
+        self._start(g, list(res.targets), now)
+
+    def _update_reservation(self, now: float) -> bool:
+        """Give the reservation to the first blocked gang; whether resources were returned."""
+        if not self.reserve:
+            return False
+        head = next((n for n in self._queue.names() if self._reservable(self._gangs[n])), None)
+        res = self._reservation
+        if res is not None and res.gang == head:
+            return False
+        freed = res is not None
+        if res is not None:
+            self._drop_reservation(now)
+        if head is None or head == self._unreservable:
+            return freed
+        g = self._gangs[head]
+        targets = reservation_targets(self.state, self._placer, g.req, self._services)
+        if targets is None:
+            self._unreservable = head  # fits not even the empty cluster: wait for nodes
+            return freed
+        nodes = {a.node for _, a in targets}
+        blockers = set().union(*(self._on_node[n] for n in nodes))
+        self._reservation = Reservation(head, g.req.priority, targets, blockers)
+        self._log(EventKind.RESERVED, head, now, nodes=sorted(self.cluster.nodes[n].name for n in nodes),
+                  blockers=sorted(blockers))
+        self._top_up(now)
+        return freed
+
+    def _reservable(self, g: _Gang) -> bool:
+        return not self._missing_services(g) and self.ledger.admissible(g.req.tenant, g.req.gpu_milli(g.req.min_size))
+
+    def _drop_reservation(self, now: float) -> None:
+        res = self._reservation
+        res.drop(self.state)
+        self._reservation = None
+        self._log(EventKind.UNRESERVED, res.gang, now)
+
+    # ---------------------------------------------------------------- helpers
+    def _now(self, now: float | None) -> float:
+        return self.clock() if now is None else float(now)
+
     def _gang(self, name: str) -> _Gang:
         if name not in self._gangs:
             raise KeyError(f"unknown gang {name!r}; known gangs: {sorted(self._gangs)[:10]}")
         return self._gangs[name]
 
-    def _waiting(self) -> list[_Gang]:
-        return [g for g in self._gangs.values() if not g.taken]
+    def _node(self, node_name: str) -> int:
+        if node_name not in self.state.node_index:
+            raise KeyError(f"unknown node {node_name!r}; nodes are {list(self.state.node_index)[:5]}...")
+        return self.state.node_index[node_name]
+
+    def _nodes_changed(self) -> None:
+        self._valid.clear()
+        self._unreservable = None
+
+    def _missing_services(self, g: _Gang) -> list[str]:
+        """Services named by ``g``'s constraints that are not placed (it must wait for them)."""
+        names = []
+        for c in g.req.constraints:
+            if isinstance(c, SameGPU | SameNode) and c.service:
+                names.append(c.service)
+            elif isinstance(c, DifferentNodes):
+                names += list(c.services)
+        return [s for s in names if s not in self._services]
 
     def _placement(self, g: _Gang) -> Placement:
-        names = self.cluster.nodes
+        nodes = self.cluster.nodes
         return Placement(
             g.req.name,
-            tuple(Assignment(b, names[t[0]].name, t[1], t[2]) for b, t in sorted(g.taken.items())),
+            tuple(Assignment(b, nodes[a.node].name, a.gpus, a.gpu_milli) for b, a in sorted(g.allocs.items())),
+            g.epoch,
         )
 
     def _node_names(self, got) -> list[str]:
-        return sorted({self.cluster.nodes[t[0]].name for _, t in got})
+        return sorted({self.cluster.nodes[a.node].name for _, a in got})
 
-    def _try_place(self, g: _Gang) -> bool:
-        req = g.req
-        want = list(range(len(req.bundles)))
-        got = self._placer.place(req, want, self.services())
-        if got is None and req.min_bundles is not None:
-            # Elastic: the largest size that fits, down to the minimum.
-            for size in range(len(want) - 1, req.min_size - 1, -1):
-                got = self._placer.place(req, want[:size], self.services())
-                if got is not None:
-                    break
-        if got is None:
-            return False
-        g.taken = dict(got)
-        self._log("placed", req.name, nodes=self._node_names(got), size=len(got))
-        return True
-
-    def _try_preempt(self, g: _Gang) -> bool:
-        """Evict strictly lower-priority gangs (lowest priority, newest first) if that lets ``g`` run."""
-        victims = sorted(
-            (v for v in self._gangs.values() if v.taken and v.req.priority < g.req.priority),
-            key=lambda v: (v.req.priority, -v.arrival),
+    def _most_free(self, b: Bundle) -> str:
+        st = self.state
+        live = st.alive
+        usable = (st.model_mask(b.gpu_models) & (st.gpu_free >= max(b.gpu_milli, 1))).sum(axis=1)
+        return (
+            f"most free on a live node: cpu_milli={int(st.cpu_free[live].max(initial=0))}, "
+            f"memory_mib={int(st.mem_free[live].max(initial=0))}, "
+            f"GPUs with {b.gpu_milli} milli free={int(usable[live].max(initial=0))}"
         )
-        evicted: list[tuple[_Gang, dict[int, Taken]]] = []
-        for v in victims:
-            evicted.append((v, v.taken))
-            self._placer.undo(v.taken.values())
-            v.taken = {}
-            if self._try_place(g):
-                break
-        else:
-            for v, taken in evicted:  # not enough room even so: put everything back
-                for node, gpus, milli, cpu, mem in taken.values():
-                    self.state.allocate(node, cpu, mem, gpus, milli)
-                v.taken = taken
-            return False
-        # The victims were freed only tentatively so far; now they are told and queued.
-        for v, _ in evicted:
-            if v.on_preempt is not None:
-                v.on_preempt(v.req.name, f"preempted by {g.req.name!r} (priority {g.req.priority})")
-            self._log(
-                "preempted", v.req.name, by=g.req.name, priority=v.req.priority, by_priority=g.req.priority
-            )
-        self._drain()  # a victim may still fit elsewhere
-        return True
 
-    def _free(self, g: _Gang) -> None:
-        self._placer.undo(g.taken.values())
-        g.taken = {}
-
-    def _drain(self) -> None:
-        """Place waiting gangs, by priority then arrival, while they fit."""
-        for g in sorted(self._waiting(), key=lambda g: (-g.req.priority, g.arrival)):
-            if any(
-                isinstance(c, SameGPU | SameNode | DifferentNodes) and _names_missing(c, self)
-                for c in g.req.constraints
-            ):
-                continue
-            self._try_place(g)
-
-    def _log(self, kind: str, gang: str, **detail) -> None:
-        self.events.append(Event(len(self.events), kind, gang, detail))
+    def _log(self, kind: EventKind, gang: str, now: float, **detail) -> None:
+        self.events.append(Event(len(self.events), kind, gang, now, detail))
 
 
-def _names_missing(c, sched: Scheduler) -> bool:
-    """True when a constraint names a service that no longer runs (the gang must wait)."""
-    names = [c.service] if isinstance(c, SameGPU | SameNode) and c.service else []
-    names += list(c.services) if isinstance(c, DifferentNodes) else []
-    have = sched.services()
-    return any(s not in have for s in names)
+def _describe(b: Bundle) -> str:
+    gpu = f", {b.gpus} GPU(s)" if b.gpus else (f", {b.gpu_fraction} milli-GPU" if b.gpu_fraction else "")
+    models = f" of {sorted(b.gpu_models)}" if b.gpu_models else ""
+    mem = f", {b.gpu_memory_mib} MiB GPU memory" if b.gpu_memory_mib else ""
+    return f"cpu_milli={b.cpu_milli}, memory_mib={b.memory_mib}{gpu}{models}{mem}"
 
 
 __all__ = [
     "GPU",
+    "Alloc",
     "Assignment",
     "Bundle",
     "Cluster",
     "DifferentNodes",
     "Event",
+    "EventKind",
     "GangRequest",
+    "GangState",
     "Node",
     "PinGPUs",
     "Placement",
+    "Quota",
     "RequestError",
     "SameGPU",
     "SameNode",

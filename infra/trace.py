@@ -27,7 +27,7 @@ import numpy as np
 
 from infra.frag import FragModel, PodShape, TypicalPods
 from infra.node_scoring import Demand, Policy
-from infra.resources import MILLI, ClusterState
+from infra.resources import MILLI, Alloc, ClusterState
 
 CURVE_POINTS = 131
 """Arrival percentages 0..130 at which curves are reported."""
@@ -253,7 +253,7 @@ def replay(
         if choice is None:
             failed += 1
         else:
-            state.allocate(choice.node, d.cpu, d.mem, choice.gpus, d.gpu_milli)
+            state.allocate(Alloc(choice.node, choice.gpus, d.gpu_milli, d.cpu, d.mem))
             used_milli += pod.total_gpu_milli
         arrived[i], used[i] = arrived_milli, used_milli
         frag[i] = metric.cluster_frag()

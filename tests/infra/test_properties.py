@@ -1,26 +1,35 @@
-"""Property tests over random clusters and request streams (hypothesis).
+"""Property tests over random clusters and request streams (hypothesis), small and at scale.
 
-After every operation: no GPU, CPU or memory is oversubscribed and the free amounts equal capacity
-minus what the running gangs hold; running gangs hold all their bundles (elastic ones between
-their minimum and maximum) and satisfy their constraints, waiting gangs hold nothing; release
-returns exactly what was taken; preemption never evicts equal or higher priority.
+After every operation (or every few hundred at scale): no CPU, memory, milli-GPU or GPU memory is
+oversubscribed and the free amounts equal capacity minus what placed gangs and the reservation
+hold; placed gangs hold all their bundles (elastic ones between their minimum and maximum) and
+satisfy their constraints; waiting and draining gangs hold nothing; quota usage equals what each
+tenant's placed gangs hold; a notice only ever goes to a lower-priority gang of the same tenant or
+to a gang of a borrowing tenant; victim sets are minimal for the preemptor's placement; a
+reserved gang runs once the gangs that used its reserved nodes are gone; release returns exactly
+what was taken.
 """
 
 import contextlib
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra import node_scoring
+from infra.resources import Alloc
 from infra.scheduler import (
     GPU,
     Bundle,
     Cluster,
     DifferentNodes,
+    EventKind,
     GangRequest,
+    GangState,
     Node,
+    Quota,
     RequestError,
     SameGPU,
     SameNode,
@@ -31,14 +40,15 @@ MODELS = ("A", "B")
 
 
 @st.composite
-def clusters(draw):
-    n = draw(st.integers(1, 4))
+def clusters(draw, min_nodes=1, max_nodes=4):
+    n = draw(st.integers(min_nodes, max_nodes))
     nodes = []
     for i in range(n):
         g = draw(st.integers(0, 4))
         model = draw(st.sampled_from(MODELS))
+        mem = draw(st.sampled_from([0, 8192, 16384]))
         nodes.append(
-            Node(f"n{i}", draw(st.integers(2, 16)) * 1000, draw(st.integers(1, 16)) * 1024, (GPU(model),) * g)
+            Node(f"n{i}", draw(st.integers(2, 16)) * 1000, draw(st.integers(1, 16)) * 1024, (GPU(model, mem),) * g)
         )
     return Cluster(tuple(nodes))
 
@@ -49,15 +59,17 @@ def bundles(draw):
     cpu = draw(st.integers(1, 8)) * 500
     mem = draw(st.integers(1, 8)) * 512
     models = frozenset(draw(st.sets(st.sampled_from(MODELS), max_size=1)))
+    gmem = draw(st.sampled_from([0, 0, 3000, 6000]))
     if kind == "cpu":
         return Bundle(cpu, mem)
     if kind == "whole":
-        return Bundle(cpu, mem, gpus=draw(st.integers(1, 3)), gpu_models=models)
-    return Bundle(cpu, mem, gpu_fraction=draw(st.sampled_from([100, 250, 300, 500, 700])), gpu_models=models)
+        return Bundle(cpu, mem, gpus=draw(st.integers(1, 3)), gpu_models=models, gpu_memory_mib=gmem)
+    frac = draw(st.sampled_from([100, 250, 300, 500, 700]))
+    return Bundle(cpu, mem, gpu_fraction=frac, gpu_models=models, gpu_memory_mib=gmem)
 
 
 @st.composite
-def gangs(draw, name):
+def gangs(draw, name, tenants=("default",)):
     bs = tuple(draw(st.lists(bundles(), min_size=1, max_size=3)))
     constraints = ()
     elastic = None
@@ -72,22 +84,34 @@ def gangs(draw, name):
     elif draw(st.booleans()):
         bs = (bs[0],) * draw(st.integers(2, 4))
         elastic = draw(st.integers(1, len(bs)))
-    return GangRequest(name, bs, constraints, priority=draw(st.integers(0, 3)), min_bundles=elastic)
+    return GangRequest(
+        name, bs, constraints, priority=draw(st.integers(0, 3)), min_bundles=elastic,
+        tenant=draw(st.sampled_from(tenants)), grace_s=draw(st.sampled_from([0.0, 0.0, 5.0])),
+        timeout_s=draw(st.sampled_from([None, None, 30.0])),
+    )
 
 
 def check_invariants(s: Scheduler) -> None:
     state = s.state
     assert (state.cpu_free >= 0).all() and (state.mem_free >= 0).all()
     assert (state.gpu_free >= 0).all() and (state.gpu_free <= 1000).all()
+    assert (state.gpu_mem_free >= 0).all() and (state.gpu_mem_free <= state.gpu_mem).all()
     assert (state.gpu_free[~state.gpu_exists] == 0).all()
-    cpu = np.zeros_like(state.cpu_free)
-    mem = np.zeros_like(state.mem_free)
-    gpu = np.zeros_like(state.gpu_free)
-    placements = s.placements
-    for name in list(placements) + s.queue:
-        req = s.request(name)
-        p = s.placement(name)
-        if p is None:
+    cpu, mem = np.zeros_like(state.cpu_free), np.zeros_like(state.mem_free)
+    gpu, gmem = np.zeros_like(state.gpu_free), np.zeros_like(state.gpu_mem_free)
+    usage = {}
+
+    def add(a: Alloc) -> None:
+        cpu[a.node] += a.cpu
+        mem[a.node] += a.mem
+        gpu[a.node, list(a.gpus)] += a.gpu_milli
+        for g in a.gpus:
+            gmem[a.node, g] += a.gpu_mem if state.gpu_mem[a.node, g] else 0
+
+    for name in s.gangs():
+        req, p = s.request(name), s.placement(name)
+        if s.gang_state(name) is not GangState.PLACED:
+            assert p is None and (name in s.queue) == (s.gang_state(name) is GangState.WAITING)
             continue
         assert len(p.assignments) == len(req.bundles) or (
             req.min_bundles is not None and req.min_size <= len(p.assignments) <= len(req.bundles)
@@ -100,9 +124,8 @@ def check_invariants(s: Scheduler) -> None:
             assert len(a.gpus) == b.num_gpu and a.gpu_milli == b.gpu_milli
             if b.gpu_models:
                 assert {state.model_names[state.gpu_model[n, g]] for g in a.gpus} <= b.gpu_models
-            cpu[n] += b.cpu_milli
-            mem[n] += b.memory_mib
-            gpu[n, list(a.gpus)] += b.gpu_milli
+            add(Alloc(n, a.gpus, b.gpu_milli, b.cpu_milli, b.memory_mib, b.gpu_memory_mib))
+            usage[req.tenant] = usage.get(req.tenant, 0) + b.total_gpu_milli
             where[a.bundle] = (a.node, a.gpus)
         for c in req.constraints:
             if isinstance(c, SameNode):
@@ -111,70 +134,192 @@ def check_invariants(s: Scheduler) -> None:
                 assert len({where[i] for i in c.bundles}) == 1
             if isinstance(c, DifferentNodes):
                 assert len({where[i][0] for i in c.bundles}) == len(c.bundles)
+    if s.reservation is not None:
+        assert s.gang_state(s.reservation.gang) is GangState.WAITING
+        for a in s.reservation.holds:
+            add(a)
     live = state.alive
     assert np.array_equal(cpu[live], (state.cpu_cap - state.cpu_free)[live])
     assert np.array_equal(mem[live], (state.mem_cap - state.mem_free)[live])
     assert np.array_equal(gpu[live], (np.where(state.gpu_exists, 1000, 0) - state.gpu_free)[live])
-    prio = {e.gang: e.detail["priority"] for e in s.events if e.kind == "submitted"}
+    assert np.array_equal(gmem[live], (state.gpu_mem - state.gpu_mem_free)[live])
+    if s.ledger.enabled:
+        assert {t: u for t, u in s.ledger.usage.items() if u} == {t: u for t, u in usage.items() if u}
+
+
+def check_notices(s: Scheduler, tenants: dict[str, str], priorities: dict[str, int], borrowing: set[str]) -> None:
+    """Each notice went to a lower-priority gang of the preemptor's tenant or to a borrower's gang."""
     for e in s.events:
-        if e.kind == "preempted":
-            assert prio[e.gang] < e.detail["by_priority"] == prio[e.detail["by"]]
+        if e.kind is EventKind.PREEMPT_NOTICE:
+            by = e.detail["by"]
+            same = tenants[e.gang] == tenants[by]
+            assert (same and priorities[e.gang] < priorities[by]) or (not same and e.gang in borrowing), e
 
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["submit", "submit", "submit", "release", "resize", "lose", "restore"]),
+        st.sampled_from(["submit"] * 4 + ["release", "resize", "lose", "restore", "stopped", "tick", "join"]),
         st.integers(0, 10**6),
     ),
     min_size=1,
-    max_size=25,
+    max_size=30,
 )
 
 
+def apply(s: Scheduler, cluster: Cluster, op: str, r: int, draw_gang, t: float) -> None:
+    """One operation of a random stream."""
+    names = s.gangs()
+    if op == "submit":
+        with contextlib.suppress(RequestError):
+            s.submit(draw_gang(), on_preempt=lambda n, why: None, now=t)
+    elif op == "release" and names:
+        s.release(names[r % len(names)], now=t)
+    elif op == "resize":
+        elastic = [n for n in s.placements if s.request(n).min_bundles is not None]
+        if elastic:
+            name = elastic[r % len(elastic)]
+            req = s.request(name)
+            with contextlib.suppress(RuntimeError):
+                s.resize(name, req.min_size + r % (len(req.bundles) - req.min_size + 1), now=t)
+    elif op == "lose":
+        s.remove_node(s.cluster.nodes[r % len(s.cluster.nodes)].name, now=t)
+    elif op == "restore":
+        s.restore_node(s.cluster.nodes[r % len(s.cluster.nodes)].name, now=t)
+    elif op == "stopped":
+        draining = [n for n in names if s.gang_state(n) is GangState.DRAINING]
+        if draining:
+            s.stopped(draining[r % len(draining)], now=t)
+    elif op == "tick":
+        s.tick(now=t)
+    elif op == "join" and len(s.cluster.nodes) < 8:
+        s.add_node(Node(f"x{len(s.cluster.nodes)}", 8000, 8192, (GPU(MODELS[r % 2], 16384),) * (r % 3)), now=t)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters(), stream=ops, policy=st.sampled_from(node_scoring.names()), data=st.data())
-def test_invariants_hold_over_random_request_streams(cluster, stream, policy, data):
-    s = Scheduler(cluster, policy=policy, seed=1)
+@given(cluster=clusters(), stream=ops, policy=st.sampled_from(node_scoring.names()), data=st.data(),
+       quotas=st.booleans())
+def test_invariants_hold_over_random_request_streams(cluster, stream, policy, data, quotas):
+    tenants = ("a", "b") if quotas else ("default",)
+    q = {"a": Quota(2000), "b": Quota(1000, borrowing_limit_milli=1000)} if quotas else None
+    s = Scheduler(cluster, policy=policy, seed=1, quotas=q)
+    tenant_of, prio_of, borrowing = {}, {}, set()
     for k, (op, r) in enumerate(stream):
-        names = sorted(s.placements) + s.queue
-        if op == "submit":
-            with contextlib.suppress(RequestError):
-                s.submit(data.draw(gangs(f"g{k}")), on_preempt=lambda n, why: None)
-        elif op == "release" and names:
-            s.release(names[r % len(names)])
-        elif op == "resize":
-            elastic = [n for n in s.placements if s.request(n).min_bundles is not None]
-            if elastic:
-                name = elastic[r % len(elastic)]
-                req = s.request(name)
-                with contextlib.suppress(RuntimeError):
-                    s.resize(name, req.min_size + r % (len(req.bundles) - req.min_size + 1))
-        elif op == "lose":
-            s.remove_node(cluster.nodes[r % len(cluster.nodes)].name)
-        elif op == "restore":
-            s.restore_node(cluster.nodes[r % len(cluster.nodes)].name)
+        def draw_gang(k=k):
+            g = data.draw(gangs(f"g{k}", tenants))
+            tenant_of[g.name], prio_of[g.name] = g.tenant, g.priority
+            return g
+        borrowing |= {n for n in s.placements if s.ledger.borrowing(s.request(n).tenant)}
+        apply(s, cluster, op, r, draw_gang, t=float(k))
         check_invariants(s)
+    check_notices(s, tenant_of, prio_of, borrowing)
 
 
 @settings(max_examples=60, deadline=None)
 @given(cluster=clusters(), data=st.data(), policy=st.sampled_from(node_scoring.names()))
 def test_release_returns_exactly_what_was_taken(cluster, data, policy):
-    s = Scheduler(cluster, policy=policy)
+    s = Scheduler(cluster, policy=policy, reserve=False)
     for k in range(data.draw(st.integers(0, 4))):  # some load first
         with contextlib.suppress(RequestError):
             s.submit(data.draw(gangs(f"pre{k}")))
-    before = (s.state.cpu_free.copy(), s.state.mem_free.copy(), s.state.gpu_free.copy())
+    before = (s.state.cpu_free.copy(), s.state.mem_free.copy(), s.state.gpu_free.copy(), s.state.gpu_mem_free.copy())
     req = dataclasses.replace(data.draw(gangs("x")), priority=-1)  # never preempts the load
     try:
         p = s.submit(req)
     except RequestError:
         return
-    if p is None:
-        s.release("x")
-    else:
+    if p is not None:
         taken = sum(req.bundles[a.bundle].cpu_milli for a in p.assignments)
         assert before[0].sum() - s.state.cpu_free.sum() == taken
-        s.release("x")
-    assert np.array_equal(before[0], s.state.cpu_free)
-    assert np.array_equal(before[1], s.state.mem_free)
-    assert np.array_equal(before[2], s.state.gpu_free)
+    s.release("x")
+    for was, now in zip(before, (s.state.cpu_free, s.state.mem_free, s.state.gpu_free, s.state.gpu_mem_free)):
+        assert np.array_equal(was, now)
+
+
+@settings(max_examples=80, deadline=None)
+@given(cluster=clusters(2, 5), data=st.data(), policy=st.sampled_from(["fgd-strand", "bestfit", "pack"]))
+def test_victim_sets_are_minimal_for_the_placement(cluster, data, policy):
+    s = Scheduler(cluster, policy=policy, reserve=False)
+    for k in range(data.draw(st.integers(1, 12))):
+        with contextlib.suppress(RequestError):
+            s.submit(dataclasses.replace(data.draw(gangs(f"low{k}")), priority=0))
+    held = {n: [(s.state.node_index[a.node], a, s.request(n).bundles[a.bundle]) for a in p.assignments]
+            for n, p in s.placements.items()}
+    try:
+        s.submit(dataclasses.replace(data.draw(gangs("high")), priority=9))
+    except RequestError:
+        return
+    victims = [e.gang for e in s.events if e.kind is EventKind.PREEMPT_NOTICE]
+    for v in victims:  # giving any one victim back its exact resources must fail: it was needed
+        allocs = [Alloc(n, a.gpus, b.gpu_milli, b.cpu_milli, b.memory_mib, b.gpu_memory_mib) for n, a, b in held[v]]
+        taken = []
+        for a in allocs:
+            if not s.state.fits(a):
+                break
+            s.state.allocate(a)
+            taken.append(a)
+        for a in taken:
+            s.state.free(a)
+        assert len(taken) < len(allocs), f"victim {v} could have kept running"
+
+
+@settings(max_examples=60, deadline=None)
+@given(cluster=clusters(1, 4), data=st.data())
+def test_a_reserved_gang_runs_once_the_gangs_on_its_nodes_are_gone(cluster, data):
+    s = Scheduler(cluster, policy="fgd-strand")
+    pending = None  # (holder, blockers) of the reservation being watched
+    for k in range(data.draw(st.integers(5, 40))):
+        names = s.gangs()
+        if names and data.draw(st.booleans()):
+            s.release(names[data.draw(st.integers(0, len(names) - 1))], now=float(k))
+        else:
+            with contextlib.suppress(RequestError):
+                s.submit(dataclasses.replace(data.draw(gangs(f"g{k}")), priority=0, grace_s=0.0), now=float(k))
+        res = s.reservation
+        if res is not None and (pending is None or pending[0] != res.gang):
+            pending = (res.gang, set(res.blockers), set(res.nodes))
+        if pending is not None:
+            holder, blockers, nodes = pending
+            gone = all(b not in s.gangs() or not any(b in s._on_node[n] for n in nodes) for b in blockers)
+            if holder in s.gangs() and gone and s.reservation is not None and s.reservation.gang == holder:
+                pytest.fail(f"{holder} still waits although every gang on its reserved nodes left")
+            if holder not in s.gangs() or s.gang_state(holder) is GangState.PLACED:
+                pending = None
+    check_invariants(s)
+
+
+@st.composite
+def big_clusters(draw):
+    n = draw(st.integers(100, 400))
+    nodes = []
+    for i in range(n):
+        g = draw(st.sampled_from([0, 1, 2, 4, 8]))
+        nodes.append(Node(f"n{i}", draw(st.sampled_from([16, 32, 64, 96])) * 1000, 262144,
+                          (GPU(MODELS[i % 2], 16384),) * g))
+    return Cluster(tuple(nodes))
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cluster=big_clusters(), data=st.data(), seed=st.integers(0, 2**16))
+def test_invariants_hold_at_hundreds_of_nodes_and_thousands_of_gangs(cluster, data, seed):
+    """2,000-3,000 operations on 100-400 nodes with quotas; invariants checked every 250 operations."""
+    rng = np.random.default_rng(seed)
+    q = {"a": Quota(200_000), "b": Quota(100_000, borrowing_limit_milli=100_000)}
+    s = Scheduler(cluster, policy="fgd-strand", seed=seed, quotas=q)
+    shapes = [data.draw(gangs(f"shape{i}", ("a", "b"))) for i in range(12)]
+    tenant_of, prio_of, borrowing = {}, {}, set()
+    for k in range(int(rng.integers(2000, 3000))):
+        op = rng.choice(["submit", "submit", "submit", "release", "stopped", "tick", "lose", "restore"],
+                        p=[0.2, 0.2, 0.2, 0.3, 0.04, 0.04, 0.01, 0.01])
+        def draw_gang(k=k):
+            g = dataclasses.replace(shapes[int(rng.integers(len(shapes)))], name=f"g{k}",
+                                    priority=int(rng.integers(0, 4)))
+            tenant_of[g.name], prio_of[g.name] = g.tenant, g.priority
+            return g
+        if k % 50 == 0:
+            borrowing |= {n for n in s.placements if s.ledger.borrowing(s.request(n).tenant)}
+        apply(s, cluster, str(op), int(rng.integers(10**6)), draw_gang, t=float(k))
+        if k % 250 == 0:
+            check_invariants(s)
+    check_invariants(s)
+    assert len(s.placements) > 50

@@ -102,7 +102,7 @@ def test_preemption_evicts_only_lower_priority_and_tells_the_victim(cluster):
     p = s.submit(GangRequest("top", (Bundle(1000, 1024, gpus=4),), priority=9))
     assert p is not None and [n for n, _ in told] == ["low"]
     assert s.queue == ["low", "eq"] and s.placement("mid") is not None and s.placement("peer") is not None
-    evt = next(e for e in s.events if e.kind == "preempted")
+    evt = next(e for e in s.events if e.kind == "preempt_notice")
     assert evt.gang == "low" and evt.detail["by"] == "top"
 
 
@@ -137,7 +137,7 @@ def test_node_loss_reschedules_its_gangs_elsewhere(cluster):
     assert moved == ["svc"] and told and "lost" in told[0]
     q = s.placement("svc")
     assert q is not None and q.assignments[0].node != lost
-    assert [e.kind for e in s.events][-3:] == ["node_lost", "evicted_by_node_loss", "placed"]
+    assert [e.kind for e in s.events][-4:] == ["node_lost", "evicted_by_node_loss", "queued", "placed"]
 
 
 def test_pack_fills_the_gangs_node_and_spread_avoids_it(cluster):
