@@ -27,3 +27,46 @@ def _eventually(condition, timeout_s: float = 60.0) -> bool:
 def eventually():
     """``eventually(condition, timeout_s=60)``: poll ``condition`` until it holds; False after the timeout."""
     return _eventually
+
+
+class Interrupt(Exception):
+    """Raised by :func:`interrupted_training` in place of an iteration: a crash mid-run."""
+
+
+@pytest.fixture
+def interrupted_training(monkeypatch):
+    """``interrupted_training(trainer, after)``: train until ``after`` iterations ran, then crash (Interrupt)."""
+    from vla_rl.trainer import Trainer
+
+    def run(trainer, after: int) -> None:
+        step = Trainer.step
+
+        def step_or_crash(self):
+            if self.iteration >= after:
+                raise Interrupt
+            return step(self)
+
+        monkeypatch.setattr(Trainer, "step", step_or_crash)
+        try:
+            with pytest.raises(Interrupt):
+                trainer.train()
+        finally:
+            monkeypatch.setattr(Trainer, "step", step)
+
+    return run
+
+
+@pytest.fixture
+def script():
+    """``script(name)``: the module ``scripts/<name>.py``, loaded by path (its ``main(argv)`` runs it in process)."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"{name}_script", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

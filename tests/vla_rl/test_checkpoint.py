@@ -22,27 +22,11 @@ def _config(out_dir, **extra):
     return build_config(data)
 
 
-class Interrupt(Exception):
-    pass
-
-
-def test_resumed_run_produces_the_same_iterates(tmp_path, monkeypatch):
+def test_resumed_run_produces_the_same_iterates(tmp_path, interrupted_training):
     straight = Trainer(_config(tmp_path / "a"))
     straight.train()
 
-    step = Trainer.step
-    calls = {"n": 0}
-
-    def interrupting_step(self):
-        if calls["n"] == 2:
-            raise Interrupt
-        calls["n"] += 1
-        return step(self)
-
-    monkeypatch.setattr(Trainer, "step", interrupting_step)
-    with pytest.raises(Interrupt):
-        Trainer(_config(tmp_path / "b")).train()
-    monkeypatch.setattr(Trainer, "step", step)
+    interrupted_training(Trainer(_config(tmp_path / "b")), after=2)
     resumed = Trainer(_config(tmp_path / "b"), resume=True)
     assert resumed.iteration == 2
     resumed.train()

@@ -78,15 +78,6 @@ def test_train_script_takes_overrides_after_the_ray_address(capsys):
 DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
 
 
-def _train_main():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_script", CONFIG_DIR.parent / "scripts" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
 @pytest.mark.parametrize(
     ("config", "override", "message"),
     [
@@ -136,10 +127,10 @@ def _train_main():
     ],
 )
 def test_bad_value_is_a_one_line_error_naming_the_key_before_any_run_directory(
-    tmp_path, capsys, config, override, message
+    tmp_path, capsys, config, override, message, script
 ):
     argv = ["--config", str(CONFIG_DIR / config), *override.split(), f"out_dir={tmp_path}", "log.wandb=disabled"]
-    assert _train_main()(argv) == 2
+    assert script("train").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert re.search(message, err), err
@@ -186,9 +177,9 @@ def test_render_knobs_reach_the_environment():
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_on_a_machine_without_cuda_is_a_config_error_before_the_run_directory(tmp_path, capsys):
+def test_cuda_on_a_machine_without_cuda_is_a_config_error_before_the_run_directory(tmp_path, capsys, script):
     argv = ["--config", str(CONFIG_DIR / HALFCHEETAH), "device=cuda", f"out_dir={tmp_path}", "log.wandb=disabled"]
-    assert _train_main()(argv) == 2
+    assert script("train").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert "device='cuda'" in err and "CUDA is not available" in err

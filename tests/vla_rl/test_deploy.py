@@ -1,7 +1,6 @@
 """Deployment: a checkpoint of a real (one-iteration) VLA run acts from camera, instruction text and
 proprioception alone; its ONNX and TorchScript exports match the eager actor; eval.py's --device."""
 
-import importlib.util
 import json
 
 import numpy as np
@@ -16,15 +15,6 @@ from vla_rl.config import CONFIG_DIR, build_config, load_config
 from vla_rl.deploy import load_policy
 from vla_rl.envs import make_env
 from vla_rl.trainer import Trainer
-
-SCRIPTS = CONFIG_DIR.parent / "scripts"
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_script", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +110,9 @@ def test_exported_actor_matches_eager(run_dir, observation, tmp_path, fmt):
     assert "state" not in meta["inputs"] and "goal_pixel" not in meta["inputs"]
 
 
-def test_export_script_writes_a_file(run_dir, tmp_path, capsys):
+def test_export_script_writes_a_file(run_dir, tmp_path, capsys, script):
     out = tmp_path / "actor.pt"
-    assert _script("export_policy").main(["--checkpoint", str(run_dir), "--format", "torchscript", "--out", str(out)]) == 0
+    assert script("export_policy").main(["--checkpoint", str(run_dir), "--format", "torchscript", "--out", str(out)]) == 0
     assert out.is_file() and "instruction_embedding" in capsys.readouterr().out
 
 
@@ -134,9 +124,9 @@ def test_checkpoint_without_obs_spec_is_refused(run_dir, tmp_path):
         load_policy(tmp_path)
 
 
-def test_eval_script_on_cpu_writes_json(run_dir, tmp_path):
+def test_eval_script_on_cpu_writes_json(run_dir, tmp_path, script):
     out = tmp_path / "eval.json"
-    status = _script("eval").main([
+    status = script("eval").main([
         "--checkpoint", str(run_dir), "--episodes", "2", "--num-envs", "2", "--device", "cpu", "--json", str(out),
     ])
     assert status == 0
@@ -146,8 +136,8 @@ def test_eval_script_on_cpu_writes_json(run_dir, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_eval_script_refuses_unavailable_cuda(run_dir, capsys):
-    assert _script("eval").main(["--checkpoint", str(run_dir), "--device", "cuda"]) == 2
+def test_eval_script_refuses_unavailable_cuda(run_dir, capsys, script):
+    assert script("eval").main(["--checkpoint", str(run_dir), "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "CUDA is not available" in err
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -11,13 +10,6 @@ from sims import tasks as T
 from vla_rl.config import CONFIG_DIR, load_config
 from vla_rl.evaluate import wilson_interval
 from vla_rl.trainer import Trainer
-
-
-def _eval_main():
-    spec = importlib.util.spec_from_file_location("eval_script", CONFIG_DIR.parent / "scripts" / "eval.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +27,19 @@ def suite_run(tmp_path_factory):
     return out / "suite"
 
 
-def _run(args: list[str], tmp_path) -> dict:
+@pytest.fixture
+def eval_main(script):
+    return script("eval").main
+
+
+def _run(main, args: list[str], tmp_path) -> dict:
     out = tmp_path / "eval.json"
-    assert _eval_main()([*args, "--json", str(out)]) == 0
+    assert main([*args, "--json", str(out)]) == 0
     return json.loads(out.read_text())
 
 
-def test_composition_split_reports_tasks_instructions_and_intervals(suite_run, tmp_path):
-    figures = _run(["--checkpoint", str(suite_run), "--split", "composition", "--episodes", "12",
+def test_composition_split_reports_tasks_instructions_and_intervals(suite_run, tmp_path, eval_main):
+    figures = _run(eval_main, ["--checkpoint", str(suite_run), "--split", "composition", "--episodes", "12",
                     "--num-envs", "6", "--seed", "5"], tmp_path)
     config, results = figures["config"], figures["results"]
     assert config["split"] == "composition" and config["seed"] == 5 and config["episodes"] == 12
@@ -56,9 +53,9 @@ def test_composition_split_reports_tasks_instructions_and_intervals(suite_run, t
         assert 0.0 <= low <= r["success"] <= high <= 1.0
 
 
-def test_custom_instruction_templates_are_filled_per_episode(suite_run, tmp_path):
+def test_custom_instruction_templates_are_filled_per_episode(suite_run, tmp_path, eval_main):
     templates = ["hover above the {a}", "find the {a}"]
-    figures = _run(["--checkpoint", str(suite_run), "--task", "reach", "--episodes", "8", "--num-envs", "4",
+    figures = _run(eval_main, ["--checkpoint", str(suite_run), "--task", "reach", "--episodes", "8", "--num-envs", "4",
                     *(x for t in templates for x in ("--instruction", t))], tmp_path)
     texts = figures["results"]["instructions"]
     assert figures["config"]["templates"] == templates and list(figures["results"]["tasks"]) == ["reach"]
@@ -68,10 +65,10 @@ def test_custom_instruction_templates_are_filled_per_episode(suite_run, tmp_path
     assert colours <= set(T.COLOUR_NAMES)  # filled with each episode's own coloured object
 
 
-def test_bad_template_file_is_a_one_line_error(suite_run, tmp_path, capsys):
+def test_bad_template_file_is_a_one_line_error(suite_run, tmp_path, capsys, eval_main):
     path = tmp_path / "templates.txt"
     path.write_text("# my templates\nput the {c} away\n")
-    assert _eval_main()(["--checkpoint", str(suite_run), "--instructions-file", str(path)]) == 2
+    assert eval_main(["--checkpoint", str(suite_run), "--instructions-file", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "{a} and {b}" in err
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -18,17 +17,11 @@ TINY = ["base=reach_state_ppo.yaml", "demos.episodes=60", "demos.num_envs=8", "s
         "sft.log.progress=false", "rl.log.progress=false"]
 
 
-def _main():
-    spec = importlib.util.spec_from_file_location("sft_rl_script", CONFIG_DIR.parent / "scripts" / "sft_rl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
-def test_recipe_runs_end_to_end_and_keeps_composition_out_of_training(tmp_path):
+def test_recipe_runs_end_to_end_and_keeps_composition_out_of_training(tmp_path, script):
+    main = script("sft_rl").main
     out = tmp_path / "recipe.json"
     args = ["--config", str(CONFIG_DIR / "reach_sft_rl.yaml"), *TINY, f"out_dir={tmp_path}", "--json", str(out)]
-    assert _main()(args) == 0
+    assert main(args) == 0
     report = json.loads(out.read_text())
     assert set(report) >= {"machine", "config", "results", "checkpoints", "wall_s"}
     for stage in ("sft", "rl"):
@@ -44,13 +37,13 @@ def test_recipe_runs_end_to_end_and_keeps_composition_out_of_training(tmp_path):
     assert "eval/composition/success" not in rl_rows[0]  # training never evaluated a test split
     # Relaunching continues (here: reuses) the finished stages and reproduces the figures.
     again = tmp_path / "again.json"
-    assert _main()([*args[:-1], str(again)]) == 0
+    assert main([*args[:-1], str(again)]) == 0
     assert json.loads(again.read_text())["results"] == report["results"]
 
 
 def test_recipe_config_errors_before_anything_runs(tmp_path):
-    with pytest.raises(ConfigError, match="test.splits must not hold validation"):
+    with pytest.raises(ConfigError, match=r"test\.splits must not hold validation"):
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["test.splits=[validation]", f"out_dir={tmp_path}"])
-    with pytest.raises(ConfigError, match="recipe stage rl: .*ppo.optim.lr=-1"):
+    with pytest.raises(ConfigError, match=r"recipe stage rl: .*ppo\.optim\.lr=-1"):
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["rl.ppo.optim.lr=-1", f"out_dir={tmp_path}"])
     assert not any(tmp_path.iterdir())

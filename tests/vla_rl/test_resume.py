@@ -10,7 +10,6 @@ import time
 import warnings
 from pathlib import Path
 
-import pytest
 import torch
 
 from vla_rl.checkpoint import load_checkpoint
@@ -29,10 +28,6 @@ def _default_job(out_dir: Path, name: str):
     return load_config(ROOT / "configs" / "default.yaml", [*SHORT, f"out_dir={out_dir}", f"name={name}"])
 
 
-class Interrupt(Exception):
-    pass
-
-
 def _assert_same_training_state(a: Trainer, b: Trainer) -> None:
     weights_a, weights_b = a.policy.state_dict(), b.policy.state_dict()
     unequal = [k for k in weights_a if not torch.equal(weights_a[k], weights_b[k])]
@@ -43,25 +38,14 @@ def _assert_same_training_state(a: Trainer, b: Trainer) -> None:
     assert (a.collector.obs == b.collector.obs).all()
 
 
-def test_resumed_default_vla_job_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+def test_resumed_default_vla_job_equals_the_uninterrupted_run(tmp_path, interrupted_training):
     straight = Trainer(_default_job(tmp_path, "straight"))
     straight.train()
     straight.close()
 
-    step, calls = Trainer.step, {"n": 0}
-
-    def interrupting_step(self):
-        if calls["n"] == 2:
-            raise Interrupt
-        calls["n"] += 1
-        return step(self)
-
-    monkeypatch.setattr(Trainer, "step", interrupting_step)
     first = Trainer(_default_job(tmp_path, "resumed"))
-    with pytest.raises(Interrupt):
-        first.train()
+    interrupted_training(first, after=2)
     first.close()
-    monkeypatch.setattr(Trainer, "step", step)
     cfg = _default_job(tmp_path, "resumed")
     assert unfinished(cfg)
     with warnings.catch_warnings(record=True) as caught:  # a sims env snapshots: no re-reset warning
