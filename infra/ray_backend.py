@@ -1,221 +1,209 @@
-"""Realisation of the scheduler's placements on a Ray cluster: the node and the GPUs are ours, never Ray's.
+"""The scheduler's plan on Ray: nodes discovered from Ray, placement groups on exactly the planned GPUs.
 
-Every Ray node is started with custom resources naming it and each of its GPUs
-(``node_args(node)`` gives the ``num_cpus``/``num_gpus``/``resources`` to start it with):
+**Nodes.** Every alive Ray node with CPUs is a node of the plan. Its name, GPU model and memory come
+from labels (``node_args(node)`` gives the ``ray start`` / ``Cluster.add_node`` arguments):
+``infra/node`` (default ``node-<id prefix>``), ``infra/gpu-model`` (else Ray's accelerator type,
+else ``GPU``), ``infra/gpu-memory-mib`` (0: unknown) and ``infra/memory-mib`` (else Ray's
+``memory``). CPUs and GPU counts are Ray's own ``CPU`` and ``GPU`` resources.
 
-* ``sched_node_<name>``: present only on that node;
-* ``sched_gpu_<name>_<i>``: 1.0 per GPU index ``i`` of that node (fractions take part of it).
-
-A placed gang becomes one Ray placement group (created atomically, like the gang) whose bundle
-``b`` asks for the CPU of bundle ``b``, a sliver of ``sched_node_<node>`` and the chosen GPUs'
-``sched_gpu_*`` amounts: the only node that can hold it is the chosen one, and Ray's own GPU
-choice is bypassed. Actors run in that bundle with ``CUDA_VISIBLE_DEVICES`` set to the chosen GPU
-indices. When a node is lost, ``remove_node`` lets the scheduler move its gangs, removes their old
-placement groups and restarts their actors where the scheduler put them.
+**Ray's accounting agrees with the plan, on the planned device.** Each placed bundle is one
+detached placement group on its node (``bundle_label_selector`` on ``ray.io/node-id``) that
+reserves the bundle's CPUs *and its GPUs from Ray's own* ``GPU`` *resource*; actors started in it
+ask for the same ``num_gpus``, so Ray sets ``CUDA_VISIBLE_DEVICES`` and ``ray.get_gpu_ids()``
+itself, and other Ray work is kept off those GPUs by Ray. Ray decides which GPU instance a bundle
+gets: the lowest-index fully free ones for whole GPUs, the fullest one that fits (lowest index on
+ties) for a fraction. ``ray_gpu_choice`` mirrors that rule on the GPUs' occupancy by the
+placement groups this module created; when Ray's pick would differ from the planned GPUs, every
+other GPU of the node with room is first filled by a short-lived *blocker* group (in index
+order, which makes each land on its own GPU), so Ray's only choice is the planned one, and the
+blockers are removed once the bundle's group exists. This relies on the service being the only
+creator of GPU placement groups on its nodes; the tests check the rule against the installed Ray.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
-import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from infra.gang_placer import Placement
-from infra.requests import GangRequest
-from infra.resources import MILLI, Cluster, Node
-from infra.scheduler import PreemptCallback, Scheduler
+from infra.resources import GPU, MILLI, Cluster, Node
 
-NODE_MARK = 0.001
-"""Amount of ``sched_node_<name>`` each bundle takes (the node holds 1000 of it)."""
+GROUP_PREFIX = "infra|"
+"""Prefix of the placement group names this module creates (``BundleSpec.group_name``)."""
+BLOCKER_PREFIX = "infra-blocker|"
+"""Prefix of the short-lived blocker groups (removed by the service's reconciliation if left over)."""
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", name)
-
-
-def node_resource(node_name: str) -> str:
-    """Custom resource present only on node ``node_name``."""
-    return f"sched_node_{_safe(node_name)}"
-
-
-def gpu_resource(node_name: str, index: int) -> str:
-    """Custom resource standing for GPU ``index`` of node ``node_name``."""
-    return f"sched_gpu_{_safe(node_name)}_{index}"
-
-
-def node_resources(node: Node) -> dict[str, float]:
-    """Custom resources the Ray node of ``node`` must declare (``ray start --resources``)."""
-    resources = {node_resource(node.name): 1000.0}
-    resources.update({gpu_resource(node.name, i): 1.0 for i in range(len(node.gpus))})
-    return resources
+def node_labels(node: Node) -> dict[str, str]:
+    """Labels a Ray node of ``node`` declares (name, GPU model and memory, memory)."""
+    labels = {"infra/node": node.name, "infra/memory-mib": str(node.memory_mib)}
+    if node.gpus:
+        labels["infra/gpu-model"] = node.gpus[0].model
+        labels["infra/gpu-memory-mib"] = str(node.gpus[0].memory_mib)
+    return labels
 
 
 def node_args(node: Node) -> dict[str, Any]:
-    """Keyword arguments to start the Ray node of ``node`` (``ray.cluster_utils.Cluster.add_node``)."""
-    return {"num_cpus": node.cpu_milli / MILLI, "num_gpus": len(node.gpus), "resources": node_resources(node)}
+    """Arguments to start the Ray node of ``node`` (``ray.cluster_utils.Cluster.add_node``, ``ray.init``)."""
+    return {"num_cpus": node.cpu_milli / MILLI, "num_gpus": len(node.gpus), "labels": node_labels(node)}
 
 
-@dataclass
-class _ActorSpec:
-    cls: Any
-    args: tuple
-    kwargs: dict
-    options: dict
+def discover_nodes(ray_nodes: list[dict]) -> dict[str, tuple[str, Node]]:
+    """Alive Ray nodes with CPUs (``ray.nodes()``) as plan nodes: name -> (Ray node id, node)."""
+    out = {}
+    for n in ray_nodes:
+        res, labels = n.get("Resources", {}), n.get("Labels", {}) or {}
+        cpu = round(res.get("CPU", 0) * MILLI)
+        if not n.get("Alive") or cpu <= 0:
+            continue
+        name = labels.get("infra/node") or f"node-{n['NodeID'][:8]}"
+        accel = next((k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")), None)
+        model = labels.get("infra/gpu-model") or labels.get("ray.io/accelerator-type") or accel or "GPU"
+        memory = int(labels.get("infra/memory-mib") or res.get("memory", 0) // 2**20) or 1
+        gpu = GPU(model, int(labels.get("infra/gpu-memory-mib") or 0))
+        out[name] = (n["NodeID"], Node(name, cpu, memory, (gpu,) * int(res.get("GPU", 0))))
+    return out
 
 
-class RayBackend:
-    """Realises placements of ``scheduler`` on the Ray cluster ``ray.init`` connected to.
+def ray_gpu_choice(used: list[int], milli: int, count: int) -> tuple[int, ...] | None:
+    """The GPU indices Ray gives a bundle of ``count`` x ``milli`` on a node whose GPUs hold ``used`` milli."""
+    if milli >= MILLI:
+        free = [i for i, u in enumerate(used) if u == 0]
+        return tuple(free[:count]) if len(free) >= count else None
+    fits = [(MILLI - u, i) for i, u in enumerate(used) if MILLI - u >= milli]
+    return (min(fits)[1],) if fits else None
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    """One bundle to realise: its node, the planned GPUs and the amounts."""
+
+    gang: str
+    epoch: int
+    bundle: int
+    node: str
+    gpus: tuple[int, ...]
+    gpu_milli: int
+    cpu_milli: int
+
+    @property
+    def group_name(self) -> str:
+        """``infra|<gang>|<epoch>|<bundle>|<node>|<gpus>|<gpu_milli>|<cpu_milli>``: a group says what it holds."""
+        gpus = "-".join(map(str, self.gpus))
+        return f"{GROUP_PREFIX}{self.gang}|{self.epoch}|{self.bundle}|{self.node}|{gpus}|{self.gpu_milli}|{self.cpu_milli}"
+
+    def resources(self) -> dict[str, float]:
+        res = {"CPU": self.cpu_milli / MILLI}
+        if self.gpus:
+            res["GPU"] = len(self.gpus) * self.gpu_milli / MILLI
+        return res
+
+
+def parse_group_name(name: str) -> BundleSpec | None:
+    """The bundle a group created here holds, from its name; None for other groups."""
+    if not name.startswith(GROUP_PREFIX):
+        return None
+    gang, epoch, bundle, node, gpus, milli, cpu = name[len(GROUP_PREFIX) :].rsplit("|", 6)
+    return BundleSpec(gang, int(epoch), int(bundle), node, tuple(int(g) for g in gpus.split("-") if g), int(milli), int(cpu))
+
+
+class Realizer:
+    """Creates and removes the placement groups of planned bundles (see the module docstring).
 
     Args:
-        scheduler: the scheduler whose placements are realised.
-        timeout_s: how long to wait for a placement group to be ready before raising.
+        timeout_s: how long a placement group may take to be ready before the realisation fails.
     """
 
-    def __init__(self, scheduler: Scheduler, timeout_s: float = 60.0) -> None:
-        self.scheduler = scheduler
+    def __init__(self, timeout_s: float = 60.0) -> None:
         self.timeout_s = timeout_s
-        self._groups: dict[str, PlacementGroup] = {}
-        self._placements: dict[str, Placement] = {}
-        self._specs: dict[tuple[str, int], _ActorSpec] = {}
-        self._actors: dict[tuple[str, int], Any] = {}
+        self.node_ids: dict[str, str] = {}
+        self.used: dict[str, list[int]] = {}
+        self.groups: dict[tuple[str, int], tuple[BundleSpec, PlacementGroup]] = {}
 
-    def submit(self, req: GangRequest, on_preempt: PreemptCallback | None = None) -> Placement | None:
-        """``Scheduler.submit`` whose preemptions also stop the victims' Ray actors.
+    def set_node(self, name: str, node_id: str, num_gpus: int) -> None:
+        """A node (re)appeared with Ray id ``node_id``; its GPUs start empty unless groups hold them."""
+        self.node_ids[name] = node_id
+        self.used[name] = [0] * num_gpus
+        for spec, _ in self.groups.values():
+            if spec.node == name:
+                self._account(spec, +1)
 
-        A victim's ``on_preempt`` runs first (its actors still live, so it can checkpoint), then its
-        actors and placement group go; its actors restart when ``restart(gang)`` is called after
-        it is placed again.
-        """
+    def adopt(self, spec: BundleSpec, pg: PlacementGroup) -> None:
+        """Take over a group found alive (after a restart of the service)."""
+        self.groups[(spec.gang, spec.bundle)] = (spec, pg)
+        if spec.node in self.used:
+            self._account(spec, +1)
 
-        def evict(gang: str, reason: str) -> None:
-            if on_preempt is not None:
-                on_preempt(gang, reason)
-            self._drop(gang)
+    def _account(self, spec: BundleSpec, sign: int) -> None:
+        used = self.used[spec.node]
+        for g in spec.gpus:
+            used[g] += sign * spec.gpu_milli
 
-        return self.scheduler.submit(req, on_preempt=evict)
-
-    def restart(self, gang: str) -> Placement | None:
-        """Start again the recorded actors of ``gang`` if it runs (after a preemption); its placement."""
-        placement = self.scheduler.placement(gang)
-        if placement is not None and gang not in self._groups:
-            self.realize(placement)
-            for key in [k for k in self._specs if k[0] == gang]:
-                self._launch(*key)
-        return placement
-
-    def bundle_resources(self, placement: Placement) -> list[dict[str, float]]:
-        """Ray bundles of a placement: CPU, the node mark and the chosen GPUs."""
-        req = self.scheduler.request(placement.gang)
-        out = []
-        for a in placement.assignments:
-            b = req.bundles[a.bundle]
-            res = {"CPU": b.cpu_milli / MILLI, node_resource(a.node): NODE_MARK}
-            for g in a.gpus:
-                res[gpu_resource(a.node, g)] = a.gpu_milli / MILLI
-            out.append(res)
-        return out
-
-    def realize(self, placement: Placement) -> PlacementGroup:
-        """Create (and wait for) the placement group of ``placement``."""
-        pg = placement_group(
-            self.bundle_resources(placement), strategy="PACK", name=f"sched:{placement.gang}"
-        )
-        ready, _ = ray.wait([pg.ready()], timeout=self.timeout_s)
-        if not ready:
-            remove_placement_group(pg)
-            raise TimeoutError(
-                f"placement group of gang {placement.gang!r} not ready after {self.timeout_s}s: are the Ray nodes "
-                "started with infra.ray_backend.node_args(node)?"
-            )
-        self._groups[placement.gang] = pg
-        self._placements[placement.gang] = placement
+    async def create(self, spec: BundleSpec) -> PlacementGroup:
+        """Create the group of ``spec`` on its node and planned GPUs (blockers first when needed)."""
+        node_id = self.node_ids[spec.node]
+        blockers: dict[int, PlacementGroup] = {}
+        try:
+            if spec.gpus and ray_gpu_choice(self.used[spec.node], spec.gpu_milli, len(spec.gpus)) != spec.gpus:
+                blockers = await self._block_all(spec.node, node_id)
+                for g in spec.gpus:
+                    remove_placement_group(blockers.pop(g))
+            pg = placement_group([spec.resources()], strategy="PACK", name=spec.group_name, lifetime="detached",
+                                 bundle_label_selector=[{"ray.io/node-id": node_id}])
+            await self._ready(pg, spec.group_name)
+        finally:
+            for b in blockers.values():
+                remove_placement_group(b)
+        self.groups[(spec.gang, spec.bundle)] = (spec, pg)
+        self._account(spec, +1)
         return pg
 
-    def start_actor(
-        self, placement: Placement, bundle: int, actor_cls, *args, options: dict | None = None, **kwargs
-    ):
-        """Start ``actor_cls`` (a ``@ray.remote`` class) on the node and GPUs of ``bundle``.
-
-        The actor sees ``CUDA_VISIBLE_DEVICES`` set to its GPU indices and is restarted by
-        ``remove_node`` if its node is lost. ``options`` are passed to Ray's ``.options()``
-        (``max_restarts``, ``max_concurrency``, ``name`` ...); the placement keys
-        (``scheduling_strategy``, ``num_cpus``, ``num_gpus``, ``resources``) are ours and refused.
-        """
-        options = dict(options or {})
-        ours = {"scheduling_strategy", "num_cpus", "num_gpus", "resources"} & set(options)
-        if ours:
-            raise ValueError(f"start_actor options {sorted(ours)} are set by the placement; drop them.")
-        if placement.gang not in self._groups:
-            self.realize(placement)
-        self._specs[(placement.gang, bundle)] = _ActorSpec(actor_cls, args, kwargs, options)
-        return self._launch(placement.gang, bundle)
-
-    def actor(self, gang: str, bundle: int):
-        """The current handle of the actor of ``bundle`` of ``gang``."""
-        return self._actors[(gang, bundle)]
-
-    def _launch(self, gang: str, bundle: int):
-        placement = self._placements[gang]
-        a = next(x for x in placement.assignments if x.bundle == bundle)
-        index = [x.bundle for x in placement.assignments].index(bundle)
-        req = self.scheduler.request(gang)
-        spec = self._specs[(gang, bundle)]
-        options = dict(spec.options)
-        runtime_env = dict(options.pop("runtime_env", None) or {})
-        runtime_env["env_vars"] = {
-            **runtime_env.get("env_vars", {}),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in a.gpus),
-        }
-        handle = spec.cls.options(
-            num_cpus=req.bundles[bundle].cpu_milli / MILLI,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self._groups[gang], placement_group_bundle_index=index
-            ),
-            runtime_env=runtime_env,
-            **options,
-        ).remote(*spec.args, **spec.kwargs)
-        self._actors[(gang, bundle)] = handle
-        return handle
-
-    def release(self, gang: str) -> None:
-        """Stop the gang's actors, remove its placement group and release it in the scheduler."""
-        self._drop(gang)
-        for key in [k for k in self._specs if k[0] == gang]:
-            del self._specs[key]
-        self.scheduler.release(gang)
-
-    def _drop(self, gang: str) -> None:
-        for key in [k for k in self._actors if k[0] == gang]:
-            ray.kill(self._actors.pop(key))
-        pg = self._groups.pop(gang, None)
-        if pg is not None:
-            remove_placement_group(pg)
-        self._placements.pop(gang, None)
-
-    def remove_node(self, node_name: str) -> dict[str, Placement | None]:
-        """Node ``node_name`` is lost: reschedule its gangs and restart their actors elsewhere.
-
-        Returns:
-            The new placement of every moved gang (None if it now waits in the queue).
-        """
-        moved = self.scheduler.remove_node(node_name)
-        out: dict[str, Placement | None] = {}
-        for gang in moved:
-            specs = {k: v for k, v in self._specs.items() if k[0] == gang}
-            self._drop(gang)
-            placement = self.scheduler.placement(gang)
-            out[gang] = placement
-            if placement is None:
+    async def _block_all(self, node: str, node_id: str) -> dict[int, PlacementGroup]:
+        """Fill every GPU of ``node`` that has room, in index order (each blocker lands on its GPU)."""
+        out = {}
+        for g, u in enumerate(self.used[node]):
+            if u >= MILLI:
                 continue
-            self.realize(placement)
-            for key in specs:
-                self._launch(*key)
+            name = f"{BLOCKER_PREFIX}{node}|{g}|{uuid.uuid4().hex[:8]}"
+            pg = placement_group([{"GPU": (MILLI - u) / MILLI}], name=name, lifetime="detached",
+                                 bundle_label_selector=[{"ray.io/node-id": node_id}])
+            out[g] = pg
+            await self._ready(pg, name)
         return out
+
+    async def _ready(self, pg: PlacementGroup, name: str) -> None:
+        try:
+            await asyncio.wait_for(pg.ready(), self.timeout_s)
+        except TimeoutError:
+            remove_placement_group(pg)
+            raise TimeoutError(
+                f"placement group {name} not ready after {self.timeout_s} s: does Ray's view of the node "
+                "(its CPU and GPU resources) match the plan? GPU work outside the scheduler breaks it."
+            ) from None
+
+    def remove(self, gang: str, bundles: set[int] | None = None) -> None:
+        """Remove the groups of ``gang`` (only ``bundles`` when given); Ray stops the actors in them."""
+        for key in [k for k in self.groups if k[0] == gang and (bundles is None or k[1] in bundles)]:
+            spec, pg = self.groups.pop(key)
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+            if spec.node in self.used:
+                self._account(spec, -1)
+
+    def forget_node(self, name: str) -> None:
+        """A node died: its groups are gone with it."""
+        self.node_ids.pop(name, None)
+        self.used.pop(name, None)
+
+    def realized(self, gang: str) -> dict[int, tuple[BundleSpec, PlacementGroup]]:
+        """The groups of ``gang`` by bundle."""
+        return {b: v for (g, b), v in self.groups.items() if g == gang}
 
 
 @dataclass
@@ -234,6 +222,10 @@ class LocalCluster:
         """Kill the raylet of ``node_name`` (a node loss)."""
         self.ray_cluster.remove_node(self.nodes.pop(node_name))
 
+    def add(self, node: Node, object_store_mib: int = 80) -> None:
+        """Start a raylet for ``node`` (a node joining)."""
+        self.nodes[node.name] = self.ray_cluster.add_node(object_store_memory=object_store_mib * 2**20, **node_args(node))
+
     def node_id(self, node_name: str) -> str | None:
         """Ray's node id of ``node_name`` (None once removed)."""
         node = self.nodes.get(node_name)
@@ -248,22 +240,20 @@ class LocalCluster:
         self.ray_cluster.shutdown()
 
 
-def start_local_cluster(cluster: Cluster, object_store_mib: int = 80, head_cpus: int = 1) -> LocalCluster:
-    """Start a Ray head plus one raylet per node of ``cluster`` and connect this process to it.
+def start_local_cluster(cluster: Cluster, object_store_mib: int = 80, namespace: str | None = None) -> LocalCluster:
+    """Start a Ray head (no CPUs: it holds no plan node) plus one raylet per node of ``cluster``, connect.
 
-    Each raylet declares ``node_args(node)`` (its CPUs, logical GPUs and our custom resources).
-    Keep clusters small on small machines: every raylet costs memory and CPU. Call ``shutdown()``.
+    Each raylet declares ``node_args(node)``. Keep clusters small on small machines: every raylet
+    costs memory and CPU. Call ``shutdown()``.
     """
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     from ray.cluster_utils import Cluster as RayCluster
 
     store = object_store_mib * 1024 * 1024
-    rc = RayCluster(
-        initialize_head=True, head_node_args={"num_cpus": head_cpus, "object_store_memory": store}
-    )
+    rc = RayCluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": store})
     try:
         nodes = {n.name: rc.add_node(object_store_memory=store, **node_args(n)) for n in cluster.nodes}
-        ray.init(address=rc.address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=rc.address, include_dashboard=False, log_to_driver=False, namespace=namespace)
         rc.wait_for_nodes(timeout=60)
     except Exception:
         rc.shutdown()

@@ -118,6 +118,11 @@ class _Gang:
     old_nodes: set[int] = field(default_factory=set)
     borrowing: bool = False
     preemptions: int = 0
+    notice: str = ""
+    key: tuple = ()
+
+    def __post_init__(self) -> None:
+        self.key = self.req.shape_key
 
     @property
     def gpu_milli(self) -> int:
@@ -136,6 +141,7 @@ class Scheduler:
         quotas: GPU quota per tenant (None: no quotas; see ``infra.quota``).
         reserve: give the first blocked gang a reservation (backfill the rest).
         clock: the time source when a verb is given no ``now``.
+        max_events: events kept in ``events`` (the oldest are dropped; None keeps all).
     """
 
     def __init__(
@@ -147,6 +153,7 @@ class Scheduler:
         quotas: dict[str, Quota] | None = None,
         reserve: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        max_events: int | None = None,
     ) -> None:
         self.cluster = cluster
         self.state = ClusterState(cluster)
@@ -159,6 +166,8 @@ class Scheduler:
         self.reserve = reserve
         self.clock = clock
         self.events: list[Event] = []
+        self.max_events = max_events
+        self._event_seq = itertools.count()
         self._gangs: dict[str, _Gang] = {}
         self._arrivals = itertools.count()
         self._queue = WaitQueue()
@@ -222,6 +231,33 @@ class Scheduler:
         """Whether the placed gang was admitted on borrowed quota."""
         return self._gang(name).borrowing
 
+    def gangs_on(self, node_name: str) -> list[str]:
+        """Placed gangs with a bundle on ``node_name``."""
+        return sorted(self._on_node[self._node(node_name)])
+
+    def preemptions(self, name: str) -> int:
+        """How many times the gang was told to stop."""
+        return self._gang(name).preemptions
+
+    def notice(self, name: str) -> str:
+        """Why the gang was last told to stop ("" if never)."""
+        return self._gang(name).notice
+
+    def next_deadline(self) -> float | None:
+        """The earliest forced stop or timeout to come (``tick`` has work from then on)."""
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def events_since(self, seq: int) -> list[Event]:
+        """Events with a sequence number above ``seq`` (those still kept)."""
+        lo, hi = 0, len(self.events)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.events[mid].seq <= seq:
+                lo = mid + 1
+            else:
+                hi = mid
+        return self.events[lo:]
+
     def request(self, name: str) -> GangRequest:
         """The request of gang ``name`` (KeyError if unknown)."""
         return self._gang(name).req
@@ -272,7 +308,7 @@ class Scheduler:
                   bundles=len(req.bundles))
         if not self._missing_services(g) and self._admit(g, now):
             return self._placement(g)
-        self._queue.mark_failed(req.shape_key, self.state.clock)
+        self._queue.mark_failed(g.key, self.state.clock)
         self._enqueue(g, now)
         if self._reservation is None or self._queue.sorts_before(req.name, self._reservation.gang):
             self._update_reservation(now)
@@ -491,7 +527,7 @@ class Scheduler:
         g.deadline = None if g.req.timeout_s is None else now + g.req.timeout_s
         if g.deadline is not None:
             heapq.heappush(self._deadlines, (g.deadline, g.epoch, g.req.name))
-        self._queue.push(g.req.name, g.req.priority, g.arrival)
+        self._queue.push(g.req.name, g.req.priority, g.arrival, g.key)
         self._log(EventKind.QUEUED, g.req.name, now, priority=g.req.priority)
 
     # ---------------------------------------------------------------- preemption
@@ -565,6 +601,7 @@ class Scheduler:
             by.blocked_by.add(w)
             self._gangs[w].blocking.add(by.req.name)
         v.preemptions += 1
+        v.notice = why
         if v.on_preempt is not None:
             v.on_preempt(v.req.name, why)
         grace = v.req.grace_s if started else 0.0
@@ -609,20 +646,28 @@ class Scheduler:
             for _ in range(_MAX_PASSES):
                 self._requeued = False
                 self._top_up(now)
-                for name in self._queue.names():
-                    g = self._gangs.get(name)
-                    if g is None or g.state is not GangState.WAITING or self._missing_services(g):
-                        continue
-                    if not self._queue.worth_trying(g.req, self.state):
-                        continue
-                    if self._holder(name):
-                        self._place_holder_elsewhere(g, now)
-                    elif not self._admit(g, now):
-                        self._queue.mark_failed(g.req.shape_key, self.state.clock)
+                self._serve_queue(now)
                 if not self._update_reservation(now) and not self._requeued:
                     break
         finally:
             self._draining = False
+
+    def _serve_queue(self, now: float) -> None:
+        """One pass over the queue in order; a shape that cannot fit is skipped for the rest of it."""
+        skip: set[tuple] = set()
+        for name, key in self._queue.with_keys():
+            if key in skip:
+                continue
+            g = self._gangs.get(name)
+            if g is None or g.state is not GangState.WAITING or self._missing_services(g):
+                continue
+            if not self._queue.worth_trying(key, g.req.bundles, self.state):
+                skip.add(key)
+            elif self._holder(name):
+                self._place_holder_elsewhere(g, now)
+            elif not self._admit(g, now):
+                self._queue.mark_failed(key, self.state.clock)
+                skip.add(key)
 
     def _holder(self, name: str) -> bool:
         return self._reservation is not None and self._reservation.gang == name
@@ -731,7 +776,9 @@ class Scheduler:
         )
 
     def _log(self, kind: EventKind, gang: str, now: float, **detail) -> None:
-        self.events.append(Event(len(self.events), kind, gang, now, detail))
+        self.events.append(Event(next(self._event_seq), kind, gang, now, detail))
+        if self.max_events is not None and len(self.events) > 2 * self.max_events:
+            del self.events[: len(self.events) - self.max_events]
 
 
 def _describe(b: Bundle) -> str:

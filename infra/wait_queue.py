@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from sortedcontainers import SortedList
 
-from infra.requests import Bundle, GangRequest
+from infra.requests import Bundle
 from infra.resources import ClusterState
 
 
@@ -22,6 +22,7 @@ class WaitQueue:
     def __init__(self) -> None:
         self._order: SortedList = SortedList()
         self._entry: dict[str, tuple[int, int, str]] = {}
+        self._key: dict[str, tuple] = {}
         self._failed: dict[tuple, int] = {}
 
     def __len__(self) -> int:
@@ -30,10 +31,11 @@ class WaitQueue:
     def __contains__(self, name: str) -> bool:
         return name in self._entry
 
-    def push(self, name: str, priority: int, arrival: int) -> None:
-        """Add a waiting gang (higher priority first, then earlier arrival)."""
+    def push(self, name: str, priority: int, arrival: int, key: tuple) -> None:
+        """Add a waiting gang of shape ``key`` (higher priority first, then earlier arrival)."""
         entry = (-priority, arrival, name)
         self._entry[name] = entry
+        self._key[name] = key
         self._order.add(entry)
 
     def remove(self, name: str) -> None:
@@ -41,10 +43,15 @@ class WaitQueue:
         entry = self._entry.pop(name, None)
         if entry is not None:
             self._order.remove(entry)
+            del self._key[name]
 
     def names(self) -> list[str]:
         """Waiting gangs in the order they are served."""
         return [e[2] for e in self._order]
+
+    def with_keys(self) -> list[tuple[str, tuple]]:
+        """``(name, shape key)`` of waiting gangs in the order they are served."""
+        return [(e[2], self._key[e[2]]) for e in self._order]
 
     def first(self) -> str | None:
         """The gang served first, or None."""
@@ -58,17 +65,17 @@ class WaitQueue:
         """Shape ``key`` did not fit at state clock ``clock``."""
         self._failed[key] = clock
 
-    def worth_trying(self, req: GangRequest, state: ClusterState) -> bool:
-        """False when ``req``'s shape failed before and no node that grew since could take any of its bundles."""
-        since = self._failed.get(req.shape_key)
+    def worth_trying(self, key: tuple, bundles: tuple[Bundle, ...], state: ClusterState) -> bool:
+        """False when shape ``key`` failed before and no node that grew since could take any of its bundles."""
+        since = self._failed.get(key)
         if since is None:
             return True
         grown = np.flatnonzero(state.grown > since)
         if grown.size == 0:
             return False
-        if any(fits_somewhere(b, state, grown) for b in set(req.bundles)):
+        if any(fits_somewhere(b, state, grown) for b in set(bundles)):
             return True
-        self._failed[req.shape_key] = state.clock  # nothing changed for it: skip until more nodes grow
+        self._failed[key] = state.clock  # nothing changed for it: skip until more nodes grow
         return False
 
 

@@ -2,6 +2,10 @@
 
     python scripts/llm_rlvr.py [key=value ...]     e.g. iterations=60 task=add task_size=2 ray=true
 
+``ray=true`` places the services on a one-node Ray cluster started here, ``ray=auto`` (or
+``ray=HOST:PORT``) on a running cluster through its scheduler service, shared with the other jobs
+there (``priority=``, ``tenant=``).
+
 Keys are the fields of infra.llm.rlvr.RLVRConfig (nested: model.d_model=64, grpo.lr=3e-4).
 Writes runs/NAME/{config.json, metrics.csv, curve.png, summary.json}.
 """

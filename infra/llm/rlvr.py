@@ -63,8 +63,14 @@ class RLVRConfig:
     """torch intra-op threads."""
     out_dir: str = "runs"
     """Output root."""
-    ray: bool = False
-    """Run the three services as Ray actors placed by the scheduler instead of in-process."""
+    ray: bool | str = False
+    """Run the three services as Ray actors placed by the cluster's scheduler service instead of
+    in-process: ``true``/``local`` starts a one-node Ray cluster here, an address (``auto``,
+    ``HOST:PORT``) joins that cluster and its service, shared with every other job there."""
+    priority: int = 0
+    """Priority of the job's gangs in the scheduler service (``ray`` only)."""
+    tenant: str = "default"
+    """Tenant whose GPU quota the job's gangs use (``ray`` only)."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=VOCAB_SIZE))
     """Tiny transformer size."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -273,7 +279,8 @@ def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
         if cfg.ray:
             from infra.llm.service_plane import ray_job_services
 
-            with ray_job_services(cfg.model) as svc:
+            address = "local" if cfg.ray is True or cfg.ray == "local" else str(cfg.ray)
+            with ray_job_services(cfg.model, address=address, priority=cfg.priority, tenant=cfg.tenant) as svc:
                 result = run_job(cfg.name, cfg, svc, on_iteration=progress)
         else:
             result = run_job(cfg.name, cfg, local_services(cfg), on_iteration=progress)

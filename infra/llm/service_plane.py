@@ -2,8 +2,9 @@
 
 A *GPU group* is one gang request: a rollout bundle and a trainer bundle sharing the same GPU
 (``SameGPU``, affinity: a job's trainer and rollout on the same GPU) — or the same node on a
-cluster without GPUs. The reward service is a CPU-only gang. The scheduler decides where;
-``infra.ray_backend`` starts each service as a Ray actor pinned to the chosen node and GPU.
+cluster without GPUs. The reward service is a CPU-only gang. The gangs go to the cluster's
+scheduler service (``infra.service``, shared with the embodied jobs), which decides where; each
+service then runs as a Ray actor in its bundle's placement group (``infra.client.GangBackend``).
 
 :class:`ResilientService` is the handle the job loop uses for a placed service: when the actor
 dies (node failure, OOM, ``ray.kill``) it starts a new one on the same placement, re-registers
@@ -15,6 +16,7 @@ instances with a router (:mod:`infra.llm.router`) and re-sends a dead instance's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -204,105 +206,129 @@ class RolloutPool:
 class ServicePlane:
     """The LLM services placed on a cluster: GPU groups, a reward service, and their gangs."""
 
-    scheduler: Any
-    backend: Any
+    client: Any
     model: ModelConfig
     sizes: ServiceSizes
-    gangs: list[str]
+    gangs: list[Any]
     groups: list[GPUGroup]
     reward: ResilientService
 
     def close(self) -> None:
-        """Kill the actors and release the gangs."""
-        _release(self.backend, self.gangs)
+        """Release the gangs (their actors stop with their placement groups)."""
+        _release(self.gangs)
 
 
-def _release(backend: Any, gangs: list[str]) -> None:
-    for name in gangs:
+def _release(gangs: list[Any]) -> None:
+    for gang in gangs:
         with contextlib.suppress(Exception):
-            backend.release(name)
+            gang.release()
+
+
+def _placed(client: Any, req: Any, wait_s: float | None) -> tuple[Any, Any]:
+    """Submit ``req`` to the service and wait until it is placed; (handle, backend)."""
+    from infra.client import GangBackend
+
+    gang = client.submit(req)
+    try:
+        gang.wait(timeout_s=wait_s)
+    except BaseException:
+        gang.release()
+        raise
+    return gang, GangBackend(gang, restart=False)
 
 
 def place_services(
-    scheduler: Any, backend: Any, model: ModelConfig, *, groups: int = 1, rollout_instances: int = 1,
+    client: Any, model: ModelConfig, *, groups: int = 1, rollout_instances: int = 1,
     sizes: ServiceSizes | None = None, router: Router | None = None, chunk: int = 32, engine: str = "torch",
-    timeout_s: float = 120.0,
+    timeout_s: float = 120.0, priority: int = 0, tenant: str = "default", wait_s: float | None = None,
 ) -> ServicePlane:
-    """Place ``groups`` GPU groups (each with ``rollout_instances`` rollout actors behind ``router``, fed
-    chunks of ``chunk`` prompts, and one trainer) and a reward service through ``scheduler``, start
-    their actors with ``backend``, return the plane.
+    """Submit ``groups`` GPU groups (each with ``rollout_instances`` rollout actors behind ``router``, fed
+    chunks of ``chunk`` prompts, and one trainer) and a reward service to the cluster's scheduler
+    service (``client``: ``infra.client.connect()``), wait until they are placed (``wait_s``; they
+    may preempt lower priorities), start their actors, return the plane.
 
-    Raises the scheduler's ``RequestError`` when a group cannot be placed (the reason names the
-    resource that is missing), after releasing what was placed.
+    Raises the scheduler's ``RequestError`` when a group can never be placed (the reason names the
+    resource that is missing), ``TimeoutError``/``GangFailed`` when it is not placed in time; what
+    was placed is released first. A service preempted later is started again where its gang is
+    placed next, with its jobs' state replayed (``ResilientService``).
     """
     import ray
 
-    from infra.scheduler import Bundle, GangRequest, RequestError
+    from infra.requests import Bundle, GangRequest
 
     if rollout_instances < 1:
         raise ValueError(f"rollout_instances={rollout_instances}; a GPU group needs at least one rollout instance.")
     sizes = sizes or ServiceSizes()
-    has_gpu = bool(scheduler.cluster.gpu_models)
+    nodes = client.status().nodes
+    has_gpu = any(n.gpu_free for n in nodes if n.alive)
     weights_mib = math.ceil(model.num_params() * BYTES_PER_PARAM_WEIGHTS / 2**20)
-    gangs: list[str] = []
+    gangs: list[Any] = []
     out: list[GPUGroup] = []
     prefix = f"llm{os.getpid()}-{next(_PLANES)}"
 
-    def start(placement: Any, bundle: int, cls: type, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+    def start(gang: Any, backend: Any, bundle: int, cls: type, *args: Any, **kwargs: Any) -> Callable[[], Any]:
         remote = ray.remote(cls)
-        return lambda: backend.start_actor(placement, bundle, remote, *args, **kwargs)
+
+        def launch() -> Any:
+            gang.wait(timeout_s=wait_s)  # after a preemption: where the gang is placed next
+            return backend.start_actor(bundle, remote, *args, **kwargs)
+
+        return launch
 
     try:
         for g in range(groups):
-            name = f"{prefix}-group{g}"
-            placement = scheduler.submit(
-                group_request(name, sizes, gpu=has_gpu, weights_mib=weights_mib, rollout_instances=rollout_instances)
-            )
-            if placement is None:
-                scheduler.release(name)
-                raise RequestError(f"GPU group {g} does not fit the free resources now; free GPUs or ask for fewer groups.")
-            gangs.append(name)
+            req = dataclasses.replace(group_request(f"{prefix}-group{g}", sizes, gpu=has_gpu, weights_mib=weights_mib,
+                                                    rollout_instances=rollout_instances), priority=priority, tenant=tenant)
+            gang, backend = _placed(client, req, wait_s)
+            gangs.append(gang)
+            placement = gang.status.placement
             device = "cuda" if has_gpu else "cpu"
-            rollouts = [ResilientService(start(placement, i, RolloutService, model, engine=engine, device=device), timeout_s=timeout_s)
-                        for i in range(rollout_instances)]
-            trainer = ResilientService(start(placement, rollout_instances, TrainerService, device=device), timeout_s=timeout_s)
-            node = placement.assignments[0].node
-            spec = next(n for n in scheduler.cluster.nodes if n.name == node)
-            gpu_mem = spec.gpus[placement.assignments[0].gpus[0]].memory_mib if placement.assignments[0].gpus else 0
+            rollouts = [ResilientService(start(gang, backend, i, RolloutService, model, engine=engine, device=device),
+                                         timeout_s=timeout_s) for i in range(rollout_instances)]
+            trainer = ResilientService(start(gang, backend, rollout_instances, TrainerService, device=device),
+                                       timeout_s=timeout_s)
+            first = placement.assignments[0]
+            spec = next(n for n in nodes if n.name == first.node)
             out.append(GPUGroup(  # without a GPU the "device" is host memory: the node's memory bounds a model
-                name, node, gpu_memory_mib=gpu_mem or spec.memory_mib, num_gpus=max(1, len(placement.assignments[0].gpus)),
-                host_memory_mib=sizes.rollout_memory_mib + sizes.trainer_memory_mib,
+                req.name, first.node, gpu_memory_mib=(spec.gpu_memory_mib if first.gpus else 0) or spec.memory_mib,
+                num_gpus=max(1, len(first.gpus)), host_memory_mib=sizes.rollout_memory_mib + sizes.trainer_memory_mib,
                 rollout=RolloutPool(rollouts, router, chunk) if rollout_instances > 1 else rollouts[0], trainer=trainer,
             ))
-        name = f"{prefix}-reward"
-        placement = scheduler.submit(GangRequest(name, (Bundle(sizes.reward_cpu_milli, sizes.reward_memory_mib, name="reward"),)))
-        if placement is None:
-            scheduler.release(name)
-            raise RequestError("the reward service does not fit the free CPU/memory now.")
-        gangs.append(name)
-        reward = ResilientService(start(placement, 0, RewardService), timeout_s=timeout_s)
+        reward_req = GangRequest(f"{prefix}-reward", (Bundle(sizes.reward_cpu_milli, sizes.reward_memory_mib, name="reward"),),
+                                 priority=priority, tenant=tenant)
+        gang, backend = _placed(client, reward_req, wait_s)
+        gangs.append(gang)
+        reward = ResilientService(start(gang, backend, 0, RewardService), timeout_s=timeout_s)
     except BaseException:
-        _release(backend, gangs)
+        _release(gangs)
         raise
-    return ServicePlane(scheduler, backend, model, sizes, gangs, out, reward)
+    return ServicePlane(client, model, sizes, gangs, out, reward)
 
 
 @contextlib.contextmanager
-def ray_job_services(model: ModelConfig, *, num_cpus: int = 2) -> Iterator[JobServices]:
-    """A local single-node Ray cluster with the three services placed by the scheduler (``llm_rlvr.py ray=true``)."""
+def ray_job_services(model: ModelConfig, *, address: str = "local", num_cpus: int = 2, priority: int = 0,
+                     tenant: str = "default") -> Iterator[JobServices]:
+    """The three services of one job placed by the cluster's scheduler service (``llm_rlvr.py ray=...``).
+
+    ``address`` ``local`` starts a one-node Ray cluster here when this process is not connected;
+    any other value (``auto``, ``HOST:PORT``) connects to that cluster, whose service is shared
+    with every other job there.
+    """
     import ray
 
-    from infra.ray_backend import RayBackend, node_resources
-    from infra.scheduler import Cluster, Node, Scheduler
+    from infra.client import connect
+    from infra.ray_backend import node_labels
+    from infra.scheduler import Node
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    node = Node("local", cpu_milli=num_cpus * 1000, memory_mib=8192)
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=num_cpus, resources=node_resources(node), include_dashboard=False, log_to_driver=False,
+    if started and address == "local":
+        node = Node("local", cpu_milli=num_cpus * 1000, memory_mib=8192)
+        ray.init(num_cpus=num_cpus, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
                  _node_ip_address="127.0.0.1")
-    scheduler = Scheduler(Cluster((node,)), policy="bestfit")
-    plane = place_services(scheduler, RayBackend(scheduler), model)
+    elif started:
+        ray.init(address=address, log_to_driver=False)
+    plane = place_services(connect(), model, priority=priority, tenant=tenant)
     try:
         g = plane.groups[0]
         yield JobServices(rollout=g.rollout, reward=plane.reward, trainer=g.trainer)
@@ -310,4 +336,3 @@ def ray_job_services(model: ModelConfig, *, num_cpus: int = 2) -> Iterator[JobSe
         plane.close()
         if started:
             ray.shutdown()
-

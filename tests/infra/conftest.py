@@ -1,5 +1,6 @@
 """Shared fixtures of the scheduler tests: small clusters and the path of the Alibaba trace."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,18 @@ def trace_dir() -> Path:
     if not TRACE_DIR.is_dir():
         pytest.skip(f"trace not found at {TRACE_DIR}")
     return TRACE_DIR
+
+
+def _eventually(condition, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def eventually():
+    """``eventually(condition, timeout_s=60)``: poll ``condition`` until it holds; False after the timeout."""
+    return _eventually

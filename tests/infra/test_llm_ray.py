@@ -39,14 +39,14 @@ def test_model_larger_than_any_gpu_is_refused_by_the_scheduler() -> None:
 def plane():
     import ray
 
-    backend = pytest.importorskip("infra.ray_backend", reason="the scheduler's Ray realization has not landed yet")
-    RayBackend, node_resources = backend.RayBackend, backend.node_resources
+    from infra.client import connect
+    from infra.ray_backend import node_labels
 
     node = Node("local", cpu_milli=4000, memory_mib=8192)
-    ray.init(num_cpus=4, resources=node_resources(node), include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=4, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
              _node_ip_address="127.0.0.1")
-    sched = Scheduler(Cluster((node,)), policy="bestfit")
-    p = place_services(sched, RayBackend(sched), SMALL, rollout_instances=2, router=PrefillDecodeAware(EngineCost()), chunk=4, timeout_s=60)
+    p = place_services(connect(), SMALL, rollout_instances=2, router=PrefillDecodeAware(EngineCost()), chunk=4,
+                       timeout_s=60, wait_s=60)
     yield p
     p.close()
     ray.shutdown()

@@ -44,23 +44,23 @@ def _config(tmp_path, name, total_steps=256, **fleet):
 
 @pytest.fixture(scope="module")
 def ray_session():
-    """One Ray node with 4 logical GPUs, and the scheduler that shares them among this module's fleets."""
+    """One Ray node with 4 logical GPUs; its scheduler service shares them among this module's fleets."""
+    from infra.client import connect
     from infra.ray_backend import node_args
-    from infra.scheduler import Scheduler
     from vla_rl.fleet.config import ClusterSpec
     from vla_rl.fleet.job_gang import cluster_of
 
     cluster = cluster_of(ClusterSpec(gpus=4))
     ray.init(**node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
-        yield Scheduler(cluster)
+        yield connect()
     finally:
         ray.shutdown()
 
 
 def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(ray_session, tmp_path, capsys, eventually):
-    # run_job places the job with a scheduler of its own: it must run while no other fleet of this module does.
-    assert not ray_session.placements
+    # run_job shares the service with this module's other fleets; none runs now.
+    assert not ray_session.gangs()
     local = Trainer(_config(tmp_path, "local"))
     local.train()
     local.close()
@@ -99,7 +99,7 @@ def _vla_config(tmp_path, name):
 
 def test_killed_vla_shard_is_rolled_back_so_batches_and_weights_are_unchanged(ray_session, tmp_path, eventually):
     cfg = _vla_config(tmp_path, "undisturbed")
-    fleet = start_fleet(cfg, name="vla", scheduler=ray_session)
+    fleet = start_fleet(cfg, name="vla")
     try:
         runs = {}
         for name in ("undisturbed", "killed"):
@@ -129,7 +129,7 @@ def test_killed_vla_shard_is_rolled_back_so_batches_and_weights_are_unchanged(ra
 @pytest.fixture(scope="module")
 def colocated(ray_session, tmp_path_factory):
     cfg = _config(tmp_path_factory.mktemp("fleet"), "faults", mode="colocated")
-    fleet = start_fleet(cfg, name="faults", scheduler=ray_session)
+    fleet = start_fleet(cfg, name="faults")
     try:
         collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
         obs = collector.reset(cfg.seed)
@@ -262,9 +262,9 @@ def test_async_staleness_stays_within_max_staleness_under_a_slow_trainer(colocat
     trainer = Trainer(cfg, collector=FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs))
     update = trainer.algorithm.updater.update
 
-    def slow_update(batch):
+    def slow_update(batch, **kwargs):
         time.sleep(SLOW_UPDATE_S)  # a slow trainer: the shards run ahead, up to the bound
-        return update(batch)
+        return update(batch, **kwargs)
 
     monkeypatch.setattr(trainer.algorithm.updater, "update", slow_update)
     trainer.train()  # checkpoints every iteration, with rollouts queued
@@ -306,7 +306,7 @@ def _record_batches(collector):
 @pytest.mark.parametrize(("mode", "transport"), [("disaggregated", "ray"), ("pipelined", "socket")])
 def test_modes_collect_complete_versioned_batches(ray_session, tmp_path, mode, transport):
     cfg = _config(tmp_path, mode, mode=mode, server={"timeout_ms": 5.0, "transport": transport})
-    fleet = start_fleet(cfg, name=mode, scheduler=ray_session)
+    fleet = start_fleet(cfg, name=mode)
     try:
         collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
         policy = policies.make_policy(cfg.policy, collector.reset(cfg.seed), 1)

@@ -106,7 +106,8 @@ class FleetConfig:
     shard's envs split into ``stages`` whose simulation overlaps the inference of the others)."""
     address: str = "local"
     """Ray cluster: ``local`` starts one on this machine with ``cluster``'s nodes (logical GPUs), or an
-    address such as ``auto`` / ``HOST:PORT`` of a cluster whose nodes carry infra's node resources."""
+    address such as ``auto`` / ``HOST:PORT`` of a running cluster; either way the job's gang goes to
+    the cluster's scheduler service (``infra.service``), shared with every other job there."""
     shards: int = 2
     """Simulator shards; each holds ``env.num_envs / shards`` environments."""
     stages: int = 2
@@ -116,7 +117,7 @@ class FleetConfig:
     policy: str = ""
     """Placement policy of infra's scheduler (one of ``infra.node_scoring.names()``; ``""``: the scheduler's default)."""
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
-    """The nodes to place on (for ``address=local`` they are also started)."""
+    """The nodes started for ``address=local`` (the service discovers the nodes of other clusters)."""
     shard: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0))
     """Placement of every simulator shard."""
     inference: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0))
@@ -131,6 +132,14 @@ class FleetConfig:
     """Restarts allowed per component (shards, server, trainer) before the job fails."""
     collect_timeout_s: float = 600.0
     """An iteration's collection that takes longer than this raises (a hung component)."""
+    priority: int = 0
+    """Priority of the job's gang in the cluster's scheduler service (higher preempts lower)."""
+    tenant: str = "default"
+    """Tenant whose GPU quota the job uses (the service's quotas, if any)."""
+    grace_s: float = 120.0
+    """When preempted: seconds the trainer has to checkpoint and stop before it is stopped by force."""
+    queue_timeout_s: float | None = None
+    """Longest wait in the service's queue before the job fails with the reason (None: no limit)."""
 
     @property
     def num_stages(self) -> int:
@@ -221,6 +230,10 @@ def validate_fleet(cfg: TrainConfig) -> None:
         raise ConfigError(f"fleet.server.timeout_ms={server.timeout_ms} must be > 0 (or null: wait for a full batch)")
     if server.threads < 1 or fleet.max_restarts < 0 or fleet.collect_timeout_s <= 0:
         raise ConfigError("fleet.server.threads >= 1, fleet.max_restarts >= 0 and fleet.collect_timeout_s > 0 are required")
+    if fleet.grace_s < 0 or (fleet.queue_timeout_s is not None and fleet.queue_timeout_s <= 0):
+        raise ConfigError(
+            f"fleet.grace_s={fleet.grace_s} must be >= 0 and fleet.queue_timeout_s={fleet.queue_timeout_s} > 0 (or null)"
+        )
     if fleet.policy:
         from infra.node_scoring import names
 
@@ -240,6 +253,7 @@ def validate_fleet(cfg: TrainConfig) -> None:
             f"fleet.trainer.gpu={trainer_gpu}: disaggregated mode gives the trainer whole GPUs (an integer) so it "
             "never shares one with simulators and inference; use colocated for sharing"
         )
-    from vla_rl.fleet.job_gang import place_job
+    if fleet.address == "local":
+        from vla_rl.fleet.job_gang import place_job
 
-    place_job(fleet, "validate")  # the job must fit fleet.cluster: fail now, before Ray starts
+        place_job(fleet, "validate")  # the job must fit the cluster it starts: fail now, before Ray starts

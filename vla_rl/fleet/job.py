@@ -1,18 +1,27 @@
-"""Launch and supervise the training job on Ray: place, start, train, restart what dies.
+"""Launch and supervise the training job on Ray through the cluster's scheduler service.
 
-:func:`run_job` connects to (or, for ``fleet.address=local``, starts) a Ray cluster whose nodes are
-those of ``fleet.cluster``, places the job's gang with infra's scheduler (:mod:`vla_rl.fleet.job_gang`),
-starts every component on its placed node and GPUs with ``infra.ray_backend.RayBackend``, and runs
-the unchanged :class:`vla_rl.trainer.Trainer` inside a trainer actor with a
-:class:`~vla_rl.fleet.collector.FleetCollector`. If the trainer actor dies, a new one resumes from the
-run's latest checkpoint; shards and the server restart on their own (Ray ``max_restarts``) and the
-collector recovers the iteration (see :mod:`vla_rl.fleet.collector`).
+:func:`run_job` connects to (or, for ``fleet.address=local``, starts) a Ray cluster, submits the
+job's gang (:mod:`vla_rl.fleet.job_gang`) to the cluster's scheduler service
+(:mod:`infra.service`, shared with every other job there), waits until it is placed, starts
+every component on its placed node and GPUs (``infra.client.GangBackend``), and runs the
+unchanged :class:`vla_rl.trainer.Trainer` inside a trainer actor with a
+:class:`~vla_rl.fleet.collector.FleetCollector`.
+
+Preemption follows the service's contract: on the notice the trainer gets SIGTERM, ends the
+iteration in progress with a checkpoint, and the job reports ``stopped``; the gang waits in the
+queue, and when it is placed again the whole fleet starts on the new placement and the trainer
+resumes exactly from its checkpoint. A trainer stopped by force (grace over) resumes from its
+latest checkpoint. A trainer actor that dies by itself is restarted on the same fleet (up to
+``fleet.max_restarts``); shards and the server restart on their own (Ray ``max_restarts``) and
+the collector recovers the iteration (see :mod:`vla_rl.fleet.collector`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,13 +31,15 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from infra.ray_backend import RayBackend, node_args, start_local_cluster
-from infra.scheduler import Placement, Scheduler
+from infra.client import GangBackend, GangFailed, GangHandle, connect
+from infra.ray_backend import node_args, start_local_cluster
+from infra.requests import RequestError
+from infra.service import HandleState
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError
 from vla_rl.fleet.config import FleetConfig
 from vla_rl.fleet.inference import InferenceServer
-from vla_rl.fleet.job_gang import JobLayout, cluster_of, place_job
+from vla_rl.fleet.job_gang import JobLayout, PlacementError, cluster_of, job_request
 from vla_rl.fleet.worker import RolloutWorker
 
 #: Concurrent calls the inference server's event loop accepts (requests of all stages of all shards).
@@ -89,45 +100,100 @@ class TrainerActor:
         collector = FleetCollector(cfg.fleet, workers, server, cfg.env.num_envs)
         self.trainer = Trainer(cfg, resume=resume, collector=collector)
 
+    def where(self) -> tuple[str, int]:
+        """Ray node id and process id (a preemption notice is delivered there as SIGTERM)."""
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
     def train(self) -> dict[str, Any]:
-        """Train to the end of the run; returns the trainer's summary."""
+        """Train to the end of the run (or to a SIGTERM); returns the trainer's summary."""
         try:
             return self.trainer.train()
         finally:
             self.trainer.close()
 
 
+@ray.remote(num_cpus=0, max_retries=0)
+def _sigterm(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)
+
+
+class NoticeRelay:
+    """Turns the service's preemption notice into SIGTERM for the running trainer (on its node)."""
+
+    def __init__(self) -> None:
+        self.noticed = threading.Event()
+        self._target: tuple[str, int] | None = None
+        self._lock = threading.Lock()
+
+    def notice(self, _status: Any) -> None:
+        """The gang was told to stop: signal the trainer now, or as soon as one is armed."""
+        with self._lock:
+            self.noticed.set()
+            target = self._target
+        if target is not None:
+            _signal(target)
+
+    def arm(self, node_id: str, pid: int) -> None:
+        """The trainer to signal from now on (signalled at once if a notice came first)."""
+        with self._lock:
+            self._target = (node_id, pid)
+            noticed = self.noticed.is_set()
+        if noticed:
+            _signal((node_id, pid))
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._target = None
+
+
+def _signal(target: tuple[str, int]) -> None:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_id, pid = target
+    with contextlib.suppress(Exception):  # the trainer may be gone already
+        ray.get(_sigterm.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid),
+                timeout=30)
+
+
 @dataclass
 class Fleet:
-    """The started components of one job.
+    """The started components of one job on one placement.
 
     Attributes:
-        backend: infra's Ray backend that placed them.
-        placement: the scheduler's placement of the job's gang.
+        gang: the job's gang in the scheduler service.
+        backend: starts the components on the gang's placement groups.
         layout: which bundle is which component.
         workers: shard actors, in order.
         server: the inference server actor.
     """
 
-    backend: RayBackend
-    placement: Placement
+    gang: GangHandle
+    backend: GangBackend
     layout: JobLayout
     workers: list[Any]
     server: Any
 
+    @property
+    def placement(self) -> Any:
+        """The scheduler's placement of the job's gang."""
+        return self.gang.status.placement
+
     def start_trainer(self, cfg: Any, resume: bool, attempt: int = 0) -> Any:
         """Start a trainer actor on the trainer's bundle, named ``"<gang>:trainer:<attempt>"``."""
-        trainer_cls = ray.remote(max_restarts=0, name=f"{self.placement.gang}:trainer:{attempt}")(TrainerActor)
+        trainer_cls = ray.remote(max_restarts=0, name=f"{self.gang.name}:trainer:{attempt}")(TrainerActor)
         return self.backend.start_actor(
-            self.placement, self.layout.bundle("trainer"), trainer_cls, cfg, resume, self.workers, self.server,
-            os.getcwd(),
+            self.layout.bundle("trainer"), trainer_cls, cfg, resume, self.workers, self.server, os.getcwd(),
         )
 
-    def close(self) -> None:
-        """Stop every actor of the job and release its placement."""
+    def stop(self) -> None:
+        """Let the server remove its socket (its actors stop with the gang's groups)."""
         with contextlib.suppress(RayActorError, GetTimeoutError):  # a dead server has no socket to remove
             ray.get(self.server.close_socket.remote(), timeout=CLOSE_TIMEOUT_S)
-        self.backend.release(self.placement.gang)
+
+    def close(self) -> None:
+        """Stop every actor of the job and release its gang."""
+        self.stop()
+        self.gang.release()
 
 
 def default_batch(fleet: FleetConfig, num_envs: int) -> int:
@@ -135,45 +201,77 @@ def default_batch(fleet: FleetConfig, num_envs: int) -> int:
     return fleet.server.max_batch or num_envs // fleet.num_stages
 
 
-def start_fleet(cfg: Any, name: str | None = None, scheduler: Scheduler | None = None) -> Fleet:
-    """Place the job's gang and start its inference server and shards (the trainer comes later).
+def submit_job(cfg: Any, name: str | None = None) -> tuple[GangHandle, JobLayout]:
+    """Submit the job's gang to the cluster's scheduler service (started on first use).
+
+    Raises:
+        PlacementError: the service refuses the request (it could never be placed); the reason says why.
+    """
+    layout = job_request(cfg.fleet, name or cfg.run_name)
+    try:
+        return connect().submit(layout.gang), layout
+    except RequestError as exc:
+        raise PlacementError(f"fleet placement of {cfg.fleet.mode!r} mode: {exc} (see the fleet.* placement fields)") from exc
+
+
+def start_fleet(cfg: Any, name: str | None = None, gang: GangHandle | None = None,
+                layout: JobLayout | None = None) -> Fleet:
+    """Wait until the job's gang is placed, then start its inference server and shards (the trainer comes later).
 
     Args:
         cfg: the run config.
-        name: the gang's name (default: the run name).
-        scheduler: the scheduler that owns the Ray cluster's resources, when several jobs share it
-            (default: a new one over ``fleet.cluster``, for a cluster this job has alone).
+        name: the gang's name when a new one is submitted (default: the run name).
+        gang, layout: a gang already submitted (``submit_job``) and its layout.
 
     Raises:
-        vla_rl.fleet.job_gang.PlacementError: the job does not fit ``fleet.cluster``.
+        PlacementError: the gang was refused, or it ended without being placed (timeout, cancel).
     """
     fleet: FleetConfig = cfg.fleet
-    scheduler, placement, layout = place_job(fleet, name or cfg.run_name, scheduler)
-    backend = RayBackend(scheduler)
+    if gang is None:
+        gang, layout = submit_job(cfg, name)
+    try:
+        gang.wait(timeout_s=fleet.queue_timeout_s)
+    except (GangFailed, TimeoutError) as exc:
+        raise PlacementError(str(exc)) from exc
+    backend = GangBackend(gang, restart=False)
     timeout = None if fleet.server.timeout_ms is None else fleet.server.timeout_ms / 1000
-    server_name = f"{placement.gang}:inference:{uuid.uuid4().hex[:8]}"  # unique, even while a killed one is torn down
+    server_name = f"{gang.name}:inference:{uuid.uuid4().hex[:8]}"  # unique, even while a killed one is torn down
     server_cls = ray.remote(
         max_restarts=fleet.max_restarts, max_task_retries=-1, max_concurrency=SERVER_CONCURRENCY, name=server_name
     )(InferenceServer)
     server = backend.start_actor(
-        placement, layout.bundle("inference"), server_cls, default_batch(fleet, cfg.env.num_envs), timeout,
-        cfg.device, fleet.server.threads,
+        layout.bundle("inference"), server_cls, default_batch(fleet, cfg.env.num_envs), timeout, cfg.device,
+        fleet.server.threads,
     )
     worker_cls = ray.remote(max_restarts=fleet.max_restarts, max_task_retries=0)(RolloutWorker)
     per_shard = cfg.env.num_envs // fleet.shards
     shard_threads = max(1, int(fleet.shard.cpus))  # threads of its own, within the CPUs it reserved
     workers = [
         backend.start_actor(
-            placement, layout.bundle("shard", k), worker_cls, cfg.env, k, k * per_shard, per_shard, fleet.num_stages,
+            layout.bundle("shard", k), worker_cls, cfg.env, k, k * per_shard, per_shard, fleet.num_stages,
             cfg.seed, server_name, shard_threads, fleet.server.transport,
         )
         for k in range(fleet.shards)
     ]
-    return Fleet(backend, placement, layout, workers, server)
+    return Fleet(gang, backend, layout, workers, server)
+
+
+def _train_once(fleet: Fleet, cfg: Any, resume: bool, attempt: int, relay: NoticeRelay) -> dict[str, Any] | None:
+    """One trainer actor to its end: its summary, or None if it died (by itself or by a forced stop)."""
+    trainer = fleet.start_trainer(cfg, resume, attempt)
+    try:
+        relay.arm(*ray.get(trainer.where.remote()))
+        return ray.get(trainer.train.remote())
+    except RayActorError as exc:
+        if getattr(exc, "actor_init_failed", False) and not relay.noticed.is_set():
+            raise  # a bug or a bad config, not a crash: restarting would fail the same way
+        return None
+    finally:
+        relay.disarm()
 
 
 def run_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
-    """Run training job ``cfg`` on Ray (``cfg.fleet``); returns the trainer's summary.
+    """Run training job ``cfg`` on Ray (``cfg.fleet``) through the scheduler service; returns the trainer's summary.
 
     Args:
         cfg: a validated :class:`vla_rl.config.TrainConfig` whose ``fleet.mode`` is not ``inprocess``.
@@ -181,19 +279,44 @@ def run_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
 
     Raises:
         FleetError: the trainer died more often than ``fleet.max_restarts``.
+        PlacementError: the gang was refused or never placed within ``fleet.queue_timeout_s``.
     """
     latest = Path(cfg.out_dir) / cfg.run_name / "checkpoints" / LATEST
     with ray_cluster(cfg.fleet):
-        fleet = start_fleet(cfg)
+        gang, layout = submit_job(cfg)
+        relay = NoticeRelay()
+        gang.on_notice(relay.notice)
         try:
-            for attempt in range(cfg.fleet.max_restarts + 1):
-                trainer = fleet.start_trainer(cfg, resume or (attempt > 0 and latest.exists()), attempt)
-                try:
-                    return ray.get(trainer.train.remote())
-                except RayActorError as exc:
-                    if getattr(exc, "actor_init_failed", False):
-                        raise  # a bug or a bad config, not a crash: restarting would fail the same way
-                    print(f"trainer actor died (attempt {attempt + 1}); resuming from {latest}", flush=True)
-            raise FleetError(f"the trainer died more than fleet.max_restarts={cfg.fleet.max_restarts} times")
+            return _supervise(cfg, gang, layout, relay, resume, latest)
         finally:
-            fleet.close()
+            gang.release()
+
+
+def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay, resume: bool, latest: Path) -> dict:
+    """Place, train, and on a preemption wait and train again, until the run ends."""
+    deaths = attempt = 0
+    while True:
+        fleet = start_fleet(cfg, gang=gang, layout=layout)
+        epoch = fleet.placement.epoch
+        while True:
+            summary = _train_once(fleet, cfg, resume or latest.exists(), attempt, relay)
+            attempt += 1
+            if summary is not None and "stopped_by" not in summary:
+                fleet.stop()
+                return summary
+            now = gang.refresh()
+            if relay.noticed.is_set() or now.placement is None or now.placement.epoch != epoch:
+                break  # preempted: stopped by itself (a checkpoint at its last iteration) or by force
+            if summary is not None:  # SIGTERM from someone else: the run stops here, resumable
+                fleet.stop()
+                return summary
+            deaths += 1
+            if deaths > cfg.fleet.max_restarts:
+                raise FleetError(f"the trainer died more than fleet.max_restarts={cfg.fleet.max_restarts} times")
+            print(f"trainer actor died (attempt {attempt}); resuming from {latest}", flush=True)
+        fleet.stop()
+        if gang.refresh().state is HandleState.DRAINING:
+            gang.stopped()
+        relay.noticed.clear()
+        print(f"{gang.name} preempted ({gang.status.reason}); it waits in the queue and resumes from {latest}",
+              flush=True)

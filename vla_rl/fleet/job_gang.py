@@ -90,8 +90,9 @@ def _share_constraints(bundles: tuple[Bundle, ...], idx: list[int]) -> list[Same
     return constraints
 
 
-def job_request(fleet: FleetConfig, name: str, priority: int = 0) -> JobLayout:
-    """Translate the ``fleet`` section into one gang request (see the module docstring).
+def job_request(fleet: FleetConfig, name: str) -> JobLayout:
+    """Translate the ``fleet`` section into one gang request (see the module docstring); its priority,
+    tenant, grace period and queue timeout are ``fleet``'s.
 
     Raises:
         PlacementError: ``fleet.mode`` is ``inprocess`` (nothing to place).
@@ -116,11 +117,14 @@ def job_request(fleet: FleetConfig, name: str, priority: int = 0) -> JobLayout:
                     "drop the pin"
                 )
             constraints.append(PinGPUs(i, comp.node, gpus))
-    return JobLayout(GangRequest(name, bundles, tuple(constraints), priority), tuple(roles))
+    gang = GangRequest(name, bundles, tuple(constraints), priority=fleet.priority, tenant=fleet.tenant,
+                       timeout_s=fleet.queue_timeout_s, grace_s=fleet.grace_s)
+    return JobLayout(gang, tuple(roles))
 
 
 def place_job(fleet: FleetConfig, name: str, scheduler: Scheduler | None = None) -> tuple[Scheduler, Placement, JobLayout]:
-    """Submit the job's gang to ``scheduler`` (a fresh one over ``fleet.cluster`` by default) and place it now.
+    """Submit the job's gang to ``scheduler`` (a fresh one over ``fleet.cluster`` by default) and place it now
+    (``validate_fleet`` checks with it that a job fits the cluster it starts; jobs on Ray go to the service).
 
     Returns:
         The scheduler, the placement (node and GPU indices of every bundle) and the layout.

@@ -1,0 +1,319 @@
+"""The client of the scheduler service: submit gangs, wait, start actors on the placement, obey notices.
+
+    client = connect()                                  # the service of the connected Ray cluster
+    gang = client.submit(GangRequest("job", bundles), tenant="robot", priority=0, grace_s=30)
+    gang.wait(timeout_s=600)                            # -> GangStatus with placement and groups
+    backend = GangBackend(gang)
+    actor = backend.start_actor(0, MyActor, arg, options={"max_restarts": 2})
+    gang.on_notice(lambda status: ...)                  # preempted: checkpoint, then gang.stopped()
+    gang.release()
+
+``GangBackend`` remembers what it started on each bundle and starts it again, on the new groups,
+whenever the gang is placed again (after a preemption, a node loss, a restart of the service
+that lost the groups) or grows; actors of removed bundles stop with their groups. Actors ask Ray
+for the bundle's own CPU and GPU amounts inside its group, so ``CUDA_VISIBLE_DEVICES`` and
+``ray.get_gpu_ids()`` are the planned GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from infra.requests import GangRequest, RequestError
+from infra.resources import MILLI
+from infra.service import NAMESPACE, SERVICE_NAME, ClusterStatus, GangStatus, HandleState, start
+
+WATCH_S = 5.0
+"""Long-poll period of a handle's watcher (also its heartbeat to the service)."""
+
+
+class GangFailed(RuntimeError):
+    """The gang ended without running (timed out, cancelled, its owner gone); the message says why."""
+
+
+def connect(address: str | None = None, *, start_service: bool = True, **options: Any) -> SchedulerClient:
+    """The client of the cluster's scheduler service (starting it on first use when ``start_service``).
+
+    Args:
+        address: Ray address to connect to when this process is not connected yet.
+        start_service: start the service if it does not run (else raise ``ValueError``).
+        options: ``SchedulerService`` options for a service started here (policy, quotas, store ...).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+    try:
+        actor = ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
+        ray.get(actor.start.remote())
+    except ValueError:
+        if not start_service:
+            raise ValueError("no scheduler service runs; start one with `python -m infra.service start`") from None
+        actor = start(**options)
+    return SchedulerClient(actor)
+
+
+class SchedulerClient:
+    """Verbs and queries of the service (see ``infra.service.SchedulerService``)."""
+
+    def __init__(self, actor: Any) -> None:
+        import ray
+
+        self.actor = actor
+        self.owner = ray.get_runtime_context().get_job_id()
+
+    def _call(self, method: str, *args: Any, timeout_s: float = 120.0) -> Any:
+        """Call the service; while it restarts (it is restartable), retry for up to ``timeout_s``."""
+        import ray
+
+        end = time.monotonic() + timeout_s
+        while True:
+            try:
+                return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout_s)
+            except ray.exceptions.RayActorError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.5)
+                with contextlib.suppress(ValueError):
+                    self.actor = ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
+
+    def submit(
+        self, req: GangRequest, *, tenant: str | None = None, priority: int | None = None,
+        grace_s: float | None = None, timeout_s: float | None = None,
+    ) -> GangHandle:
+        """Submit ``req`` (the keyword arguments override its fields); raises ``RequestError`` with the reason."""
+        changes = {k: v for k, v in {"tenant": tenant, "priority": priority, "grace_s": grace_s,
+                                     "timeout_s": timeout_s}.items() if v is not None}
+        req = dataclasses.replace(req, **changes)
+        status = self._call("submit", req, self.owner)
+        return GangHandle(self, req, status)
+
+    def release(self, name: str, reason: str = "released") -> GangStatus:
+        """Release gang ``name``."""
+        return self._call("release", name, reason, self.owner)
+
+    def cancel(self, name: str) -> GangStatus:
+        """Cancel gang ``name``."""
+        return self._call("cancel", name)
+
+    def gang(self, name: str) -> GangStatus:
+        """The status of gang ``name``."""
+        return self._call("gang", name, self.owner)
+
+    def status(self) -> ClusterStatus:
+        """Nodes, tenants, counts."""
+        return self._call("status")
+
+    def queue(self) -> list[GangStatus]:
+        """Waiting gangs in service order."""
+        return self._call("queue")
+
+    def gangs(self) -> list[GangStatus]:
+        """Every gang the plan holds."""
+        return self._call("gangs")
+
+    def events(self, since: int = -1, limit: int = 100) -> list:
+        """Events after sequence number ``since``."""
+        return self._call("events", since, limit)
+
+
+class GangHandle:
+    """One submitted gang: its status, waits, the preemption contract, release.
+
+    Attributes:
+        client: the client it was submitted with.
+        request: the request as submitted.
+        name: the gang's name.
+    """
+
+    def __init__(self, client: SchedulerClient, request: GangRequest, status: GangStatus) -> None:
+        self.client = client
+        self.request = request
+        self.name = request.name
+        self._status = status
+        self._watchers: list[Callable[[GangStatus], None]] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._cond = threading.Condition()
+
+    @property
+    def status(self) -> GangStatus:
+        """The latest status known here (``refresh`` asks the service)."""
+        return self._status
+
+    def refresh(self) -> GangStatus:
+        """Ask the service for the current status."""
+        self._update(self.client.gang(self.name))
+        return self._status
+
+    def _update(self, status: GangStatus) -> None:
+        with self._cond:
+            if status.version >= self._status.version or status.state.terminal:
+                self._status = status
+            self._cond.notify_all()
+
+    def wait(self, timeout_s: float | None = None, states: tuple[HandleState, ...] = (HandleState.PLACED,)) -> GangStatus:
+        """Block until the gang is in one of ``states`` (placed by default); its status.
+
+        Raises:
+            GangFailed: it ended (timed out, cancelled, owner gone) before that.
+            TimeoutError: not there after ``timeout_s``.
+        """
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        status = self._status
+        while status.state not in states:
+            if status.state.terminal:
+                raise GangFailed(f"gang {self.name!r} is {status.state.value}: {status.reason}")
+            left = WATCH_S if end is None else min(WATCH_S, end - time.monotonic())
+            if left <= 0:
+                raise TimeoutError(f"gang {self.name!r} is still {status.state.value} after {timeout_s} s: {status.reason}")
+            if self._thread is not None:
+                with self._cond:
+                    self._cond.wait(left)
+                status = self._status
+            else:
+                status = self.client._call("watch", self.name, status.version, left, self.client.owner)
+                self._update(status)
+                status = self._status
+        return status
+
+    def on_change(self, callback: Callable[[GangStatus], None]) -> None:
+        """Call ``callback(status)`` from a watcher thread on every change (the thread also keeps the lease)."""
+        self._watchers.append(callback)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name=f"watch:{self.name}", daemon=True)
+            self._thread.start()
+
+    def on_notice(self, callback: Callable[[GangStatus], None]) -> None:
+        """Call ``callback(status)`` once per preemption notice (state ``draining``, with its deadline)."""
+        told: set[int] = set()
+
+        def notice(status: GangStatus) -> None:
+            if status.state is HandleState.DRAINING and status.preemptions not in told:
+                told.add(status.preemptions)
+                callback(status)
+
+        self.on_change(notice)
+
+    def _watch(self) -> None:
+        import ray
+
+        while not self._stop.is_set():
+            if not ray.is_initialized():
+                return  # the driver disconnected: never reconnect from here
+            try:
+                status = self.client._call("watch", self.name, self._status.version, WATCH_S, self.client.owner)
+            except (KeyError, SystemExit):
+                return
+            except Exception:
+                if not ray.is_initialized():
+                    return
+                raise
+            changed = status.version != self._status.version or status.state != self._status.state
+            self._update(status)
+            if changed:
+                for cb in list(self._watchers):
+                    cb(status)
+            if status.state.terminal:
+                return
+
+    def stopped(self) -> GangStatus:
+        """Report that the gang checkpointed and stopped after a notice; it waits to run again."""
+        self._update(self.client._call("stopped", self.name, self.client.owner))
+        return self._status
+
+    def resize(self, num_bundles: int) -> GangStatus:
+        """Grow or shrink an elastic gang."""
+        self._update(self.client._call("resize", self.name, num_bundles, self.client.owner))
+        return self._status
+
+    def release(self, reason: str = "released") -> GangStatus:
+        """The gang is done: its groups go (stopping its actors)."""
+        self._stop.set()
+        self._update(self.client.release(self.name, reason))
+        return self._status
+
+
+class GangBackend:
+    """Starts actors on a gang's groups and starts them again wherever the gang is placed next.
+
+    Args:
+        gang: the gang's handle (placed or not yet).
+        on_restart: called with the backend after it restarted the actors on a new placement.
+        restart: start the actors again on new placements (False: a job that restarts itself).
+    """
+
+    def __init__(
+        self, gang: GangHandle, on_restart: Callable[[GangBackend], None] | None = None, restart: bool = True
+    ) -> None:
+        self.gang = gang
+        self.on_restart = on_restart
+        self._specs: dict[int, tuple[Any, tuple, dict, dict]] = {}
+        self._actors: dict[int, Any] = {}
+        self._epoch = gang.status.placement.epoch if gang.status.placement else 0
+        self._lock = threading.RLock()
+        if restart:
+            gang.on_change(self._changed)
+
+    def start_actor(self, bundle: int, actor_cls: Any, *args: Any, options: dict | None = None, **kwargs: Any) -> Any:
+        """Start ``actor_cls`` (a ``@ray.remote`` class) on ``bundle``'s group; remembered for restarts.
+
+        Returns the actor, or None when the bundle is not placed yet (an elastic gang's bundle): it
+        starts when it is. ``options`` go to Ray's ``.options()`` (``max_restarts``,
+        ``max_concurrency``, ``name`` ...); the placement keys (``scheduling_strategy``,
+        ``num_cpus``, ``num_gpus``, ``resources``) are ours.
+        """
+        options = dict(options or {})
+        ours = {"scheduling_strategy", "num_cpus", "num_gpus", "resources"} & set(options)
+        if ours:
+            raise ValueError(f"start_actor options {sorted(ours)} are set by the placement; drop them.")
+        with self._lock:
+            self._specs[bundle] = (actor_cls, args, kwargs, options)
+            status = self.gang.status
+            if status.state is HandleState.PLACED and bundle in status.groups:
+                return self._launch(bundle, status)
+            return None
+
+    def actor(self, bundle: int) -> Any:
+        """The current handle of the actor of ``bundle``."""
+        return self._actors[bundle]
+
+    def _launch(self, bundle: int, status: GangStatus) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if status.state is not HandleState.PLACED or bundle not in status.groups:
+            raise RequestError(f"gang {self.gang.name!r} bundle {bundle} is not placed ({status.state.value}: {status.reason})")
+        cls, args, kwargs, options = self._specs[bundle]
+        b = self.gang.request.bundles[bundle]
+        a = next(x for x in status.placement.assignments if x.bundle == bundle)
+        options = dict(options)
+        env = dict(options.pop("runtime_env", None) or {})
+        env["env_vars"] = {**env.get("env_vars", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, a.gpus))}
+        handle = cls.options(
+            num_cpus=b.cpu_milli / MILLI, num_gpus=b.total_gpu_milli / MILLI, runtime_env=env,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(status.groups[bundle], placement_group_bundle_index=0),
+            **options,
+        ).remote(*args, **kwargs)
+        self._actors[bundle] = handle
+        return handle
+
+    def _changed(self, status: GangStatus) -> None:
+        """Placed again (new epoch) or grown: start what was started before on the new groups."""
+        if status.state is not HandleState.PLACED:
+            return
+        with self._lock:
+            epoch = status.placement.epoch
+            fresh = epoch != self._epoch
+            todo = [b for b in self._specs if b in status.groups and (fresh or b not in self._actors)]
+            self._epoch = epoch
+            for b in [b for b in self._actors if fresh or b not in status.groups]:
+                del self._actors[b]  # its group is gone, and the actor with it
+            for b in todo:
+                self._launch(b, status)
+        if todo and self.on_restart is not None:
+            self.on_restart(self)

@@ -1,0 +1,548 @@
+"""The scheduler service: one per Ray cluster, a detached named actor that owns the plan.
+
+    python -m infra.service start [--address ADDR] [--policy fgd-strand] [--quota llm=4] [--store DIR]
+    python -m infra.service status | stop | reset
+
+``infra.client.connect`` starts it on first use. It
+
+* discovers nodes and GPUs from Ray and follows joins and deaths (``ray.nodes()``, polled);
+* serves ``submit`` / ``release`` / ``stopped`` / ``resize`` / ``cancel``, status, queue and events,
+  and long polls (``watch``) that let jobs learn of placements and preemption notices;
+* realises every ready placement as Ray placement groups on the planned node and GPUs
+  (``infra.ray_backend.Realizer``), removes those of gangs stopped, preempted past their grace,
+  released or lost, and so force-stops their actors;
+* writes each verb to its journal before applying it (``infra.journal``), so that a restarted
+  service recovers every placement and the queue, then adopts the placement groups it finds
+  alive and removes the ones its plan does not hold (no double booking);
+* releases the gangs of owners (drivers) not heard from for ``owner_lease_s``.
+
+It listens nowhere: clients reach it as a Ray actor, through Ray's own (authenticated) channels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from infra.journal import FileStore, Journal, KVStore
+from infra.quota import Quota
+from infra.ray_backend import (
+    BLOCKER_PREFIX,
+    GROUP_PREFIX,
+    BundleSpec,
+    Realizer,
+    discover_nodes,
+    parse_group_name,
+)
+from infra.resources import Cluster
+from infra.scheduler import EventKind, GangRequest, GangState, Placement, Scheduler
+
+SERVICE_NAME = "infra-scheduler"
+"""Name of the service actor."""
+NAMESPACE = "infra"
+"""Ray namespace of the service actor and of its placement groups."""
+MAX_EVENTS = 100_000
+"""Events the service keeps."""
+
+
+class HandleState(StrEnum):
+    """What a job sees of its gang."""
+
+    WAITING = "waiting"
+    PLACED = "placed"
+    DRAINING = "draining"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (HandleState.FINISHED, HandleState.TIMED_OUT, HandleState.CANCELLED, HandleState.FAILED)
+
+
+@dataclass(frozen=True)
+class GangStatus:
+    """A gang as the service sees it.
+
+    Attributes:
+        name, tenant, priority: from the request.
+        state: waiting, placed (its placement groups exist), draining (told to stop by
+            ``deadline``), preempted (waits again after a preemption), or a terminal state.
+        version: bumped on every change (``watch`` waits for a newer one).
+        placement: node and GPUs per bundle once placed.
+        groups: bundle -> Ray placement group (one bundle each) once placed.
+        deadline: forced-stop time (wall clock) while draining, timeout while waiting.
+        reason: why it waits, why it was stopped, or how it ended.
+        preemptions: notices so far.
+        owner: the driver that submitted it.
+    """
+
+    name: str
+    state: HandleState
+    tenant: str = "default"
+    priority: int = 0
+    version: int = 0
+    placement: Placement | None = None
+    groups: dict[int, Any] = field(default_factory=dict)
+    deadline: float | None = None
+    reason: str = ""
+    preemptions: int = 0
+    owner: str = ""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node: capacity and what is free (milli-CPU, MiB, milli-GPU per GPU)."""
+
+    name: str
+    alive: bool
+    cpu_milli: int
+    cpu_free: int
+    memory_mib: int
+    memory_free: int
+    gpu_model: str
+    gpu_memory_mib: int
+    gpu_free: tuple[int, ...]
+    gangs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """The whole service: nodes, tenants' quota usage, gangs per state, the reservation."""
+
+    nodes: tuple[NodeStatus, ...]
+    tenants: dict[str, tuple[int, int | None]]
+    counts: dict[str, int]
+    reservation: str | None
+    policy: str
+    journal_seq: int
+
+
+def make_store(spec: str):
+    """``kv`` (Ray's GCS) or a directory path."""
+    return KVStore() if spec == "kv" else FileStore(spec)
+
+
+class SchedulerService:
+    """The service's state and verbs (run as the async Ray actor ``SERVICE_NAME``; see the module docstring).
+
+    Args:
+        store: ``kv`` or a directory for the journal and snapshots.
+        policy: placement policy of a new plan.
+        quotas: GPU quota per tenant of a new plan (None: no quotas).
+        poll_s: period of the node, deadline and owner checks.
+        owner_lease_s: gangs of an owner silent this long are released.
+        realize_timeout_s: longest wait for one placement group.
+    """
+
+    def __init__(
+        self, store: str = "kv", policy: str = "fgd-strand", quotas: dict[str, Quota] | None = None,
+        poll_s: float = 0.5, owner_lease_s: float = 60.0, realize_timeout_s: float = 60.0,
+    ) -> None:
+        self.journal = Journal(make_store(store))
+        self.realizer = Realizer(realize_timeout_s)
+        self.poll_s, self.owner_lease_s = poll_s, owner_lease_s
+        state, ops = self.journal.recover()
+        if state is None:
+            sched = Scheduler(Cluster(()), policy=policy, quotas=quotas, clock=time.time, max_events=MAX_EVENTS)
+            state = (sched, {}, {}, -1)
+        self.sched, self.terminal, self.owner_of, self._seen_event = state
+        for op, args in ops:
+            with contextlib.suppress(Exception):  # the verb failed the same way when it was first applied
+                self._apply(op, *args)
+        self._versions: dict[str, int] = {}
+        self._last: dict[str, GangStatus] = {}
+        self._owners_seen: dict[str, float] = {}
+        self._errors: dict[str, str] = {}
+        self._lock: asyncio.Lock | None = None
+        self._changed: asyncio.Condition | None = None
+        self._task: asyncio.Task | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> bool:
+        """Start the background loop (idempotent; every verb calls it); after a restart, adopt the
+        groups found alive. Returns whether it started now."""
+        if self._lock is not None:
+            return False
+        self._lock, self._changed = asyncio.Lock(), asyncio.Condition()
+        async with self._lock:
+            self._follow_nodes()
+            self._adopt_groups()
+            self._owners_seen = dict.fromkeys(self.owner_of.values(), time.time())
+            await self._settle()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+        return True
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                async with self._lock:
+                    self._follow_nodes()
+                    now = time.time()
+                    due = self.sched.next_deadline()
+                    if due is not None and due <= now:
+                        self._do("tick", now)
+                    self._expire_owners(now)
+                    await self._settle()
+            except Exception as exc:  # keep serving; the error shows in status reasons
+                self._errors["service"] = repr(exc)
+
+    # ---------------------------------------------------------------- verbs
+    async def submit(self, req: GangRequest, owner: str = "") -> GangStatus:
+        """Validate and submit ``req`` (``RequestError`` says why it can never run; nothing is placed)."""
+        await self.start()
+        async with self._lock:
+            self._seen(owner)
+            if req.name in self.terminal:
+                del self.terminal[req.name]
+            self._do("submit", req, owner, time.time())
+            await self._settle()
+            return self._status(req.name)
+
+    async def release(self, name: str, reason: str = "released", owner: str = "") -> GangStatus:
+        """The gang is done (or cancelled): its groups go, the queue is served."""
+        await self.start()
+        async with self._lock:
+            self._seen(owner)
+            if name in self.sched.gangs():
+                self._do("release", name, time.time(), reason)
+                await self._settle()
+            return self._status(name)
+
+    async def cancel(self, name: str) -> GangStatus:
+        """``release`` with reason ``cancelled`` (``python -m infra.cli cancel``)."""
+        return await self.release(name, "cancelled")
+
+    async def stopped(self, name: str, owner: str = "") -> GangStatus:
+        """A draining gang has checkpointed and stopped: its groups go and it waits to run again."""
+        await self.start()
+        async with self._lock:
+            self._seen(owner)
+            if name in self.sched.gangs() and self.sched.gang_state(name) is GangState.DRAINING:
+                self._do("stopped", name, time.time())
+                await self._settle()
+            return self._status(name)
+
+    async def resize(self, name: str, num_bundles: int, owner: str = "") -> GangStatus:
+        """Grow or shrink an elastic gang; the added bundles' groups exist when this returns."""
+        await self.start()
+        async with self._lock:
+            self._seen(owner)
+            self._do("resize", name, num_bundles, time.time())
+            await self._settle()
+            return self._status(name)
+
+    # ---------------------------------------------------------------- queries
+    async def gang(self, name: str, owner: str = "") -> GangStatus:
+        """The status of one gang (KeyError if never seen)."""
+        await self.start()
+        self._seen(owner)
+        return self._status(name)
+
+    async def watch(self, name: str, version: int = -1, timeout_s: float = 5.0, owner: str = "") -> GangStatus:
+        """Wait up to ``timeout_s`` for the gang's status to move past ``version``; the status."""
+        await self.start()
+        self._seen(owner)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        async with self._changed:
+            while self._versions.get(name, 0) == version and loop.time() < end:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), end - loop.time())
+        return self._status(name)
+
+    async def queue(self) -> list[GangStatus]:
+        """Waiting gangs in service order."""
+        await self.start()
+        return [self._status(n) for n in self.sched.queue]
+
+    async def gangs(self) -> list[GangStatus]:
+        """Every gang the plan holds (waiting, placed, draining)."""
+        await self.start()
+        return [self._status(n) for n in self.sched.gangs()]
+
+    async def events(self, since: int = -1, limit: int = 100) -> list:
+        """Events with a sequence number above ``since`` (at most ``limit``, the latest)."""
+        await self.start()
+        return self.sched.events_since(since)[-limit:]
+
+    async def status(self) -> ClusterStatus:
+        """Nodes, tenants, gangs per state, reservation."""
+        await self.start()
+        st, s = self.sched.state, self.sched
+        nodes = tuple(
+            NodeStatus(n.name, bool(st.alive[i]), n.cpu_milli, int(st.cpu_free[i]), n.memory_mib, int(st.mem_free[i]),
+                       n.gpus[0].model if n.gpus else "", n.gpus[0].memory_mib if n.gpus else 0,
+                       tuple(int(x) for x in st.gpu_free[i, : len(n.gpus)]),
+                       tuple(s.gangs_on(n.name)))
+            for i, n in enumerate(s.cluster.nodes)
+        )
+        tenants = {t: (u, s.ledger.quotas[t].gpu_milli) for t, u in s.ledger.usage.items()}
+        counts: dict[str, int] = {}
+        for name in s.gangs():
+            state = self._status(name).state.value
+            counts[state] = counts.get(state, 0) + 1
+        res = s.reservation.gang if s.reservation else None
+        return ClusterStatus(nodes, tenants, counts, res, s.policy.name, self.journal.seq)
+
+    # ---------------------------------------------------------------- internals
+    def _do(self, op: str, *args: Any) -> None:
+        """Journal, then apply (write-ahead)."""
+        self.journal.log(op, *args)
+        self._apply(op, *args)
+        if self.journal.due():
+            self.journal.snapshot((self.sched, self.terminal, self.owner_of, self._seen_event))
+
+    def _apply(self, op: str, *args: Any) -> None:
+        s = self.sched
+        if op == "submit":
+            req, owner, now = args
+            self.owner_of[req.name] = owner
+            s.submit(req, now=now)
+        elif op == "release":
+            name, now, reason = args
+            s.release(name, now=now, reason=reason)
+        elif op in ("stopped", "tick"):
+            getattr(s, op)(*args)
+        elif op == "resize":
+            s.resize(args[0], args[1], now=args[2])
+        elif op in ("add_node", "remove_node", "restore_node"):
+            getattr(s, op)(*args)
+        self._record_terminal()
+
+    def _record_terminal(self) -> None:
+        """Turn RELEASED events into the terminal states jobs see."""
+        for e in self.sched.events_since(self._seen_event):
+            self._seen_event = e.seq
+            if e.kind is not EventKind.RELEASED:
+                continue
+            why = e.detail.get("reason", "")
+            state = (HandleState.TIMED_OUT if why.startswith("timed out") else HandleState.CANCELLED
+                     if why == "cancelled" else HandleState.FAILED if why.startswith("owner") else HandleState.FINISHED)
+            self.terminal[e.gang] = (state, why)
+            self.owner_of.pop(e.gang, None)
+            while len(self.terminal) > 10_000:
+                self.terminal.pop(next(iter(self.terminal)))
+
+    def _follow_nodes(self) -> None:
+        """Journal node joins, returns, restarts and losses seen in ``ray.nodes()``."""
+        import ray
+
+        now = time.time()
+        seen = discover_nodes(ray.nodes())
+        for name, (node_id, node) in seen.items():
+            st = self.sched.state
+            idx = st.node_index.get(name)
+            old = self.realizer.node_ids.get(name)
+            if idx is None:
+                self._do("add_node", node, now)
+            else:
+                if st.alive[idx] and old is not None and old != node_id:
+                    self._do("remove_node", name, now)  # a restarted raylet: everything on it is gone
+                if not self.sched.state.alive[idx]:
+                    self._do("restore_node", name, now)
+            if old != node_id:
+                self.realizer.forget_node(name)
+                self.realizer.set_node(name, node_id, len(node.gpus))
+        st = self.sched.state
+        for name, i in list(st.node_index.items()):
+            if st.alive[i] and name not in seen:
+                self._do("remove_node", name, now)
+                self.realizer.forget_node(name)
+
+    def _adopt_groups(self) -> None:
+        """After a restart: keep the groups the plan holds, remove every other one of ours."""
+        from ray.util import placement_group_table
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        for pg_id, info in placement_group_table().items():
+            name = info.get("name", "")
+            if info.get("state") == "REMOVED" or not name.startswith((GROUP_PREFIX, BLOCKER_PREFIX)):
+                continue
+            pg = PlacementGroup(_pg_id(pg_id))
+            spec = parse_group_name(name)
+            if spec is not None and self._planned(spec):
+                self.realizer.adopt(spec, pg)
+            else:
+                remove_placement_group(pg)
+
+    def _planned(self, spec: BundleSpec) -> bool:
+        """Whether the plan holds the bundle ``spec`` (placed there, or draining since it was)."""
+        s = self.sched
+        if spec.gang not in s.gangs():
+            return False
+        state = s.gang_state(spec.gang)
+        if state is GangState.DRAINING:
+            return True
+        p = s.placement(spec.gang)
+        if p is None or p.epoch != spec.epoch:
+            return False
+        return any(a.bundle == spec.bundle and a.node == spec.node and a.gpus == spec.gpus for a in p.assignments)
+
+    async def _settle(self) -> None:
+        """Make Ray's groups follow the plan, then publish the statuses that changed."""
+        s = self.sched
+        for gang in {g for g, _ in self.realizer.groups}:
+            state = s.gang_state(gang) if gang in s.gangs() else None
+            if state is GangState.DRAINING:
+                continue
+            p = s.placement(gang) if state is GangState.PLACED else None
+            have = self.realizer.realized(gang)
+            planned = {a.bundle for a in p.assignments} if p else set()
+            stale = {b for b, (spec, _) in have.items() if p is None or spec.epoch != p.epoch or b not in planned}
+            if stale:
+                self.realizer.remove(gang, stale)
+        for gang, p in s.placements.items():
+            if not s.ready(gang):
+                continue
+            have = self.realizer.realized(gang)
+            for a in p.assignments:
+                if a.bundle in have:
+                    continue
+                spec = BundleSpec(gang, p.epoch, a.bundle, a.node, a.gpus, a.gpu_milli,
+                                  s.request(gang).bundles[a.bundle].cpu_milli)
+                try:
+                    await self.realizer.create(spec)
+                    self._errors.pop(gang, None)
+                except Exception as exc:  # retried on the next pass
+                    self._errors[gang] = f"placement group not created: {exc}"
+                    break
+        await self._publish()
+
+    async def _publish(self) -> None:
+        names = set(s for s in self.sched.gangs()) | set(self._last)
+        changed = False
+        for name in names:
+            status = self._status(name, bump=False)
+            if self._last.get(name) != status:
+                self._versions[name] = self._versions.get(name, 0) + 1
+                self._last[name] = status
+                changed = True
+        for name in [n for n, st in self._last.items() if st.state.terminal and n not in self.terminal]:
+            del self._last[name]
+        if changed:
+            async with self._changed:
+                self._changed.notify_all()
+
+    def _status(self, name: str, bump: bool = True) -> GangStatus:
+        version = self._versions.get(name, 0)
+        s = self.sched
+        if name not in s.gangs():
+            if name not in self.terminal:
+                raise KeyError(f"unknown gang {name!r}; it was never submitted (or long forgotten)")
+            state, why = self.terminal[name]
+            return GangStatus(name, state, version=version, reason=why)
+        req = s.request(name)
+        common = {"tenant": req.tenant, "priority": req.priority, "version": version,
+                  "preemptions": s.preemptions(name), "owner": self.owner_of.get(name, "")}
+        state = s.gang_state(name)
+        if state is GangState.DRAINING:
+            return GangStatus(name, HandleState.DRAINING, deadline=s.deadline(name), reason=f"{s.notice(name)}: "
+                              f"checkpoint and report stopped within {s.request(name).grace_s:g} s", **common)
+        if state is GangState.WAITING:
+            waiting = HandleState.PREEMPTED if s.preemptions(name) else HandleState.WAITING
+            return GangStatus(name, waiting, deadline=s.deadline(name), reason=s.why_waiting(name), **common)
+        p = s.placement(name)
+        groups = {b: pg for b, (_, pg) in self.realizer.realized(name).items()}
+        if not s.ready(name) or len(groups) < len(p.assignments):
+            why = (f"waiting for preempted gangs {sorted(s.blocked_by(name))} to stop" if not s.ready(name)
+                   else self._errors.get(name, "creating placement groups"))
+            return GangStatus(name, HandleState.WAITING, placement=p, reason=why, **common)
+        return GangStatus(name, HandleState.PLACED, placement=p, groups=groups, **common)
+
+    def _seen(self, owner: str) -> None:
+        if owner:
+            self._owners_seen[owner] = time.time()
+
+    def _expire_owners(self, now: float) -> None:
+        for name, owner in list(self.owner_of.items()):
+            if owner and now - self._owners_seen.setdefault(owner, now) > self.owner_lease_s and name in self.sched.gangs():
+                self._do("release", name, now, f"owner {owner} silent for {self.owner_lease_s:.0f} s")
+
+
+def _pg_id(hex_id: str):
+    from ray._raylet import PlacementGroupID
+
+    return PlacementGroupID(bytes.fromhex(hex_id))
+
+
+def actor_class():
+    """The service as a Ray actor class (detached, named, restartable, using no CPU of the plan)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)(SchedulerService)
+
+
+def start(address: str | None = None, **options: Any):
+    """Start the service on the connected (or ``address``) Ray cluster, or return the running one."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    head = next((n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]), None)
+    strategy = {}
+    if head is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        strategy["scheduling_strategy"] = NodeAffinitySchedulingStrategy(head, soft=True)
+    actor = actor_class().options(
+        name=SERVICE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **strategy
+    ).remote(**options)
+    ray.get(actor.start.remote())
+    return actor
+
+
+def _parse_quota(text: str) -> tuple[str, Quota]:
+    """``tenant=GPUS[:BORROW_GPUS]`` -> quota in milli-GPU."""
+    try:
+        tenant, amounts = text.split("=", 1)
+        nominal, _, borrow = amounts.partition(":")
+        return tenant, Quota(round(float(nominal) * 1000), round(float(borrow) * 1000) if borrow else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--quota {text!r}: write TENANT=GPUS or TENANT=GPUS:BORROW_GPUS") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m infra.service start|status|stop|reset``."""
+    import ray
+
+    parser = argparse.ArgumentParser(prog="python -m infra.service", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["start", "status", "stop", "reset"])
+    parser.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
+    parser.add_argument("--policy", default="fgd-strand")
+    parser.add_argument("--quota", action="append", type=_parse_quota, default=[], help="TENANT=GPUS[:BORROW_GPUS]")
+    parser.add_argument("--store", default="kv", help="kv (Ray's GCS, default) or a directory")
+    args = parser.parse_args(argv)
+    ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
+    if args.command == "start":
+        start(policy=args.policy, quotas=dict(args.quota) or None, store=args.store)
+        print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}")
+    elif args.command == "status":
+        from infra.cli import main as cli
+
+        return cli(["status", "--address", args.address])
+    elif args.command == "stop":
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=True)
+        print("stopped (its journal is kept: start recovers it; reset forgets it)")
+    else:
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=True)
+        if args.store == "kv":
+            KVStore().clear()
+        print("journal and snapshot cleared")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
