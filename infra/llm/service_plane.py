@@ -282,7 +282,7 @@ def place_services(
             gang, backend = _placed(client, req, wait_s)
             gangs.append(gang)
             placement = gang.status.placement
-            device = "cuda" if has_gpu else "cpu"
+            device = "auto" if has_gpu else "cpu"  # auto: CUDA where the GPU is real
             rollouts = [ResilientService(start(gang, backend, i, RolloutService, model, engine=engine, device=device),
                                          timeout_s=timeout_s) for i in range(rollout_instances)]
             trainer = ResilientService(start(gang, backend, rollout_instances, TrainerService, device=device),

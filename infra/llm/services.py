@@ -71,6 +71,13 @@ def _host_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: (v.detach().to("cpu", copy=True).pin_memory() if pin else v.detach().to("cpu", copy=True)) for k, v in state.items()}
 
 
+def resolve_device(device: str) -> str:
+    """``auto``: the GPU Ray gave this process when CUDA has one (logical GPUs on a CPU box: ``cpu``)."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 class RolloutService(_Sliced):
     """Batched generation for several jobs over one device-resident engine.
 
@@ -80,7 +87,8 @@ class RolloutService(_Sliced):
 
     def __init__(self, model_cfg: ModelConfig, *, engine: str = "torch", device: str = "cpu") -> None:
         super().__init__()
-        self.engine: GenerationEngine = load_engine(engine, model_cfg, eos_id=EOS, pad_id=PAD, device=device)
+        self.engine: GenerationEngine = load_engine(engine, model_cfg, eos_id=EOS, pad_id=PAD,
+                                                    device=resolve_device(device))
         self._host: dict[str, dict[str, torch.Tensor]] = {}
         self._versions: dict[str, int] = {}
         self._resident: str | None = None
@@ -149,7 +157,7 @@ class TrainerService(_Sliced):
 
     def __init__(self, *, device: str = "cpu") -> None:
         super().__init__()
-        self.device = device
+        self.device = resolve_device(device)
         self._jobs: dict[str, GRPOTrainer] = {}
 
     def register_job(self, job: str, model_cfg: ModelConfig, cfg: GRPOConfig, seed: int) -> None:
