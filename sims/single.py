@@ -15,6 +15,7 @@ import numpy as np
 from sims.render import RenderConfig
 from sims.tasks import TASK_NAMES
 from sims.vec_env import make_vec_env
+from sims.xp_torch import to_numpy
 
 
 class SingleEnv(gym.Env):
@@ -44,14 +45,15 @@ class SingleEnv(gym.Env):
         if seed is None and self._last is None:
             seed = int(self.np_random.integers(2**31))
         obs = self._vec.reset_arrays(seed=seed)
-        self._last = {k: v[0] for k, v in obs.items()}
+        self._last = {k: to_numpy(v)[0] for k, v in obs.items()}
         return self._last, {}
 
     def step(self, action: Any):
         """Step once; at the end of an episode the observation is the episode's final one."""
         out = self._vec.step_arrays(np.asarray(action, dtype=np.float32)[None])
+        out = {k: v if isinstance(v, dict) else to_numpy(v) for k, v in out.items()}  # device backends: tensors
         obs = out["final_observation"] if out["terminated"][0] or out["truncated"][0] else out["observation"]
-        self._last = {k: v[0] for k, v in obs.items()}
+        self._last = {k: to_numpy(v)[0] for k, v in obs.items()}
         info = {"success": bool(out["success"][0])}
         return self._last, float(out["reward"][0]), bool(out["terminated"][0]), bool(out["truncated"][0]), info
 

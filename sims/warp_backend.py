@@ -119,6 +119,11 @@ class WarpBackend:
         with wp.ScopedDevice(self.wp_device):
             self.m = mjw.put_model(model, batch_sizes={"geom_rgba": num_envs} if self.renders else None)
             self.m.opt.tolerance.fill_(SOLVER_TOLERANCE)
+            # Iteration limits are reached now and then, as in MuJoCo C (which says nothing): no print.
+            flag = mjw.OverflowType
+            self.m.opt.warn_overflow = int(self.m.opt.warn_overflow) & ~int(flag.ITERATIONS | flag.LS_ITERATIONS)
+            self._capacity = int(flag.NEFC | flag.NJMAX_NNZ | flag.BROADPHASE | flag.NARROWPHASE | flag.CCD
+                                 | flag.NVMAX)
             if deterministic:
                 self.m.opt.deterministic = int(mjw.DeterminismType.ALL)
             self.d = mjw.make_data(model, nworld=num_envs, nconmax=nconmax, njmax=njmax)
@@ -211,7 +216,8 @@ class WarpBackend:
         """Apply ``ctrl`` [N, nu] and advance every world by ``frame_skip`` substeps.
 
         Raises:
-            RuntimeError: a world ran out of contact or constraint rows (its physics is wrong).
+            RuntimeError: a world ran out of contact or constraint rows (its physics is wrong);
+                solver iteration limits, reached now and then as in MuJoCo C, are no error.
         """
         self._ctrl.copy_(ctrl)
         with self._on_warp():
@@ -220,8 +226,9 @@ class WarpBackend:
             else:
                 for _ in range(self.frame_skip):
                     self._mjw.step(self.m, self.d)
-        if bool(self._overflow.any()):
-            worlds = torch.nonzero(self._overflow).flatten()[:10].tolist()
+        full = self._overflow & self._capacity  # sticky per world until its reset
+        if bool(full.any()):
+            worlds = torch.nonzero(full).flatten()[:10].tolist()
             raise RuntimeError(f"mujoco_warp overflow in worlds {worlds} (flags {self._overflow[worlds].tolist()}): "
                                f"raise sims.warp_backend.NCONMAX / NJMAX (now {NCONMAX} / {NJMAX})")
 

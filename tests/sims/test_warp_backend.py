@@ -148,6 +148,16 @@ def test_warp_snapshot_continues_bit_for_bit() -> None:
         _warp("suite", 2, seed=3).set_state(snapshot)
 
 
+def test_warp_single_env_passes_check_env() -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    env = sims.SingleEnv("suite", backend="warp")
+    check_env(env, skip_render_check=True)
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs["state"], np.ndarray)  # numpy at the gymnasium edge, whatever the device
+    env.close()
+
+
 def test_removed_and_unknown_backends_name_the_fix() -> None:
     with pytest.raises(ValueError, match="mjx-warp' was removed: use backend='warp'"):
         make_vec_env("reach", 2, backend="mjx-warp")
