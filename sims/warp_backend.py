@@ -127,8 +127,8 @@ class WarpBackend:
             if deterministic:
                 self.m.opt.deterministic = int(mjw.DeterminismType.ALL)
             self.d = mjw.make_data(model, nworld=num_envs, nconmax=nconmax, njmax=njmax)
-            for name in _UNINITIALISED:
-                arr = getattr(self.d, name, None)
+            for field in _UNINITIALISED:
+                arr = getattr(self.d, field, None)
                 if arr is not None and arr.size:
                     arr.zero_()
             self._reset_mask_wp = wp.zeros(num_envs, dtype=bool)
@@ -143,9 +143,10 @@ class WarpBackend:
         self._rc = None
         if self.renders:
             self._init_renderer(model, render, colour_geoms)
+        # CUDA graphs of the substeps and of the render pass, captured after their first eager
+        # call (which loads the kernels) from a real episode state.
         self._step_graph = self._render_graph = None
-        if self._cuda and wp.is_mempool_enabled(self.wp_device):
-            self._capture_graphs()
+        self._capture = self._cuda and wp.is_mempool_enabled(self.wp_device)
 
     # ----------------------------------------------------------------------------- streams
     @contextlib.contextmanager
@@ -159,30 +160,22 @@ class WarpBackend:
         if self._cuda:
             torch.cuda.current_stream(self.device).wait_stream(wp.stream_to_torch(self._stream))
 
-    def _capture_graphs(self) -> None:
-        """Capture the substeps (and the render pass) as CUDA graphs; launches stay eager on failure."""
-        wp, mjw = self._wp, self._mjw
-        self._reset_mask.fill_(True)
-        with self._on_warp():
-            mjw.step(self.m, self.d)  # load every module before capture
-            if self.renders:
-                self._render_launches()
-            mjw.reset_data(self.m, self.d, reset=self._reset_mask_wp)  # drop the warm-up state and flags
+    def _graph(self, launches) -> Any:
+        """``launches`` recorded as a CUDA graph (recording runs nothing), or None if capture fails."""
         try:
-            with self._on_warp():
-                with wp.ScopedCapture() as capture:
-                    for _ in range(self.frame_skip):
-                        mjw.step(self.m, self.d)
-                self._step_graph = capture.graph
-                if self.renders:
-                    with wp.ScopedCapture() as capture:
-                        self._render_launches()
-                    self._render_graph = capture.graph
-        except Exception as exc:  # a driver without graph support: eager launches work everywhere
+            with self._wp.ScopedCapture() as capture:
+                launches()
+            return capture.graph
+        except Exception as exc:  # a driver or call without graph support: eager launches work everywhere
             import warnings
 
-            warnings.warn(f"CUDA graph capture failed ({exc}); mujoco_warp runs uncaptured", stacklevel=2)
-            self._step_graph = self._render_graph = None
+            warnings.warn(f"CUDA graph capture failed ({exc}); mujoco_warp runs uncaptured", stacklevel=3)
+            self._capture = False
+            return None
+
+    def _substeps(self) -> None:
+        for _ in range(self.frame_skip):
+            self._mjw.step(self.m, self.d)
 
     # ----------------------------------------------------------------------------- physics
     def compile(self, fn: Any) -> Any:
@@ -224,8 +217,9 @@ class WarpBackend:
             if self._step_graph is not None:
                 self._wp.capture_launch(self._step_graph)
             else:
-                for _ in range(self.frame_skip):
-                    self._mjw.step(self.m, self.d)
+                self._substeps()
+                if self._capture:
+                    self._step_graph = self._graph(self._substeps)
         full = self._overflow & self._capacity  # sticky per world until its reset
         if bool(full.any()):
             worlds = torch.nonzero(full).flatten()[:10].tolist()
@@ -307,6 +301,8 @@ class WarpBackend:
                 self._wp.capture_launch(self._render_graph)
             else:
                 self._render_launches()
+                if self._capture:
+                    self._render_graph = self._graph(self._render_launches)
         n, h, w = self.num_envs, cfg.height, cfg.width
         # Each camera's pixels: [N, H*W, 4] BGRA -> [N, 3, H, W] RGB, one gather per camera.
         frames = [self._packed[:, a:a + self._hw].view(n, h, w, 4).permute(0, 3, 1, 2)[:, self._bgr]
