@@ -119,10 +119,7 @@ class _Gang:
     borrowing: bool = False
     preemptions: int = 0
     notice: str = ""
-    key: tuple = ()
-
-    def __post_init__(self) -> None:
-        self.key = self.req.shape_key
+    key: int = -1
 
     @property
     def gpu_milli(self) -> int:
@@ -302,7 +299,7 @@ class Scheduler:
             raise RequestError(f"gang name {req.name!r} is already in use; release it first or pick another name.")
         self.ledger.check_tenant(req.tenant, req.name)
         validate(req, self.state, self._services, self._valid)
-        g = _Gang(req, on_preempt, next(self._arrivals), since=now)
+        g = _Gang(req, on_preempt, next(self._arrivals), since=now, key=self._queue.shape_id(req.shape_key))
         self._gangs[req.name] = g
         self._log(EventKind.SUBMITTED, req.name, now, priority=req.priority, tenant=req.tenant,
                   bundles=len(req.bundles))
@@ -654,7 +651,7 @@ class Scheduler:
 
     def _serve_queue(self, now: float) -> None:
         """One pass over the queue in order; a shape that cannot fit is skipped for the rest of it."""
-        skip: set[tuple] = set()
+        skip: set[int] = set()
         for name, key in self._queue.with_keys():
             if key in skip:
                 continue

@@ -22,8 +22,9 @@ class WaitQueue:
     def __init__(self) -> None:
         self._order: SortedList = SortedList()
         self._entry: dict[str, tuple[int, int, str]] = {}
-        self._key: dict[str, tuple] = {}
-        self._failed: dict[tuple, int] = {}
+        self._key: dict[str, int] = {}
+        self._ids: dict[tuple, int] = {}
+        self._failed: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._order)
@@ -31,11 +32,15 @@ class WaitQueue:
     def __contains__(self, name: str) -> bool:
         return name in self._entry
 
-    def push(self, name: str, priority: int, arrival: int, key: tuple) -> None:
-        """Add a waiting gang of shape ``key`` (higher priority first, then earlier arrival)."""
+    def shape_id(self, key: tuple) -> int:
+        """A small integer standing for shape ``key`` (hashing the key itself is slow)."""
+        return self._ids.setdefault(key, len(self._ids))
+
+    def push(self, name: str, priority: int, arrival: int, shape: int) -> None:
+        """Add a waiting gang of shape id ``shape`` (higher priority first, then earlier arrival)."""
         entry = (-priority, arrival, name)
         self._entry[name] = entry
-        self._key[name] = key
+        self._key[name] = shape
         self._order.add(entry)
 
     def remove(self, name: str) -> None:
@@ -49,8 +54,8 @@ class WaitQueue:
         """Waiting gangs in the order they are served."""
         return [e[2] for e in self._order]
 
-    def with_keys(self) -> list[tuple[str, tuple]]:
-        """``(name, shape key)`` of waiting gangs in the order they are served."""
+    def with_keys(self) -> list[tuple[str, int]]:
+        """``(name, shape id)`` of waiting gangs in the order they are served."""
         return [(e[2], self._key[e[2]]) for e in self._order]
 
     def first(self) -> str | None:
@@ -61,12 +66,12 @@ class WaitQueue:
         """Whether waiting gang ``a`` is served before waiting gang ``b``."""
         return self._entry[a] < self._entry[b]
 
-    def mark_failed(self, key: tuple, clock: int) -> None:
-        """Shape ``key`` did not fit at state clock ``clock``."""
+    def mark_failed(self, key: int, clock: int) -> None:
+        """Shape id ``key`` did not fit at state clock ``clock``."""
         self._failed[key] = clock
 
-    def worth_trying(self, key: tuple, bundles: tuple[Bundle, ...], state: ClusterState) -> bool:
-        """False when shape ``key`` failed before and no node that grew since could take any of its bundles."""
+    def worth_trying(self, key: int, bundles: tuple[Bundle, ...], state: ClusterState) -> bool:
+        """False when shape id ``key`` failed before and no node that grew since could take any of its bundles."""
         since = self._failed.get(key)
         if since is None:
             return True
