@@ -34,6 +34,15 @@ import numpy as np
 BACKENDS = ("batch", "mjx", "warp")
 
 
+def to_numpy(x: Any) -> np.ndarray:
+    """A numpy view (CPU) or copy (device) of a numpy array, torch tensor or JAX array (no torch import)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach"):  # a torch tensor
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
 class BatchBackend:
     """``mujoco.batch.Batch``: many simulations of one model on a thread pool.
 

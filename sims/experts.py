@@ -11,8 +11,8 @@ import numpy as np
 
 from sims import scene as S
 from sims import tasks as T
+from sims.backends import to_numpy
 from sims.vec_env import SimVectorEnv
-from sims.xp_torch import to_numpy
 
 _OPEN, _CLOSED = -1.0, 1.0
 

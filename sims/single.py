@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from sims.backends import to_numpy
 from sims.render import RenderConfig
 from sims.tasks import TASK_NAMES
 from sims.vec_env import make_vec_env
-from sims.xp_torch import to_numpy
 
 
 class SingleEnv(gym.Env):

@@ -23,9 +23,8 @@ from gymnasium.vector import AutoresetMode
 
 from sims import scene as S
 from sims import tasks as T
-from sims.backends import BACKENDS, MJX_WARP_REMOVED, make_backend
+from sims.backends import BACKENDS, MJX_WARP_REMOVED, make_backend, to_numpy
 from sims.render import RenderConfig
-from sims.xp_torch import to_numpy
 
 ACTION_DIM = 4
 

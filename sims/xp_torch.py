@@ -17,15 +17,6 @@ import numpy as np
 import torch
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    """A numpy view (CPU) or copy (device) of a numpy array, torch tensor or DLPack array."""
-    if isinstance(x, np.ndarray):
-        return x
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
 class TorchNamespace:
     """numpy's functions, as far as ``sims`` uses them, on torch tensors on ``device``."""
 

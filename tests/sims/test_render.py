@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from sims import tasks as T
+from sims.backends import to_numpy
 from sims.render import RenderConfig
 from sims.vec_env import make_vec_env
-from sims.xp_torch import to_numpy
 
 SIZE = 96
 RENDERERS = ["batch", pytest.param("warp", marks=pytest.mark.skipif(

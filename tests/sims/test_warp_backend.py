@@ -17,10 +17,10 @@ import torch
 pytest.importorskip("mujoco_warp")
 
 import sims
+from sims.backends import to_numpy
 from sims.experts import run_expert
 from sims.render import RenderConfig
 from sims.vec_env import ACTION_DIM, make_vec_env
-from sims.xp_torch import to_numpy
 
 NUM_ENVS, STEPS = 8, 10
 # Tolerances over 10 control steps (40 substeps) of the suite, float32 (Warp) against float64
