@@ -159,6 +159,10 @@ class SFTConfig:
     """Gradient steps per iteration."""
     batch_size: int = 256
     """Frames per gradient step, drawn uniformly with the trainer's torch RNG."""
+    learn_std: bool = False
+    """Also fit a Gaussian head's standard deviation. Off: it stays at ``policy.head.init_log_std``, so
+    the NLL fits the mean (a scaled squared error) and RL from the checkpoint still explores; a fitted
+    std collapses to the expert's near-deterministic spread and PPO from it barely moved (measured)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, anneal_lr=True))
     """Learning rate, its annealing over ``iterations`` and the gradient clip (epochs/minibatches unused)."""
 

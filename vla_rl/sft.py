@@ -62,6 +62,10 @@ class SFT(Algorithm):
         self.device = setup.device
         self.policy = setup.policy
         self.data, self.instruction_map = load_dataset(cfg, setup.instructions)
+        if not self.cfg.learn_std:  # the exploration noise RL from this checkpoint starts with
+            for name, param in setup.policy.named_parameters():
+                if name.endswith("log_std"):
+                    param.requires_grad_(False)
         # ClippedUpdate serves for its optimiser and learning-rate schedule; the loss is the NLL below.
         self.updater = ClippedUpdate(setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False))
 

@@ -52,6 +52,8 @@ def test_sft_lowers_its_loss_and_raises_success_far_above_chance(sft_run):
     assert nll[-1] < nll[0] - 2.0, nll
     assert chance["eval/validation/success"] < 0.2
     assert final["eval/validation/success"] >= 0.8 and final["eval/train/success"] >= 0.8, final
+    # The Gaussian head's std is left at its initial value (sft.learn_std=false): RL from here explores.
+    assert torch.equal(sft_run.policy.head.log_std, torch.full_like(sft_run.policy.head.log_std, -0.5))
 
 
 def test_rl_from_the_sft_checkpoint_starts_at_its_success_and_warms_the_critic_up(sft_run, tmp_path):
