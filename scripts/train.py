@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--resume", action="store_true", help="continue runs/NAME from checkpoints/latest.pt")
     parser.add_argument("--ray", metavar="ADDRESS", default=None,
-                        help="run on a Ray cluster ('local' starts one): sets fleet.address (and fleet.mode=colocated "
+                        help="run on a Ray cluster ('local' starts one) through its scheduler service: sets fleet.address (and fleet.mode=colocated "
                              "unless the config picks another fleet mode)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)  # overrides may also follow --ray ADDRESS
