@@ -49,7 +49,11 @@ class EnvConfig:
     depth: bool = False
     """Also render linear depth in metres as ``depth`` float ``[N, cams, H, W]`` (``sims`` only)."""
     backend: str = "batch"
-    """Simulator backend of ``sims``, one of ``sims.backends.BACKENDS``: ``batch`` (threaded CPU), ``mjx``, ..."""
+    """Simulator backend of ``sims``, one of ``sims.backends.BACKENDS``: ``batch`` (threaded CPU),
+    ``warp`` (MuJoCo Warp: physics, task code and rendering on ``warp_device``), ``mjx``."""
+    warp_device: str = "auto"
+    """Device of ``backend=warp``: ``cpu`` (Warp's CPU device, for tests), ``cuda:N``, or ``auto`` (the
+    first GPU if there is one, else the CPU)."""
     vectorization: Literal["sync", "async"] = "sync"
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None
@@ -451,6 +455,8 @@ def _check_sims_env(env: EnvConfig) -> None:
 
     if env.backend not in BACKENDS:
         raise ConfigError(f"env.backend={env.backend!r} is not a sims backend; valid: {', '.join(BACKENDS)}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", env.warp_device):
+        raise ConfigError(f"env.warp_device={env.warp_device!r}; valid: auto, cpu, cuda, cuda:N")
     unknown = [c for c in env.cameras if c not in CAMERAS]
     if unknown or not env.cameras or len(set(env.cameras)) < len(env.cameras):
         raise ConfigError(

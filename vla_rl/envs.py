@@ -235,6 +235,8 @@ def make_env(
         import sims
 
         kwargs: dict[str, Any] = {"seed": seed, "split": split, "backend": cfg.backend}
+        if cfg.backend == "warp":
+            kwargs["warp_device"] = cfg.warp_device
         if cfg.render:
             kwargs["render"] = sims.RenderConfig(
                 height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras), depth=cfg.depth,
