@@ -12,8 +12,8 @@ they free up, while later gangs backfill the rest (``infra.reservation``).
 Preemption is a contract: the victim is told (``on_preempt`` and a ``PREEMPT_NOTICE`` event), has
 its request's ``grace_s`` to checkpoint and report ``stopped``, after which ``tick`` stops it by
 force (``FORCED_STOP``); it then waits in the queue and runs again when capacity returns. Its
-resources go to the preemptor in the plan at once; the preemptor is *ready* (``READY``) when every
-victim has stopped. A gang waiting longer than its ``timeout_s`` fails with the reason
+resources go to the preemptor in the plan at once (what it does not need stays held for the victim
+until it stops); the preemptor is *ready* (``READY``) when every victim has stopped. A gang waiting longer than its ``timeout_s`` fails with the reason
 (``TIMED_OUT``). Every step is an ``Event`` in ``events``. Time is ``now`` (seconds) passed to each
 verb, or the scheduler's clock, so that a journal of verbs replays the same decisions.
 """
@@ -120,6 +120,8 @@ class _Gang:
     preemptions: int = 0
     notice: str = ""
     key: int = -1
+    drain_hold: Reservation | None = None
+    """While draining: what the preemptor did not take of its resources, held until it stops."""
 
     @property
     def gpu_milli(self) -> int:
@@ -134,7 +136,7 @@ class Scheduler:
         policy: a placement policy name (``infra.node_scoring.names()``).
         typical: typical pods for fragmentation-aware policies (estimated online when None).
         seed: None breaks score ties by cluster node order; an int draws a random node order from
-            it (as the trace replay does) and seeds the random policy.
+            it (as the trace replay does). It also seeds the random policy (0 when None).
         quotas: GPU quota per tenant (None: no quotas; see ``infra.quota``).
         reserve: give the first blocked gang a reservation (backfill the rest).
         clock: the time source when a verb is given no ``now``.
@@ -154,7 +156,7 @@ class Scheduler:
     ) -> None:
         self.cluster = cluster
         self.state = ClusterState(cluster)
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(0 if seed is None else seed)  # the random policy is seeded either way
         if seed is not None:
             self.state.tie_rank = rng.permutation(self.state.num_nodes)
         self.policy = node_scoring.load(policy, typical=typical)
@@ -197,6 +199,14 @@ class Scheduler:
     def gangs(self) -> list[str]:
         """Every known gang (waiting, placed or draining)."""
         return list(self._gangs)
+
+    def holds(self) -> list[Alloc]:
+        """Resources held without a placement: the reservation's, and what draining gangs still run on."""
+        out = list(self._reservation.holds) if self._reservation is not None else []
+        for g in self._gangs.values():
+            if g.drain_hold is not None:
+                out += g.drain_hold.holds
+        return out
 
     def placement(self, name: str) -> Placement | None:
         """Placement of gang ``name``, or None unless it is placed (KeyError if unknown)."""
@@ -545,6 +555,10 @@ class Scheduler:
         for v in victims:
             self._notice(self._gangs[v.name], g, now, reclaim)
         self._start(g, got, now)
+        for v in victims:  # a victim still runs during its grace: nobody else may use what g left of it
+            hold = self._gangs[v.name].drain_hold
+            if hold is not None:
+                hold.top_up(self.state)
         if any(self._gangs[v.name].state is GangState.WAITING for v in victims):
             self._drain(now)  # victims stopped at once may fit elsewhere
         return True
@@ -593,6 +607,7 @@ class Scheduler:
         """Tell victim ``v`` (whose resources are already free in the state) to stop for ``by``."""
         why = f"preempted by {by.req.name!r} (priority {by.req.priority}{', reclaiming quota' if reclaim else ''})"
         started = not v.blocked_by
+        held = sorted(v.allocs.items())
         self._free(v, free=False)
         for w in self._clear_blocked(v):  # what v waited for, its preemptor now waits for
             by.blocked_by.add(w)
@@ -609,6 +624,7 @@ class Scheduler:
             heapq.heappush(self._deadlines, (v.deadline, v.epoch, v.req.name))
             v.blocking.add(by.req.name)
             by.blocked_by.add(v.req.name)
+            v.drain_hold = Reservation(v.req.name, v.req.priority, held, set())  # filled once ``by`` is placed
         else:
             self._log(EventKind.PREEMPTED, v.req.name, now, stop="immediate")
             self._enqueue(v, now)
@@ -621,8 +637,11 @@ class Scheduler:
         return out
 
     def _unblock(self, v: _Gang, now: float) -> None:
-        """Draining ``v`` has stopped: the preemptors waiting for it may become ready."""
+        """Draining ``v`` has stopped: what it held goes back, the preemptors waiting for it may become ready."""
         v.deadline = None
+        if v.drain_hold is not None:
+            v.drain_hold.drop(self.state)
+            v.drain_hold = None
         for name in sorted(v.blocking):
             p = self._gangs.get(name)
             if p is None:

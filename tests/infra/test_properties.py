@@ -1,8 +1,8 @@
 """Property tests over random clusters and request streams (hypothesis), small and at scale.
 
 After every operation (or every few hundred at scale): no CPU, memory, milli-GPU or GPU memory is
-oversubscribed and the free amounts equal capacity minus what placed gangs and the reservation
-hold; placed gangs hold all their bundles (elastic ones between their minimum and maximum) and
+oversubscribed and the free amounts equal capacity minus what placed gangs, the reservation and
+draining gangs hold; placed gangs hold all their bundles (elastic ones between their minimum and maximum) and
 satisfy their constraints; waiting and draining gangs hold nothing; quota usage equals what each
 tenant's placed gangs hold; a notice only ever goes to a lower-priority gang of the same tenant or
 to a gang of a borrowing tenant; victim sets are minimal for the preemptor's placement; a
@@ -136,8 +136,8 @@ def check_invariants(s: Scheduler) -> None:
                 assert len({where[i][0] for i in c.bundles}) == len(c.bundles)
     if s.reservation is not None:
         assert s.gang_state(s.reservation.gang) is GangState.WAITING
-        for a in s.reservation.holds:
-            add(a)
+    for a in s.holds():  # the reservation's, and what draining gangs still run on
+        add(a)
     live = state.alive
     assert np.array_equal(cpu[live], (state.cpu_cap - state.cpu_free)[live])
     assert np.array_equal(mem[live], (state.mem_cap - state.mem_free)[live])
