@@ -335,16 +335,29 @@ class FGDPolicy(Policy):
 _TIE_SCALE = 1e6
 """Puts FGD's integer score above any stranding increase (bounded by a node's GPU milli, < 500 GPUs)."""
 
+PRESSURE_POINTS = 20
+"""The most FGD score points the model pressure takes off (chosen among 4, 10, 20 and 100 on the
+development seeds 100-102 of gpuspec:0.33; evaluated on seeds 42-51)."""
+
 
 class StrandingFGDPolicy(FGDPolicy):
-    """This project's policy: FGD, and among FGD's equally scored best placements the one that
-    strands the least GPU capacity for lack of CPU.
+    """This project's policy: FGD, with GPU-model scarcity for unconstrained pods, and among the
+    equally scored best placements the one that strands the least GPU capacity for lack of CPU.
 
-    FGD counts free GPU as fragment when a typical pod cannot use it, looking at CPU only through
-    each typical pod's exact request, one placement at a time. Nodes with many GPUs and few cores
-    (8 GPUs, 96 cores) are drained of CPU gradually, by CPU-only pods and CPU-heavy GPU pods,
-    until their remaining GPUs cannot be used at all; FGD sees that only when it happens. The
-    *stranded* GPU milli of a node is
+    **Model pressure.** Pods restricted to some GPU models can only use those; when an unconstrained
+    pod takes a scarce model's last free GPUs while another model still has room, a constrained
+    pod fails later. FGD does not see it: a constrained shape is rare, so it is outside the
+    typical pods. The policy counts the constrained demand per model in the requests it sees
+    (``c_m``, milli-GPU, split evenly over a request's allowed models) and, for a pod with no
+    model restriction, rates each model by ``c_m / free_m`` (its constrained demand per free
+    milli-GPU now); a node's model loses ``floor(PRESSURE_POINTS * pressure / max pressure)``
+    points of FGD's 0-100 integer score. With no constrained pods seen it changes nothing.
+
+    **Stranding.** FGD counts free GPU as fragment when a typical pod cannot use it, looking at
+    CPU only through each typical pod's exact request, one placement at a time. Nodes with many
+    GPUs and few cores (8 GPUs, 96 cores) are drained of CPU gradually, by CPU-only pods and
+    CPU-heavy GPU pods, until their remaining GPUs cannot be used at all; FGD sees that only when
+    it happens. The *stranded* GPU milli of a node is
 
         stranded(n) = max(0, r * gpu_free(n) - cpu_free(n)) / r
 
@@ -352,13 +365,11 @@ class StrandingFGDPolicy(FGDPolicy):
     the node's free CPU cannot feed at the workload's usual ratio. FGD's integer score (one point
     is about 40 milli-GPU of expected fragment) ties on many nodes; this policy breaks those ties
     by the smallest increase of ``stranded`` (then, like FGD, by the seed's node order), and never
-    overrides a difference in FGD's score. That order matters: adding the stranding increase to
-    FGD's fragmentation instead gains more when GPU pods are small, but sends CPU-heavy pods to
-    the CPU-rich nodes that the workload's large multi-GPU pods need (with 30% multi-GPU pods it
-    lost about 1 point to FGD at 100% arrived), because FGD's expected fragment of those large
-    shapes is weighted by their small frequency. As a tie-break the stranding term can only choose
-    among placements FGD finds equally good, so the workload's demand for every shape (through
-    FGD) comes first on every workload.
+    overrides a difference in the (pressure-adjusted) score. That order matters: adding the
+    stranding increase to FGD's fragmentation instead gains more when GPU pods are small, but
+    sends CPU-heavy pods to the CPU-rich nodes that the workload's large multi-GPU pods need (with
+    30% multi-GPU pods it lost about 1 point to FGD at 100% arrived), because FGD's expected
+    fragment of those large shapes is weighted by their small frequency.
 
     Args:
         typical: as for ``fgd``.
@@ -366,8 +377,35 @@ class StrandingFGDPolicy(FGDPolicy):
 
     name = "fgd-strand"
 
+    def __init__(self, typical: TypicalPods | None = None) -> None:
+        super().__init__(typical)
+        self._constrained: dict[int, float] = {}
+
+    def choose(self, state, d, rng):
+        if d.models and d.num_gpu:
+            ids = [i for i, m in enumerate(state.model_names) if m in d.models]
+            for i in ids:
+                self._constrained[i] = self._constrained.get(i, 0.0) + d.num_gpu * d.gpu_milli / len(ids)
+        return super().choose(state, d, rng)
+
+    def pressure_points(self, state: ClusterState, d: Demand, nodes: np.ndarray) -> np.ndarray:
+        """``[C]`` score points the candidates' GPU models lose (0 for constrained or CPU-only pods)."""
+        if d.models or not d.num_gpu or not self._constrained:
+            return np.zeros(nodes.size)
+        nm = len(state.model_names)
+        live = state.gpu_exists & state.alive[:, None]
+        free = np.bincount(state.gpu_model[live], weights=state.gpu_free[live], minlength=nm)
+        want = np.zeros(nm)
+        for i, milli in self._constrained.items():
+            want[i] = milli
+        pressure = want / np.maximum(free, 1.0)
+        top = pressure.max()
+        if top <= 0:
+            return np.zeros(nodes.size)
+        return np.floor(PRESSURE_POINTS * pressure[np.maximum(state.gpu_model[nodes, 0], 0)] / top)
+
     def rank(self, state, d, nodes, delta):
-        score = self.score(delta)
+        score = self.score(delta) - self.pressure_points(state, d, nodes)
         r = self.model(state).cpu_per_gpu_milli
         if r <= 0:
             return score
@@ -376,7 +414,7 @@ class StrandingFGDPolicy(FGDPolicy):
         before = np.maximum(0.0, r * gpu_free - cpu_free)
         after = np.maximum(0.0, r * (gpu_free - d.num_gpu * d.gpu_milli) - (cpu_free - d.cpu))
         stranded = np.round((after - before) / r)  # whole milli-GPU: equal increases still tie
-        # Lexicographic: FGD's integer score first, then the smaller stranding increase.
+        # Lexicographic: the pressure-adjusted FGD score first, then the smaller stranding increase.
         return score * _TIE_SCALE - stranded
 
 

@@ -61,21 +61,24 @@ def test_replay_on_a_subsampled_cluster(openb):
 
 
 @pytest.mark.parametrize(
-    ("variant", "margin"),
+    ("variant", "margin", "every"),
     [
         # Many large multi-GPU pods: the stranding tie-break must not take the CPU-rich nodes they need.
-        ("multigpu:0.3", -0.25),
+        ("multigpu:0.3", -0.25, 12),
         # Many CPU-heavy GPU pods: stranded GPUs are the main loss, and the policy avoids them.
-        ("cpuheavy:0.3", 2.0),
+        ("cpuheavy:0.3", 2.0, 12),
+        # A third of the GPU pods restricted to one model: unconstrained pods keep off scarce models
+        # (a 1/6 cluster: on 1/12 the rarer models have too few nodes for the effect).
+        ("gpuspec:0.33", 0.5, 6),
     ],
 )
-def test_own_policy_against_fgd_on_variants(openb, variant, margin):
-    """Mean allocation of fgd-strand at 100% and 130% arrived >= FGD's + margin (seeds 42-43, 1/12 cluster)."""
+def test_own_policy_against_fgd_on_variants(openb, variant, margin, every):
+    """Mean allocation of fgd-strand at 100% and 130% arrived >= FGD's + margin (seeds 42-43, a subsampled cluster)."""
     cluster, pods, _ = openb
     kind, _, fraction = variant.partition(":")
     pods = make_variant(pods, kind, float(fraction), [g.model for n in cluster.nodes for g in n.gpus], seed=0)
     typical = TypicalPods.from_shapes([p.shape for p in pods])
-    state = ClusterState(Cluster(cluster.nodes[::12]))
+    state = ClusterState(Cluster(cluster.nodes[::every]))
     seqs = [(s, arrival_sequence(pods, state.total_gpu_milli(), 1.3, s)) for s in (42, 43)]
     alloc = {
         name: np.mean(
