@@ -230,10 +230,6 @@ class Scheduler:
         """Forced-stop time of a draining gang, timeout of a waiting one (None: none)."""
         return self._gang(name).deadline
 
-    def since(self, name: str) -> float:
-        """When the gang entered its current state."""
-        return self._gang(name).since
-
     def borrowing(self, name: str) -> bool:
         """Whether the placed gang was admitted on borrowed quota."""
         return self._gang(name).borrowing

@@ -26,12 +26,6 @@ class WaitQueue:
         self._ids: dict[tuple, int] = {}
         self._failed: dict[int, int] = {}
 
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._entry
-
     def shape_id(self, key: tuple) -> int:
         """A small integer standing for shape ``key`` (hashing the key itself is slow)."""
         return self._ids.setdefault(key, len(self._ids))
@@ -57,10 +51,6 @@ class WaitQueue:
     def with_keys(self) -> list[tuple[str, int]]:
         """``(name, shape id)`` of waiting gangs in the order they are served."""
         return [(e[2], self._key[e[2]]) for e in self._order]
-
-    def first(self) -> str | None:
-        """The gang served first, or None."""
-        return self._order[0][2] if self._order else None
 
     def sorts_before(self, a: str, b: str) -> bool:
         """Whether waiting gang ``a`` is served before waiting gang ``b``."""
