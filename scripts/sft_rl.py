@@ -27,7 +27,7 @@ from bench_report import machine_info
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
-from vla_rl.recipe import load_recipe, run_recipe
+from vla_rl.recipe import RecipeStopped, load_recipe, run_recipe
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RecipeStopped as exc:
+        print(str(exc))
+        return 0
     report = {"machine": machine_info(), **out}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.json.with_suffix(args.json.suffix + ".tmp")

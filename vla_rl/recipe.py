@@ -76,6 +76,10 @@ class RecipeConfig:
     """Step 4."""
 
 
+class RecipeStopped(RuntimeError):
+    """A stage was stopped by a signal (SIGTERM) before its end; relaunching continues it."""
+
+
 def load_recipe(path: str | Path | None, overrides: list[str]) -> RecipeConfig:
     """Read a recipe YAML (default ``configs/suite_sft_rl.yaml``) with ``key=value`` overrides.
 
@@ -128,9 +132,13 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         return json.loads((run_dir / "summary.json").read_text())
     trainer = Trainer(cfg, resume=unfinished(cfg))
     try:
-        return trainer.train()
+        summary = trainer.train()
     finally:
         trainer.close()
+    if "stopped_by" in summary:  # preempted: the stage is unfinished, so nothing after it may run
+        raise RecipeStopped(f"stage {cfg.run_name} stopped by {summary['stopped_by']} after iteration "
+                            f"{summary['iterations']}; run the same command again to continue")
+    return summary
 
 
 def _test(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:

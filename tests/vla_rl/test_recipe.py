@@ -47,3 +47,21 @@ def test_recipe_config_errors_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError, match=r"recipe stage rl: .*ppo\.optim\.lr=-1"):
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["rl.ppo.optim.lr=-1", f"out_dir={tmp_path}"])
     assert not any(tmp_path.iterdir())
+
+
+def test_a_preempted_stage_stops_the_recipe_and_the_same_command_continues(tmp_path, script, monkeypatch, capsys):
+    from vla_rl.trainer import StopRequest
+
+    def sigterm_at_once(self):
+        self.signal = "SIGTERM"  # as if SIGTERM arrived during the first iteration
+        return self
+
+    out = tmp_path / "recipe.json"
+    args = ["--config", str(CONFIG_DIR / "reach_sft_rl.yaml"), *TINY, f"out_dir={tmp_path}", "--json", str(out)]
+    with monkeypatch.context() as patch:
+        patch.setattr(StopRequest, "__enter__", sigterm_at_once)
+        assert script("sft_rl").main(args) == 0
+    assert "stage sft stopped by SIGTERM after iteration 1" in capsys.readouterr().out
+    assert not out.exists() and not (tmp_path / "reach-sft-rl" / "rl").exists()
+    assert script("sft_rl").main(args) == 0  # resumes the SFT stage, then runs RL and the tests
+    assert json.loads(out.read_text())["results"]["rl"]["paraphrase"]["episodes"] == 16
