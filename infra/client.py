@@ -91,7 +91,9 @@ class SchedulerClient:
                                      "timeout_s": timeout_s}.items() if v is not None}
         req = dataclasses.replace(req, **changes)
         status = self._call("submit", req, self.owner)
-        return GangHandle(self, req, status)
+        handle = GangHandle(self, req, status)
+        handle.keep_alive()  # the service releases the gangs of owners it stops hearing from
+        return handle
 
     def release(self, name: str, reason: str = "released") -> GangStatus:
         """Release gang ``name``."""
@@ -183,8 +185,12 @@ class GangHandle:
         return status
 
     def on_change(self, callback: Callable[[GangStatus], None]) -> None:
-        """Call ``callback(status)`` from a watcher thread on every change (the thread also keeps the lease)."""
+        """Call ``callback(status)`` from the watcher thread on every change."""
         self._watchers.append(callback)
+        self.keep_alive()
+
+    def keep_alive(self) -> None:
+        """Start the watcher thread (once): it follows the status and renews the owner's lease."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name=f"watch:{self.name}", daemon=True)
             self._thread.start()

@@ -105,3 +105,17 @@ def test_replay_in_another_process_with_another_hash_seed(tmp_path):
     subprocess.run([sys.executable, "-c", code, str(tmp_path), here], check=True, env=env, timeout=120)
     with open(tmp_path / "plan.pkl", "rb") as f:
         assert _plan(SchedulerService(store=str(tmp_path))) == pickle.load(f)
+
+
+def test_the_gangs_of_a_silent_owner_are_released(tmp_path):
+    from infra.service import HandleState
+
+    svc = SchedulerService(store=str(tmp_path), owner_lease_s=60)
+    svc._do("add_node", Node("n0", 8000, 8192, (GPU("L4"),)), 0.0)
+    svc._do("submit", GangRequest("kept", (Bundle(1000, 1024, gpus=1),)), "alive", 1.0)
+    svc._do("submit", GangRequest("orphan", (Bundle(1000, 1024),)), "gone", 1.0)
+    svc._owners_seen = {"alive": 100.0, "gone": 1.0}
+    svc._expire_owners(100.0)
+    assert svc.sched.gangs() == ["kept"]
+    state, why = svc.terminal["orphan"]
+    assert state is HandleState.FAILED and "owner gone silent" in why
