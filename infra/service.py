@@ -202,6 +202,10 @@ class SchedulerService:
         await self.start()
         async with self._lock:
             self._seen(owner)
+            if req.name in self.sched.gangs() and self.sched.request(req.name) == req:
+                # The same submission again: a call Ray retried after a restart of this service that
+                # had already journaled it. Submitting is idempotent, so the retry is answered, not refused.
+                return self._status(req.name)
             if req.name in self.terminal:
                 del self.terminal[req.name]
             self._do("submit", req, owner, time.time())
