@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = result.config
     report = result.report()
-    seed = args.seed if args.seed is not None else cfg.seed + 7919
+    seed = result.seed
     source = "custom instructions" if templates else f"the {args.split} split"
     _print(report, f"{args.task or cfg.env.task}: {report['episodes']} episodes of {source} (seed {seed}):")
     if args.video and result.frames:

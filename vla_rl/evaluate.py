@@ -42,8 +42,12 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+EVAL_SEED_OFFSET = 7919
+"""Evaluation environments use ``cfg.seed + EVAL_SEED_OFFSET``: other episodes than the run's own, fixed per run."""
+
+
 @dataclass
-class Episode:
+class EpisodeResult:
     """One evaluated episode: its task and instruction indices, return, length and success."""
 
     task: int
@@ -62,7 +66,7 @@ def run_episodes(
     device: torch.device | str = "cpu",
     record: bool = False,
     max_decisions: int = 100_000,
-) -> tuple[list[Episode], list[np.ndarray], float]:
+) -> tuple[list[EpisodeResult], list[np.ndarray], float]:
     """Run the policy's mode action until every environment has finished its quota of episodes.
 
     Args:
@@ -83,7 +87,7 @@ def run_episodes(
     ret = torch.zeros(n)
     length = torch.zeros(n, dtype=torch.int64)
     succeeded = torch.zeros(n, dtype=torch.bool)
-    results: list[Episode] = []
+    results: list[EpisodeResult] = []
     frames: list[np.ndarray] = []
     recording = record
     obs = env.reset_td(seed=seed)
@@ -106,7 +110,7 @@ def run_episodes(
             succeeded |= step["success"]
             for i in torch.nonzero(~live).flatten().tolist():
                 if counted[i] < quota[i]:
-                    results.append(Episode(int(task[i]), int(instruction[i]), float(ret[i]), int(length[i]),
+                    results.append(EpisodeResult(int(task[i]), int(instruction[i]), float(ret[i]), int(length[i]),
                                            bool(succeeded[i])))
                     counted[i] += 1
                 if i == 0 and recording:
@@ -124,7 +128,7 @@ def run_episodes(
     return results, frames, env_steps / max(elapsed, 1e-9)
 
 
-def summarise(results: list[Episode], task_names: list[str]) -> dict[str, float]:
+def summarise(results: list[EpisodeResult], task_names: list[str]) -> dict[str, float]:
     """``success``, ``return``, ``length``, ``episodes`` and ``success/<task>`` (with several tasks)."""
     metrics = {
         "success": float(np.mean([r.success for r in results])),
@@ -201,25 +205,26 @@ class InstructedEnv:
 
 @dataclass
 class CheckpointEval:
-    """What :func:`evaluate_checkpoint` measured: the episodes, the tables they index, env 0's frames."""
+    """What :func:`evaluate_checkpoint` measured: the episodes, the tables they index, env 0's frames, the reset seed."""
 
-    episodes: list[Episode]
+    episodes: list[EpisodeResult]
     task_names: list[str]
     instructions: list[str]
     frames: list[np.ndarray]
     steps_per_s: float
     config: Any
+    seed: int
 
     def report(self) -> dict[str, Any]:
         """Success overall, per task and per instruction, each with its count and 95 % Wilson interval."""
 
-        def rate(group: list[Episode]) -> dict[str, Any]:
+        def rate(group: list[EpisodeResult]) -> dict[str, Any]:
             k = sum(e.success for e in group)
             low, high = wilson_interval(k, len(group))
             return {"success": k / len(group), "episodes": len(group), "ci95": [low, high]}
 
         by_task = {n: [e for e in self.episodes if e.task == t] for t, n in enumerate(self.task_names)}
-        by_text: dict[str, list[Episode]] = {}
+        by_text: dict[str, list[EpisodeResult]] = {}
         for e in self.episodes:
             by_text.setdefault(self.instructions[e.instruction], []).append(e)
         return {**rate(self.episodes), "return": float(np.mean([e.ret for e in self.episodes])),
@@ -271,9 +276,11 @@ def evaluate_checkpoint(
     sims_env = cfg.env.kind == "sims"
     env_cfg = dataclasses.replace(cfg.env, task=task) if task and sims_env else cfg.env
     n = num_envs or cfg.eval.num_envs
-    env = make_env(env_cfg, seed=cfg.seed + 7919, num_envs=n, split=split if sims_env else "train", video=record)
+    eval_seed = cfg.seed + EVAL_SEED_OFFSET
+    seed = eval_seed if seed is None else seed
+    env = make_env(env_cfg, seed=eval_seed, num_envs=n, split=split if sims_env else "train", video=record)
     try:
-        obs = env.reset_td(seed=cfg.seed + 7919)
+        obs = env.reset_td(seed=eval_seed)
         policy = policies.make_policy(cfg.policy, obs, int(np.prod(env.single_action_space.shape)))
         try:
             policy.load_state_dict(state["policy"])
@@ -284,11 +291,11 @@ def evaluate_checkpoint(
         if templates:
             env = InstructedEnv(env, templates, policy.set_instructions)
         results, frames, steps_per_s = run_episodes(
-            policy, env, episodes or cfg.eval.episodes, seed if seed is not None else cfg.seed + 7919,
+            policy, env, episodes or cfg.eval.episodes, seed,
             device=target, record=record,
         )
     finally:
         close = getattr(env, "close", None)
         if close is not None:
             close()
-    return CheckpointEval(results, list(env.task_names), list(env.instructions), frames, steps_per_s, cfg)
+    return CheckpointEval(results, list(env.task_names), list(env.instructions), frames, steps_per_s, cfg, seed)

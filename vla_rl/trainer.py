@@ -40,7 +40,7 @@ from vla_rl.config import (
 )
 from vla_rl.device import resolve_device
 from vla_rl.envs import make_env
-from vla_rl.evaluate import evaluate_policy
+from vla_rl.evaluate import EVAL_SEED_OFFSET, evaluate_policy
 from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
 from vla_rl.runlog import RunLog
 
@@ -239,14 +239,14 @@ class Trainer:
             for which in splits:
                 if which not in self.eval_envs:
                     self.eval_envs[which] = make_env(
-                        self.cfg.env, seed=self.cfg.seed + 7919, num_envs=self.cfg.eval.num_envs,
+                        self.cfg.env, seed=self.cfg.seed + EVAL_SEED_OFFSET, num_envs=self.cfg.eval.num_envs,
                         split=which, video=self.cfg.log.video,
                     )
                 env = self.eval_envs[which]
                 self.policy.set_instructions(list(env.instructions))  # this split's instruction table
                 metrics, frames = evaluate_policy(
                     self.policy, env, episodes or self.cfg.eval.episodes,
-                    seed=self.cfg.seed + 7919, device=self.device, record=record,
+                    seed=self.cfg.seed + EVAL_SEED_OFFSET, device=self.device, record=record,
                 )
                 out |= {f"eval/{which}/{k}": v for k, v in metrics.items()}
                 if record:
