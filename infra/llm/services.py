@@ -138,6 +138,11 @@ class RolloutService(_Sliced):
         """Registered jobs."""
         return sorted(self._host)
 
+    @property
+    def resident(self) -> str | None:
+        """The job whose current weights the engine holds (None: none, or stale after an update)."""
+        return self._resident
+
 
 class RewardService(_Sliced):
     """Verifiable rewards: recomputes each prompt's answer and checks the completion exactly."""
