@@ -22,6 +22,16 @@ key                   shape / dtype               meaning
 ``success``           ``[T, N]`` bool             task success at this step
 ``alive``             ``[T, N]`` bool             (GRPO) step belongs to the env's first episode
 ====================  ==========================  ==============================================
+
+Where the batch lives (:func:`buffer_device`): on the env's device when the env yields tensors on
+one (``env.backend=warp``: MuJoCo Warp on ``env.warp_device``), else on the host. When that device
+is the policy's (``device`` = ``env.warp_device``), a step is device-resident: the policy acts on
+the env's tensors, its action tensor goes to ``step_td`` as it is, and every field is written into
+a ``[T, N]`` TensorDict preallocated on the device; GAE and the PPO update then read it there.
+Nothing on the per-step path converts to the host; what still crosses per step is control flow:
+the env's episode bookkeeping (N done flags, in ``sims``) and one bool, "was an episode truncated",
+that decides whether to bootstrap. Per iteration, :func:`account` reads the ``[T, N]`` rewards
+and flags on the host for episode statistics and reward scaling.
 """
 
 from __future__ import annotations
@@ -161,6 +171,18 @@ def env_step(env: Any, action: torch.Tensor, timer: Timer) -> TensorDict:
     return out
 
 
+def buffer_device(env: Any) -> torch.device:
+    """Where a collected batch lives: the device of the env's tensors (``env.device``), else the host."""
+    device = getattr(env, "device", None)
+    return torch.device("cpu") if device is None else torch.device(device)
+
+
+def _allocate(record: TensorDict, steps: int) -> TensorDict:
+    """An uninitialised ``[steps, N]`` TensorDict with ``record``'s keys, dtypes and devices."""
+    return record.apply(lambda x: torch.empty((steps, *x.shape), dtype=x.dtype, device=x.device),
+                        batch_size=[steps, *record.batch_size])
+
+
 def collect_steps(
     env: Any,
     policy: nn.Module,
@@ -180,45 +202,47 @@ def collect_steps(
         device: Device of the policy.
 
     Returns:
-        The batch ``[T, N]`` (see module docstring; raw rewards) and the observation to act on next.
+        The batch ``[T, N]`` on :func:`buffer_device` (see module docstring; raw rewards) and the
+        observation to act on next.
     """
-    records = []
-    for _ in range(steps):
+    here = buffer_device(env)  # a no-op .to() wherever the policy already runs there
+    batch: TensorDict | None = None
+    for t in range(steps):
         start = time.perf_counter()
         with torch.no_grad():
             out = policy.act(obs.to(device))
         timer.add("infer", time.perf_counter() - start)
-        step = env_step(env, out["action"].cpu(), timer)
+        action = out["action"].to(here)
+        step = env_step(env, action, timer)
         done = step["terminated"] | step["truncated"]
-        next_value = torch.zeros(env.num_envs)
+        next_value = torch.zeros(env.num_envs, device=here)
         truncated = step["truncated"] & ~step["terminated"]
         if truncated.any():
             start = time.perf_counter()
             with torch.no_grad():
-                next_value[truncated] = policy.value(step["final_observation"][truncated].to(device)).cpu()
+                next_value[truncated] = policy.value(step["final_observation"][truncated].to(device)).to(here)
             timer.add("infer", time.perf_counter() - start)
-        records.append(
-            TensorDict(
-                {
-                    "obs": obs,
-                    "action": out["action"].cpu(),
-                    "log_prob": out["log_prob"].cpu(),
-                    "value": out["value"].cpu(),
-                    "bootstrap": next_value,
-                    "reward": step["reward"],
-                    "terminated": step["terminated"],
-                    "truncated": truncated,
-                    "done": done,
-                    "success": step["success"],
-                },
-                batch_size=[env.num_envs],
-            )
+        record = TensorDict(
+            {
+                "obs": obs,
+                "action": action,
+                "log_prob": out["log_prob"].to(here),
+                "value": out["value"].to(here),
+                "bootstrap": next_value,
+                "reward": step["reward"],
+                "terminated": step["terminated"],
+                "truncated": truncated,
+                "done": done,
+                "success": step["success"],
+            },
+            batch_size=[env.num_envs],
         )
+        batch = _allocate(record, steps) if batch is None else batch
+        batch[t] = record
         obs = step["observation"]
-    batch = torch.stack(records, dim=0)
     start = time.perf_counter()
     with torch.no_grad():
-        last_value = policy.value(obs.to(device)).cpu()
+        last_value = policy.value(obs.to(device)).to(here)
     timer.add("infer", time.perf_counter() - start)
     # V(s_{t+1}) is the next step's value, V(obs_T) after the last step, V(final obs) where truncated.
     next_value = torch.cat([batch["value"][1:], last_value[None]], dim=0)
@@ -233,14 +257,16 @@ def account(batch: TensorDict, stats: EpisodeStats, reward_scaler: RewardScaler 
     ``batch["reward"]`` by the scaled rewards PPO learns from, step by step in time order.
     """
     chunk = batch["action"].shape[2] if batch["action"].dim() == 4 else 1
+    # The statistics and the scaler live on the host: one read of [T, N] per iteration, not per step.
+    host = batch.select("reward", "success", "done").to("cpu")
     scaled = []
     for t in range(batch.batch_size[0]):
-        reward, done = batch["reward"][t], batch["done"][t]
-        stats.record(reward, batch["success"][t], done, chunk)
+        reward, done = host["reward"][t], host["done"][t]
+        stats.record(reward, host["success"][t], done, chunk)
         if reward_scaler is not None:
             scaled.append(reward_scaler(reward, done))
     if reward_scaler is not None:
-        batch["reward"] = torch.stack(scaled)
+        batch["reward"] = torch.stack(scaled).to(batch["reward"].device)
 
 
 class LocalCollector:
@@ -346,13 +372,15 @@ def collect_episodes(
         device: Device of the policy.
 
     Returns:
-        The batch ``[T, N]`` with ``alive``, the episode return ``[N]`` and episode success ``[N]``.
+        The batch ``[T, N]`` with ``alive``, the episode return ``[N]`` and episode success ``[N]``,
+        all on :func:`buffer_device` (T is known only at the end, so the steps are stacked).
     """
     obs = env.reset_td(seed=seed)
     n = env.num_envs
-    alive = torch.ones(n, dtype=torch.bool)
-    episode_return = torch.zeros(n)
-    success = torch.zeros(n, dtype=torch.bool)
+    here = buffer_device(env)
+    alive = torch.ones(n, dtype=torch.bool, device=here)
+    episode_return = torch.zeros(n, device=here)
+    success = torch.zeros(n, dtype=torch.bool, device=here)
     records = []
     decisions = 0
     while alive.any() and (max_decisions is None or decisions < max_decisions):
@@ -361,10 +389,11 @@ def collect_episodes(
         with torch.no_grad():
             out = policy.act(obs.to(device))
         timer.add("infer", time.perf_counter() - start)
-        step = env_step(env, out["action"].cpu(), timer)
+        action = out["action"].to(here)
+        step = env_step(env, action, timer)
         records.append(
             TensorDict(
-                {"obs": obs, "action": out["action"].cpu(), "log_prob": out["log_prob"].cpu(), "alive": alive.clone()},
+                {"obs": obs, "action": action, "log_prob": out["log_prob"].to(here), "alive": alive.clone()},
                 batch_size=[n],
             )
         )
