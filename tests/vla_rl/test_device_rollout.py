@@ -105,9 +105,22 @@ def warp_env():
     env.close()
 
 
-def _policy(env):
+@pytest.fixture(scope="module")
+def warp_camera_env():
+    import sims
+
+    env = sims.make_vec_env("reach", NUM_ENVS, seed=3, backend="warp", warp_device="cpu", render=True)
+    yield env
+    env.close()
+
+
+def _policy(env, name: str = "mlp"):
     obs = env.reset_td(seed=3)
-    return make_policy(MLPPolicyConfig(obs_keys=("proprio", "state")), obs, 4), obs
+    cfg = MLPPolicyConfig(obs_keys=("proprio", "state")) if name == "mlp" else load_config(
+        CONFIG_DIR / "default.yaml").policy  # the default VLA: frames, instruction, proprioception
+    policy = make_policy(cfg, obs, 4)
+    policy.set_instructions(list(env.instructions))
+    return policy, obs
 
 
 def test_the_spy_catches_each_host_conversion(monkeypatch):
@@ -122,8 +135,10 @@ def test_the_spy_catches_each_host_conversion(monkeypatch):
         assert x.cpu() is x
 
 
-def test_ppo_collection_on_the_warp_device_never_converts_to_the_host(warp_env, monkeypatch):
-    policy, obs = _policy(warp_env)
+@pytest.mark.parametrize("name", ["mlp", "vla"])
+def test_ppo_collection_on_the_warp_device_never_converts_to_the_host(name, request, monkeypatch):
+    warp_env = request.getfixturevalue("warp_env" if name == "mlp" else "warp_camera_env")
+    policy, obs = _policy(warp_env, name)
     policy = RecordingPolicy(policy)
     spy = HostSpy(monkeypatch)
     env = WatchedEnv(warp_env, spy)
@@ -139,6 +154,8 @@ def test_ppo_collection_on_the_warp_device_never_converts_to_the_host(warp_env, 
     assert here == warp_env.device == torch.device("cpu")
     assert {leaf.device for leaf in batch.values(include_nested=True, leaves_only=True)} == {here}
     assert torch.isfinite(batch["next_value"]).all() and next_obs["state"].shape == (NUM_ENVS, 42)
+    if name == "vla":  # the device renderer's frames went into the buffer as they came
+        assert batch["obs", "rgb"].shape == (STEPS, NUM_ENVS, 1, 3, 64, 64) and batch["obs", "rgb"].float().std() > 0
 
 
 def test_episode_collection_on_the_warp_device_never_converts_to_the_host(warp_env, monkeypatch):
