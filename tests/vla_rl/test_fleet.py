@@ -53,6 +53,10 @@ def _config(**fleet):
         ({"mode": "ring"}, {}, "fleet.mode='ring' is not a valid choice"),
         ({"mode": "colocated", "policy": "tetris"}, {}, "fleet.policy='tetris' is not a placement policy"),
         ({"mode": "colocated"}, {"algo": "grpo"}, "runs PPO only"),
+        ({"mode": "colocated"}, {"env": {"kind": "sims", "task": "reach", "num_envs": 4, "backend": "warp",
+                                         "warp_device": "cuda:0"}}, "train in one process to keep the data on the GPU"),
+        ({"mode": "pipelined", "shards": 1, "stages": 2}, {"env": {"kind": "sims", "task": "reach", "num_envs": 4,
+                                                                   "backend": "warp"}}, "env.warp_device=auto"),
     ],
 )
 def test_invalid_fleet_sections_name_the_fix(fleet, extra, message):

@@ -213,6 +213,14 @@ def validate_fleet(cfg: TrainConfig) -> None:
             f"fleet.shards={fleet.shards} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
             "(each shard holds the same number of environments)"
         )
+    if cfg.env.kind == "sims" and cfg.env.backend == "warp" and cfg.env.warp_device != "cpu":
+        # Shards and the server exchange numpy arrays (a socket or Ray calls); there is no CUDA IPC path.
+        raise ConfigError(
+            f"env.backend=warp with env.warp_device={cfg.env.warp_device} and fleet.mode={fleet.mode}: the fleet's "
+            "shards hand observations to the inference server through host memory, which a GPU's tensors cannot "
+            "take; train in one process to keep the data on the GPU (fleet.mode=inprocess device=cuda:N "
+            "env.warp_device=cuda:N), or set env.warp_device=cpu"
+        )
     per_shard = cfg.env.num_envs // fleet.shards
     if fleet.mode == "pipelined" and (fleet.stages < 2 or per_shard % fleet.stages):
         raise ConfigError(
