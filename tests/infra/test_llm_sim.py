@@ -14,20 +14,12 @@ from infra.llm.router import (
     RoundRobin,
     load_router,
 )
-from infra.llm.simulate import (
-    Hardware,
-    JobProfile,
-    RouterWorkload,
-    ServicePool,
-    dedicated_placement,
-    dedicated_service_jct,
-    mixed_workload,
-    multiplexed_placement,
-    simulate_group,
-    simulate_routing,
-    simulate_services,
-    size_service_pool,
-)
+from infra.llm.sim.phased import dedicated_placement, multiplexed_placement, simulate_group
+from infra.llm.sim.report import BenchConfig, run_simulated
+from infra.llm.sim.routing import RouterWorkload, simulate_routing
+from infra.llm.sim.services import ServicePool, simulate_services
+from infra.llm.sim.sizing import dedicated_service_jct, size_service_pool
+from infra.llm.sim.workload import Hardware, JobProfile, mixed_workload
 
 
 def test_routers_choose_by_their_rule() -> None:
@@ -301,3 +293,47 @@ def test_earliest_deadline_first_serves_the_job_furthest_behind() -> None:
     assert fifo.jobs["b"]["jct_s"] < fifo.jobs["c"]["jct_s"]
     assert edf.jobs["c"]["jct_s"] < edf.jobs["b"]["jct_s"]
     assert edf.jobs["c"]["jct_s"] == pytest.approx(fifo.jobs["b"]["jct_s"], rel=1e-9)
+
+
+def test_simulated_benchmark_reports_each_placement_against_its_targets() -> None:
+    cfg = BenchConfig(jobs=2, gpus=12, iterations=1, slowdowns=(1.10, 3.0), router_requests=200)
+    run = run_simulated(cfg)
+    res = run.results
+    assert set(res["multiplex"]) == {"dedicated", "max_slowdown_1.10", "max_slowdown_3.00"}
+    strict, loose = res["multiplex"]["max_slowdown_1.10"], res["multiplex"]["max_slowdown_3.00"]
+    assert strict["slowdown_max_ratio"] <= loose["slowdown_max_ratio"] or strict["groups"] == loose["groups"]
+    assert res["targets"]["gpu_hours_saving_pct_at_slowdown_1_10"] == strict["gpu_hours_saving_pct"]
+    assert res["targets"]["gpu_hours_saving_target_met"] == (
+        strict["gpu_hours_saving_pct"] >= 40 and strict["slowdown_max_ratio"] <= 1.10
+    )
+    for kind in ("static", "elastic"):  # each sized pool keeps every job within the bound it was sized for
+        rl = res["services"][kind]["request_level"]
+        assert rl is not None and rl["slowdown_max_ratio"] <= cfg.service_slowdown
+        assert rl["gpus_used"] == rl["pool"]["rollout_gpus"] + rl["pool"]["trainer_gpus"]
+    assert res["services"]["elastic"]["request_level"]["pool"]["keep_alive_s"] == cfg.keep_alive_s
+    assert set(res["pace_s_per_iteration"]) == {p["name"] for p in run.config["jobs"]}  # EDF by default
+    assert run_simulated(replace(cfg, priority="fifo")).results["pace_s_per_iteration"] is None
+    assert set(res["router"]) == {"round_robin", "least_loaded", "prefill_decode_aware"}
+    # 8 GPUs hold the dedicated jobs but no shared pool within 1.10x: reported as a result, not a crash
+    small = run_simulated(
+        replace(cfg, gpus=8, targets=replace(cfg.targets, gpu_hours_saving_pct=101.0))
+    ).results
+    assert small["services"]["static"]["request_level"] is None
+    assert "no service pool of at most 8 GPUs" in small["services"]["static"]["error"]
+    assert small["targets"]["request_level_target_met_on_3rd_draw"] == {"static": False, "elastic": False}
+    assert not small["targets"]["gpu_hours_saving_target_met"]  # a target no run can meet
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"jobs": 0}, "jobs=0"),
+        ({"slowdowns": (0.9,)}, "bounds >= 1.0"),
+        ({"service_slowdown": 0.5}, "bounds >= 1.0"),
+        ({"keep_alive_s": -1.0}, "keep_alive_s=-1.0"),
+        ({"priority": "lifo"}, "'edf' or 'fifo'"),
+    ],
+)
+def test_bench_config_names_the_bad_field(change: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        BenchConfig(**change).validate()
