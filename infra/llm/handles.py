@@ -13,6 +13,15 @@ class ServiceHandle(Protocol):
         """Run ``method`` on the service and return its result (raising its exception)."""
         ...
 
+    def call_ref(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """Run ``method``, which returns ``(payload, meta)``; return ``(payload reference, meta)``.
+
+        Across processes the payload (a job's weights) stays where it was produced: the reference
+        is passed on as an argument of another service's call, which receives the payload itself,
+        and this process never fetches it. In-process the reference is the payload.
+        """
+        ...
+
 
 class LocalHandle:
     """A service object in this process."""
@@ -22,3 +31,6 @@ class LocalHandle:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.service, method)(*args, **kwargs)
+
+    def call_ref(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        return self.call(method, *args, **kwargs)

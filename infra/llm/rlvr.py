@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.grpo import GRPOConfig
 from infra.llm.handles import LocalHandle, ServiceHandle
 from infra.llm.model import ModelConfig
@@ -71,6 +72,13 @@ class RLVRConfig:
     """Priority of the job's gangs in the scheduler service (``ray`` only)."""
     tenant: str = "default"
     """Tenant whose GPU quota the job's gangs use (``ray`` only)."""
+    checkpoint_dir: str = ""
+    """The trainer's checkpoint directory for this job (``""``: ``<out_dir>/<name>/checkpoints``); on a
+    cluster, a path on a filesystem every node that may host the trainer shares."""
+    checkpoint_every: int = CheckpointSpec.every
+    """Checkpoint the trainer after every N-th state-changing call (warm-up step, end of the warm-up,
+    GRPO update); 1 makes a trainer crash invisible to the job; 0 turns checkpoints off, and a
+    trainer crash then fails the job with an error."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=VOCAB_SIZE))
     """Tiny transformer size."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -82,6 +90,8 @@ class RLVRConfig:
         for name in ("iterations", "prompts_per_iter", "warmup_batch", "eval_prompts", "eval_every", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 turns trainer checkpoints off).")
         if self.group_size < 2:
             raise ValueError(f"group_size={self.group_size}: GRPO needs at least 2 samples per prompt to compare them.")
         longest = max(len(encode(t)) for t in task.sample(np.random.default_rng(0), 64)) + task.max_answer_len + 1
@@ -150,16 +160,16 @@ def run_job(
     task = load_task(cfg.task, cfg.task_size)
     rng = np.random.default_rng(cfg.seed)
     max_new = task.max_answer_len + 1
-    svc.trainer.call("register_job", job, cfg.model, cfg.grpo, cfg.seed)
+    svc.trainer.call("register_job", job, cfg.model, cfg.grpo, cfg.seed, checkpoint_spec(cfg))
     try:
-        for _ in range(cfg.warmup_steps):
+        for step in range(cfg.warmup_steps):
             texts = task.sample(rng, cfg.warmup_batch)
             answers = [[*encode(task.solve(t))[1:], 2] for t in texts]
             with slicer.slice(job, "train"):
-                svc.trainer.call("supervised", job, [encode(t) for t in texts], answers)
+                svc.trainer.call("supervised", job, [encode(t) for t in texts], answers, step)
         with slicer.slice(job, "train"):
-            svc.trainer.call("finish_warmup", job)
-        state, version = svc.trainer.call("weights", job)
+            svc.trainer.call("finish_warmup", job, cfg.warmup_steps)
+        state, version = svc.trainer.call_ref("weights", job)  # on Ray: a reference, the driver never fetches it
         svc.rollout.call("register_job", job, state, version)
         rows: list[dict[str, float]] = []
         start = time.monotonic()
@@ -177,8 +187,9 @@ def run_job(
                 comps, used_version = svc.rollout.call("generate", job, prompts, max_new, cfg.temperature, cfg.seed * 100_003 + it)
             rewards = svc.reward.call("score", job, cfg.task, cfg.task_size, texts, comps)
             with slicer.slice(job, "train"):
-                stats = svc.trainer.call("train", job, prompts, comps, rewards, cfg.group_size)
-                state, version = svc.trainer.call("weights", job)
+                stats = svc.trainer.call("train", job, prompts, comps, rewards, cfg.group_size,
+                                         cfg.warmup_steps + 1 + it)  # the job's state-changing call number
+                state, version = svc.trainer.call_ref("weights", job)
             svc.rollout.call("update_weights", job, state, version)
             row.update(stats, mean_reward=float(np.mean(rewards)), weight_staleness=version - 1 - used_version,
                        wall_s=time.monotonic() - start)
@@ -191,6 +202,14 @@ def run_job(
         for h in (svc.rollout, svc.trainer):
             with contextlib.suppress(Exception):
                 h.call("unregister_job", job)
+
+
+def checkpoint_spec(cfg: RLVRConfig) -> CheckpointSpec | None:
+    """Where and how often the trainer checkpoints ``cfg``'s job (an absolute directory); None when off."""
+    if cfg.checkpoint_every == 0:
+        return None
+    directory = Path(cfg.checkpoint_dir or Path(cfg.out_dir) / cfg.name / "checkpoints").resolve()
+    return CheckpointSpec(str(directory), cfg.checkpoint_every)
 
 
 def local_services(cfg: RLVRConfig) -> JobServices:

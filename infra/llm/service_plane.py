@@ -8,8 +8,8 @@ service then runs as a Ray actor in its bundle's placement group (``infra.client
 
 :class:`ResilientService` is the handle the job loop uses for a placed service: when the actor
 dies (node failure, OOM, ``ray.kill``) it starts a new one on the same placement, re-registers
-every job from the driver-side copy of the state it pushed (weights for the rollout), and re-sends
-the call that was in flight. :class:`RolloutPool` spreads a generation batch over several rollout
+every job (the rollout gets the reference of the job's latest weights again, the trainer restores
+each job from its checkpoint), and re-sends the call that was in flight. :class:`RolloutPool` spreads a generation batch over several rollout
 instances with a router (:mod:`infra.llm.router`) and re-sends a dead instance's share.
 """
 
@@ -21,7 +21,7 @@ import itertools
 import math
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,10 @@ from infra.llm.services import RewardService, RolloutService, TrainerService
 
 _PLANES = itertools.count()
 """Numbers the service planes of this process, so that their gang names never collide."""
+
+TRAINER_REPLAY = {"register_job": {"resume": True}}
+"""``replay_kwargs`` of a trainer's :class:`ResilientService`: a restarted trainer restores its jobs
+from their checkpoints (and fails a job whose checkpoint is missing), never from their seeds."""
 
 
 @dataclass(frozen=True)
@@ -72,30 +76,38 @@ class ResilientService:
     """A service actor that is restarted on the same placement when it dies.
 
     Calls that carry job state (``register_job``, then the latest ``update_weights`` per job) are
-    kept on the driver and replayed onto a new actor; ``unregister_job`` drops them.
+    kept on the driver and replayed onto a new actor, with ``replay_kwargs[method]`` added (the
+    trainer replays ``register_job`` with ``resume=True``: its jobs continue from their
+    checkpoints); ``unregister_job`` drops them. The weights in a kept ``update_weights`` are an
+    object reference, not tensors. A job whose replay fails (its checkpoint is missing or broken)
+    gets that error on each of its later calls; the other jobs of the service carry on.
     """
 
     REPLAY = frozenset({"register_job", "update_weights"})
     FORGET = frozenset({"unregister_job"})
 
-    def __init__(self, start: Callable[[], Any], *, timeout_s: float = 120.0, max_restarts: int = 3) -> None:
+    def __init__(self, start: Callable[[], Any], *, timeout_s: float = 120.0, max_restarts: int = 3,
+                 replay_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self._start = start
         self.timeout_s = timeout_s
         self.max_restarts = max_restarts
+        self.replay_kwargs = dict(replay_kwargs or {})
         self.restarts = 0
         self.actor = start()
         self._state: dict[str, list[tuple[str, tuple, dict]]] = {}
+        self._lost: dict[str, BaseException] = {}
         self._lock = threading.RLock()
 
-    def _remember(self, method: str, args: tuple, kwargs: dict) -> None:
-        job = args[0] if args else kwargs.get("job")
+    def _remember(self, job: Any, method: str, args: tuple, kwargs: dict) -> None:
         if method == "register_job":
             self._state[job] = [(method, args, kwargs)]
+            self._lost.pop(job, None)
         elif method == "update_weights":
             calls = [c for c in self._state.get(job, []) if c[0] != "update_weights"]
             self._state[job] = [*calls, (method, args, kwargs)]
         elif method in self.FORGET:
             self._state.pop(job, None)
+            self._lost.pop(job, None)
 
     def restart(self, dead: Any) -> None:
         """Replace the actor ``dead`` by a fresh one on the same placement and replay every job's state
@@ -111,17 +123,29 @@ class ResilientService:
             with contextlib.suppress(Exception):
                 ray.kill(dead)
             self.actor = self._start()
-            for calls in list(self._state.values()):
-                for method, args, kwargs in calls:
-                    ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
+            for job, calls in list(self._state.items()):
+                try:
+                    for method, args, kwargs in calls:
+                        extra = self.replay_kwargs.get(method, {})
+                        ray.get(getattr(self.actor, method).remote(*args, **{**kwargs, **extra}), timeout=self.timeout_s)
+                except ray.exceptions.RayTaskError as e:  # this job's state is lost; say why on its next call
+                    self._lost[job] = e.cause if isinstance(e.cause, BaseException) else e
 
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        """Start ``method`` on the actor; returns (object ref, the actor it went to)."""
+    def submit(self, method: str, *args: Any, num_returns: int = 1, **kwargs: Any) -> tuple[Any, Any]:
+        """Start ``method`` on the actor; returns (object ref, or ``num_returns`` of them; the actor it went to).
+
+        Raises:
+            Exception: the error that lost the calling job's state in a restart.
+        """
+        job = args[0] if args else kwargs.get("job")
         with self._lock:
             if method in self.REPLAY or method in self.FORGET:
-                self._remember(method, args, kwargs)
+                self._remember(job, method, args, kwargs)
+            elif job in self._lost:
+                raise self._lost[job]
             actor = self.actor
-        return getattr(actor, method).remote(*args, **kwargs), actor
+        remote = getattr(actor, method)
+        return (remote.options(num_returns=num_returns) if num_returns != 1 else remote).remote(*args, **kwargs), actor
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method``; if the actor died meanwhile, restart it and re-send the call."""
@@ -131,6 +155,20 @@ class ResilientService:
             ref, actor = self.submit(method, *args, **kwargs)
             try:
                 return ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.RayActorError:
+                self.restart(actor)
+
+    def call_ref(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """Run ``method``, which returns ``(payload, meta)``, as a call with two results; fetch ``meta``
+        and return ``(payload's object ref, meta)``. The payload stays in the object store, owned by
+        this process (so it outlives the actor that made it); a service that gets the ref as an
+        argument receives the payload. Restarts and re-sends like :meth:`call`."""
+        import ray
+
+        while True:
+            (payload, meta), actor = self.submit(method, *args, num_returns=2, **kwargs)
+            try:
+                return payload, ray.get(meta, timeout=self.timeout_s)
             except ray.exceptions.RayActorError:
                 self.restart(actor)
 
@@ -286,7 +324,7 @@ def place_services(
             rollouts = [ResilientService(start(gang, backend, i, RolloutService, model, engine=engine, device=device),
                                          timeout_s=timeout_s) for i in range(rollout_instances)]
             trainer = ResilientService(start(gang, backend, rollout_instances, TrainerService, device=device),
-                                       timeout_s=timeout_s)
+                                       timeout_s=timeout_s, replay_kwargs=TRAINER_REPLAY)
             first = placement.assignments[0]
             spec = next(n for n in nodes if n.name == first.node)
             out.append(GPUGroup(  # without a GPU the "device" is host memory: the node's memory bounds a model

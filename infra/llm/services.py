@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from infra.llm import checkpoint as ckpt
+from infra.llm.checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.engine import GenerationEngine, load_engine
 from infra.llm.grpo import GRPOConfig, GRPOTrainer
 from infra.llm.model import ModelConfig
@@ -156,60 +159,138 @@ class RewardService(_Sliced):
             return [exact_reward(t, p, c) for p, c in zip(prompts, completions)]
 
 
+@dataclass
+class _TrainerJob:
+    """One job on the trainer service: its GRPO state, where it is checkpointed, and its call record."""
+
+    trainer: GRPOTrainer
+    checkpoint: CheckpointSpec | None
+    seed: int
+    rng: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The job's own torch RNG states (``cpu``, ``cuda``), swapped in for its slices (dropout draws)."""
+    step: int = 0
+    """State-changing calls applied: warm-up steps, the end of the warm-up, GRPO updates."""
+    last: Any = None
+    """Result of the last state-changing call, answered again when a crash lost its reply."""
+
+
 class TrainerService(_Sliced):
     """GRPO training for several jobs; each job's model, reference and optimiser live in host memory
-    between its slices and are moved onto the device for its slice."""
+    between its slices and are moved onto the device for its slice.
+
+    A job registered with a :class:`~infra.llm.checkpoint.CheckpointSpec` is written to its
+    directory at registration and after every ``every``-th state-changing call (supervised step,
+    ``finish_warmup``, ``train``), together with its step, RNG states and last result; a trainer
+    started again registers it with ``resume=True`` and continues from there, never from the seed.
+    Callers that pass ``step`` (the job's count of state-changing calls before this one) get a call
+    that was applied before a crash answered from the record instead of applied twice.
+    """
 
     def __init__(self, *, device: str = "cpu") -> None:
         super().__init__()
         self.device = resolve_device(device)
-        self._jobs: dict[str, GRPOTrainer] = {}
+        self._jobs: dict[str, _TrainerJob] = {}
 
-    def register_job(self, job: str, model_cfg: ModelConfig, cfg: GRPOConfig, seed: int) -> None:
-        """Create ``job``'s model from ``seed`` (host memory)."""
+    def register_job(
+        self, job: str, model_cfg: ModelConfig, cfg: GRPOConfig, seed: int,
+        checkpoint: CheckpointSpec | None = None, resume: bool = False,
+    ) -> int:
+        """Create ``job``'s model from ``seed`` (host memory), or with ``resume`` restore it from its
+        checkpoint; returns the job's step. A fresh registration with ``checkpoint`` writes step 0
+        there at once (replacing what the directory held).
+
+        Raises:
+            CheckpointError: ``resume`` and the checkpoint is absent, broken or another job's, or the
+                job has no checkpoint at all (its state died with an earlier trainer).
+        """
+        if checkpoint is not None:
+            checkpoint.check()
+        elif resume:
+            raise CheckpointError(f"job {job!r} was registered without a checkpoint, so its trainer state died with the "
+                                  "service; register it with checkpoint=CheckpointSpec(dir) to survive restarts.")
         with self._slice(job, "register"):
-            self._jobs[job] = GRPOTrainer.from_config(model_cfg, cfg, pad_id=PAD, eos_id=EOS, seed=seed)
+            trainer = GRPOTrainer.from_config(model_cfg, cfg, pad_id=PAD, eos_id=EOS, seed=seed)
+            record = _TrainerJob(trainer, checkpoint, seed)
+            if resume:
+                payload = ckpt.load(ckpt.checkpoint_path(checkpoint.dir), job)
+                ckpt.restore_trainer(trainer, payload)
+                record.step, record.rng, record.last = payload["step"], payload["rng"], payload["last"]
+            elif checkpoint is not None:
+                self._save(job, record, checkpoint)
+            self._jobs[job] = record
+            return record.step
 
     def unregister_job(self, job: str) -> None:
-        """Drop ``job``'s state."""
+        """Drop ``job``'s state (its checkpoint stays on disk)."""
         with self._slice(job, "unregister"):
             self._jobs.pop(job, None)
 
+    def _record(self, job: str) -> _TrainerJob:
+        if job not in self._jobs:
+            raise _unknown_job(job, sorted(self._jobs))
+        return self._jobs[job]
+
+    def _save(self, job: str, record: _TrainerJob, spec: CheckpointSpec) -> None:
+        payload = ckpt.trainer_payload(job, record.trainer, step=record.step, rng=record.rng, last=record.last)
+        ckpt.save(ckpt.checkpoint_path(spec.dir), payload)
+
     @contextmanager
-    def _on_device(self, job: str, fn: str) -> Iterator[GRPOTrainer]:
-        with self._slice(job, fn):
-            if job not in self._jobs:
-                raise _unknown_job(job, sorted(self._jobs))
-            trainer = self._jobs[job]
-            trainer.to(self.device)  # host -> device at slice start
+    def _swapped(self, record: _TrainerJob) -> Iterator[GRPOTrainer]:
+        """The job's state on the device and its RNG streams in force for the body of a slice."""
+        cuda = torch.device(self.device).type == "cuda"
+        record.trainer.to(self.device)  # host -> device at slice start
+        # The job's own random streams: other jobs' slices never shift them, and a restored job
+        # draws what it would have drawn.
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
+            if record.rng:
+                torch.set_rng_state(record.rng["cpu"])
+                if cuda and "cuda" in record.rng:
+                    torch.cuda.set_rng_state(record.rng["cuda"])
+            else:
+                torch.manual_seed(record.seed)
             try:
-                yield trainer
+                yield record.trainer
             finally:
-                trainer.to("cpu")  # back to host memory at slice end
+                record.rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if cuda else {})}
+                record.trainer.to("cpu")  # back to host memory at slice end
 
-    def supervised(self, job: str, prompts: list[list[int]], answers: list[list[int]]) -> float:
+    def _mutate(self, job: str, fn: str, step: int | None, apply: Callable[[GRPOTrainer], Any]) -> Any:
+        """Run one state-changing call as a slice: check ``step``, apply, count, checkpoint when due."""
+        with self._slice(job, fn):
+            record = self._record(job)
+            if step is not None and step != record.step:
+                if step == record.step - 1:
+                    return record.last  # applied before a crash lost its reply: answer it, do not apply it twice
+                where = f" (checkpoint every {record.checkpoint.every} in {record.checkpoint.dir})" if record.checkpoint else ""
+                raise CheckpointError(f"job {job!r} sent {fn} as its state-changing call {step} but its trainer is at "
+                                      f"{record.step}{where}; calls were lost in a restart: checkpoint with every=1, or "
+                                      f"resume the job from its checkpoint's step.")
+            with self._swapped(record) as trainer:
+                record.last = apply(trainer)
+            record.step += 1
+            if record.checkpoint is not None and record.step % record.checkpoint.every == 0:
+                self._save(job, record, record.checkpoint)
+            return record.last
+
+    def supervised(self, job: str, prompts: list[list[int]], answers: list[list[int]], step: int | None = None) -> float:
         """One supervised (format warm-up) step; returns the loss."""
-        with self._on_device(job, "supervised") as t:
-            return t.supervised_step(prompts, answers)
+        return self._mutate(job, "supervised", step, lambda t: t.supervised_step(prompts, answers))
 
-    def finish_warmup(self, job: str) -> None:
+    def finish_warmup(self, job: str, step: int | None = None) -> None:
         """Freeze the current policy as ``job``'s KL reference and reset its optimiser."""
-        with self._on_device(job, "finish_warmup") as t:
-            t.sync_reference()
+        self._mutate(job, "finish_warmup", step, lambda t: t.sync_reference())
 
     def train(
-        self, job: str, prompts: list[list[int]], completions: list[list[int]], rewards: list[float], group_size: int
+        self, job: str, prompts: list[list[int]], completions: list[list[int]], rewards: list[float], group_size: int,
+        step: int | None = None,
     ) -> dict[str, float]:
         """One GRPO update of ``job``; returns its diagnostics."""
-        with self._on_device(job, "train") as t:
-            return t.update(prompts, completions, rewards, group_size)
+        return self._mutate(job, "train", step, lambda t: t.update(prompts, completions, rewards, group_size))
 
     def weights(self, job: str) -> tuple[dict[str, torch.Tensor], int]:
         """``job``'s current weights (host copies) and version."""
         with self._slice(job, "weights"):
-            if job not in self._jobs:
-                raise _unknown_job(job, sorted(self._jobs))
-            t = self._jobs[job]
+            t = self._record(job).trainer
             return {k: v.detach().clone() for k, v in t.model.state_dict().items()}, t.version
 
     def jobs(self) -> list[str]:
