@@ -35,8 +35,6 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 from bench_report import write_report
-from rich.console import Console
-from rich.table import Table
 
 from vla_rl.config import TrainConfig, load_config
 
@@ -120,6 +118,9 @@ def ratios(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
 
 def print_table(results: dict[str, dict[str, float]], extra: dict[str, Any]) -> None:
     """The human summary."""
+    from rich.console import Console  # here, not at import: bench_sims_gpu.py reuses summarize() without rich
+    from rich.table import Table
+
     table = Table(title="placement modes: env-steps/s and seconds per iteration")
     for col in ("mode", "env-steps/s", "iter s", *PHASES, "hidden infer"):
         table.add_column(col, justify="right")
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     configs = {mode: mode_config(args, mode, out_dir) for mode in modes}
     ray_modes = [m for m in modes if m != "inprocess"]
+    from rich.console import Console
+
     console = Console()
     try:
         for r in range(args.rounds):

@@ -16,8 +16,14 @@ front camera), ``results["envs_N"]`` holds
 - ``warp_setup_s``: building the env (kernel compilation at the first size, a cache load after);
 - with ``--mjx``: ``mjx_steps_per_s`` and ``mjx_compile_s``, the MJX backend's full step.
 
+Then ``results["training"]`` (``scripts/bench_train_device.py``; ``--no-train`` leaves it out): VLA
+PPO env-steps/s of the default job at ``--train-envs`` environments, in process (batch sims on the
+CPU, policy on the device) against co-located (``env.backend=warp`` on the same device, one
+process), and with ``--train-fleet`` and Ray installed, pipelined against co-located on Ray.
+
 The JSON is rewritten after every size, so a run cut short keeps what it measured; once
 ``--budget-s`` seconds are spent, the remaining sizes are skipped (and listed as skipped).
+``--smoke`` runs everything at toy sizes on Warp's CPU device (a check of the script, not a figure).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 import torch
 from bench_report import write_report
+from bench_train_device import measure_training
 
 from sims.render import RenderConfig
 from sims.vec_env import ACTION_DIM, EnvConfig, make_vec_env
@@ -99,7 +106,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed calls per figure")
     parser.add_argument("--mjx", action="store_true", help="also time the MJX backend (JAX on the same GPU)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip the sizes left after this long")
+    parser.add_argument("--no-train", action="store_true", help="leave out the training figures")
+    parser.add_argument("--train-envs", type=int, default=1024, help="environments of the training job")
+    parser.add_argument("--train-steps", type=int, default=16, help="PPO rollout steps per iteration")
+    parser.add_argument("--train-iterations", type=int, default=3, help="PPO iterations per mode (first: warm-up)")
+    parser.add_argument("--train-fleet", action="store_true", help="also pipelined vs co-located on Ray, if installed")
+    parser.add_argument("--smoke", action="store_true",
+                        help="toy sizes on Warp's CPU device: exercises every part of the script, measures nothing")
     args = parser.parse_args()
+    if args.smoke:
+        args.device, args.envs, args.steps, args.mjx = "cpu", "4", 2, False
+        args.train_envs, args.train_steps, args.train_iterations, args.train_fleet = 4, 4, 2, False
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit(f"--device {args.device}: torch sees no GPU here; pass --device cpu to exercise the script")
 
@@ -119,6 +136,10 @@ def main() -> None:
         print(n, {k: round(v, 1) for k, v in row.items()}, flush=True)
         results["wall_s"] = time.perf_counter() - began
         write_report(args.json, config, results)
+    if not args.no_train:
+        results["training"] = measure_training(args.device, args.train_envs, args.train_steps,
+                                               args.train_iterations, fleet=args.train_fleet)
+        print("training", {k: v for k, v in results["training"].items() if not isinstance(v, dict)}, flush=True)
     results["wall_s"] = time.perf_counter() - began
     write_report(args.json, config, results)
     print(f"wrote {args.json} after {results['wall_s']:.0f} s")
