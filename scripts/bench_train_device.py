@@ -72,8 +72,9 @@ def run_iterations(cfg: TrainConfig, iterations: int) -> list[dict[str, float]]:
         trainer.close()
 
 
-def measure_fleet(device: str, iterations: int) -> dict[str, Any]:
-    """Pipelined against co-located on a local Ray cluster (``bench_placement_gpu``'s settings); needs Ray."""
+def measure_fleet(device: str, num_envs: int, rollout_steps: int, iterations: int) -> dict[str, Any]:
+    """Pipelined against co-located on a local Ray cluster (on a GPU with ``bench_placement_gpu``'s
+    settings), the job at the same size as the other modes; needs Ray."""
     if importlib.util.find_spec("ray") is None:
         return {"skipped": "Ray is not installed: the fleet's colocated and pipelined modes run on Ray"}
     import bench_placement
@@ -82,7 +83,8 @@ def measure_fleet(device: str, iterations: int) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="bench_fleet_")) / "fleet.json"
     overrides = bench_placement_gpu.GPU_OVERRIDES if device.startswith("cuda") else []
     bench_placement.main(["--modes", "colocated,pipelined", "--iterations", str(iterations), "--rounds", "1",
-                          "--json", str(out), *overrides])
+                          "--json", str(out), *overrides, f"env.num_envs={num_envs}",
+                          f"ppo.rollout_steps={rollout_steps}"])
     results = json.loads(out.read_text())["results"]
     shutil.rmtree(out.parent, ignore_errors=True)
     return {"colocated_ray": results["colocated"], "pipelined_ray": results["pipelined"],
@@ -108,6 +110,6 @@ def measure_training(device: str, num_envs: int, rollout_steps: int, iterations:
     if all("env_steps_per_s" in results[m] for m in ("inprocess", "colocated")):
         results["ratio_colocated_vs_inprocess"] = (results["colocated"]["env_steps_per_s"]
                                                    / results["inprocess"]["env_steps_per_s"])
-    results["pipelined_vs_colocated"] = (measure_fleet(device, iterations) if fleet
+    results["pipelined_vs_colocated"] = (measure_fleet(device, num_envs, rollout_steps, iterations) if fleet
                                          else {"skipped": "not asked for (--train-fleet)"})
     return results

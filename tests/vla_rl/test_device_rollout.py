@@ -173,6 +173,7 @@ def test_ppo_iteration_on_warp_collects_without_host_copies_and_updates_from_the
     cfg = load_config(CONFIG_DIR / "reach_state_ppo.yaml", [
         f"out_dir={tmp_path}", "name=colocated", "env.backend=warp", "env.warp_device=cpu", "device=cpu",
         f"env.num_envs={NUM_ENVS}", f"ppo.rollout_steps={STEPS}", f"total_env_steps={2 * NUM_ENVS * STEPS}",
+        "ppo.normalize_reward=true",  # account() scales the device batch's rewards on the host and back
         "eval.every=0", "log.wandb=disabled", "log.progress=false", "log.video=false",
     ])
     trainer = Trainer(cfg)
