@@ -1,13 +1,22 @@
-"""Train the tiny causal transformer with RLVR (GRPO on a verifiable task) on CPU.
+"""Train a causal LM with RLVR (GRPO against a verifiable reward).
 
-    python scripts/llm_rlvr.py [key=value ...]     e.g. iterations=60 task=add task_size=2 ray=true
+    python scripts/llm_rlvr.py model.path=DIR data.path=FILE reward=module:fn [key=value ...]
+    python scripts/llm_rlvr.py model.kind=char [key=value ...]   the tiny character model on a built-in
+                                                                 task (e.g. task=add task_size=2), on CPU
+
+model.path: a Hugging Face causal LM folder (save_pretrained, with its tokenizer). data.path: JSONL
+or parquet rows with `question` and `answer` (the reference answer after `####`; see data.*).
+reward: `module:function(prompt, completion, answer) -> float`, run under reward_timeout_s; a call
+that raises or times out scores 0 and is counted (reward_errors, reward_timeouts). Without data.path
+the built-in `task` is used; without reward, exact match against the reference answer.
 
 ``ray=true`` places the services on a one-node Ray cluster started here, ``ray=auto`` (or
 ``ray=HOST:PORT``) on a running cluster through its scheduler service, shared with the other jobs
 there (``priority=``, ``tenant=``).
 
 Keys are the fields of infra.llm.rlvr.RLVRConfig (nested: model.d_model=64, grpo.lr=3e-4).
-Writes runs/NAME/{config.json, metrics.csv, curve.png, summary.json}.
+Writes runs/NAME/{config.json, metrics.csv, curve.png, summary.json, model/} (model/: the trained
+model and its tokenizer, loadable with AutoModelForCausalLM.from_pretrained).
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ import os
 import sys
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# reward=module:function finds a module in the working directory, as under `python -m`.
+sys.path.append(os.getcwd())
 
 from infra.llm.rlvr import RLVRConfig, run_rlvr
 from infra.typed_config import apply_overrides

@@ -1,7 +1,8 @@
 """The generation-engine interface the rollout service calls, and its registry.
 
 The rollout service never touches a model directly: it holds a :class:`GenerationEngine`. The
-built-in ``"torch"`` engine runs :class:`~infra.llm.model.TinyCausalLM` with its KV cache. An
+built-in engines run the job's :class:`~infra.llm.lm.CausalLM` in-process with its KV cache:
+``"transformers"`` (the default, any Hugging Face causal LM) and ``"char"`` (the tiny CPU demo). An
 external engine (vLLM, SGLang) plugs in by implementing the four methods below and calling
 :func:`register_engine` once at import time of the adapter module; nothing else in the services
 changes. No such adapter ships here: vLLM is not installed on the project's CPU machines, and an
@@ -15,7 +16,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from infra.llm.model import ModelConfig, TinyCausalLM
+from infra.llm.lm import build_model, load_codec
+from infra.llm.model import ModelConfig
+
+EngineFactory = Callable[..., "GenerationEngine"]
+"""``factory(model_cfg, *, device) -> GenerationEngine``."""
 
 
 @runtime_checkable
@@ -42,17 +47,18 @@ class GenerationEngine(Protocol):
         ...
 
 
-class TorchEngine:
-    """Batched KV-cached generation with the project's :class:`TinyCausalLM`."""
+class LocalEngine:
+    """Batched KV-cached generation in this process with the job's own :class:`~infra.llm.lm.CausalLM`
+    (a transformers model for ``model.kind=hf``, the tiny character model for ``char``)."""
 
-    def __init__(self, cfg: ModelConfig, *, eos_id: int, pad_id: int, device: str = "cpu") -> None:
-        self.model = TinyCausalLM(cfg).to(device).eval()
-        self.eos_id = eos_id
-        self.pad_id = pad_id
+    def __init__(self, cfg: ModelConfig, *, device: str = "cpu") -> None:
+        codec = load_codec(cfg)
+        self.model = build_model(cfg, seed=0).to(device).eval()
+        self.eos_id, self.pad_id = codec.eos_id, codec.pad_id
 
     @property
     def device(self) -> torch.device:
-        return self.model.tok.weight.device
+        return next(self.model.parameters()).device
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
@@ -69,6 +75,16 @@ class TorchEngine:
             tokens, mask, max_new_tokens, eos_id=self.eos_id, temperature=temperature, generator=gen
         )
         return [_cut_at_eos(row, self.eos_id) for row in out.tolist()]
+
+
+def _local_engine(kind: str) -> EngineFactory:
+    def factory(cfg: ModelConfig, *, device: str = "cpu") -> GenerationEngine:
+        if cfg.kind != kind:
+            raise ValueError(f"engine for model.kind={kind!r} got model.kind={cfg.kind!r}; leave the engine unset "
+                             f"to get the default engine of the model's kind ({DEFAULT_ENGINES}).")
+        return LocalEngine(cfg, device=device)
+
+    return factory
 
 
 def _cut_at_eos(row: list[int], eos_id: int) -> list[int]:
@@ -88,8 +104,9 @@ def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device | str = "c
     return tokens.to(device), mask.to(device)
 
 
-EngineFactory = Callable[..., GenerationEngine]
-_ENGINES: dict[str, EngineFactory] = {"torch": TorchEngine}
+DEFAULT_ENGINES = {"hf": "transformers", "char": "char"}
+"""The engine a rollout service builds for each model kind when none is named."""
+_ENGINES: dict[str, EngineFactory] = {name: _local_engine(kind) for kind, name in DEFAULT_ENGINES.items()}
 
 
 def register_engine(name: str, factory: EngineFactory) -> None:
@@ -97,12 +114,13 @@ def register_engine(name: str, factory: EngineFactory) -> None:
     _ENGINES[name] = factory
 
 
-def load_engine(name: str, cfg: ModelConfig, *, eos_id: int, pad_id: int, device: str = "cpu") -> GenerationEngine:
-    """Build the engine registered as ``name``."""
+def load_engine(name: str | None, cfg: ModelConfig, *, device: str = "cpu") -> GenerationEngine:
+    """Build the engine registered as ``name`` for the model of ``cfg`` (None: the default of its kind)."""
+    name = name or DEFAULT_ENGINES[cfg.kind]
     if name not in _ENGINES:
         raise ValueError(
             f"unknown generation engine {name!r}; registered: {sorted(_ENGINES)}. An external engine such as "
             "vLLM needs an adapter implementing infra.llm.engine.GenerationEngine, registered with "
             "infra.llm.engine.register_engine(name, factory)."
         )
-    return _ENGINES[name](cfg, eos_id=eos_id, pad_id=pad_id, device=device)
+    return _ENGINES[name](cfg, device=device)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from infra.llm.engine import left_pad
-from infra.llm.model import ModelConfig, TinyCausalLM, sequence_logprobs
+from infra.llm.lm import CausalLM, build_model, load_codec
+from infra.llm.model import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def completion_tensors(completions: list[list[int]], eos_id: int) -> tuple[torch
 class GRPOTrainer:
     """One policy, its frozen reference and its optimiser; ``update`` runs GRPO on a rollout batch."""
 
-    def __init__(self, model: TinyCausalLM, cfg: GRPOConfig, *, pad_id: int, eos_id: int, seed: int = 0) -> None:
+    def __init__(self, model: CausalLM, cfg: GRPOConfig, *, pad_id: int, eos_id: int, seed: int = 0) -> None:
         self.model = model
         self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.cfg = cfg
@@ -103,10 +104,11 @@ class GRPOTrainer:
         self.version = 0
 
     @classmethod
-    def from_config(cls, model_cfg: ModelConfig, cfg: GRPOConfig, *, pad_id: int, eos_id: int, seed: int) -> GRPOTrainer:
-        """A trainer over a fresh model initialised from ``seed``."""
-        torch.manual_seed(seed)
-        return cls(TinyCausalLM(model_cfg), cfg, pad_id=pad_id, eos_id=eos_id, seed=seed)
+    def from_config(cls, model_cfg: ModelConfig, cfg: GRPOConfig, *, seed: int) -> GRPOTrainer:
+        """A trainer over the model of ``model_cfg`` (loaded from its folder, or initialised from ``seed``);
+        pad and EOS ids come from the model's tokenizer."""
+        codec = load_codec(model_cfg)
+        return cls(build_model(model_cfg, seed), cfg, pad_id=codec.pad_id, eos_id=codec.eos_id, seed=seed)
 
     def update(
         self, prompts: list[list[int]], completions: list[list[int]], rewards: list[float], group_size: int
@@ -122,15 +124,15 @@ class GRPOTrainer:
         c_tok, c_mask = completion_tensors(completions, self.eos_id)
         adv = group_advantages(torch.tensor(rewards, dtype=torch.float32).view(-1, group_size)).view(-1)
         with torch.no_grad():
-            old_logp = sequence_logprobs(self.model, p_tok, p_mask, c_tok)
-            ref_logp = sequence_logprobs(self.ref, p_tok, p_mask, c_tok)
+            old_logp = self.model.logprobs(p_tok, p_mask, c_tok)
+            ref_logp = self.ref.logprobs(p_tok, p_mask, c_tok)
         stats: dict[str, float] = {}
         mb = max(1, n // self.cfg.minibatches)
         for _ in range(self.cfg.epochs):
             order = torch.randperm(n, generator=self.gen)
             for start in range(0, n, mb):
                 idx = order[start : start + mb]
-                logp = sequence_logprobs(self.model, p_tok[idx], p_mask[idx], c_tok[idx])
+                logp = self.model.logprobs(p_tok[idx], p_mask[idx], c_tok[idx])
                 loss, stats = grpo_loss(
                     logp, old_logp[idx], ref_logp[idx], adv[idx], c_mask[idx], self.cfg.clip_eps, self.cfg.kl_coef
                 )
@@ -145,7 +147,7 @@ class GRPOTrainer:
         """One cross-entropy step on ``answers`` (EOS included) given ``prompts``: the format warm-up."""
         p_tok, p_mask = left_pad(prompts, self.pad_id)
         c_tok, c_mask = completion_tensors(answers, self.eos_id)
-        logp = sequence_logprobs(self.model, p_tok, p_mask, c_tok)
+        logp = self.model.logprobs(p_tok, p_mask, c_tok)
         loss = -(logp * c_mask).sum() / c_mask.sum()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -12,17 +12,31 @@ Shapes: ``B`` batch, ``T`` sequence length, ``D`` model width, ``H`` heads, ``L`
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+MODEL_KINDS = ("hf", "char")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Size of the tiny causal transformer."""
+    """Which policy model a job trains: a Hugging Face causal LM from a folder, or the tiny one.
 
+    ``kind="hf"`` loads ``AutoModelForCausalLM`` and ``AutoTokenizer`` from ``path`` (see
+    :mod:`infra.llm.lm`); ``kind="char"`` builds :class:`TinyCausalLM` from the size fields below
+    (the CPU demo; its tokenizer is the character vocabulary of :mod:`infra.llm.tasks`).
+    """
+
+    kind: str = "hf"
+    """``hf`` (a transformers model folder at ``path``) or ``char`` (the tiny character model)."""
+    path: str = ""
+    """Local folder written by ``save_pretrained`` holding the model and its tokenizer (``hf``)."""
     vocab_size: int = 32
     """Number of token ids (set from the task's tokenizer)."""
     max_len: int = 48
@@ -35,6 +49,8 @@ class ModelConfig:
     """Transformer blocks L."""
 
     def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model.kind={self.kind!r} is unknown; choose one of {list(MODEL_KINDS)}.")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}; "
@@ -45,7 +61,12 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive.")
 
     def num_params(self) -> int:
-        """Parameter count of a model of this size (embeddings tied with the head)."""
+        """Parameter count of the model (``char``: from the sizes, embeddings tied with the head;
+        ``hf``: counted on a copy built from the folder's config on the meta device)."""
+        if self.kind == "hf":
+            from infra.llm.lm import hf_num_params
+
+            return hf_num_params(self.path)
         d = self.d_model
         per_block = 4 * d * d + 4 * d + 8 * d * d + 5 * d + 4 * d  # attn, mlp, 2 layernorms
         return self.vocab_size * d + self.max_len * d + self.n_layers * per_block + 2 * d
@@ -94,6 +115,15 @@ class _Block(nn.Module):
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         x = x + self.proj(att.transpose(1, 2).reshape(b, tq, d))
         return x + self.mlp(self.ln2(x))
+
+
+def sample_next(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Next tokens ``[B]`` from last-position logits ``[B, V]``: argmax at ``temperature=0``, else a
+    draw from ``softmax(logits / temperature)`` with ``generator`` (so a seed fixes the sample)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, -1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 class TinyCausalLM(nn.Module):
@@ -193,11 +223,7 @@ class TinyCausalLM(nn.Module):
                 logits = self._step(seq if i == 0 else out[:, i - 1 : i], cache)
             else:
                 logits = self.forward(seq, full_mask[:, : seq.shape[1]])[:, -1]
-            if temperature == 0:
-                nxt = logits.argmax(-1)
-            else:
-                probs = torch.softmax(logits.float() / temperature, -1)
-                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            nxt = sample_next(logits, temperature, generator)
             nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
             out[:, i] = nxt
             done |= nxt == eos_id
@@ -207,6 +233,18 @@ class TinyCausalLM(nn.Module):
                 out[:, i + 1 :] = eos_id
                 break
         return out
+
+    def logprobs(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, completions: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``[B, C]`` of ``completions`` given left-padded ``prompts`` (see :func:`sequence_logprobs`)."""
+        return sequence_logprobs(self, prompts, prompt_mask, completions)
+
+    def save(self, path: Path) -> None:
+        """Write ``model.safetensors`` and ``model_config.json`` (the sizes) into the folder ``path``."""
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path / "model.safetensors"))
+        (path / "model_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
 
 
 def sequence_logprobs(

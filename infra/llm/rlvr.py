@@ -13,7 +13,9 @@ import csv
 import dataclasses
 import io
 import json
+import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -24,21 +26,27 @@ from typing import Any, Protocol
 import numpy as np
 
 from infra.llm.checkpoint import CheckpointSpec
+from infra.llm.data import DataConfig, load_file_source
 from infra.llm.grpo import GRPOConfig
 from infra.llm.handles import LocalHandle, ServiceHandle
+from infra.llm.lm import Codec, HFCausalLM, build_model, check_model, load_codec
 from infra.llm.model import ModelConfig
+from infra.llm.reward import RewardBatch, resolve_reward
 from infra.llm.services import RewardService, RolloutService, TrainerService
-from infra.llm.tasks import VOCAB_SIZE, encode, load_task
+from infra.llm.tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class RLVRConfig:
-    """One RLVR job on a verifiable task."""
+    """One RLVR job: a model (``model``), prompts with reference answers (``data``, or a built-in
+    ``task``) and a verifiable reward (``reward``)."""
 
     name: str = "rlvr_sort"
     """Run name; outputs go to ``out_dir/name``."""
     task: str = "sort"
-    """Verifiable task: ``sort`` or ``add``."""
+    """Built-in task, used when ``data.path`` is empty: ``sort`` or ``add``."""
     task_size: int = 4
     """Digits to sort, or digits per addend."""
     seed: int = 0
@@ -79,14 +87,24 @@ class RLVRConfig:
     """Checkpoint the trainer after every N-th state-changing call (warm-up step, end of the warm-up,
     GRPO update); 1 makes a trainer crash invisible to the job; 0 turns checkpoints off, and a
     trainer crash then fails the job with an error."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """A user's prompts and reference answers (JSONL or parquet); empty ``path``: the built-in ``task``."""
+    reward: str = "infra.llm.tasks:exact_match"
+    """The reward, ``module:function`` with signature ``(prompt, completion, answer) -> float``; it runs
+    in a worker process, and a call that raises or outlives ``reward_timeout_s`` scores 0 and is counted."""
+    reward_timeout_s: float = 10.0
+    """Time limit of one reward call, in seconds."""
+    max_new_tokens: int = 0
+    """Longest completion in tokens; 0: one more than the longest reference answer (room for EOS)."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=VOCAB_SIZE))
-    """Tiny transformer size."""
+    """The policy: ``model.path=DIR`` a Hugging Face causal LM (the default kind, ``hf``), or
+    ``model.kind=char`` the tiny character model of the CPU demo (sizes ``model.d_model=...``)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """GRPO update."""
 
     def check(self) -> None:
-        """Raise ``ValueError`` naming the field and the fix when the job cannot run as configured."""
-        task = load_task(self.task, self.task_size)
+        """Raise ``ValueError`` naming the field and the fix when the job cannot run as configured (model
+        folder, data file, reward and lengths are all checked here, before any service starts)."""
         for name in ("iterations", "prompts_per_iter", "warmup_batch", "eval_prompts", "eval_every", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
@@ -94,11 +112,20 @@ class RLVRConfig:
             raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 turns trainer checkpoints off).")
         if self.group_size < 2:
             raise ValueError(f"group_size={self.group_size}: GRPO needs at least 2 samples per prompt to compare them.")
-        longest = max(len(encode(t)) for t in task.sample(np.random.default_rng(0), 64)) + task.max_answer_len + 1
-        if longest > self.model.max_len:
+        if self.reward_timeout_s <= 0:
+            raise ValueError(f"reward_timeout_s={self.reward_timeout_s} must be > 0.")
+        check_model(self.model)
+        resolve_reward(self.reward)
+        inputs = job_inputs(self)
+        try:
+            longest = max(len(inputs.codec.encode(e.prompt)) for e in inputs.source.probe()) + inputs.max_new_tokens
+        except ValueError as e:
+            raise ValueError(f"{e} The char model reads only the built-in tasks; use model.kind=hf for other text.") from e
+        limit = self.model.max_len if self.model.kind == "char" else HFCausalLM.max_positions_of(self.model.path)
+        if limit is not None and longest > limit:
             raise ValueError(
-                f"task {self.task} of size {self.task_size} needs sequences of {longest} tokens but model.max_len="
-                f"{self.model.max_len}; raise model.max_len or lower task_size."
+                f"prompts + completions need {longest} tokens but the model has {limit} positions; "
+                "shorten the prompts, lower max_new_tokens, or use a model with more positions."
             )
 
 
@@ -125,6 +152,28 @@ class JobResult:
 
 
 @dataclass(frozen=True)
+class JobInputs:
+    """What the job loop feeds the services: examples, the model's tokenizer, the completion length."""
+
+    source: PromptSource
+    codec: Codec
+    max_new_tokens: int
+
+
+def job_inputs(cfg: RLVRConfig) -> JobInputs:
+    """The prompt source of ``cfg`` (its data file, or its built-in task), the tokenizer and max_new_tokens."""
+    if cfg.data.path:
+        source: PromptSource = load_file_source(cfg.data, cfg.eval_prompts, cfg.seed)
+    else:
+        source = TaskSource(load_task(cfg.task, cfg.task_size), cfg.seed)
+    codec = load_codec(cfg.model)
+    if cfg.max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={cfg.max_new_tokens} must be >= 0 (0: from the longest reference answer).")
+    max_new = cfg.max_new_tokens or max(len(codec.encode_answer(e.answer)) for e in source.probe())
+    return JobInputs(source, codec, max_new)
+
+
+@dataclass(frozen=True)
 class JobServices:
     """The three services one job calls."""
 
@@ -133,13 +182,31 @@ class JobServices:
     trainer: ServiceHandle
 
 
-def greedy_accuracy(job: str, cfg: RLVRConfig, svc: JobServices, slicer: Slicer) -> float:
-    """Exact-match accuracy of greedy decoding on ``cfg.eval_prompts`` fixed held-out prompts."""
-    task = load_task(cfg.task, cfg.task_size)
-    texts = task.sample(np.random.default_rng([cfg.seed, 999]), cfg.eval_prompts)
+def score(job: str, cfg: RLVRConfig, svc: JobServices, inputs: JobInputs, batch: list[Example],
+          completions: list[list[int]]) -> RewardBatch:
+    """The reward of each decoded completion against its example's answer (failed calls score 0)."""
+    texts = [inputs.codec.decode(c) for c in completions]
+    return svc.reward.call("score", job, cfg.reward, [e.prompt for e in batch], texts, [e.answer for e in batch],
+                           cfg.reward_timeout_s)
+
+
+def greedy_accuracy(job: str, cfg: RLVRConfig, svc: JobServices, slicer: Slicer, inputs: JobInputs) -> RewardBatch:
+    """Rewards of greedy decoding on the ``cfg.eval_prompts`` fixed held-out examples (their mean is the accuracy)."""
+    batch = inputs.source.eval_set(cfg.eval_prompts)
     with slicer.slice(job, "generate"):
-        comps, _ = svc.rollout.call("generate", job, [encode(t) for t in texts], task.max_answer_len + 1, 0.0, 0)
-    return float(np.mean(svc.reward.call("score", job, cfg.task, cfg.task_size, texts, comps)))
+        comps, _ = svc.rollout.call("generate", job, [inputs.codec.encode(e.prompt) for e in batch],
+                                    inputs.max_new_tokens, 0.0, 0)
+    return score(job, cfg, svc, inputs, batch, comps)
+
+
+def _count_failures(job: str, row: dict[str, float], scored: list[RewardBatch]) -> None:
+    """Add the reward calls that failed to ``row`` and log the first failure's message."""
+    row["reward_errors"] = float(sum(b.errors for b in scored))
+    row["reward_timeouts"] = float(sum(b.timeouts for b in scored))
+    if row["reward_errors"] or row["reward_timeouts"]:
+        first = next(b.first_error for b in scored if b.first_error)
+        log.warning("job %s iteration %d: %d reward calls failed, %d timed out (scored 0); first: %s", job,
+                    int(row["iteration"]), row["reward_errors"], row["reward_timeouts"], first)
 
 
 def run_job(
@@ -157,16 +224,16 @@ def run_job(
     It unregisters from the services when it ends or fails.
     """
     slicer = slicer or _NoSlicer()
-    task = load_task(cfg.task, cfg.task_size)
+    inputs = job_inputs(cfg)
+    codec = inputs.codec
     rng = np.random.default_rng(cfg.seed)
-    max_new = task.max_answer_len + 1
     svc.trainer.call("register_job", job, cfg.model, cfg.grpo, cfg.seed, checkpoint_spec(cfg))
     try:
         for step in range(cfg.warmup_steps):
-            texts = task.sample(rng, cfg.warmup_batch)
-            answers = [[*encode(task.solve(t))[1:], 2] for t in texts]
+            batch = inputs.source.sample(rng, cfg.warmup_batch)
+            answers = [codec.encode_answer(e.answer) for e in batch]
             with slicer.slice(job, "train"):
-                svc.trainer.call("supervised", job, [encode(t) for t in texts], answers, step)
+                svc.trainer.call("supervised", job, [codec.encode(e.prompt) for e in batch], answers, step)
         with slicer.slice(job, "train"):
             svc.trainer.call("finish_warmup", job, cfg.warmup_steps)
         state, version = svc.trainer.call_ref("weights", job)  # on Ray: a reference, the driver never fetches it
@@ -175,17 +242,21 @@ def run_job(
         start = time.monotonic()
         for it in range(cfg.iterations + 1):
             row: dict[str, float] = {"iteration": it}
+            scored = []
             if it % cfg.eval_every == 0 or it == cfg.iterations:
-                row["eval_greedy_accuracy"] = greedy_accuracy(job, cfg, svc, slicer)
+                scored.append(greedy_accuracy(job, cfg, svc, slicer, inputs))
+                row["eval_greedy_accuracy"] = float(np.mean(scored[-1].scores))
             if it == cfg.iterations:
+                _count_failures(job, row, scored)
                 row["wall_s"] = time.monotonic() - start
                 rows.append(row)
                 break
-            texts = [t for t in task.sample(rng, cfg.prompts_per_iter) for _ in range(cfg.group_size)]
-            prompts = [encode(t) for t in texts]
+            batch = [e for e in inputs.source.sample(rng, cfg.prompts_per_iter) for _ in range(cfg.group_size)]
+            prompts = [codec.encode(e.prompt) for e in batch]
             with slicer.slice(job, "generate"):
-                comps, used_version = svc.rollout.call("generate", job, prompts, max_new, cfg.temperature, cfg.seed * 100_003 + it)
-            rewards = svc.reward.call("score", job, cfg.task, cfg.task_size, texts, comps)
+                comps, used_version = svc.rollout.call("generate", job, prompts, inputs.max_new_tokens, cfg.temperature, cfg.seed * 100_003 + it)
+            scored.append(score(job, cfg, svc, inputs, batch, comps))
+            rewards = scored[-1].scores
             with slicer.slice(job, "train"):
                 stats = svc.trainer.call("train", job, prompts, comps, rewards, cfg.group_size,
                                          cfg.warmup_steps + 1 + it)  # the job's state-changing call number
@@ -193,6 +264,7 @@ def run_job(
             svc.rollout.call("update_weights", job, state, version)
             row.update(stats, mean_reward=float(np.mean(rewards)), weight_staleness=version - 1 - used_version,
                        wall_s=time.monotonic() - start)
+            _count_failures(job, row, scored)
             rows.append(row)
             if on_iteration:
                 on_iteration(row)
@@ -228,7 +300,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def write_outputs(out: Path, cfg: RLVRConfig, rows: list[dict[str, float]]) -> dict[str, float]:
-    """Write config.json, metrics.csv, curve.png and summary.json under ``out``; returns the summary."""
+    """Write config.json, metrics.csv, curve.png and summary.json under ``out``; returns the summary
+    (reward start -> end, greedy accuracy start -> end, reward calls that failed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -253,6 +326,8 @@ def write_outputs(out: Path, cfg: RLVRConfig, rows: list[dict[str, float]]) -> d
         "eval_greedy_accuracy_start": evals[0][1],
         "eval_greedy_accuracy_end": evals[-1][1],
         "wall_s": rows[-1]["wall_s"],
+        "reward_errors": int(sum(r.get("reward_errors", 0) for r in rows)),
+        "reward_timeouts": int(sum(r.get("reward_timeouts", 0) for r in rows)),
     }
     summary["reward_ratio_end_vs_start"] = summary["mean_reward_last_iters"] / max(summary["mean_reward_first_iters"], 1e-9)
     write_atomic(out / "summary.json", json.dumps(summary, indent=2).encode())
@@ -261,7 +336,8 @@ def write_outputs(out: Path, cfg: RLVRConfig, rows: list[dict[str, float]]) -> d
     ax.plot(*zip(*evals), "o-", label="greedy accuracy (held-out)")
     ax.set_xlabel("GRPO iteration")
     ax.set_ylabel("reward")
-    ax.set_title(f"RLVR {cfg.task}{cfg.task_size}: {summary['mean_reward_first_iters']:.2f} -> {summary['mean_reward_last_iters']:.2f}")
+    label = Path(cfg.data.path).stem if cfg.data.path else f"{cfg.task}{cfg.task_size}"
+    ax.set_title(f"RLVR {label}: {summary['mean_reward_first_iters']:.2f} -> {summary['mean_reward_last_iters']:.2f}")
     ax.legend(loc="lower right")
     fig.tight_layout()
     buf_png = io.BytesIO()
@@ -302,10 +378,26 @@ def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
             with ray_job_services(cfg.model, address=address, priority=cfg.priority, tenant=cfg.tenant) as svc:
                 result = run_job(cfg.name, cfg, svc, on_iteration=progress)
         else:
-            result = run_job(cfg.name, cfg, local_services(cfg), on_iteration=progress)
+            svc = local_services(cfg)
+            try:
+                result = run_job(cfg.name, cfg, svc, on_iteration=progress)
+            finally:
+                svc.reward.call("close")
     summary = write_outputs(out, cfg, result.rows)
-    buf = io.BytesIO()
-    torch.save(result.weights, buf)
-    write_atomic(out / "model.pt", buf.getvalue())
+    save_model(out / "model", cfg, result.weights)
     summary["out_dir"] = str(out)
     return summary
+
+
+def save_model(path: Path, cfg: RLVRConfig, weights: dict[str, Any]) -> None:
+    """Write the trained model with its tokenizer into the folder ``path`` (``save_pretrained`` for an
+    ``hf`` model: ``AutoModelForCausalLM.from_pretrained(path)`` loads it), replacing an earlier one
+    only once the new one is complete."""
+    model = build_model(cfg.model, cfg.seed)
+    model.load_state_dict(weights)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save(tmp)
+    load_codec(cfg.model).save(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)

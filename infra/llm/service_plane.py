@@ -277,7 +277,7 @@ def _placed(client: Any, req: Any, wait_s: float | None) -> tuple[Any, Any]:
 
 def place_services(
     client: Any, model: ModelConfig, *, groups: int = 1, rollout_instances: int = 1,
-    sizes: ServiceSizes | None = None, router: Router | None = None, chunk: int = 32, engine: str = "torch",
+    sizes: ServiceSizes | None = None, router: Router | None = None, chunk: int = 32, engine: str | None = None,
     timeout_s: float = 120.0, priority: int = 0, tenant: str = "default", wait_s: float | None = None,
 ) -> ServicePlane:
     """Submit ``groups`` GPU groups (each with ``rollout_instances`` rollout actors behind ``router``, fed

@@ -30,7 +30,7 @@ from infra.llm.checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.engine import GenerationEngine, load_engine
 from infra.llm.grpo import GRPOConfig, GRPOTrainer
 from infra.llm.model import ModelConfig
-from infra.llm.tasks import EOS, PAD, exact_reward, load_task
+from infra.llm.reward import RewardBatch, RewardRunner
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,10 @@ class RolloutService(_Sliced):
     swapped to the calling job's weights at the start of its slice.
     """
 
-    def __init__(self, model_cfg: ModelConfig, *, engine: str = "torch", device: str = "cpu") -> None:
+    def __init__(self, model_cfg: ModelConfig, *, engine: str | None = None, device: str = "cpu") -> None:
         super().__init__()
-        self.engine: GenerationEngine = load_engine(engine, model_cfg, eos_id=EOS, pad_id=PAD,
-                                                    device=resolve_device(device))
+        # engine None: the default engine of the model's kind (infra.llm.engine.DEFAULT_ENGINES)
+        self.engine: GenerationEngine = load_engine(engine, model_cfg, device=resolve_device(device))
         self._host: dict[str, dict[str, torch.Tensor]] = {}
         self._versions: dict[str, int] = {}
         self._resident: str | None = None
@@ -148,15 +148,28 @@ class RolloutService(_Sliced):
 
 
 class RewardService(_Sliced):
-    """Verifiable rewards: recomputes each prompt's answer and checks the completion exactly."""
+    """Rewards of completions against reference answers, each reward (``module:function``) in its own
+    worker process under a time limit (:class:`~infra.llm.reward.RewardRunner`), kept across calls."""
 
-    def score(self, job: str, task: str, size: int, prompts: list[str], completions: list[list[int]]) -> list[float]:
-        """1.0 per completion equal to its prompt's answer (then EOS), else 0.0."""
+    def __init__(self) -> None:
+        super().__init__()
+        self._runners: dict[tuple[str, float], RewardRunner] = {}
+
+    def score(
+        self, job: str, reward: str, prompts: list[str], completions: list[str], answers: list[str], timeout_s: float
+    ) -> RewardBatch:
+        """``reward(prompt, completion, answer)`` per sample; a call that raises or times out scores 0 and is counted."""
         with self._slice(job, "score"):
-            if len(prompts) != len(completions):
-                raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions; pass one per prompt.")
-            t = load_task(task, size)
-            return [exact_reward(t, p, c) for p, c in zip(prompts, completions)]
+            key = (reward, timeout_s)
+            if key not in self._runners:
+                self._runners[key] = RewardRunner(reward, timeout_s)
+            return self._runners[key].score(prompts, completions, answers)
+
+    def close(self) -> None:
+        """Stop the reward worker processes."""
+        for runner in self._runners.values():
+            runner.close()
+        self._runners.clear()
 
 
 @dataclass
@@ -209,7 +222,7 @@ class TrainerService(_Sliced):
             raise CheckpointError(f"job {job!r} was registered without a checkpoint, so its trainer state died with the "
                                   "service; register it with checkpoint=CheckpointSpec(dir) to survive restarts.")
         with self._slice(job, "register"):
-            trainer = GRPOTrainer.from_config(model_cfg, cfg, pad_id=PAD, eos_id=EOS, seed=seed)
+            trainer = GRPOTrainer.from_config(model_cfg, cfg, seed=seed)
             record = _TrainerJob(trainer, checkpoint, seed)
             if resume:
                 payload = ckpt.load(ckpt.checkpoint_path(checkpoint.dir), job)
@@ -237,21 +250,22 @@ class TrainerService(_Sliced):
     @contextmanager
     def _swapped(self, record: _TrainerJob) -> Iterator[GRPOTrainer]:
         """The job's state on the device and its RNG streams in force for the body of a slice."""
-        cuda = torch.device(self.device).type == "cuda"
-        record.trainer.to(self.device)  # host -> device at slice start
+        dev = torch.device(self.device)
+        cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+        record.trainer.to(dev)  # host -> device at slice start
         # The job's own random streams: other jobs' slices never shift them, and a restored job
         # draws what it would have drawn.
-        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
+        with torch.random.fork_rng(devices=cuda):
             if record.rng:
                 torch.set_rng_state(record.rng["cpu"])
                 if cuda and "cuda" in record.rng:
-                    torch.cuda.set_rng_state(record.rng["cuda"])
+                    torch.cuda.set_rng_state(record.rng["cuda"], cuda[0])
             else:
-                torch.manual_seed(record.seed)
+                torch.manual_seed(record.seed)  # seeds the CUDA generators too
             try:
                 yield record.trainer
             finally:
-                record.rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if cuda else {})}
+                record.rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(cuda[0])} if cuda else {})}
                 record.trainer.to("cpu")  # back to host memory at slice end
 
     def _mutate(self, job: str, fn: str, step: int | None, apply: Callable[[GRPOTrainer], Any]) -> Any:

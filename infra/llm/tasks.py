@@ -1,8 +1,9 @@
 """Verifiable tasks for RLVR: a character tokenizer, prompt samplers and exact-answer checkers.
 
-A task turns a random draw into a prompt string and checks a completion string exactly: the
-checker recomputes the answer from the prompt itself (it never trusts a label carried along),
-so the reward is verifiable in the RLVR sense.
+A task turns a random draw into a prompt string and recomputes its answer from the prompt itself
+(it never trusts a label carried along), so the reward — :func:`exact_match` of the completion
+against that answer — is verifiable in the RLVR sense. Both kinds of prompt source (these tasks,
+and a user's file in :mod:`infra.llm.data`) give the job :class:`Example` rows.
 
 - ``add``: ``"37+85="`` -> ``"122"`` (operands with up to ``digits`` digits, no zero padding, so
   prompt lengths vary and the left-padded batch path is exercised).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -87,7 +89,50 @@ def load_task(name: str, size: int) -> Task:
     raise ValueError(f"unknown task {name!r}; choose one of ['add', 'sort'].")
 
 
-def exact_reward(task: Task, prompt: str, completion: list[int]) -> float:
-    """1.0 when ``completion`` decodes to the task's answer for ``prompt`` followed by EOS, else 0.0."""
-    text, ended = decode(completion)
-    return float(ended and text == task.solve(prompt))
+@dataclass(frozen=True)
+class Example:
+    """One prompt and its reference answer (the text a correct completion must say)."""
+
+    prompt: str
+    answer: str
+
+
+class PromptSource(Protocol):
+    """Where a job's prompts come from: a built-in task or a user's file (:mod:`infra.llm.data`)."""
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Example]:
+        """``n`` training examples drawn with ``rng``."""
+        ...
+
+    def eval_set(self, n: int) -> list[Example]:
+        """The fixed held-out examples the greedy accuracy is measured on (at most ``n``)."""
+        ...
+
+    def probe(self) -> list[Example]:
+        """Examples whose prompts and answers bound the token lengths of every example's (checked
+        against the model's positions; the longest answer sets the rollout's max_new_tokens)."""
+        ...
+
+
+class TaskSource:
+    """A built-in task as a :class:`PromptSource`: fresh draws, answers recomputed from each prompt."""
+
+    def __init__(self, task: Task, seed: int) -> None:
+        self.task = task
+        self.seed = seed
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Example]:
+        return [Example(t, self.task.solve(t)) for t in self.task.sample(rng, n)]
+
+    def eval_set(self, n: int) -> list[Example]:
+        return self.sample(np.random.default_rng([self.seed, 999]), n)
+
+    def probe(self) -> list[Example]:
+        # the longest answer there can be, beside a sample of prompts (prompt lengths vary little)
+        longest = "9" * self.task.max_answer_len
+        return [Example(t, longest) for t in self.task.sample(np.random.default_rng(0), 64)]
+
+
+def exact_match(prompt: str, completion: str, answer: str) -> float:
+    """The default reward: 1.0 when the completion, whitespace stripped, equals the reference answer."""
+    return float(completion.strip() == answer.strip())

@@ -6,8 +6,9 @@ import torch
 
 from infra.llm.engine import load_engine
 from infra.llm.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
+from infra.llm.lm import CharCodec
 from infra.llm.model import ModelConfig, TinyCausalLM, sequence_logprobs
-from infra.llm.tasks import EOS, PAD, VOCAB_SIZE, decode, encode, exact_reward, load_task
+from infra.llm.tasks import EOS, PAD, VOCAB_SIZE, decode, encode, exact_match, load_task
 
 torch.set_num_threads(1)
 
@@ -58,18 +59,21 @@ def test_generation_rejects_overlong_request() -> None:
 
 def test_unknown_engine_names_the_adapter_point() -> None:
     with pytest.raises(ValueError, match="register_engine"):
-        load_engine("vllm", ModelConfig(vocab_size=VOCAB_SIZE), eos_id=EOS, pad_id=PAD)
+        load_engine("vllm", ModelConfig(kind="char", vocab_size=VOCAB_SIZE))
+    with pytest.raises(ValueError, match=r"got model\.kind='char'"):
+        load_engine("transformers", ModelConfig(kind="char", vocab_size=VOCAB_SIZE))
 
 
 @pytest.mark.parametrize(("name", "size"), [("add", 2), ("sort", 4)])
 def test_tasks_check_answers_exactly(name: str, size: int) -> None:
     task = load_task(name, size)
+    codec = CharCodec()
     for prompt in task.sample(np.random.default_rng(0), 20):
         answer = task.solve(prompt)
-        good = [*encode(answer)[1:], EOS]
-        assert exact_reward(task, prompt, good) == 1.0
-        assert exact_reward(task, prompt, good[:-1]) == 0.0  # no EOS
-        assert exact_reward(task, prompt, [*encode(answer + "1")[1:], EOS]) == 0.0
+        good = codec.encode_answer(answer)
+        assert exact_match(prompt, codec.decode(good), answer) == 1.0
+        assert exact_match(prompt, codec.decode([*good[:-1], PAD]), answer) == 0.0  # no EOS: a stray token
+        assert exact_match(prompt, codec.decode(codec.encode_answer(answer + "1")), answer) == 0.0
         assert decode(good) == (answer, True)
     assert load_task("add", 2).solve("37+85=") == "122"
     assert load_task("sort", 4).solve("s:3141=") == "1134"
@@ -122,5 +126,5 @@ def test_grpo_update_raises_reward_of_rewarded_completion() -> None:
 
 
 def test_num_params_matches_the_module() -> None:
-    cfg = ModelConfig(vocab_size=VOCAB_SIZE, d_model=48, n_heads=3, n_layers=2, max_len=20)
+    cfg = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, d_model=48, n_heads=3, n_layers=2, max_len=20)
     assert cfg.num_params() == sum(p.numel() for p in TinyCausalLM(cfg).parameters())

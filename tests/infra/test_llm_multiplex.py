@@ -15,7 +15,7 @@ from infra.llm.tasks import VOCAB_SIZE
 
 torch.set_num_threads(1)
 
-SMALL = ModelConfig(vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
+SMALL = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
 
 
 def _cfg(name: str, seed: int, task: str = "sort") -> RLVRConfig:

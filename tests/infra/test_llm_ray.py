@@ -15,7 +15,7 @@ from infra.llm.service_plane import group_request, place_services
 from infra.llm.tasks import VOCAB_SIZE
 from infra.scheduler import GPU, Cluster, Node, RequestError, Scheduler
 
-SMALL = ModelConfig(vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
+SMALL = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
 
 
 def _cfg(name: str, seed: int, iterations: int = 3) -> RLVRConfig:
@@ -107,5 +107,5 @@ def test_rlvr_script_path_on_ray_services(plane, tmp_path) -> None:
 
     cfg = dataclasses.replace(_cfg("on_ray", 4, iterations=2), ray=True, out_dir=str(tmp_path), threads=1)
     summary = run_rlvr(cfg)
-    assert (tmp_path / "on_ray" / "metrics.csv").exists() and (tmp_path / "on_ray" / "model.pt").exists()
+    assert (tmp_path / "on_ray" / "metrics.csv").exists() and (tmp_path / "on_ray" / "model" / "model.safetensors").exists()
     assert 0.0 <= summary["mean_reward_last_iters"] <= 1.0

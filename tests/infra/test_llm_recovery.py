@@ -25,7 +25,7 @@ from infra.llm.service_plane import TRAINER_REPLAY, ResilientService
 from infra.llm.services import RewardService, RolloutService, TrainerService
 from infra.llm.tasks import VOCAB_SIZE
 
-SMALL = ModelConfig(vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
+SMALL = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
 
 
 def _batch(seed: int) -> tuple[list[list[int]], list[list[int]], list[float]]:

@@ -6,10 +6,15 @@ import json
 import pytest
 import torch
 
+from infra.llm.model import ModelConfig
 from infra.llm.rlvr import RLVRConfig, local_services, run_job, write_outputs
+from infra.llm.tasks import VOCAB_SIZE
 from infra.typed_config import ConfigError, apply_overrides
 
 torch.set_num_threads(2)
+
+CHAR = ["model.kind=char"]
+"""The tiny character model of the CPU demo (the default kind, ``hf``, needs a model folder)."""
 
 
 def test_overrides_reach_nested_sections_and_reject_bad_input() -> None:
@@ -23,19 +28,24 @@ def test_overrides_reach_nested_sections_and_reject_bad_input() -> None:
         apply_overrides(RLVRConfig(), ["iterations"])
     with pytest.raises(ValueError, match="multiple of n_heads"):
         apply_overrides(RLVRConfig(), ["model.d_model=30"])
-    with pytest.raises(ValueError, match=r"raise model\.max_len"):
-        apply_overrides(RLVRConfig(), ["task_size=60"]).check()
+    with pytest.raises(ValueError, match="model has 48 positions"):
+        apply_overrides(RLVRConfig(), [*CHAR, "task_size=60"]).check()
     with pytest.raises(ValueError, match="unknown task"):
-        apply_overrides(RLVRConfig(), ["task=chess"]).check()
+        apply_overrides(RLVRConfig(), [*CHAR, "task=chess"]).check()
     with pytest.raises(ValueError, match="group_size"):
-        apply_overrides(RLVRConfig(), ["group_size=1"]).check()
-    RLVRConfig().check()
+        apply_overrides(RLVRConfig(), [*CHAR, "group_size=1"]).check()
+    with pytest.raises(ValueError, match=r"model\.path is empty; pass model\.path=DIR"):
+        RLVRConfig().check()  # the default kind is a Hugging Face model, which needs its folder
+    with pytest.raises(ValueError, match=r"model\.kind='gguf' is unknown"):
+        apply_overrides(RLVRConfig(), ["model.kind=gguf"])
+    apply_overrides(RLVRConfig(), CHAR).check()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_rlvr_job_learns_and_writes_its_curve(tmp_path) -> None:
-    cfg = RLVRConfig(name="t", iterations=30, eval_every=15, out_dir=str(tmp_path))
+    cfg = RLVRConfig(name="t", iterations=30, eval_every=15, out_dir=str(tmp_path),
+                     model=ModelConfig(kind="char", vocab_size=VOCAB_SIZE))
     result = run_job(cfg.name, cfg, local_services(cfg))
     summary = write_outputs(tmp_path / "t", cfg, result.rows)
     # The issue's target: mean reward at the end at least 3x its start (windows of 6 iterations).
