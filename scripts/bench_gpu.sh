@@ -6,8 +6,9 @@
 #   BENCH_TRAIN_ENVS environments, co-located on the GPU (env.backend=warp, one process) against
 #   in process (batch sims on the CPU, policy on the GPU); with BENCH_FLEET=1 and Ray installed,
 #   pipelined against co-located on a local Ray cluster.
-# At most 8 minutes: simulator sizes left after BENCH_BUDGET_S (240 s) are skipped, the JSON is
-# rewritten after every size, and the whole run is stopped at 470 s.
+# At most 8 minutes: training runs right after the first simulator size, sizes left after
+# BENCH_BUDGET_S (360 s, training included) are skipped, the JSON is rewritten after every part,
+# and the whole run is stopped at 470 s.
 #
 #   scripts/bench_gpu.sh [OUT.json] [more bench_sims_gpu.py arguments]
 #   scripts/bench_gpu.sh /tmp/bench_gpu.json --smoke      # every part at toy sizes on Warp's CPU device
@@ -37,5 +38,5 @@ if [[ ${BENCH_MJX:-0} == 1 ]]; then flags+=(--mjx); fi
 if [[ ${BENCH_FLEET:-0} == 1 ]]; then flags+=(--train-fleet); fi
 exec timeout --signal=TERM 470 "$python" scripts/bench_sims_gpu.py --json "$out" \
     --device "${BENCH_DEVICE:-cuda:0}" --envs "${BENCH_ENVS:-1024,2048,4096,8192}" \
-    --steps "${BENCH_STEPS:-20}" --budget-s "${BENCH_BUDGET_S:-240}" \
+    --steps "${BENCH_STEPS:-20}" --budget-s "${BENCH_BUDGET_S:-360}" \
     --train-envs "${BENCH_TRAIN_ENVS:-1024}" --train-steps "${BENCH_TRAIN_STEPS:-16}" "${flags[@]}" "$@"
