@@ -2,6 +2,7 @@
 multiplexing vs request-level service multiplexing, and request routers across rollout instances.
 
     python scripts/bench_multiplex.py [--jobs 8] [--gpus 32] [--iterations 8] [--json PATH]
+    python scripts/bench_multiplex.py --real [--real-compute] --json PATH   # measured on a local Ray cluster
 
 The workload's distributions and the cost model are documented in infra/llm/sim/workload.py and
 docs/llm_jobs.md; the benchmark itself is infra.llm.sim.report (this script parses arguments into
@@ -14,6 +15,7 @@ cheapest one that keeps every job within ``--service-slowdown`` (the issue's tar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from infra.llm.real_bench import RealBenchConfig, run_real
 from infra.llm.sim.report import BenchConfig, run_simulated
 
 
@@ -86,7 +89,36 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--router-requests", type=int, default=d.router_requests)
     ap.add_argument("--router-rate", type=float, default=d.router_rate, help="requests per second (Poisson)")
     ap.add_argument("--json", type=Path, default=None, help="write machine/config/results here")
+    real = ap.add_argument_group("--real: the same comparison measured on a local Ray cluster (infra.llm.real_bench)")
+    r = RealBenchConfig()
+    real.add_argument("--real", action="store_true", help="run the jobs on the elastic pool of the running system")
+    real.add_argument("--real-compute", action="store_true",
+                      help="with --real: the tiny model's real compute only (default: emulated compute)")
+    real.add_argument("--real-jobs", type=int, default=r.jobs)
+    real.add_argument("--real-iterations", type=int, default=r.iterations)
+    real.add_argument("--time-scale", type=float, default=r.time_scale, help="wall seconds per workload second")
+    real.add_argument("--rollout-slots", type=int, default=r.rollout_slots)
+    real.add_argument("--trainer-slots", type=int, default=r.trainer_slots)
+    real.add_argument("--real-keep-alive-s", type=float, default=r.keep_alive_s, help="in workload seconds")
     return ap
+
+
+def _real(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    cfg = RealBenchConfig(jobs=args.real_jobs, iterations=args.real_iterations, time_scale=args.time_scale,
+                          seed=args.seed, rollout_slots=args.rollout_slots, trainer_slots=args.trainer_slots,
+                          home_slots=args.home_nodes, keep_alive_s=args.real_keep_alive_s, emulate=not args.real_compute)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        ap.error(str(e))
+    console = Console()
+    results = run_real(cfg)
+    console.print_json(data={k: results[k] for k in ("compute", "real", "sim_vs_real_error_pct", "routers_real_pool")})
+    if args.json:
+        write_report(args.json, {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                                 "real": dataclasses.asdict(cfg)}, results)
+        console.print(f"wrote {args.json}")
+    return 0
 
 
 def _config(ap: argparse.ArgumentParser, args: argparse.Namespace) -> BenchConfig:
@@ -211,6 +243,8 @@ def _print_services(console: Console, cfg: BenchConfig, services: dict[str, Any]
 def main(argv: list[str]) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
+    if args.real:
+        return _real(ap, args)
     cfg = _config(ap, args)
     console = Console()
     run = run_simulated(cfg, progress=lambda items, desc: track(items, description=desc, console=console))

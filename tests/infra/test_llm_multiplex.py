@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import threading
 
 import pytest
 import torch
@@ -108,3 +109,80 @@ def test_admission_refuses_too_large_models_and_respects_affinity() -> None:
     with pytest.raises(JobRefused, match="does not hold the job's state"):
         mux.admit(LLMJobSpec("nowhere", SMALL.num_params(), nodes=("n9",)))
     assert mux.admit(LLMJobSpec("free", SMALL.num_params())) == "g0"  # least loaded
+
+
+# ---------------------------------------------------------------- the elastic pool on Ray (infra.llm.elastic)
+
+
+def test_edf_queue_serves_the_earliest_deadline_first_and_ties_in_arrival_order() -> None:
+    from infra.llm.elastic import EDFQueue
+
+    q = EDFQueue()
+    tickets = {name: q.push(deadline) for name, deadline in [("late", 9.0), ("soon", 1.0), ("mid", 4.0), ("soon2", 1.0)]}
+    order = [q.pop() for _ in range(len(q))]
+    assert order == [tickets["soon"], tickets["soon2"], tickets["mid"], tickets["late"]]
+    assert q.head() is None
+
+
+def test_router_chooses_on_the_slots_reports() -> None:
+    from infra.llm.elastic import SlotReport, choose_home
+    from infra.llm.router import EngineCost, PrefillDecodeAware, load_router
+
+    router = PrefillDecodeAware(EngineCost())
+    busy = SlotReport("s0", queue_depth=3, prefill_tokens=9000, kv_sequences=64, leased=True, resident="a")
+    idle = SlotReport("s1", queue_depth=0, prefill_tokens=0, kv_sequences=0, leased=False, resident=None)
+    assert choose_home(router, "a", 100, [busy, idle]) == 1  # the reported load outweighs the resident weights
+    same = SlotReport("s1", queue_depth=0, prefill_tokens=0, kv_sequences=0, leased=True, resident="a")
+    other = SlotReport("s0", queue_depth=0, prefill_tokens=0, kv_sequences=0, leased=True, resident="b")
+    assert choose_home(router, "a", 100, [other, same]) == 1  # equal loads: where the job's weights are
+    assert choose_home(load_router("least_loaded"), "b", 100, [busy, idle]) == 1
+
+
+@pytest.fixture(scope="module")
+def scheduler_client():
+    import ray
+
+    from infra.llm.real_bench import start_cluster
+
+    client = start_cluster(gpus=4)
+    yield client
+    ray.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_elastic_pool_jobs_match_alone_runs_never_overlap_and_return_every_lease(scheduler_client) -> None:
+    from infra.llm.elastic import ElasticPool, PoolConfig
+    from infra.llm.real_bench import TINY, RealBenchConfig, held_gpu_seconds
+
+    bench = RealBenchConfig(jobs=3, iterations=2)
+    cfgs = [bench.job_config(f"j{i}", i) for i in range(3)]
+    alone = {c.name: run_job(c.name, c, local_services(c)) for c in cfgs}
+    since = scheduler_client.events(-1, 1)[-1].seq
+    # Two rollout slots and one trainer slot for three jobs: slots are shared, GPUs leased per call.
+    pool = ElasticPool(scheduler_client, TINY, PoolConfig(rollout_slots=2, trainer_slots=1, keep_alive_s=0.05))
+    results = {}
+
+    def work(i: int) -> None:
+        c = cfgs[i]
+        results[c.name] = run_job(c.name, c, pool.job_services(c.name, i, pace_s=1.0))
+        pool.finish(c.name)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    logs = pool.logs()
+    pool.close()
+    for name, res in alone.items():  # no two jobs' weights ever mix
+        assert all(torch.equal(results[name].weights[k], v) for k, v in res.weights.items()), name
+    per_slot: dict[str, list] = {}
+    for r in logs["requests"]:
+        per_slot.setdefault(r.slot, []).append(r)
+    for rows in per_slot.values():  # one device call at a time on a slot, and within its lease
+        assert _overlaps(rows) == []
+    for slot in {s for s, _ in logs["slices"]}:
+        assert _overlaps([r for s, r in logs["slices"] if s == slot]) == []
+    held, leases = held_gpu_seconds(scheduler_client, pool.prefix, since)  # raises if a lease was not released
+    assert leases == len(logs["leases"]) >= 3 and held > 0
+    assert all(g == 1000 for n in scheduler_client.status().nodes for g in n.gpu_free)  # no GPU held after

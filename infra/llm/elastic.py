@@ -1,0 +1,539 @@
+"""The elastic service pool: LLM function calls of many RLVR jobs on GPUs leased from the scheduler.
+
+What the simulation's request-level model (``infra.llm.sim.services``) describes, on Ray:
+
+- *Slots* are long-lived service processes (Ray actors placed by the cluster's scheduler service
+  as one CPU gang). Each hosts a :class:`~infra.llm.services.RolloutService` and a
+  :class:`~infra.llm.services.TrainerService`, so every registered job's weights (and, on its
+  trainer slot, its model, reference and Adam state) stay resident in the slot's host memory and
+  are swapped onto the device per call, as those services do.
+- *Leases*: a slot holds no GPU while idle. The first call that needs the device submits a
+  one-GPU gang to the scheduler service (``infra.client``) and waits until it is placed; the slot
+  hands the gang back once it has been idle for ``keep_alive_s``. GPU-time held is read from the
+  scheduler's own event log (placed -> released of the lease gangs).
+- *Requests*: every generate call (one turn of a job's batch) and every train step is one request,
+  queued on its slot earliest deadline first; a job's deadline for iteration ``i`` is its start +
+  ``(i + 1) * pace`` (its seconds per iteration alone, profiled beforehand), so the job furthest
+  behind its dedicated schedule is served first.
+- *Affinity*: a job is registered only on its home slots (``home_slots`` rollout slots and one
+  trainer slot); its requests go only there. Among its rollout homes the router decides on the
+  slots' own reports (queue depth, prefill tokens in flight, sequences holding KV cache), homes
+  that already hold the job's weights listed first so that ties keep the weights where they are.
+
+Device work is real (the tiny model's generate and GRPO update on the slot's host); with a
+:class:`Emulation` each call then holds its lease until the workload's duration has passed
+(:mod:`infra.llm.emulator`): those figures are "emulated compute".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.llm.emulator import IterationWork, swap_s
+from infra.llm.handles import LocalHandle
+from infra.llm.model import ModelConfig
+from infra.llm.rlvr import JobServices
+from infra.llm.router import InstanceLoad, Router, load_router
+from infra.llm.services import RewardService, RolloutService, TrainerService
+from infra.llm.sim.workload import Hardware, JobProfile
+
+_POOLS = itertools.count()
+"""Numbers the pools of this process, so that their gang names never collide."""
+
+
+class EDFQueue:
+    """Requests ordered by deadline (ties: submission order)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int]] = []
+        self._seq = itertools.count()
+
+    def push(self, deadline: float) -> tuple[float, int]:
+        """Queue a request due at ``deadline``; returns its ticket."""
+        ticket = (deadline, next(self._seq))
+        heapq.heappush(self._heap, ticket)
+        return ticket
+
+    def head(self) -> tuple[float, int] | None:
+        """The ticket served next (earliest deadline), or None when empty."""
+        return self._heap[0] if self._heap else None
+
+    def pop(self) -> tuple[float, int]:
+        """Remove and return the head."""
+        return heapq.heappop(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """One device call of one job on a slot (times in wall seconds, already scaled)."""
+
+    job: str
+    service: str
+    """``rollout`` or ``trainer``."""
+    method: str
+    args: tuple
+    deadline: float
+    hold_s: float = 0.0
+    """Emulated device time of the call (0: the real compute's own time)."""
+    prefill_s: float = 0.0
+    """Emulated prefill time (time to first token after the call starts)."""
+    swap_s: float = 0.0
+    """Emulated host-to-device copy, charged when the slot's device last served another job."""
+    prompt_tokens: int = 0
+    sequences: int = 0
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """A request as the slot served it (wall clock, ``time.time``)."""
+
+    job: str
+    fn: str
+    slot: str
+    deadline: float
+    submitted: float
+    start: float
+    first_token: float
+    end: float
+    swapped: bool
+    lease: str
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One GPU lease of a slot: the gang, where it was placed, how long the placement took."""
+
+    gang: str
+    slot: str
+    node: str
+    gpus: tuple[int, ...]
+    asked: float
+    placed: float
+    released: float | None = None
+
+
+@dataclass(frozen=True)
+class SlotReport:
+    """What a slot reports of its load (the router decides on these)."""
+
+    slot: str
+    queue_depth: int
+    """Requests waiting for the device, plus the one running."""
+    prefill_tokens: int
+    """Prompt tokens of queued and running requests not yet prefilled."""
+    kv_sequences: int
+    """Sequences holding KV cache on the device (the running generate request's)."""
+    leased: bool
+    resident: str | None
+    """Job whose weights the rollout engine holds."""
+
+
+def choose_home(router: Router, job: str, prompt_tokens: int, reports: list[SlotReport]) -> int:
+    """Index into ``reports`` of the slot that gets ``job``'s request: the router's choice on the reported
+    loads, slots already holding the job's weights offered first (ties keep the weights where they are)."""
+    order = sorted(range(len(reports)), key=lambda i: reports[i].resident != job)
+    loads = [InstanceLoad(reports[i].queue_depth, reports[i].prefill_tokens, reports[i].kv_sequences) for i in order]
+    return order[router.choose(prompt_tokens, loads)]
+
+
+@dataclass(frozen=True)
+class LeaseSpec:
+    """The gang a slot submits for its GPU."""
+
+    prefix: str
+    cpu_milli: int = 100
+    memory_mib: int = 256
+    priority: int = 0
+    tenant: str = "default"
+    timeout_s: float = 60.0
+
+
+class PoolSlot:
+    """One service process of the pool: host-resident job state, an EDF device queue, its GPU lease.
+
+    ``keep_alive_s`` None: the lease, once taken, is held until :meth:`release_lease` (dedicated
+    placement). Becomes a threaded Ray actor (one thread per waiting request).
+    """
+
+    def __init__(self, name: str, model: ModelConfig, lease: LeaseSpec, keep_alive_s: float | None) -> None:
+        self.name = name
+        self.services = {"rollout": RolloutService(model), "trainer": TrainerService()}
+        self.lease_spec = lease
+        self.keep_alive_s = keep_alive_s
+        self._cv = threading.Condition()
+        self._queue = EDFQueue()
+        self._busy = False
+        self._idle_epoch = 0
+        self._prefill_tokens = 0
+        self._kv_sequences = 0
+        self._last_trained: str | None = None
+        self._lease_lock = threading.Lock()
+        self._gang: Any = None
+        self._lease_n = itertools.count()
+        self._client: Any = None
+        self.records: list[RequestRecord] = []
+        self.leases: list[LeaseRecord] = []
+
+    # ------------------------------------------------------------ host-only calls (no device)
+    def host(self, service: str, method: str, *args: Any) -> Any:
+        """Call a method of a service that touches host memory only (register, weights, unregister)."""
+        return getattr(self.services[service], method)(*args)
+
+    # ------------------------------------------------------------ device calls
+    def run(self, req: PoolRequest) -> tuple[Any, RequestRecord]:
+        """Queue ``req`` EDF, lease a GPU if none is held, run it, hold the device for its emulated time."""
+        submitted = time.time()
+        with self._cv:
+            ticket = self._queue.push(req.deadline)
+            self._prefill_tokens += req.prompt_tokens
+            self._cv.wait_for(lambda: not self._busy and self._queue.head() == ticket)
+            self._queue.pop()
+            self._busy = True
+            self._idle_epoch += 1
+        try:
+            lease = self._ensure_lease()
+            start = time.time()
+            swapped = self._swapping(req)
+            with self._cv:
+                self._kv_sequences = req.sequences
+            result = getattr(self.services[req.service], req.method)(*req.args)
+            if req.service == "trainer":
+                self._last_trained = req.job
+            with self._cv:
+                self._prefill_tokens -= req.prompt_tokens
+            swap = req.swap_s if swapped else 0.0
+            time.sleep(max(0.0, start + swap + req.hold_s - time.time()))
+            end = time.time()
+        finally:
+            with self._cv:
+                self._busy = False
+                self._kv_sequences = 0
+                epoch = self._idle_epoch
+                self._cv.notify_all()
+            self._schedule_release(epoch)
+        record = RequestRecord(req.job, req.method, self.name, req.deadline, submitted, start,
+                               min(end, start + swap + req.prefill_s), end, swapped, lease)
+        self.records.append(record)
+        return result, record
+
+    def _swapping(self, req: PoolRequest) -> bool:
+        if req.service == "rollout":
+            return self.services["rollout"].resident != req.job
+        return self._last_trained != req.job
+
+    # ------------------------------------------------------------ leases
+    def _ensure_lease(self) -> str:
+        from infra.client import connect
+        from infra.requests import Bundle, GangRequest
+
+        with self._lease_lock:
+            if self._gang is not None:
+                return self._gang.name
+            if self._client is None:
+                self._client = connect(start_service=False)
+            spec = self.lease_spec
+            req = GangRequest(f"{spec.prefix}-{self.name}-{next(self._lease_n)}",
+                              (Bundle(spec.cpu_milli, spec.memory_mib, gpus=1, name="gpu"),),
+                              priority=spec.priority, tenant=spec.tenant)
+            asked = time.time()
+            gang = self._client.submit(req)
+            try:
+                status = gang.wait(timeout_s=spec.timeout_s)
+            except BaseException:
+                gang.release()
+                raise
+            a = status.placement.assignments[0]
+            self.leases.append(LeaseRecord(req.name, self.name, a.node, tuple(a.gpus), asked, time.time()))
+            self._gang = gang
+            return gang.name
+
+    def _schedule_release(self, epoch: int) -> None:
+        if self.keep_alive_s is None:
+            return
+        timer = threading.Timer(self.keep_alive_s, self._release_if_idle, args=(epoch,))
+        timer.daemon = True
+        timer.start()
+
+    def _release_if_idle(self, epoch: int) -> None:
+        with self._cv:
+            if self._busy or len(self._queue) or epoch != self._idle_epoch:
+                return
+            self._idle_epoch += 1  # a request arriving now waits for the lease lock, then leases again
+        self.release_lease()
+
+    def release_lease(self) -> None:
+        """Hand the GPU back to the scheduler (a no-op when none is held)."""
+        with self._lease_lock:
+            if self._gang is None:
+                return
+            gang, self._gang = self._gang, None
+            gang.release()
+            last = self.leases[-1]
+            self.leases[-1] = LeaseRecord(last.gang, last.slot, last.node, last.gpus, last.asked, last.placed, time.time())
+
+    # ------------------------------------------------------------ reports and logs
+    def report(self) -> SlotReport:
+        """The slot's load as the slot itself sees it."""
+        with self._cv:
+            return SlotReport(self.name, len(self._queue) + int(self._busy), self._prefill_tokens, self._kv_sequences,
+                              self._gang is not None, self.services["rollout"].resident)
+
+    def logs(self) -> dict[str, list]:
+        """Requests served, leases taken, and the services' slice logs."""
+        return {"requests": list(self.records), "leases": list(self.leases),
+                "slices": [(name, s) for name, svc in self.services.items() for s in svc.slices()]}
+
+    def weights_checksum(self, job: str) -> float:
+        """Sum of ``job``'s trainer weights (host copies), to compare with its alone-run."""
+        state, _ = self.services["trainer"].weights(job)
+        return float(sum(v.double().sum() for v in state.values()))
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Shape of an elastic pool (see the module docstring)."""
+
+    rollout_slots: int = 4
+    """Rollout service processes (each leases at most one GPU at a time)."""
+    trainer_slots: int = 4
+    """Trainer service processes; ignored when ``colocated``."""
+    colocated: bool = False
+    """Rollout and trainer of a job on the same slot (one GPU per slot for both: dedicated placement)."""
+    home_slots: int = 2
+    """Rollout slots whose host memory holds a job's weights (its requests go only there)."""
+    keep_alive_s: float | None = 0.25
+    """Idle seconds before a slot hands its GPU back; None: keep it until the pool closes."""
+    router: str = "prefill_decode_aware"
+    """Router over a job's rollout homes, on the slots' reports (``infra.llm.router.load_router``)."""
+    priority: int = 0
+    tenant: str = "default"
+    lease_timeout_s: float = 60.0
+    """Longest wait for one lease to be placed."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field and the fix."""
+        for name in ("rollout_slots", "trainer_slots", "home_slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PoolConfig.{name}={getattr(self, name)} must be >= 1.")
+        if self.home_slots > self.rollout_slots:
+            raise ValueError(f"PoolConfig.home_slots={self.home_slots} exceeds rollout_slots={self.rollout_slots}; "
+                             "lower home_slots or add rollout slots.")
+        if self.keep_alive_s is not None and self.keep_alive_s < 0:
+            raise ValueError(f"PoolConfig.keep_alive_s={self.keep_alive_s} must be >= 0 (or None to hold GPUs).")
+        load_router(self.router)
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Emulated compute of one job: its iterations' work, its profile's swap costs, the time scale."""
+
+    work: list[IterationWork]
+    rollout_swap_s: float
+    trainer_swap_s: float
+    scale: float
+    """Wall seconds per workload second."""
+
+    @classmethod
+    def of(cls, profile: JobProfile, hw: Hardware, work: list[IterationWork], scale: float) -> Emulation:
+        """The emulation of ``profile``'s ``work`` on ``hw`` at ``scale``."""
+        return cls(work, swap_s(profile, hw, "rollout"), swap_s(profile, hw, "trainer"), scale)
+
+
+@dataclass
+class _JobState:
+    name: str
+    rollout_homes: list[int]
+    trainer_home: int
+    pace_s: float
+    emulation: Emulation | None
+    start: float = field(default_factory=time.time)
+    iteration: int = 0
+    scored: bool = True
+    """Whether the latest training rollout's reward time has passed (greedy evaluations have none)."""
+
+    def deadline(self) -> float:
+        return self.start + (self.iteration + 1) * self.pace_s
+
+    def work(self) -> IterationWork | None:
+        if self.emulation is None:
+            return None
+        return self.emulation.work[min(self.iteration, len(self.emulation.work) - 1)]
+
+
+class ElasticPool:
+    """Slots placed through the scheduler service, leasing GPUs per call; hands out job services.
+
+    Args:
+        client: ``infra.client.connect()``.
+        model: the (tiny) model every slot's services host.
+        cfg: pool shape.
+    """
+
+    def __init__(self, client: Any, model: ModelConfig, cfg: PoolConfig) -> None:
+        import ray
+
+        from infra.client import GangBackend
+        from infra.requests import Bundle, GangRequest
+
+        cfg.validate()
+        self.cfg, self.client = cfg, client
+        self.prefix = f"pool{os.getpid()}-{next(_POOLS)}"
+        n = cfg.rollout_slots + (0 if cfg.colocated else cfg.trainer_slots)
+        req = GangRequest(f"{self.prefix}-slots", tuple(Bundle(100, 512, name=f"slot{i}") for i in range(n)),
+                          priority=cfg.priority, tenant=cfg.tenant)
+        self.gang = client.submit(req)
+        self.gang.wait(timeout_s=cfg.lease_timeout_s)
+        backend = GangBackend(self.gang, restart=False)
+        lease = LeaseSpec(self.prefix, priority=cfg.priority, tenant=cfg.tenant, timeout_s=cfg.lease_timeout_s)
+        remote = ray.remote(PoolSlot)
+        self.slots = [backend.start_actor(i, remote, f"s{i}", model, lease, cfg.keep_alive_s,
+                                          options={"max_concurrency": 64}) for i in range(n)]
+        ray.get([s.report.remote() for s in self.slots])
+        self.router: Router = load_router(cfg.router)
+        self.reward = LocalHandle(RewardService())
+        self._jobs: dict[str, _JobState] = {}
+        self._lock = threading.Lock()
+
+    def job_services(self, job: str, index: int, *, pace_s: float, emulation: Emulation | None = None) -> JobServices:
+        """Register job number ``index`` on its homes; its services (handles for ``infra.llm.rlvr.run_job``)."""
+        c = self.cfg
+        k = min(c.home_slots, c.rollout_slots)
+        homes = sorted({(index * k + m) % c.rollout_slots for m in range(k)})
+        trainer = homes[0] if c.colocated else c.rollout_slots + index % c.trainer_slots
+        state = _JobState(job, homes, trainer, pace_s, emulation)
+        with self._lock:
+            if job in self._jobs:
+                raise ValueError(f"job {job!r} is already in the pool; pick a new name.")
+            self._jobs[job] = state
+        return JobServices(_RolloutHandle(self, state), _RewardHandle(self.reward, state), _TrainerHandle(self, state))
+
+    def route(self, state: _JobState, prompt_tokens: int) -> int:
+        """The rollout home of ``state``'s job for a request, chosen by the router on the homes' reports."""
+        import ray
+
+        reports = ray.get([self.slots[i].report.remote() for i in state.rollout_homes])
+        return state.rollout_homes[choose_home(self.router, state.name, prompt_tokens, reports)]
+
+    def finish(self, job: str) -> None:
+        """The job ended: drop it; a slot no other job uses hands its GPU back now."""
+        import ray
+
+        with self._lock:
+            state = self._jobs.pop(job)
+            used = {i for s in self._jobs.values() for i in (*s.rollout_homes, s.trainer_home)}
+        ray.get([self.slots[i].release_lease.remote() for i in {*state.rollout_homes, state.trainer_home} - used])
+
+    def logs(self) -> dict[str, list]:
+        """Every slot's requests, leases and service slices (``("s<i>/<service>", SliceRecord)``)."""
+        import ray
+
+        out: dict[str, list] = {"requests": [], "leases": [], "slices": []}
+        for i, part in enumerate(ray.get([s.logs.remote() for s in self.slots])):
+            for key, rows in part.items():
+                out[key] += [(f"s{i}/{service}", r) for service, r in rows] if key == "slices" else rows
+        return out
+
+    def close(self) -> None:
+        """Hand back every lease, then the slots' gang."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.get([s.release_lease.remote() for s in self.slots], timeout=60)
+        self.gang.release()
+
+
+class _RolloutHandle:
+    """A job's rollout service in the pool: host calls to its homes, generate routed and queued EDF."""
+
+    def __init__(self, pool: ElasticPool, state: _JobState) -> None:
+        self.pool, self.state = pool, state
+
+    def call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        slots = [self.pool.slots[i] for i in self.state.rollout_homes]
+        if method != "generate":
+            return ray.get([s.host.remote("rollout", method, *args) for s in slots])[0]
+        work = self.state.work()
+        prompt_tokens = sum(map(len, args[1]))
+        if work is None or args[3] == 0.0:  # real compute alone; greedy evaluations are not emulated
+            return self._run(PoolRequest(self.state.name, "rollout", "generate", args, self.state.deadline(),
+                                         prompt_tokens=prompt_tokens, sequences=len(args[1])))
+        em = self.state.emulation
+        result = None
+        for turn in work.turns:
+            result = self._run(PoolRequest(
+                self.state.name, "rollout", "generate", args, self.state.deadline(),
+                hold_s=(turn.prefill_s + turn.decode_s) * em.scale, prefill_s=turn.prefill_s * em.scale,
+                swap_s=em.rollout_swap_s * em.scale, prompt_tokens=turn.prompt_tokens, sequences=turn.sequences))
+            time.sleep(turn.stall_s * em.scale)  # tool calls: the job waits, holding no GPU
+        self.state.scored = False
+        return result
+
+    def call_ref(self, method: str, *args: Any) -> tuple[Any, Any]:
+        return self.call(method, *args)
+
+    def _run(self, req: PoolRequest) -> Any:
+        import ray
+
+        slot = self.pool.slots[self.pool.route(self.state, req.prompt_tokens)]
+        result, _ = ray.get(slot.run.remote(req))
+        return result
+
+
+class _TrainerHandle:
+    """A job's trainer service: device calls queued EDF on its trainer slot, the rest host-only."""
+
+    DEVICE = frozenset({"supervised", "finish_warmup", "train"})
+
+    def __init__(self, pool: ElasticPool, state: _JobState) -> None:
+        self.pool, self.state = pool, state
+
+    def call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        slot = self.pool.slots[self.state.trainer_home]
+        if method not in self.DEVICE:
+            return ray.get(slot.host.remote("trainer", method, *args))
+        work, em = self.state.work(), self.state.emulation
+        emulated = work is not None and method == "train"
+        req = PoolRequest(self.state.name, "trainer", method, args, self.state.deadline(),
+                          hold_s=work.train_s * em.scale if emulated else 0.0,
+                          swap_s=em.trainer_swap_s * em.scale if emulated else 0.0)
+        result, _ = ray.get(slot.run.remote(req))
+        if method == "train":
+            self.state.iteration += 1
+        return result
+
+    def call_ref(self, method: str, *args: Any) -> tuple[Any, Any]:
+        """``(payload reference, meta)``: the weights stay in the object store, the driver never fetches them."""
+        import ray
+
+        slot = self.pool.slots[self.state.trainer_home]
+        payload, meta = slot.host.options(num_returns=2).remote("trainer", method, *args)
+        return payload, ray.get(meta)
+
+
+class _RewardHandle:
+    """The CPU reward service, then the workload's verification time (a stall that holds no GPU)."""
+
+    def __init__(self, reward: LocalHandle, state: _JobState) -> None:
+        self.reward, self.state = reward, state
+
+    def call(self, method: str, *args: Any) -> Any:
+        out = self.reward.call(method, *args)
+        work = self.state.work()
+        if work is not None and method == "score" and not self.state.scored:
+            self.state.scored = True
+            time.sleep(work.reward_s * self.state.emulation.scale)
+        return out
