@@ -28,6 +28,7 @@ Device work is real (the tiny model's generate and GRPO update on the slot's hos
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import os
@@ -209,8 +210,6 @@ class PoolSlot:
             result = getattr(self.services[req.service], req.method)(*req.args)
             if req.service == "trainer":
                 self._last_trained = req.job
-            with self._cv:
-                self._prefill_tokens -= req.prompt_tokens
             swap = req.swap_s if swapped else 0.0
             time.sleep(max(0.0, start + swap + req.hold_s - time.time()))
             end = time.time()
@@ -218,6 +217,7 @@ class PoolSlot:
             with self._cv:
                 self._busy = False
                 self._kv_sequences = 0
+                self._prefill_tokens -= req.prompt_tokens
                 epoch = self._idle_epoch
                 self._cv.notify_all()
             self._schedule_release(epoch)
@@ -265,21 +265,26 @@ class PoolSlot:
         timer.start()
 
     def _release_if_idle(self, epoch: int) -> None:
-        with self._cv:
-            if self._busy or len(self._queue) or epoch != self._idle_epoch:
-                return
-            self._idle_epoch += 1  # a request arriving now waits for the lease lock, then leases again
-        self.release_lease()
+        # The lease lock first: a request that has taken the device either holds it (and its lease
+        # stays) or waits for it behind us (and leases again).
+        with self._lease_lock:
+            with self._cv:
+                if self._busy or len(self._queue) or epoch != self._idle_epoch:
+                    return
+            self._hand_back()
 
     def release_lease(self) -> None:
         """Hand the GPU back to the scheduler (a no-op when none is held)."""
         with self._lease_lock:
-            if self._gang is None:
-                return
-            gang, self._gang = self._gang, None
-            gang.release()
-            last = self.leases[-1]
-            self.leases[-1] = LeaseRecord(last.gang, last.slot, last.node, last.gpus, last.asked, last.placed, time.time())
+            self._hand_back()
+
+    def _hand_back(self) -> None:
+        if self._gang is None:
+            return
+        gang, self._gang = self._gang, None
+        gang.release()
+        last = self.leases[-1]
+        self.leases[-1] = dataclasses.replace(last, released=time.time())
 
     # ------------------------------------------------------------ reports and logs
     def report(self) -> SlotReport:
@@ -292,11 +297,6 @@ class PoolSlot:
         """Requests served, leases taken, and the services' slice logs."""
         return {"requests": list(self.records), "leases": list(self.leases),
                 "slices": [(name, s) for name, svc in self.services.items() for s in svc.slices()]}
-
-    def weights_checksum(self, job: str) -> float:
-        """Sum of ``job``'s trainer weights (host copies), to compare with its alone-run."""
-        state, _ = self.services["trainer"].weights(job)
-        return float(sum(v.double().sum() for v in state.values()))
 
 
 @dataclass(frozen=True)
