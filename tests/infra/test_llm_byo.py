@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from llm_tiny_hf import make_tiny_hf
 
 from infra.llm.data import DataConfig, load_examples
 from infra.llm.engine import left_pad, load_engine
@@ -21,6 +20,8 @@ from infra.typed_config import apply_overrides
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from llm_tiny_model import make_tiny_hf  # noqa: E402  (the script that writes a tiny model folder)
 
 REWARDS = '''
 import os, time
