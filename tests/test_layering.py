@@ -1,5 +1,6 @@
 """The layering of docs/ARCHITECTURE.md: infra knows nothing of robots, sims nothing of networks,
-policies nothing of simulators. An import pointing the wrong way is a design bug."""
+policies nothing of simulators, and rlcore (the RL math both trainers share) of nothing in the project.
+An import pointing the wrong way is a design bug."""
 
 import ast
 from pathlib import Path
@@ -11,6 +12,7 @@ FORBIDDEN = {
     "sims": {"policies", "vla_rl", "infra"},
     "policies": {"sims", "vla_rl", "infra"},
     "infra": {"sims", "policies", "vla_rl"},
+    "rlcore": {"sims", "policies", "vla_rl", "infra"},
 }
 
 

@@ -1,7 +1,8 @@
 """PPO: GAE, the clipped policy-gradient update (shared with GRPO) and the algorithm object.
 
 Read top to bottom: :func:`compute_gae` turns a [T, N] rollout into advantages and returns;
-:func:`surrogate_loss` and :func:`value_loss` are the paper's equations; :class:`ClippedUpdate`
+:func:`rlcore.losses.surrogate_loss` (shared with the LLM trainer) and :func:`value_loss` are the
+paper's equations; :class:`ClippedUpdate`
 runs minibatch epochs over a flat batch with gradient clipping, KL early stop, KL-adaptive
 learning rate and linear learning-rate annealing; :class:`PPO` puts them behind the trainer's
 :class:`vla_rl.algorithm.Algorithm` interface.
@@ -20,6 +21,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from rlcore.losses import kl_k3, surrogate_loss
 from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.config import OptimConfig, TrainConfig
 from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, account
@@ -68,34 +70,6 @@ def compute_gae(
     return advantage, advantage + value
 
 
-def surrogate_loss(
-    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor, clip_coef: float
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate objective (negated, to minimise), and its diagnostics.
-
-    Args:
-        log_prob: ``[B]`` log pi_theta(a|s) under the current parameters.
-        old_log_prob: ``[B]`` log pi_old(a|s) stored at collection time.
-        advantage: ``[B]`` advantage estimates.
-        clip_coef: epsilon of the ratio clip.
-
-    Returns:
-        The scalar loss and ``approx_kl`` (the ``(r - 1) - log r`` estimator) and ``clip_frac``.
-    """
-    log_ratio = log_prob - old_log_prob
-    ratio = log_ratio.exp()
-    # L^CLIP = E[min(r A, clip(r, 1 - eps, 1 + eps) A)]
-    pg_loss1 = -advantage * ratio
-    pg_loss2 = -advantage * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
-    loss = torch.max(pg_loss1, pg_loss2).mean()
-    with torch.no_grad():
-        stats = {
-            "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
-            "clip_frac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
-        }
-    return loss, stats
-
-
 def value_loss(
     value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor, clip_coef: float | None
 ) -> torch.Tensor:
@@ -118,8 +92,7 @@ def reference_kl(
     """
     with torch.no_grad():
         ref_log_prob = reference.evaluate(obs, action)[0]
-    d = ref_log_prob - log_prob
-    return (d.exp() - 1.0 - d).mean()
+    return kl_k3(ref_log_prob - log_prob).mean()
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Group Relative Policy Optimisation (Shao et al., 2024, DeepSeekMath) samples ``G`` completions
 per prompt, normalises each reward against its own group (no value network), and maximises the
 clipped importance-weighted surrogate of PPO minus ``beta * KL(pi || pi_ref)`` against a frozen
-reference model. Math is written as pure functions over tensors, shapes in the docstrings.
+reference model. The loss math (``group_advantages``, ``grpo_loss``) is :mod:`rlcore.losses`, shared
+with the VLA trainer; the config's knobs carry the VLA GRPO config's names.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from infra.llm.engine import left_pad
 from infra.llm.lm import CausalLM, build_model, load_codec
 from infra.llm.model import ModelConfig
+from rlcore.losses import group_advantages, grpo_loss
 
 
 @dataclass(frozen=True)
@@ -24,60 +26,18 @@ class GRPOConfig:
 
     lr: float = 1e-3
     """Adam learning rate."""
-    clip_eps: float = 0.2
-    """PPO ratio clip: the ratio is clipped to [1 - eps, 1 + eps]."""
-    kl_coef: float = 0.02
+    clip_coef: float = 0.2
+    """PPO ratio clip range epsilon: the ratio is clipped to [1 - eps, 1 + eps]."""
+    ref_kl_coef: float = 0.02
     """Weight beta of the KL penalty against the frozen reference."""
+    std_eps: float = 1e-6
+    """Added to the group's reward standard deviation before dividing."""
     epochs: int = 1
     """Optimisation passes over each rollout batch."""
-    minibatches: int = 2
+    num_minibatches: int = 2
     """Minibatches per pass."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip."""
-
-
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Group-relative advantages ``[P, G]`` from rewards ``[P, G]``: ``(r - mean_g) / (std_g + eps)``.
-
-    A group whose rewards are all equal carries no signal and gets zero advantage.
-    """
-    mean = rewards.mean(-1, keepdim=True)
-    std = rewards.std(-1, keepdim=True, unbiased=False)
-    return (rewards - mean) / (std + eps)
-
-
-def grpo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    ref_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float,
-    kl_coef: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO loss (a scalar to minimise) and diagnostics.
-
-    logp, old_logp, ref_logp: ``[B, C]`` token log-probs under the current, behaviour and reference
-    policies; advantages: ``[B]``; mask: ``[B, C]`` True at completion tokens that count (up to and
-    including EOS). The token-level terms are averaged over all counted tokens of the batch.
-    """
-    ratio = torch.exp(logp - old_logp)
-    adv = advantages[:, None]
-    # PPO clipped surrogate: min(r * A, clip(r, 1 - eps, 1 + eps) * A)
-    pg_loss1 = -adv * ratio
-    pg_loss2 = -adv * torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
-    pg = torch.max(pg_loss1, pg_loss2)
-    # KL(pi || pi_ref), the unbiased non-negative "k3" estimator: exp(ref - logp) - (ref - logp) - 1
-    log_r = ref_logp - logp
-    kl = torch.exp(log_r) - log_r - 1
-    m = mask.float()
-    n = m.sum().clamp(min=1)
-    pg_term = (pg * m).sum() / n
-    kl_term = (kl * m).sum() / n
-    loss = pg_term + kl_coef * kl_term
-    clipped = ((ratio - 1).abs() > clip_eps).float()
-    stats = {"pg_loss": pg_term.item(), "kl": kl_term.item(), "clip_frac": ((clipped * m).sum() / n).item()}
-    return loss, stats
 
 
 def completion_tensors(completions: list[list[int]], eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,19 +82,19 @@ class GRPOTrainer:
             )
         p_tok, p_mask = left_pad(prompts, self.pad_id)
         c_tok, c_mask = completion_tensors(completions, self.eos_id)
-        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32).view(-1, group_size)).view(-1)
+        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), group_size, self.cfg.std_eps)
         with torch.no_grad():
             old_logp = self.model.logprobs(p_tok, p_mask, c_tok)
             ref_logp = self.ref.logprobs(p_tok, p_mask, c_tok)
         stats: dict[str, float] = {}
-        mb = max(1, n // self.cfg.minibatches)
+        mb = max(1, n // self.cfg.num_minibatches)
         for _ in range(self.cfg.epochs):
             order = torch.randperm(n, generator=self.gen)
             for start in range(0, n, mb):
                 idx = order[start : start + mb]
                 logp = self.model.logprobs(p_tok[idx], p_mask[idx], c_tok[idx])
                 loss, stats = grpo_loss(
-                    logp, old_logp[idx], ref_logp[idx], adv[idx], c_mask[idx], self.cfg.clip_eps, self.cfg.kl_coef
+                    logp, old_logp[idx], ref_logp[idx], adv[idx], c_mask[idx], self.cfg.clip_coef, self.cfg.ref_kl_coef
                 )
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from infra.llm.engine import load_engine
-from infra.llm.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
+from infra.llm.grpo import GRPOConfig, GRPOTrainer
 from infra.llm.lm import CharCodec
 from infra.llm.model import ModelConfig, TinyCausalLM, sequence_logprobs
 from infra.llm.tasks import EOS, PAD, VOCAB_SIZE, decode, encode, exact_match, load_task
@@ -81,33 +81,10 @@ def test_tasks_check_answers_exactly(name: str, size: int) -> None:
         load_task("chess", 1)
 
 
-def test_group_advantages_against_loop() -> None:
-    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
-    adv = group_advantages(r)
-    for g in range(3):
-        row = r[g]
-        mean = sum(row.tolist()) / 4
-        std = (sum((x - mean) ** 2 for x in row.tolist()) / 4) ** 0.5
-        for i in range(4):
-            assert adv[g, i].item() == pytest.approx((row[i].item() - mean) / (std + 1e-6), abs=1e-5)
-    assert torch.all(adv[1] == 0)
-
-
-def test_grpo_loss_clips_and_kl_is_zero_at_reference() -> None:
-    logp = torch.log(torch.tensor([[0.5, 0.5]]))
-    old = torch.log(torch.tensor([[0.25, 0.5]]))  # ratio 2 on the first token, 1 on the second
-    mask = torch.ones(1, 2, dtype=torch.bool)
-    loss, stats = grpo_loss(logp, old, logp, torch.tensor([1.0]), mask, clip_eps=0.2, kl_coef=0.1)
-    # Positive advantage: the ratio-2 token is clipped to 1.2; KL is 0 when the reference equals the policy.
-    assert loss.item() == pytest.approx(-(1.2 + 1.0) / 2, abs=1e-6)
-    assert stats["kl"] == pytest.approx(0.0, abs=1e-7)
-    assert stats["clip_frac"] == pytest.approx(0.5)
-
-
 def test_grpo_update_raises_reward_of_rewarded_completion() -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=VOCAB_SIZE, d_model=32, n_heads=2, n_layers=1)
-    trainer = GRPOTrainer(TinyCausalLM(cfg), GRPOConfig(lr=1e-2, kl_coef=0.0), pad_id=PAD, eos_id=EOS)
+    trainer = GRPOTrainer(TinyCausalLM(cfg), GRPOConfig(lr=1e-2, ref_kl_coef=0.0), pad_id=PAD, eos_id=EOS)
     prompts = [encode("s:21=")] * 4
     good, bad = [*encode("12")[1:], EOS], [*encode("21")[1:], EOS]
     comps = [good, bad, good, bad]
