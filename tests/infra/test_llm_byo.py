@@ -236,3 +236,32 @@ def test_one_command_trains_a_users_hf_model_on_a_users_data(tmp_path, rewards) 
     moved = [not torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), start.state_dict().values())]
     assert any(moved)  # the saved weights are the trained ones, not the user's original
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_same_config_runs_on_ray_services(tmp_path, rewards, monkeypatch) -> None:
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from infra.llm.rlvr import run_rlvr
+    from infra.ray_backend import node_labels
+    from infra.scheduler import Node
+
+    monkeypatch.chdir(tmp_path)  # the reward module sits in the working directory, as a user's would
+    model, train, held_out = _user_files(tmp_path)
+    cfg = apply_overrides(RLVRConfig(), [
+        f"model.path={model}", f"data.path={train}", f"data.eval_path={held_out}", f"reward={rewards}:flaky",
+        "reward_timeout_s=1", "iterations=2", "prompts_per_iter=4", "group_size=4", "warmup_steps=2", "warmup_batch=8",
+        "eval_prompts=6", "eval_every=10", "threads=1", "checkpoint_every=0", "name=byo_ray", f"out_dir={tmp_path}",
+        "ray=true"])
+    node = Node("local", cpu_milli=4000, memory_mib=8192)
+    ray.init(num_cpus=4, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    try:
+        summary = run_rlvr(cfg)
+    finally:
+        ray.shutdown()
+    # The reward ran in the Ray reward service's worker process: the same failures, counted the same way.
+    assert (summary["reward_errors"], summary["reward_timeouts"]) == (2, 2)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "byo_ray" / "model").config.model_type == "gpt2"
