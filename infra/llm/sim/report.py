@@ -24,7 +24,7 @@ ROUTERS = ("round_robin", "least_loaded", "prefill_decode_aware")
 """Routers compared, in the order of the report; the last is measured against the first."""
 
 TARGET_SLOWDOWN = 1.10
-"""Issue 18's bound: every job at most 10 % slower than on dedicated GPUs."""
+"""The slowdown target: every job at most 10 % slower than on dedicated GPUs."""
 
 T = TypeVar("T")
 Progress = Callable[[Sequence[T], str], Iterable[T]]
