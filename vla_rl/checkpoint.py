@@ -12,16 +12,15 @@ Checkpoints are pickles: load only files you trust.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from infra.sealed_file import DigestMismatch, NotSealed, seal, unseal, write_atomic
 
 MAGIC = b"VLARLCKPT1\n"
 FORMAT_VERSION = 2  # 2: algorithm state under 'algorithm', obs_spec and action_dim
@@ -82,28 +81,14 @@ def save_checkpoint(payload: dict[str, Any], directory: Path, iteration: int, ke
     directory.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     torch.save({"format_version": FORMAT_VERSION, **payload}, buf)
-    data = buf.getvalue()
-    blob = MAGIC + hashlib.sha256(data).digest() + data
+    blob = seal(MAGIC, buf.getvalue())
     path = directory / f"iter_{iteration:06d}.pt"
     for target in (path, directory / LATEST):
-        _atomic_write(target, blob)
+        write_atomic(target, blob)
     numbered = sorted(directory.glob("iter_*.pt"))
     for old in numbered[:-keep] if keep > 0 else []:
         old.unlink()
     return path
-
-
-def _atomic_write(path: Path, blob: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -119,16 +104,15 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"no checkpoint at {path}; train first (scripts/train.py) or pass the path of an existing .pt file"
         )
-    blob = path.read_bytes()
-    header = len(MAGIC) + 32
-    if not blob.startswith(MAGIC) or len(blob) < header:
-        raise CheckpointError(f"{path} is not a vla_rl checkpoint (bad header); was it written by scripts/train.py?")
-    digest, data = blob[len(MAGIC) : header], blob[header:]
-    if hashlib.sha256(data).digest() != digest:
+    try:
+        data = unseal(path.read_bytes(), MAGIC)
+    except NotSealed:
+        raise CheckpointError(f"{path} is not a vla_rl checkpoint (bad header); was it written by scripts/train.py?") from None
+    except DigestMismatch:
         raise CheckpointError(
             f"{path} is corrupt or truncated (checksum mismatch); resume from an older iter_*.pt in "
             f"{path.parent} or delete the run directory to start over"
-        )
+        ) from None
     payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     version = payload.get("format_version")
     if version != FORMAT_VERSION:

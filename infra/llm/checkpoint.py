@@ -9,9 +9,9 @@ not applied twice). The same payload serves the character model and Hugging Face
 ``nn.Module`` state dicts (an HF model is exported for users with ``save_pretrained`` by the job,
 separately).
 
-Writes go to a temporary file in the same directory, are flushed to disk and renamed over the
-previous checkpoint (``os.replace``), so a trainer killed while writing leaves the previous
-checkpoint intact; reads verify the digest, so a truncated or corrupted file raises
+The file is sealed (:mod:`infra.sealed_file`): written to a temporary file in the same directory,
+flushed to disk and renamed over the previous checkpoint, so a trainer killed while writing leaves
+the previous checkpoint intact; reads verify the digest, so a truncated or corrupted file raises
 :class:`CheckpointError` instead of the job silently starting again from its seed.
 
 Cost: one write holds model + reference + Adam moments, 16 bytes per parameter in float32 (the
@@ -23,15 +23,15 @@ Checkpoints are pickles: load only files you trust.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from infra.sealed_file import DigestMismatch, NotSealed, seal, unseal, write_atomic
 
 MAGIC = b"LLMTRAINERCKPT1\n"
 FILENAME = "trainer.ckpt"
@@ -83,17 +83,7 @@ def save(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     torch.save(payload, buf)
-    data = buf.getvalue()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + hashlib.sha256(data).digest() + data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, seal(MAGIC, buf.getvalue()))
 
 
 def load(path: Path, job: str) -> dict[str, Any]:
@@ -105,11 +95,11 @@ def load(path: Path, job: str) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"job {job!r} expects a trainer checkpoint at {path} and there is none; restore the file, "
                               "or register the job with resume=False to start it again from its seed.")
-    blob = path.read_bytes()
-    head, digest, data = blob[: len(MAGIC)], blob[len(MAGIC) : len(MAGIC) + 32], blob[len(MAGIC) + 32 :]
-    if head != MAGIC or hashlib.sha256(data).digest() != digest:
-        raise CheckpointError(f"trainer checkpoint {path} of job {job!r} is truncated or corrupted (digest mismatch); "
-                              "restore it from a copy, or register the job with resume=False to start from its seed.")
+    try:
+        data = unseal(path.read_bytes(), MAGIC)
+    except (NotSealed, DigestMismatch) as e:
+        raise CheckpointError(f"trainer checkpoint {path} of job {job!r} is truncated or corrupted ({e}); restore it "
+                              "from a copy, or register the job with resume=False to start from its seed.") from None
     payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     if payload.get("job") != job:
         raise CheckpointError(f"trainer checkpoint {path} belongs to job {payload.get('job')!r}, not {job!r}; give each "

@@ -84,7 +84,7 @@ STALL_SECOND_WRITE = """
 import runpy, sys, time
 from pathlib import Path
 import vla_rl.checkpoint as ckpt
-original, calls = ckpt._atomic_write, {"n": 0}
+original, calls = ckpt.write_atomic, {"n": 0}
 def stalling(path, blob):
     calls["n"] += 1
     if calls["n"] == 3:  # iteration 2's iter_*.pt (each save writes iter_*.pt, then latest.pt)
@@ -92,7 +92,7 @@ def stalling(path, blob):
         Path(marker).write_text("writing")
         time.sleep(600)
     original(path, blob)
-ckpt._atomic_write = stalling
+ckpt.write_atomic = stalling
 marker, sys.argv = sys.argv[1], sys.argv[2:]  # python -c THIS MARKER scripts/train.py ARGS...
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
