@@ -26,7 +26,7 @@ from torch import nn
 def _frame(env: Any, obs: TensorDict) -> np.ndarray | None:
     """Environment 0's camera image ``[H, W, 3]`` (cameras side by side), or the env's own render."""
     if "rgb" in obs:
-        cams = obs["rgb"][0].numpy()  # [cams, 3, H, W]
+        cams = obs["rgb"][0].cpu().numpy()  # [cams, 3, H, W]; frames of a device env come to the host
         return np.concatenate(list(cams.transpose(0, 2, 3, 1)), axis=1)
     render = getattr(env, "render_frame", None)
     return render() if render is not None else None
@@ -96,18 +96,20 @@ def run_episodes(
     for _ in range(max_decisions):
         if bool((counted >= quota).all()):
             break
-        task, instruction = obs["task"].clone(), obs["instruction"].clone()
+        task, instruction = obs["task"].cpu().clone(), obs["instruction"].cpu().clone()
         if recording and (frame := _frame(env, obs)) is not None:
             frames.append(frame)
         action = policy.act(obs.to(device), deterministic=True)["action"].cpu()
         chunk = action.unsqueeze(1) if action.dim() == 2 else action
         for k in range(chunk.shape[1]):
             step = env.step_td(chunk[:, k].contiguous())
+            # Episode bookkeeping is the host's: a device env's (warp on a GPU) rewards and flags come here.
+            flags = step.select("reward", "terminated", "truncated", "success").to("cpu")
             env_steps += n
-            live = ~(step["terminated"] | step["truncated"])
-            ret += step["reward"]
+            live = ~(flags["terminated"] | flags["truncated"])
+            ret += flags["reward"]
             length += 1
-            succeeded |= step["success"]
+            succeeded |= flags["success"]
             for i in torch.nonzero(~live).flatten().tolist():
                 if counted[i] < quota[i]:
                     results.append(EpisodeResult(int(task[i]), int(instruction[i]), float(ret[i]), int(length[i]),
@@ -192,7 +194,7 @@ class InstructedEnv:
     def step_td(self, action: torch.Tensor) -> TensorDict:
         """Step; environments whose episode ended get the next template for their next episode."""
         out = self.env.step_td(action)
-        ended = (out["terminated"] | out["truncated"]).numpy()
+        ended = (out["terminated"] | out["truncated"]).cpu().numpy()
         self._template[ended] = (self._template[ended] + self.num_envs) % len(self.templates)
         out["final_observation"]["instruction"] = out["observation"]["instruction"].clone()
         self._instruct(out["observation"])

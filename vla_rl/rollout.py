@@ -339,7 +339,9 @@ class LocalCollector:
             self.reset(reset_seed)
             return
         self.env.set_state(state["env"])
-        self.obs = None if state["obs"] is None else TensorDict.from_dict(state["obs"], batch_size=[self.num_envs])
+        # Checkpoints load onto the host; the carried observation goes back where the env's tensors live.
+        self.obs = None if state["obs"] is None else TensorDict.from_dict(
+            state["obs"], batch_size=[self.num_envs]).to(buffer_device(self.env))
 
     def metrics(self) -> dict[str, float]:
         """Collector-specific metrics (none in process)."""
