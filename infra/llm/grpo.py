@@ -80,9 +80,8 @@ class GRPOTrainer:
                 f"got {len(prompts)} prompts, {len(completions)} completions, {len(rewards)} rewards with "
                 f"group_size={group_size}; all three must have the same length, a multiple of group_size."
             )
-        p_tok, p_mask = left_pad(prompts, self.pad_id)
-        c_tok, c_mask = completion_tensors(completions, self.eos_id)
-        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), group_size, self.cfg.std_eps)
+        p_tok, p_mask, c_tok, c_mask = self._tensors(prompts, completions)
+        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32, device=p_tok.device), group_size, self.cfg.std_eps)
         with torch.no_grad():
             old_logp = self.model.logprobs(p_tok, p_mask, c_tok)
             ref_logp = self.ref.logprobs(p_tok, p_mask, c_tok)
@@ -91,7 +90,7 @@ class GRPOTrainer:
         for _ in range(self.cfg.epochs):
             order = torch.randperm(n, generator=self.gen)
             for start in range(0, n, mb):
-                idx = order[start : start + mb]
+                idx = order[start : start + mb].to(p_tok.device)
                 logp = self.model.logprobs(p_tok[idx], p_mask[idx], c_tok[idx])
                 loss, stats = grpo_loss(
                     logp, old_logp[idx], ref_logp[idx], adv[idx], c_mask[idx], self.cfg.clip_coef, self.cfg.ref_kl_coef
@@ -105,14 +104,21 @@ class GRPOTrainer:
 
     def supervised_step(self, prompts: list[list[int]], answers: list[list[int]]) -> float:
         """One cross-entropy step on ``answers`` (EOS included) given ``prompts``: the format warm-up."""
-        p_tok, p_mask = left_pad(prompts, self.pad_id)
-        c_tok, c_mask = completion_tensors(answers, self.eos_id)
+        p_tok, p_mask, c_tok, c_mask = self._tensors(prompts, answers)
         logp = self.model.logprobs(p_tok, p_mask, c_tok)
         loss = -(logp * c_mask).sum() / c_mask.sum()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         return loss.item()
+
+    def _tensors(self, prompts: list[list[int]], completions: list[list[int]]) -> tuple[torch.Tensor, ...]:
+        """Left-padded prompts, their mask, EOS-padded completions and their mask, on the policy's device
+        (the trainer service moves the policy to its device for each slice)."""
+        device = next(self.model.parameters()).device
+        p_tok, p_mask = left_pad(prompts, self.pad_id, device)
+        c_tok, c_mask = completion_tensors(completions, self.eos_id)
+        return p_tok, p_mask, c_tok.to(device), c_mask.to(device)
 
     def sync_reference(self) -> None:
         """Make the reference equal to the current policy and restart the optimiser (after the warm-up)."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.data import DataConfig, load_file_source
@@ -70,6 +71,9 @@ class RLVRConfig:
     """Greedy evaluation period, in iterations."""
     threads: int = 2
     """torch intra-op threads."""
+    device: str = "auto"
+    """Device of the in-process rollout and trainer services: ``auto`` (CUDA when torch sees a GPU,
+    else ``cpu``), ``cpu``, ``cuda`` or ``cuda:N``. On Ray each service uses the GPU it was placed on."""
     out_dir: str = "runs"
     """Output root."""
     ray: bool | str = False
@@ -112,6 +116,10 @@ class RLVRConfig:
             raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 turns trainer checkpoints off).")
         if self.group_size < 2:
             raise ValueError(f"group_size={self.group_size}: GRPO needs at least 2 samples per prompt to compare them.")
+        if not (self.device in ("auto", "cpu") or self.device.split(":")[0] == "cuda"):
+            raise ValueError(f"device={self.device!r}; choose auto, cpu, cuda or cuda:N.")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r} but torch sees no CUDA device; use device=cpu (or auto).")
         if self.reward_timeout_s <= 0:
             raise ValueError(f"reward_timeout_s={self.reward_timeout_s} must be > 0.")
         check_model(self.model)
@@ -286,7 +294,8 @@ def checkpoint_spec(cfg: RLVRConfig) -> CheckpointSpec | None:
 
 def local_services(cfg: RLVRConfig) -> JobServices:
     """The three services in this process."""
-    return JobServices(LocalHandle(RolloutService(cfg.model)), LocalHandle(RewardService()), LocalHandle(TrainerService()))
+    return JobServices(LocalHandle(RolloutService(cfg.model, device=cfg.device)), LocalHandle(RewardService()),
+                       LocalHandle(TrainerService(device=cfg.device)))
 
 
 # ---------------------------------------------------------------- outputs
@@ -365,8 +374,6 @@ def _progress(total: int) -> Iterator[Callable[[dict[str, float]], None]]:
 
 def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
     """Run the job of ``cfg`` (in-process, or on Ray services with ``cfg.ray``) and write its outputs."""
-    import torch
-
     cfg.check()
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir) / cfg.name

@@ -205,6 +205,7 @@ def test_config_errors_name_the_problem_before_anything_runs(tmp_path, rewards) 
         (["eval_prompts=30"], r"has 24 rows, too few to hold out eval_prompts=30"),
         (["max_new_tokens=60"], r"need \d+ tokens but the model has 64 positions"),
         (["reward_timeout_s=0"], r"reward_timeout_s=0.0 must be > 0"),
+        (["device=tpu"], r"device='tpu'; choose auto, cpu, cuda or cuda:N"),
         (["model.kind=char", "data.prompt_template=Q{}"], r"not in the task vocabulary .* use model.kind=hf"),
     ]:
         with pytest.raises(ValueError, match=message):
