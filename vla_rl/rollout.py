@@ -39,7 +39,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -183,6 +183,149 @@ def _allocate(record: TensorDict, steps: int) -> TensorDict:
                         batch_size=[steps, *record.batch_size])
 
 
+@dataclass
+class Decision:
+    """The policy's answer to one stage's request, as tensors on the buffer's device.
+
+    Attributes:
+        action: ``[n, (K,) A]``, or ``None`` for a values-only request.
+        log_prob: ``[n]``, or ``None`` for a values-only request.
+        value: ``[n]`` values of the observation.
+        bootstrap_value: ``[m]`` values of the truncated episodes' final observations sent along.
+        version: weights version that answered (a server's), or ``None`` in process.
+    """
+
+    action: torch.Tensor | None
+    log_prob: torch.Tensor | None
+    value: torch.Tensor
+    bootstrap_value: torch.Tensor
+    version: int | None = None
+
+
+class PolicyLink(Protocol):
+    """How the collection loop reaches the policy: a request per stage, answered later.
+
+    ``ask`` returns a handle at once (a remote server answers while the loop steps the other
+    stages); ``wait`` blocks for its :class:`Decision`. ``timer_key`` names the seconds spent in
+    both (``infer`` in process, ``wait`` when inference runs elsewhere).
+    """
+
+    timer_key: str
+
+    def ask(self, stage: int, obs: TensorDict, bootstrap_obs: TensorDict | None, value_only: bool) -> Any: ...
+
+    def wait(self, handle: Any) -> Decision: ...
+
+
+class LocalPolicyLink:
+    """The policy of this process, answering each request when asked.
+
+    Args:
+        policy: actor-critic with ``act`` and ``value``.
+        device: the policy's device.
+        here: the buffer's device (:func:`buffer_device`); answers are moved there (a no-op when equal).
+    """
+
+    timer_key = "infer"
+
+    def __init__(self, policy: nn.Module, device: torch.device, here: torch.device) -> None:
+        self.policy, self.device, self.here = policy, device, here
+
+    def ask(self, stage: int, obs: TensorDict, bootstrap_obs: TensorDict | None, value_only: bool) -> Decision:
+        """Values of ``bootstrap_obs`` first, then an action for ``obs`` (or its values only)."""
+        with torch.no_grad():
+            bootstrap = (torch.zeros(0, device=self.here) if bootstrap_obs is None
+                         else self.policy.value(bootstrap_obs.to(self.device)).to(self.here))
+            if value_only:
+                return Decision(None, None, self.policy.value(obs.to(self.device)).to(self.here), bootstrap)
+            out = self.policy.act(obs.to(self.device))
+        return Decision(out["action"].to(self.here), out["log_prob"].to(self.here), out["value"].to(self.here), bootstrap)
+
+    def wait(self, handle: Decision) -> Decision:
+        """The answer computed at :meth:`ask`."""
+        return handle
+
+
+def _timed(timer: Timer, key: str, fn: Any, *args: Any) -> Any:
+    start = time.perf_counter()
+    result = fn(*args)
+    timer.add(key, time.perf_counter() - start)
+    return result
+
+
+def _record(obs: TensorDict, decision: Decision, step: TensorDict, truncated: torch.Tensor) -> TensorDict:
+    fields = {
+        "obs": obs,
+        "action": decision.action,
+        "log_prob": decision.log_prob,
+        "value": decision.value,
+        "bootstrap": torch.zeros_like(decision.value),
+        "reward": step["reward"],
+        "terminated": step["terminated"],
+        "truncated": truncated,
+        "done": step["terminated"] | step["truncated"],
+        "success": step["success"],
+    }
+    if decision.version is not None:
+        fields["version"] = torch.full_like(decision.value, decision.version, dtype=torch.int64)
+    return TensorDict(fields, batch_size=[obs.batch_size[0]])
+
+
+def collect_stages(
+    envs: list[Any], link: PolicyLink, obs: list[TensorDict], steps: int, timer: Timer
+) -> tuple[TensorDict, list[TensorDict]]:
+    """Run ``steps`` decisions of every environment of every stage (the one PPO collection loop).
+
+    One request per stage is in flight: while the policy answers stage ``s``, the loop steps the
+    other stages, so with a remote policy and ``P >= 2`` stages inference hides behind simulation.
+    The values of step t's truncated final observations travel with step t+1's request; the last
+    request asks values only, V(obs_T).
+
+    Args:
+        envs: the P stages' vector envs (``n_s`` environments each).
+        link: where the policy answers (:class:`LocalPolicyLink` in process, the fleet's server link).
+        obs: per stage, the observation ``[n_s]`` to act on first.
+        steps: decisions T per environment.
+        timer: accumulates simulate/render seconds and ``link.timer_key``.
+
+    Returns:
+        The batch ``[T, sum n_s]`` (stages side by side; see the module docstring; raw rewards,
+        ``version`` when the link reports one) and each stage's observation to act on next.
+    """
+    stages = range(len(envs))
+    obs = list(obs)
+    batches: list[TensorDict | None] = [None for _ in stages]
+    truncated_prev: list[torch.Tensor | None] = [None for _ in stages]
+    pending = [link.ask(s, obs[s], None, False) for s in stages]
+    for t in range(steps):
+        for s in stages:
+            decision = _timed(timer, link.timer_key, link.wait, pending[s])
+            if t:
+                _fill_bootstrap(batches[s][t - 1], truncated_prev[s], decision)
+            step = env_step(envs[s], decision.action, timer)
+            truncated = step["truncated"] & ~step["terminated"]
+            record = _record(obs[s], decision, step, truncated)
+            batches[s] = _allocate(record, steps) if batches[s] is None else batches[s]
+            batches[s][t] = record
+            obs[s], truncated_prev[s] = step["observation"], truncated
+            final = step["final_observation"][truncated] if truncated.any() else None
+            pending[s] = _timed(timer, link.timer_key, link.ask, s, obs[s], final, t == steps - 1)
+    for s in stages:
+        decision = _timed(timer, link.timer_key, link.wait, pending[s])
+        _fill_bootstrap(batches[s][steps - 1], truncated_prev[s], decision)
+        batch = batches[s]
+        # V(s_{t+1}) is the next step's value, V(obs_T) after the last step, V(final obs) where truncated.
+        following = torch.cat([batch["value"][1:], decision.value[None]], dim=0)
+        batch["next_value"] = torch.where(batch["truncated"], batch.pop("bootstrap"), following)
+    return (batches[0] if len(envs) == 1 else torch.cat(batches, dim=1)), obs
+
+
+def _fill_bootstrap(record: TensorDict, truncated: torch.Tensor | None, decision: Decision) -> None:
+    """Write the values of a step's truncated final observations into its record (in place)."""
+    if truncated is not None and truncated.any():
+        record["bootstrap"][truncated] = decision.bootstrap_value
+
+
 def collect_steps(
     env: Any,
     policy: nn.Module,
@@ -191,7 +334,9 @@ def collect_steps(
     timer: Timer,
     device: torch.device,
 ) -> tuple[TensorDict, TensorDict]:
-    """Run ``steps`` decisions of every environment with ``policy`` (PPO collection).
+    """Run ``steps`` decisions of every environment with ``policy`` in process (PPO collection).
+
+    :func:`collect_stages` with one stage and this process's policy.
 
     Args:
         env: Vector env with the TensorDict view.
@@ -205,49 +350,9 @@ def collect_steps(
         The batch ``[T, N]`` on :func:`buffer_device` (see module docstring; raw rewards) and the
         observation to act on next.
     """
-    here = buffer_device(env)  # a no-op .to() wherever the policy already runs there
-    batch: TensorDict | None = None
-    for t in range(steps):
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = policy.act(obs.to(device))
-        timer.add("infer", time.perf_counter() - start)
-        action = out["action"].to(here)
-        step = env_step(env, action, timer)
-        done = step["terminated"] | step["truncated"]
-        next_value = torch.zeros(env.num_envs, device=here)
-        truncated = step["truncated"] & ~step["terminated"]
-        if truncated.any():
-            start = time.perf_counter()
-            with torch.no_grad():
-                next_value[truncated] = policy.value(step["final_observation"][truncated].to(device)).to(here)
-            timer.add("infer", time.perf_counter() - start)
-        record = TensorDict(
-            {
-                "obs": obs,
-                "action": action,
-                "log_prob": out["log_prob"].to(here),
-                "value": out["value"].to(here),
-                "bootstrap": next_value,
-                "reward": step["reward"],
-                "terminated": step["terminated"],
-                "truncated": truncated,
-                "done": done,
-                "success": step["success"],
-            },
-            batch_size=[env.num_envs],
-        )
-        batch = _allocate(record, steps) if batch is None else batch
-        batch[t] = record
-        obs = step["observation"]
-    start = time.perf_counter()
-    with torch.no_grad():
-        last_value = policy.value(obs.to(device)).to(here)
-    timer.add("infer", time.perf_counter() - start)
-    # V(s_{t+1}) is the next step's value, V(obs_T) after the last step, V(final obs) where truncated.
-    next_value = torch.cat([batch["value"][1:], last_value[None]], dim=0)
-    batch["next_value"] = torch.where(batch["truncated"], batch.pop("bootstrap"), next_value)
-    return batch, obs
+    link = LocalPolicyLink(policy, device, buffer_device(env))
+    batch, (next_obs,) = collect_stages([env], link, [obs], steps, timer)
+    return batch, next_obs
 
 
 def account(batch: TensorDict, stats: EpisodeStats, reward_scaler: RewardScaler | None) -> None:

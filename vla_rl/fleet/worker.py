@@ -18,7 +18,6 @@ cannot, and is reset instead.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ from vla_rl.config import EnvConfig
 from vla_rl.envs import make_env
 from vla_rl.fleet.channel import connect
 from vla_rl.fleet.inference import Reply, Request, Wire, as_tensor, to_wire
-from vla_rl.rollout import Timer, env_step
+from vla_rl.rollout import Decision, Timer, collect_stages
 
 
 class ShardNotStarted(RuntimeError):
@@ -42,6 +41,31 @@ def _env_state(env: Any) -> Any:
         return env.get_state()
     except (AttributeError, NotImplementedError):
         return None
+
+
+class _ServerLink:
+    """The inference server as the collection loop's policy (:class:`vla_rl.rollout.PolicyLink`):
+    requests go out as wire arrays, replies come back as tensors."""
+
+    timer_key = "wait"  # blocked on the server: inference not hidden by simulation, plus transport
+
+    def __init__(self, shard: int, channel: Any, min_version: int) -> None:
+        self.shard, self.channel, self.min_version = shard, channel, min_version
+
+    def ask(self, stage: int, obs: TensorDict, bootstrap_obs: TensorDict | None, value_only: bool) -> Any:
+        """Send stage ``stage``'s request; returns the channel's handle."""
+        request = Request((self.shard, stage), to_wire(obs), None if bootstrap_obs is None else to_wire(bootstrap_obs),
+                          value_only, self.min_version)
+        return self.channel.ask(request)
+
+    def wait(self, handle: Any) -> Decision:
+        """The server's reply to ``handle`` as tensors."""
+        reply: Reply = self.channel.wait(handle)
+        return Decision(
+            None if reply.action is None else as_tensor(reply.action),
+            None if reply.log_prob is None else as_tensor(reply.log_prob),
+            as_tensor(reply.value), as_tensor(reply.bootstrap_value), reply.version,
+        )
 
 
 class RolloutWorker:
@@ -145,68 +169,8 @@ class RolloutWorker:
             raise ShardNotStarted(f"shard {self.shard}: call reset() (or set_state) before rollout()")
         self.link.forget()  # replies still due to an aborted rollout
         timer = Timer()
-        stages = range(len(self.envs))
-        records: list[list[TensorDict]] = [[] for _ in stages]
-        truncated_prev: list[torch.Tensor | None] = [None for _ in stages]
-        pending = [self._ask(s, None, False, min_version) for s in stages]
-        for t in range(steps):
-            for s in stages:
-                reply = self._wait(pending[s], timer)
-                self._fill_bootstrap(records[s], truncated_prev[s], reply)
-                action = as_tensor(reply.action)
-                step = env_step(self.envs[s], action, timer)
-                truncated = step["truncated"] & ~step["terminated"]
-                records[s].append(
-                    TensorDict(
-                        {
-                            "obs": self.obs[s],
-                            "action": action,
-                            "log_prob": as_tensor(reply.log_prob),
-                            "value": as_tensor(reply.value),
-                            "version": torch.full((self.envs[s].num_envs,), reply.version, dtype=torch.int64),
-                            "bootstrap": torch.zeros(self.envs[s].num_envs),
-                            "reward": step["reward"],
-                            "terminated": step["terminated"],
-                            "truncated": truncated,
-                            "done": step["terminated"] | step["truncated"],
-                            "success": step["success"],
-                        },
-                        batch_size=[self.envs[s].num_envs],
-                    )
-                )
-                self.obs[s] = step["observation"]
-                truncated_prev[s] = truncated
-                final = step["final_observation"][truncated] if truncated.any() else None
-                pending[s] = self._ask(s, final, t == steps - 1, min_version)
-        batches = []
-        for s in stages:
-            reply = self._wait(pending[s], timer)
-            self._fill_bootstrap(records[s], truncated_prev[s], reply)
-            batch = torch.stack(records[s], dim=0)
-            # V(s_{t+1}): the next step's value, V(obs_T) after the last one, V(final obs) where truncated.
-            following = torch.cat([batch["value"][1:], as_tensor(reply.value)[None]], dim=0)
-            batch["next_value"] = torch.where(batch["truncated"], batch.pop("bootstrap"), following)
-            batches.append(batch)
-        return to_wire(torch.cat(batches, dim=1)), dict(timer.seconds), self.get_state()
-
-    def _ask(self, stage: int, bootstrap: TensorDict | None, value_only: bool, min_version: int) -> Any:
-        request = Request(
-            (self.shard, stage), to_wire(self.obs[stage]), None if bootstrap is None else to_wire(bootstrap),
-            value_only, min_version,
-        )
-        return self.link.ask(request)
-
-    def _wait(self, handle: Any, timer: Timer) -> Reply:
-        start = time.perf_counter()
-        reply = self.link.wait(handle)
-        timer.add("wait", time.perf_counter() - start)
-        return reply
-
-    @staticmethod
-    def _fill_bootstrap(records: list[TensorDict], truncated: torch.Tensor | None, reply: Reply) -> None:
-        """Write the values of the previous step's truncated final observations into its record."""
-        if truncated is not None and truncated.any():
-            records[-1]["bootstrap"][truncated] = as_tensor(reply.bootstrap_value)
+        batch, self.obs = collect_stages(self.envs, _ServerLink(self.shard, self.link, min_version), self.obs, steps, timer)
+        return to_wire(batch), dict(timer.seconds), self.get_state()
 
     def close(self) -> None:
         """Close the environments and the link to the server."""
