@@ -134,6 +134,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
 
             self._renderer = BatchRenderer(self.model, config.render)
         self._max_steps = np.array([T.TASKS[n].max_steps for n in self.task_names])
+        self.max_episode_steps = int(self._max_steps.max())  # control steps; an episode truncates by then
         self._ctrl_low = ax.asarray(self.model.actuator_ctrlrange[:, 0].copy())
         self._ctrl_high = ax.asarray(self.model.actuator_ctrlrange[:, 1].copy())
 

@@ -64,7 +64,9 @@ class GRPO(Algorithm):
     def collect(self, collector: Any, stats: EpisodeStats, iteration: int, timer: Timer) -> Experience:
         """Every environment's next episode (the first iteration from the run's seed), with group advantages."""
         seed = self.seed if iteration == 0 else None
-        batch, returns, success = collector.collect_episodes(self.policy, seed, collector.max_episode_steps, timer)
+        limit, shape = collector.max_episode_steps, self.policy.action_shape
+        decisions = None if limit is None else -(-limit // (shape[0] if len(shape) == 2 else 1))  # K steps each
+        batch, returns, success = collector.collect_episodes(self.policy, seed, decisions, timer)
         advantage = group_advantages(returns, self.cfg.group_size, self.cfg.std_eps)
         chunk = chunk_length(batch["action"], batch.batch_dims)
         stats.finished += [

@@ -482,30 +482,54 @@ def collect_episodes(
         The batch ``[T, N]`` with ``alive``, the episode return ``[N]`` and episode success ``[N]``,
         all on :func:`buffer_device` (T is known only at the end, so the steps are stacked).
     """
-    obs = env.reset_td(seed=seed)
-    n = env.num_envs
-    here = buffer_device(env)
-    alive = torch.ones(n, dtype=torch.bool, device=here)
-    episode_return = torch.zeros(n, device=here)
-    success = torch.zeros(n, dtype=torch.bool, device=here)
+    link = LocalPolicyLink(policy, device, buffer_device(env))
+    batch, _ = collect_first_episodes(env, link, env.reset_td(seed=seed), max_decisions, timer)
+    return (batch, *episode_outcome(batch))
+
+
+def collect_first_episodes(
+    env: Any, link: PolicyLink, obs: TensorDict, max_decisions: int | None, timer: Timer, *,
+    stop_when_ended: bool = True,
+) -> tuple[TensorDict, TensorDict]:
+    """The one GRPO collection loop: act until each environment's current episode has ended.
+
+    Args:
+        env: vector env whose episodes start now (just reset), ``n`` environments.
+        link: where the policy answers (:class:`LocalPolicyLink` in process, the fleet's server link).
+        obs: the first observation ``[n]``.
+        max_decisions: upper bound on decisions; ``None``: until every episode has ended.
+        timer: accumulates simulate/render seconds and ``link.timer_key``.
+        stop_when_ended: stop as soon as every episode has ended; ``False`` runs all ``max_decisions``
+            (a fleet shard: the server batches every shard's requests, so none may stop alone).
+
+    Returns:
+        The batch ``[T, n]`` with ``obs``, ``action``, ``log_prob``, ``reward``, ``success``, ``alive``
+        (the step belongs to the first episode; ``version`` when the link reports one), and the
+        observation after the last step.
+    """
+    if max_decisions is None and not stop_when_ended:
+        raise ValueError("stop_when_ended=False needs max_decisions (the episode limit)")
+    alive = torch.ones(env.num_envs, dtype=torch.bool, device=buffer_device(env))
     records = []
-    decisions = 0
-    while alive.any() and (max_decisions is None or decisions < max_decisions):
-        decisions += 1
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = policy.act(obs.to(device))
-        timer.add("infer", time.perf_counter() - start)
-        action = out["action"].to(here)
-        step = env_step(env, action, timer)
-        records.append(
-            TensorDict(
-                {"obs": obs, "action": action, "log_prob": out["log_prob"].to(here), "alive": alive.clone()},
-                batch_size=[n],
-            )
-        )
-        episode_return += step["reward"] * alive
-        success |= step["success"] & alive
+    while (alive.any() or not stop_when_ended) and (max_decisions is None or len(records) < max_decisions):
+        decision = _timed(timer, link.timer_key, link.wait, _timed(timer, link.timer_key, link.ask, 0, obs, None, False))
+        step = env_step(env, decision.action, timer)
+        fields = {"obs": obs, "action": decision.action, "log_prob": decision.log_prob, "reward": step["reward"],
+                  "success": step["success"], "alive": alive.clone()}
+        if decision.version is not None:
+            fields["version"] = torch.full_like(alive, decision.version, dtype=torch.int64)
+        records.append(TensorDict(fields, batch_size=[env.num_envs]))
         alive &= ~(step["terminated"] | step["truncated"])
         obs = step["observation"]
-    return torch.stack(records, dim=0), episode_return, success
+    return torch.stack(records, dim=0), obs
+
+
+def episode_outcome(batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each environment's first-episode return ``[N]`` and success ``[N]`` from a ``[T, N]`` episode batch."""
+    alive = batch["alive"]
+    returns = torch.zeros(batch.batch_size[1], device=alive.device)
+    success = torch.zeros_like(alive[0])
+    for t in range(batch.batch_size[0]):  # in time order: the same float sums as accumulating while stepping
+        returns += batch["reward"][t] * alive[t]
+        success |= batch["success"][t] & alive[t]
+    return returns, success

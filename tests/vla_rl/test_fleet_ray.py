@@ -331,3 +331,70 @@ def test_shards_use_the_socket_only_on_the_servers_node(ray_session):
         assert isinstance(connect(server, "ray"), RayLink)
     finally:
         ray.kill(server)
+
+
+def _grpo_config(tmp_path, name, **top):
+    """GRPO on sims reach with state observations: 2 shards of 2 groups of 2 environments, co-located."""
+    return build_config({
+        "out_dir": str(tmp_path), "name": name, "seed": 5, "algo": "grpo", "checkpoint_every": 1,
+        "env": {"kind": "sims", "task": "reach", "num_envs": 8, "render": False},
+        "grpo": {"group_size": 2, "optim": {"epochs": 1, "num_minibatches": 2}},
+        "policy": {"name": "mlp", "hidden_sizes": [16, 16]},
+        "eval": {"every": 0}, "log": {"wandb": "disabled", "progress": False, "video": False},
+        "fleet": {"mode": "colocated", "shards": 2}, **top,
+    })
+
+
+def test_grpo_on_the_fleet_collects_the_in_process_episodes_even_when_a_shard_is_killed(ray_session, tmp_path, eventually):
+    from vla_rl.envs import make_env
+    from vla_rl.rollout import collect_episodes
+
+    cfg = _grpo_config(tmp_path, "grpo-fleet")
+    fleet = start_fleet(cfg, name="grpo-fleet")
+    try:
+        collector = FleetCollector(cfg.fleet, fleet.workers, fleet.server, cfg.env.num_envs)
+        obs = collector.reset(cfg.seed)
+        torch.manual_seed(0)
+        policy = policies.make_policy(cfg.policy, obs, 4)
+        rng, state = torch.get_rng_state(), collector.get_state()
+        env = make_env(cfg.env, seed=cfg.seed, group_size=2)
+        limit = collector.max_episode_steps
+        want, want_return, want_success = collect_episodes(env, policy, cfg.seed, limit, Timer(), torch.device("cpu"))
+        env.close()
+
+        torch.set_rng_state(rng)
+        got, got_return, got_success = collector.collect_episodes(policy, cfg.seed, limit, Timer())
+        torch.set_rng_state(rng)
+        collector.set_state(state, reset_seed=0)
+        killer = _kill_mid_collection(eventually, fleet.server, fleet.workers[0], limit // 3)
+        again, again_return, _ = collector.collect_episodes(policy, cfg.seed, limit, Timer())
+        killer.join(timeout=5)
+    finally:
+        fleet.close()
+
+    # The fleet runs every shard to the episode limit; in process the loop stops once every episode ended.
+    t = want.batch_size[0]
+    assert got.batch_size == torch.Size([limit, 8]) and t <= limit
+    assert not got["alive"][t:].any()
+    for key in ("action", "log_prob", "alive", "reward", "success"):
+        assert torch.equal(got[key][:t], want[key]), f"fleet GRPO {key} differs from in process"
+    assert torch.equal(got["obs"][:t]["state"], want["obs"]["state"])
+    assert torch.equal(got_return, want_return) and torch.equal(got_success, want_success)
+    # Groups are groups across shards: both members of each pair started from the same state.
+    assert torch.equal(got["obs"][0]["state"][0::2], got["obs"][0]["state"][1::2])
+    assert collector.metrics()["fleet/shard_restarts"] == 1
+    assert torch.equal(again_return, got_return)
+    for key in ("action", "log_prob", "alive", "reward"):
+        assert torch.equal(again[key], got[key]), f"re-collected {key} differs"
+
+
+def test_rl_from_a_checkpoint_runs_grpo_on_the_fleet(ray_session, tmp_path):
+    assert not ray_session.gangs()
+    start = _grpo_config(tmp_path, "start", total_env_steps=1, fleet={"mode": "inprocess"})
+    Trainer(start).train()
+    cfg = _grpo_config(tmp_path, "from-start", total_env_steps=2 * 8 * 50,
+                       init_from=str(tmp_path / "start" / "checkpoints" / LATEST))
+    summary = run_job(cfg)
+    assert summary["iterations"] >= 2
+    rows = (tmp_path / "from-start" / "metrics.csv").read_text().splitlines()
+    assert len(rows) - 1 >= 2 and "fleet/version" in rows[0]

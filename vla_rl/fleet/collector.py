@@ -47,7 +47,7 @@ from torch import nn
 from vla_rl.fleet.config import FleetConfig
 from vla_rl.fleet.inference import NoPolicyError, from_wire
 from vla_rl.fleet.worker import ShardNotStarted
-from vla_rl.rollout import Timer
+from vla_rl.rollout import Timer, episode_outcome
 
 POLL_S = 0.5
 """Seconds between health checks of the server while shards collect."""
@@ -58,7 +58,7 @@ class FleetError(RuntimeError):
 
 
 class FleetCollector:
-    """Collect PPO experience with Ray shards and an inference server.
+    """Collect PPO experience (and GRPO episodes) with Ray shards and an inference server.
 
     Args:
         fleet: the run's ``fleet`` section.
@@ -119,6 +119,31 @@ class FleetCollector:
             "fleet/server_restarts": float(self.restarts["server"]),
         }
         return batch
+
+    def collect_episodes(
+        self, policy: nn.Module, seed: int | None, max_decisions: int | None, timer: Timer
+    ) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
+        """GRPO experience (synchronous): every environment reset with ``seed`` and run for
+        ``max_decisions`` decisions (see :meth:`RolloutWorker.rollout_episodes`); a fault rolls the shards
+        back and collects the iteration again, as :meth:`collect` does.
+
+        Returns:
+            The batch ``[T, N]`` with ``alive`` and ``version``, the first-episode return ``[N]`` and success ``[N]``.
+        """
+        if max_decisions is None:
+            raise ValueError("fleet episode collection needs the environments' episode limit (max_episode_steps)")
+        self.version += 1
+        rng = torch.get_rng_state()
+        self._push(policy, rng)
+        attempt = self._submit(max_decisions, self.version, episodes=True, seed=seed)
+        batch, seconds = self._complete(attempt, policy, rng)
+        torch.set_rng_state(self._get(self.server.rng_state.remote()))
+        for key in ("simulate", "render", "wait"):
+            timer.add(key, seconds.get(key, 0.0))
+        timer.add("infer", self._get(self.server.pop_counters.remote())["infer_s"])
+        self._metrics = {"fleet/version": float(self.version), "fleet/shard_restarts": float(self.restarts["shard"]),
+                         "fleet/server_restarts": float(self.restarts["server"])}
+        return (batch, *episode_outcome(batch))
 
     def get_state(self) -> dict[str, Any]:
         """Every shard's environments and carried observation at the end of the last batch handed over, and
@@ -191,11 +216,15 @@ class FleetCollector:
         """Every idle shard's state, asked for now."""
         return self._get([w.get_state.remote() for w in self.workers])
 
-    def _submit(self, steps: int, version: int) -> _Attempt:
+    def _submit(self, steps: int, version: int, episodes: bool = False, seed: int | None = None) -> _Attempt:
         """Start every shard's next rollout (queued behind its running one), answered by ``version`` or newer."""
         if self._state is None:  # idle shards after a reset or an inexact restore: the rollback point
             self._state = self._snapshot()
-        return _Attempt([w.rollout.remote(steps, version) for w in self.workers], steps, version)
+        if episodes:
+            refs = [w.rollout_episodes.remote(seed, steps, version) for w in self.workers]
+        else:
+            refs = [w.rollout.remote(steps, version) for w in self.workers]
+        return _Attempt(refs, steps, version, episodes, seed)
 
     def _complete(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> tuple[TensorDict, dict[str, float]]:
         """Wait for ``attempt`` (the oldest); if a shard or the server dies, roll back and collect it again."""
@@ -256,7 +285,7 @@ class FleetCollector:
         self._get(self.server.cancel_pending.remote())
         if rng is not None or not self._server_has_module:
             self._push(policy, rng)  # in sync mode the server's sampling restarts from the iteration's RNG state
-        return self._submit(attempt.steps, attempt.version)
+        return self._submit(attempt.steps, attempt.version, attempt.episodes, attempt.seed)
 
     def _discard_queue(self) -> None:
         """End every queued rollout (cancelling the server's waiting requests); their batches are dropped."""
@@ -313,11 +342,14 @@ class _ServerRestarted(Exception):
 
 @dataclass
 class _Attempt:
-    """One rollout of every shard, in flight or queued."""
+    """One rollout of every shard, in flight or queued: ``steps`` decisions, or (``episodes``) a reset
+    with ``seed`` and ``steps`` decisions of first episodes."""
 
     refs: list[Any]
     steps: int
     version: int
+    episodes: bool = False
+    seed: int | None = None
 
 
 def _cpu_copy(policy: nn.Module) -> nn.Module:

@@ -196,6 +196,17 @@ def _check_component(name: str, comp: ComponentPlacement, cluster: ClusterSpec) 
             raise ConfigError(f"{where}.gpu_ids has {bad}; node {comp.node!r} has GPUs 0..{count - 1}")
 
 
+def _check_grpo(cfg: TrainConfig, per_shard: int) -> None:
+    """GRPO on the fleet: synchronous, one stage, and whole groups on every shard."""
+    fleet = cfg.fleet
+    if fleet.mode == "pipelined" or fleet.sync.mode != "sync":
+        raise ConfigError(f"algo=grpo on the fleet collects whole episodes synchronously in one stage; use "
+                          f"fleet.mode=colocated or disaggregated with fleet.sync.mode=sync (not {fleet.mode}/{fleet.sync.mode})")
+    if per_shard % cfg.grpo.group_size:
+        raise ConfigError(f"grpo.group_size={cfg.grpo.group_size} must divide a shard's {per_shard} environments "
+                          "(env.num_envs / fleet.shards), so that no group straddles two shards")
+
+
 def validate_fleet(cfg: TrainConfig) -> None:
     """Check the ``fleet`` section against the run config; raise ``ConfigError`` naming the fix.
 
@@ -206,8 +217,8 @@ def validate_fleet(cfg: TrainConfig) -> None:
         raise ConfigError(f"fleet.mode={fleet.mode!r} is not a valid choice; valid: {', '.join(MODES)}")
     if fleet.mode == "inprocess":
         return
-    if cfg.algo != "ppo":
-        raise ConfigError(f"fleet.mode={fleet.mode} runs PPO only; use algo=ppo or fleet.mode=inprocess for {cfg.algo}")
+    if cfg.algo not in ("ppo", "grpo"):
+        raise ConfigError(f"fleet.mode={fleet.mode} runs PPO and GRPO; use fleet.mode=inprocess for algo={cfg.algo}")
     if fleet.shards < 1 or cfg.env.num_envs % fleet.shards:
         raise ConfigError(
             f"fleet.shards={fleet.shards} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
@@ -222,6 +233,8 @@ def validate_fleet(cfg: TrainConfig) -> None:
             "env.warp_device=cuda:N), or set env.warp_device=cpu"
         )
     per_shard = cfg.env.num_envs // fleet.shards
+    if cfg.algo == "grpo":
+        _check_grpo(cfg, per_shard)
     if fleet.mode == "pipelined" and (fleet.stages < 2 or per_shard % fleet.stages):
         raise ConfigError(
             f"fleet.stages={fleet.stages} must be >= 2 and divide the {per_shard} environments of a shard "

@@ -35,6 +35,7 @@ from infra.client import GangBackend, GangFailed, GangHandle, connect
 from infra.ray_backend import node_args, start_local_cluster
 from infra.requests import RequestError
 from infra.service import HandleState
+from vla_rl.algorithm import algorithm_class
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError
 from vla_rl.fleet.config import FleetConfig
@@ -249,7 +250,7 @@ def start_fleet(cfg: Any, name: str | None = None, gang: GangHandle | None = Non
     workers = [
         backend.start_actor(
             layout.bundle("shard", k), worker_cls, cfg.env, k, k * per_shard, per_shard, fleet.num_stages,
-            cfg.seed, server_name, shard_threads, fleet.server.transport,
+            cfg.seed, server_name, shard_threads, fleet.server.transport, algorithm_class(cfg.algo).group_size(cfg),
         )
         for k in range(fleet.shards)
     ]

@@ -27,7 +27,7 @@ from vla_rl.config import EnvConfig
 from vla_rl.envs import make_env
 from vla_rl.fleet.channel import connect
 from vla_rl.fleet.inference import Reply, Request, Wire, as_tensor, to_wire
-from vla_rl.rollout import Decision, Timer, collect_stages
+from vla_rl.rollout import Decision, Timer, collect_first_episodes, collect_stages
 
 
 class ShardNotStarted(RuntimeError):
@@ -84,11 +84,13 @@ class RolloutWorker:
         threads: torch threads, physics threads and GL contexts of this process (the CPUs it reserved).
         transport: how requests reach the server (:func:`vla_rl.fleet.channel.connect`): ``"socket"``
             (its Unix socket when on this node, else Ray calls) or ``"ray"``.
+        group_size: G, consecutive environments sharing each episode's initial state (GRPO); groups
+            never straddle shards (the config checks that G divides a shard's environments).
     """
 
     def __init__(
         self, env_cfg: EnvConfig, shard: int, offset: int, num_envs: int, stages: int, seed: int, server: Any,
-        threads: int = 1, transport: str = "socket",
+        threads: int = 1, transport: str = "socket", group_size: int = 1,
     ) -> None:
         if stages < 1 or num_envs % stages:
             raise ValueError(f"stages={stages} must be >= 1 and divide the shard's num_envs={num_envs}")
@@ -101,7 +103,8 @@ class RolloutWorker:
         self.link = connect(server, transport)
         per = num_envs // stages
         self.envs = [
-            make_env(env_cfg, seed=seed, num_envs=per, env_offset=offset + s * per, num_threads=threads)
+            make_env(env_cfg, seed=seed, num_envs=per, env_offset=offset + s * per, num_threads=threads,
+                     group_size=group_size)
             for s in range(stages)
         ]
         self.obs: list[TensorDict | None] = [None] * stages
@@ -170,6 +173,33 @@ class RolloutWorker:
         self.link.forget()  # replies still due to an aborted rollout
         timer = Timer()
         batch, self.obs = collect_stages(self.envs, _ServerLink(self.shard, self.link, min_version), self.obs, steps, timer)
+        return to_wire(batch), dict(timer.seconds), self.get_state()
+
+    def rollout_episodes(
+        self, seed: int | None, decisions: int, min_version: int
+    ) -> tuple[Wire, dict[str, float], dict[str, Any]]:
+        """Reset every environment and run ``decisions`` decisions with the server's policy (GRPO).
+
+        Every shard runs all ``decisions`` (the episode limit), since the server batches every shard's
+        requests together; ``alive`` marks the steps of each environment's first episode.
+
+        Args:
+            seed: seed of this reset, or ``None`` to continue the environments' RNG.
+            decisions: decisions T (the episode limit).
+            min_version: the oldest weights version the server may answer with.
+
+        Returns:
+            The ``[T, n]`` episode batch (:func:`vla_rl.rollout.collect_first_episodes`), this shard's
+            seconds, and its state after the rollout.
+        """
+        if len(self.envs) != 1:
+            raise ValueError(f"shard {self.shard}: episode rollouts run one stage, not {len(self.envs)}")
+        self.link.forget()
+        timer = Timer()
+        env = self.envs[0]
+        link = _ServerLink(self.shard, self.link, min_version)
+        batch, last = collect_first_episodes(env, link, env.reset_td(seed=seed), decisions, timer, stop_when_ended=False)
+        self.obs = [last]
         return to_wire(batch), dict(timer.seconds), self.get_state()
 
     def close(self) -> None:
