@@ -9,6 +9,7 @@ before the job's end.
 
 
 import contextlib
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.grpo import GRPOConfig
+from infra.llm.lm import load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobServices, RLVRConfig, run_job
 from infra.llm.service_plane import TRAINER_REPLAY, ResilientService
@@ -61,6 +63,31 @@ def test_a_restored_trainer_continues_bit_for_bit_and_answers_a_resent_call(tmp_
     assert restored.weights("j")[1] == undisturbed.weights("j")[1] == 3
     with pytest.raises(CheckpointError, match="call 7 but its trainer is at 4"):
         restored.train("j", *_batch(3), 4, 7)
+
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_hugging_face_job_restores_bit_for_bit(arch, tmp_path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from llm_tiny_model import make_tiny_hf
+
+    model = ModelConfig(path=str(make_tiny_hf(tmp_path / arch, arch)))
+    codec = load_codec(model)
+    prompts = [codec.encode(f"{i}+1=") for i in range(4)] * 2
+    comps = [codec.encode_answer(str(i)) for i in range(8)]
+    spec = CheckpointSpec(str(tmp_path / "ckpt"))
+    first, undisturbed = TrainerService(), TrainerService()
+    first.register_job("j", model, GRPOConfig(), 0, spec)
+    undisturbed.register_job("j", model, GRPOConfig(), 0)
+    for svc in (first, undisturbed):
+        svc.finish_warmup("j", 0)
+        svc.train("j", prompts, comps, [1, 0] * 4, 4, 1)
+    restored = TrainerService()
+    assert restored.register_job("j", model, GRPOConfig(), 0, spec, resume=True) == 2
+    for svc in (restored, undisturbed):
+        svc.train("j", prompts, comps, [0, 1] * 4, 4, 2)
+    a, b = _weights(restored, "j"), _weights(undisturbed, "j")
+    assert all(torch.equal(a[k], b[k]) for k in b) and restored.weights("j")[1] == 2
 
 
 def test_missing_or_broken_checkpoint_is_a_one_line_error_naming_the_path(tmp_path) -> None:
