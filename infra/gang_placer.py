@@ -181,12 +181,20 @@ class GangPlacer:
         return done
 
     def _group_nodes(self, group: list[_Unit]) -> np.ndarray:
-        """``[N]`` bool: nodes with room now for the whole group's CPU, memory and whole GPUs."""
+        """``[N]`` bool: nodes with room now for the whole group's CPU, memory and whole GPUs, and where
+        each unit alone finds GPUs of its models with its share and memory free (without this a
+        same-node group retried node after node where a GPU unit's model is missing)."""
         st = self.state
         ok = st.alive & (st.cpu_free >= sum(u.cpu for u in group)) & (st.mem_free >= sum(u.mem for u in group))
         whole = sum(u.num_gpu for u in group if u.gpu_milli == MILLI)
         if whole:
             ok &= (st.gpu_free == MILLI).sum(axis=1) >= whole
+        for u in group:
+            if u.num_gpu:
+                usable = st.model_mask(u.models) & (st.gpu_free >= u.gpu_milli)
+                if u.gpu_memory_mib:
+                    usable &= st.memory_free_mask(u.gpu_memory_mib)
+                ok &= usable.sum(axis=1) >= u.num_gpu
         return ok
 
     def _place_group(self, req, group, services, node_of, gang_nodes, node_mask) -> list[tuple[int, Alloc]] | None:

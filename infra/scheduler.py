@@ -23,16 +23,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 import numpy as np
 
 from infra import node_scoring
 from infra.frag import TypicalPods
 from infra.gang_placer import Assignment, GangPlacer, Placement
-from infra.preemption import Candidate, choose_victims
+from infra.preemption import AllocSums, Candidate, choose_victims
 from infra.quota import Quota, QuotaLedger
 from infra.requests import (
     Bundle,
@@ -122,10 +124,24 @@ class _Gang:
     key: int = -1
     drain_hold: Reservation | None = None
     """While draining: what the preemptor did not take of its resources, held until it stops."""
+    cached_candidate: Candidate | None = None
+    """This gang as a preemption candidate, built once per change of its allocations."""
 
     @property
     def gpu_milli(self) -> int:
         return sum(self.req.bundles[b].total_gpu_milli for b in self.allocs)
+
+    @cached_property
+    def min_milli(self) -> int:
+        """Milli-GPU of its smallest admissible size (what its quota must admit)."""
+        return self.req.gpu_milli(self.req.min_size)
+
+    def candidate(self) -> Candidate:
+        """This placed gang as a preemption candidate (kept most valuable: higher priority, then older)."""
+        if self.cached_candidate is None:
+            self.cached_candidate = Candidate(self.req.name, (self.req.priority, -self.arrival),
+                                              tuple(self.allocs.values()), self.req.tenant, self.gpu_milli)
+        return self.cached_candidate
 
 
 class Scheduler:
@@ -176,7 +192,8 @@ class Scheduler:
         self._deadlines: list[tuple[float, int, str]] = []
         self._valid: set[Bundle] = set()
         self._reservation: Reservation | None = None
-        self._unreservable: str | None = None
+        self._unreservable: set[str] = set()
+        """Waiting gangs that fit not even the empty cluster (no reservation until nodes change)."""
         self._draining = False
         self._requeued = False
 
@@ -238,6 +255,15 @@ class Scheduler:
         """Placed gangs with a bundle on ``node_name``."""
         return sorted(self._on_node[self._node(node_name)])
 
+    def occupants(self, node_name: str) -> set[str]:
+        """Gangs that use resources of ``node_name``: placed there, or draining there during their grace."""
+        return self._occupants({self._node(node_name)})
+
+    def _occupants(self, nodes: set[int]) -> set[str]:
+        draining = {g.req.name for g in self._gangs.values()
+                    if g.drain_hold is not None and any(a.node in nodes for a in g.drain_hold.holds)}
+        return draining.union(*(self._on_node[n] for n in nodes))
+
     def preemptions(self, name: str) -> int:
         """How many times the gang was told to stop."""
         return self._gang(name).preemptions
@@ -277,9 +303,11 @@ class Scheduler:
         missing = self._missing_services(g)
         if missing:
             return f"waits for services {missing} to be placed"
-        milli = g.req.gpu_milli(g.req.min_size)
+        milli = g.min_milli
         if not self.ledger.admissible(g.req.tenant, milli):
             return self.ledger.why_not(g.req.tenant, milli)
+        if not self._spares_reserved_quota(g, milli):
+            return f"its GPUs would take quota that gang {self._reservation.gang!r}, which holds the reservation, needs"
         alive = np.flatnonzero(self.state.alive)
         for i, b in enumerate(g.req.bundles):
             if not fits_somewhere(b, self.state, alive):
@@ -310,6 +338,7 @@ class Scheduler:
         self._log(EventKind.SUBMITTED, req.name, now, priority=req.priority, tenant=req.tenant,
                   bundles=len(req.bundles))
         if not self._missing_services(g) and self._admit(g, now):
+            self._yield_reservation_without_quota(now)
             return self._placement(g)
         self._queue.mark_failed(g.key, self.state.clock)
         self._enqueue(g, now)
@@ -329,6 +358,7 @@ class Scheduler:
         if self._reservation is not None and self._reservation.gang == name:
             self._drop_reservation(now)
         self._queue.remove(name)
+        self._unreservable.discard(name)
         del self._gangs[name]
         self._log(EventKind.RELEASED, name, now, reason=reason)
         self._drain(now)
@@ -392,12 +422,13 @@ class Scheduler:
             add = [b for b in range(len(req.bundles)) if b not in g.allocs][: num_bundles - len(have)]
             extra = sum(req.bundles[b].total_gpu_milli for b in add)
             got = None
-            if self.ledger.admissible(req.tenant, extra):
+            if self.ledger.admissible(req.tenant, extra) and self._spares_reserved_quota(g, extra):
                 got = self._placer.place(req, add, self._services, {b: a.node for b, a in g.allocs.items()})
             if got is None:
                 raise RuntimeError(f"gang {name!r}: {len(add)} more bundles do not fit now; it keeps {len(have)}.")
             self._put_in(g, got)
             self._log(EventKind.RESIZED, name, now, size=num_bundles, added=add, nodes=self._node_names(got))
+            self._yield_reservation_without_quota(now)
         return self._placement(g)
 
     def remove_node(self, node_name: str, now: float | None = None) -> list[str]:
@@ -467,19 +498,34 @@ class Scheduler:
         got = self._place(g)
         res = self._reservation
         if got is None and res is not None and res.priority < g.req.priority:
-            self._drop_reservation(now)  # a lower-priority reservation yields before anyone is preempted
-            got = self._place(g)
+            return self._admit_over(g, res, now)
         if got is not None:
             self._start(g, got, now)
             return True
         return self._preempt(g, now)
+
+    def _admit_over(self, g: _Gang, res: Reservation, now: float) -> bool:
+        """``g`` outranks the reservation's gang and fits nowhere else: try it (placing, then preempting)
+        with what the reservation holds given back. The reservation keeps its targets and takes back what
+        ``g`` left of them; ``g`` joins its blockers when it runs on the target nodes."""
+        res.drop(self.state)
+        got = self._place(g)
+        if got is not None:
+            self._start(g, got, now)
+        placed = got is not None or self._preempt(g, now)
+        if placed and {a.node for a in g.allocs.values()} & res.nodes:
+            res.blockers.add(g.req.name)
+        if self._reservation is res:  # a drain during the preemption may have moved it on already
+            self._top_up(now)
+        return placed
 
     def _place(self, g: _Gang, check_quota: bool = True) -> list[tuple[int, Alloc]] | None:
         """Allocations for the largest size of ``g`` that fits (and its quota admits), or None."""
         req = g.req
         want = list(range(len(req.bundles)))
         for size in range(len(want), req.min_size - 1, -1):
-            if check_quota and not self.ledger.admissible(req.tenant, req.gpu_milli(size)):
+            milli = req.gpu_milli(size)
+            if check_quota and not (self.ledger.admissible(req.tenant, milli) and self._spares_reserved_quota(g, milli)):
                 continue
             got = self._placer.place(req, want[:size], self._services)
             if got is not None:
@@ -499,6 +545,7 @@ class Scheduler:
     def _put_in(self, g: _Gang, got: list[tuple[int, Alloc]]) -> None:
         """Record allocations already taken on the state as ``g``'s (ledger and indexes follow)."""
         name = g.req.name
+        g.cached_candidate = None
         for b, a in got:
             g.allocs[b] = a
             self._services[f"{name}/{b}"] = (a.node, a.gpus)
@@ -508,6 +555,7 @@ class Scheduler:
     def _take_out(self, g: _Gang, bundles: list[int], free: bool) -> None:
         """Drop ``bundles`` from ``g`` (their resources returned to the state when ``free``)."""
         name = g.req.name
+        g.cached_candidate = None
         nodes = set()
         for b in bundles:
             a = g.allocs.pop(b)
@@ -539,10 +587,11 @@ class Scheduler:
         groups = self._candidate_groups(g)
         if not groups:
             return False
-        milli = g.req.gpu_milli(g.req.min_size)
+        milli = g.min_milli
         chosen = choose_victims(
             self.state, groups, lambda: self._place(g, check_quota=False),
-            lambda returned: self.ledger.admissible(g.req.tenant, milli, returned),
+            lambda returned: self.ledger.admissible(g.req.tenant, milli, returned)
+            and self._spares_reserved_quota(g, milli, returned),
         )
         if chosen is None:
             return False
@@ -565,39 +614,38 @@ class Scheduler:
         names = set().union(*(s for p, s in self._by_priority.items() if p < req.priority))
         if self.ledger.enabled:
             names = {n for n in names if self._gangs[n].req.tenant == req.tenant}
-            if self.ledger.within_nominal(req.tenant, req.gpu_milli(req.min_size)):
-                names |= {n for s in self._by_priority.values() for n in s
-                          if self._gangs[n].req.tenant != req.tenant and self.ledger.borrowing(self._gangs[n].req.tenant)}
+            if self.ledger.within_nominal(req.tenant, g.min_milli):
+                borrowers = {t for t in self.ledger.quotas if t != req.tenant and self.ledger.borrowing(t)}
+                names |= {n for s in self._by_priority.values() for n in s if self._gangs[n].req.tenant in borrowers}
         res = self._reservation
         if res is not None and res.priority >= req.priority:
             names = {n for n in names if not {a.node for a in self._gangs[n].allocs.values()} & res.nodes}
-        if not names:
-            return []
         per_node: dict[int, list[Candidate]] = {}
         for name in names:
-            v = self._gangs[name]
-            c = Candidate(name, (v.req.priority, -v.arrival), tuple(v.allocs.values()), v.req.tenant, v.gpu_milli)
+            c = self._gangs[name].candidate()
             for n in {a.node for a in c.allocs}:
                 per_node.setdefault(n, []).append(c)
-        useful = [n for n in per_node if self._could_host(req, n, per_node[n])]
+        useful = self._could_host(req, per_node)
         useful.sort(key=lambda n: (len(per_node[n]), sum(c.gpu_milli for c in per_node[n]), self.state.tie_rank[n]))
         return [per_node[n] for n in useful]
 
-    def _could_host(self, req: GangRequest, n: int, cands: list[Candidate]) -> bool:
-        """Whether some bundle of ``req`` could fit node ``n`` once ``cands`` left it (per GPU)."""
+    def _could_host(self, req: GangRequest, per_node: dict[int, list[Candidate]]) -> list[int]:
+        """Nodes of ``per_node`` where some bundle of ``req`` could fit once their candidates left (per GPU)."""
+        if not per_node:
+            return []
         st = self.state
-        cpu, mem, gpu = int(st.cpu_free[n]), int(st.mem_free[n]), st.gpu_free[n].copy()
-        for c in cands:
-            for a in c.allocs:
-                if a.node == n:
-                    cpu, mem = cpu + a.cpu, mem + a.mem
-                    gpu[list(a.gpus)] += a.gpu_milli
+        cands = {c.name: c for cs in per_node.values() for c in cs}.values()
+        held = AllocSums(st, [a for c in cands for a in c.allocs])  # every one lies on a node of per_node
+        nodes = np.fromiter(per_node, dtype=np.int64, count=len(per_node))
+        cpu, mem = (st.cpu_free + held.cpu)[nodes], (st.mem_free + held.mem)[nodes]
+        gpu = (st.gpu_free + held.gpu)[nodes]
+        ok = np.zeros(len(nodes), dtype=bool)
         for b in set(req.bundles):
-            if b.cpu_milli <= cpu and b.memory_mib <= mem:
-                usable = st.model_mask(b.gpu_models)[n] & (gpu >= b.gpu_milli)
-                if not b.num_gpu or usable.sum() >= b.num_gpu:
-                    return True
-        return False
+            fit = (cpu >= b.cpu_milli) & (mem >= b.memory_mib)
+            if b.num_gpu:
+                fit &= (st.model_mask(b.gpu_models)[nodes] & (gpu >= b.gpu_milli)).sum(axis=1) >= b.num_gpu
+            ok |= fit
+        return [int(n) for n in nodes[ok]]
 
     def _notice(self, v: _Gang, by: _Gang, now: float, reclaim: bool) -> None:
         """Tell victim ``v`` (whose resources are already free in the state) to stop for ``by``."""
@@ -704,33 +752,72 @@ class Scheduler:
         self._start(g, list(res.targets), now)
 
     def _update_reservation(self, now: float) -> bool:
-        """Give the reservation to the first blocked gang; whether resources were returned."""
+        """Give the reservation to the first blocked gang that fits the empty cluster; whether resources
+        were returned."""
         if not self.reserve:
             return False
-        head = next((n for n in self._queue.names() if self._reservable(self._gangs[n])), None)
+        while True:  # each turn returns or marks one more gang unreservable
+            head = self._reservation_head()
+            res = self._reservation
+            if res is not None and res.gang == head:
+                return False
+            targets = None if head is None else reservation_targets(self.state, self._placer, self._gangs[head].req,
+                                                                     self._services)
+            if head is not None and targets is None:
+                self._unreservable.add(head)  # fits not even the empty cluster: skipped until nodes change
+                continue
+            if res is not None:
+                self._drop_reservation(now)
+            if head is not None:
+                self._reserve(head, targets, now)
+            return res is not None
+
+    def _yield_reservation_without_quota(self, now: float) -> None:
+        """A gang served before the reserved one took the quota it needs: the reservation moves on."""
         res = self._reservation
-        if res is not None and res.gang == head:
-            return False
-        freed = res is not None
-        if res is not None:
-            self._drop_reservation(now)
-        if head is None or head == self._unreservable:
-            return freed
-        g = self._gangs[head]
-        targets = reservation_targets(self.state, self._placer, g.req, self._services)
-        if targets is None:
-            self._unreservable = head  # fits not even the empty cluster: wait for nodes
-            return freed
+        if res is not None and not self.ledger.admissible(self._gangs[res.gang].req.tenant, self._gangs[res.gang].min_milli):
+            self._drain(now)
+
+    def _served_before_holder(self, g: _Gang) -> bool:
+        """Whether ``g`` is served before the reservation's gang (higher priority, or equal and earlier)."""
+        h = self._gangs[self._reservation.gang]
+        return (-g.req.priority, g.arrival) < (-h.req.priority, h.arrival)
+
+    def _spares_reserved_quota(self, g: _Gang, milli: int, returned: Counter | None = None) -> bool:
+        """Whether ``g`` taking ``milli`` milli-GPU (once ``returned`` usage per tenant went back) leaves the
+        reservation's gang admitted by its quota; gangs served before it are not held back. Without
+        this, gangs served after a reserved gang could starve it of quota instead of resources."""
+        res = self._reservation
+        if res is None or not self.ledger.enabled or res.gang == g.req.name or self._served_before_holder(g):
+            return True
+        h = self._gangs[res.gang]
+        freed = Counter(returned or {})
+        freed[g.req.tenant] -= milli
+        return self.ledger.admissible(h.req.tenant, h.min_milli, freed)
+
+    def _reservation_head(self) -> str | None:
+        """The first waiting gang that could use a reservation: its services are placed, its quota admits
+        it, and it fits the empty cluster (as far as known)."""
+        admissible: dict[tuple[str, int], bool] = {}  # the quota verdict depends on (tenant, milli) alone
+        for name in self._queue.iter_names():
+            g = self._gangs[name]
+            if name in self._unreservable or self._missing_services(g):
+                continue
+            key = (g.req.tenant, g.min_milli)
+            if key not in admissible:
+                admissible[key] = self.ledger.admissible(*key)
+            if admissible[key]:
+                return name
+        return None
+
+    def _reserve(self, head: str, targets: list[tuple[int, Alloc]], now: float) -> None:
+        """Reserve ``targets`` for waiting gang ``head``; its blockers are the gangs that run or drain there."""
         nodes = {a.node for _, a in targets}
-        blockers = set().union(*(self._on_node[n] for n in nodes))
-        self._reservation = Reservation(head, g.req.priority, targets, blockers)
+        blockers = self._occupants(nodes)
+        self._reservation = Reservation(head, self._gangs[head].req.priority, targets, blockers)
         self._log(EventKind.RESERVED, head, now, nodes=sorted(self.cluster.nodes[n].name for n in nodes),
                   blockers=sorted(blockers))
         self._top_up(now)
-        return freed
-
-    def _reservable(self, g: _Gang) -> bool:
-        return not self._missing_services(g) and self.ledger.admissible(g.req.tenant, g.req.gpu_milli(g.req.min_size))
 
     def _drop_reservation(self, now: float) -> None:
         res = self._reservation
@@ -754,7 +841,7 @@ class Scheduler:
 
     def _nodes_changed(self) -> None:
         self._valid.clear()
-        self._unreservable = None
+        self._unreservable.clear()
 
     def _missing_services(self, g: _Gang) -> list[str]:
         """Services named by ``g``'s constraints that are not placed (it must wait for them)."""

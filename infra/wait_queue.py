@@ -9,6 +9,8 @@ since then (``ClusterState.grown``) and skips the shape when none of its bundles
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 from sortedcontainers import SortedList
 
@@ -47,6 +49,10 @@ class WaitQueue:
     def names(self) -> list[str]:
         """Waiting gangs in the order they are served."""
         return [e[2] for e in self._order]
+
+    def iter_names(self) -> Iterator[str]:
+        """Waiting gangs in the order they are served, lazily (a search that stops early lists no more)."""
+        return (e[2] for e in self._order)
 
     def with_keys(self) -> list[tuple[str, int]]:
         """``(name, shape id)`` of waiting gangs in the order they are served."""

@@ -12,6 +12,7 @@ what was taken.
 
 import contextlib
 import dataclasses
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -262,28 +263,97 @@ def test_victim_sets_are_minimal_for_the_placement(cluster, data, policy):
         assert len(taken) < len(allocs), f"victim {v} could have kept running"
 
 
-@settings(max_examples=60, deadline=None)
-@given(cluster=clusters(1, 4), data=st.data())
-def test_a_reserved_gang_runs_once_the_gangs_on_its_nodes_are_gone(cluster, data):
-    s = Scheduler(cluster, policy="fgd-strand")
-    pending = None  # (holder, blockers) of the reservation being watched
-    for k in range(data.draw(st.integers(5, 40))):
-        names = s.gangs()
-        if names and data.draw(st.booleans()):
-            s.release(names[data.draw(st.integers(0, len(names) - 1))], now=float(k))
-        else:
-            with contextlib.suppress(RequestError):
-                s.submit(dataclasses.replace(data.draw(gangs(f"g{k}")), priority=0, grace_s=0.0), now=float(k))
-        res = s.reservation
-        if res is not None and (pending is None or pending[0] != res.gang):
-            pending = (res.gang, set(res.blockers), set(res.nodes))
-        if pending is not None:
-            holder, blockers, nodes = pending
-            gone = all(b not in s.gangs() or not any(b in s._on_node[n] for n in nodes) for b in blockers)
-            if holder in s.gangs() and gone and s.reservation is not None and s.reservation.gang == holder:
-                pytest.fail(f"{holder} still waits although every gang on its reserved nodes left")
-            if holder not in s.gangs() or s.gang_state(holder) is GangState.PLACED:
-                pending = None
+class ReservationWatch:
+    """Checks the reservation bound (``infra/reservation.py``) after every operation of a stream.
+
+    While gang G (priority p) holds reservation R on target nodes T: what R holds never shrinks,
+    except in an operation that placed a gang served before G (higher priority, or equal priority
+    and earlier arrival) on T, which then counts as a blocker; G's quota keeps admitting it; and G
+    is placed no later than the operation after which no blocker (a gang that ran or drained on T
+    when R was made, or such a gang served before G) occupies T. R ends only when G is placed or
+    leaves, a node of T is lost, a gang served before G takes the reservation over, or one is
+    placed (taking what R held or the quota G needs).
+    """
+
+    def __init__(self, s: Scheduler, priority: dict[str, int], arrival: dict[str, int]) -> None:
+        self.s, self.priority, self.arrival = s, priority, arrival
+        self.res = None
+        self.seq = -1
+        self.checked = 0
+
+    def before(self, a: str, b: str) -> bool:
+        return (-self.priority[a], self.arrival[a]) < (-self.priority[b], self.arrival[b])
+
+    def after_operation(self) -> None:
+        s = self.s
+        new = s.events_since(self.seq)
+        self.seq = s.events[-1].seq if s.events else self.seq
+        if self.res is not None:
+            self._check(new)
+        if s.reservation is not self.res:
+            self.res = s.reservation
+            if self.res is not None:
+                self.nodes = {s.cluster.nodes[n].name for n in self.res.nodes}
+                self.blockers = set(self.res.blockers)
+                self.held = _held(self.res)
+
+    def _check(self, new) -> None:
+        s, res, g = self.s, self.res, self.res.gang
+        placed = [e for e in new if e.kind is EventKind.PLACED and self.before(e.gang, g)]
+        ahead = {e.gang for e in placed if set(e.detail["nodes"]) & self.nodes}
+        self.blockers |= ahead
+        if s.reservation is not res:
+            placed_or_gone = g not in s.gangs() or any(e.kind is EventKind.PLACED and e.gang == g for e in new)
+            lost = any(e.kind is EventKind.NODE_LOST and e.detail["node"] in self.nodes for e in new)
+            taken = any(e.kind is EventKind.RESERVED and self.before(e.gang, g) for e in new)
+            assert placed_or_gone or lost or taken or placed, f"the reservation of {g} ended without cause: {new}"
+            return
+        held = _held(res)
+        assert ahead or all(held[k] >= v for k, v in self.held.items()), f"what {g}'s reservation held went elsewhere"
+        req = s.request(g)
+        assert s.ledger.admissible(req.tenant, req.gpu_milli(req.min_size)), f"{g} lost its quota while reserved: {new}"
+        self.held = held
+        occupied = any(b in s.gangs_on(n) for n in self.nodes for b in self.blockers) or any(
+            self.blockers & s.occupants(n) for n in self.nodes)
+        assert occupied, f"{g} still waits although no blocker {sorted(self.blockers)} occupies {sorted(self.nodes)}"
+        self.checked += 1
+
+
+def _held(res) -> Counter:
+    """What a reservation holds, per node (CPU, memory) and per GPU (milli-GPU, GPU memory)."""
+    out = Counter()
+    for a in res.holds:
+        out[a.node, "cpu"] += a.cpu
+        out[a.node, "mem"] += a.mem
+        for g in a.gpus:
+            out[a.node, g] += a.gpu_milli
+            out[a.node, g, "mem"] += a.gpu_mem
+    return out
+
+
+long_ops = st.lists(  # more submissions and longer streams than ``ops``: queues long enough to reserve
+    st.tuples(st.sampled_from(["submit"] * 6 + ["release"] * 2 + ["resize", "lose", "restore", "stopped", "tick"]),
+              st.integers(0, 10**6)),
+    min_size=10,
+    max_size=80,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster=clusters(1, 4), stream=long_ops, data=st.data(), quotas=st.booleans())
+def test_the_reservation_bound_holds_with_mixed_priorities(cluster, stream, data, quotas):
+    tenants = ("a", "b") if quotas else ("default",)
+    q = {"a": Quota(2000), "b": Quota(1000, borrowing_limit_milli=1000)} if quotas else None
+    s = Scheduler(cluster, policy="fgd-strand", seed=1, quotas=q)
+    priority, arrival = {}, {}
+    watch = ReservationWatch(s, priority, arrival)
+    for k, (op, r) in enumerate(stream):
+        def draw_gang(k=k):
+            g = data.draw(gangs(f"g{k}", tenants))
+            priority[g.name], arrival[g.name] = g.priority, k
+            return g
+        apply(s, cluster, op, r, draw_gang, t=float(k))
+        watch.after_operation()
     check_invariants(s)
 
 
@@ -302,23 +372,26 @@ def big_clusters(draw):
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cluster=big_clusters(), data=st.data(), seed=st.integers(0, 2**16))
 def test_invariants_hold_at_hundreds_of_nodes_and_thousands_of_gangs(cluster, data, seed):
-    """2,000-3,000 operations on 100-400 nodes with quotas; invariants checked every 250 operations."""
+    """2,000-3,000 operations on 100-400 nodes with quotas, priorities 0-3 and grace periods; invariants
+    checked every 250 operations, the reservation bound after every operation."""
     rng = np.random.default_rng(seed)
     q = {"a": Quota(200_000), "b": Quota(100_000, borrowing_limit_milli=100_000)}
     s = Scheduler(cluster, policy="fgd-strand", seed=seed, quotas=q)
     shapes = [data.draw(gangs(f"shape{i}", ("a", "b"))) for i in range(12)]
-    tenant_of, prio_of, borrowing = {}, {}, set()
+    tenant_of, prio_of, arrival, borrowing = {}, {}, {}, set()
+    watch = ReservationWatch(s, prio_of, arrival)
     for k in range(int(rng.integers(2000, 3000))):
         op = rng.choice(["submit", "submit", "submit", "release", "stopped", "tick", "lose", "restore"],
                         p=[0.2, 0.2, 0.2, 0.3, 0.04, 0.04, 0.01, 0.01])
         def draw_gang(k=k):
             g = dataclasses.replace(shapes[int(rng.integers(len(shapes)))], name=f"g{k}",
                                     priority=int(rng.integers(0, 4)))
-            tenant_of[g.name], prio_of[g.name] = g.tenant, g.priority
+            tenant_of[g.name], prio_of[g.name], arrival[g.name] = g.tenant, g.priority, k
             return g
         if k % 50 == 0:
             borrowing |= {n for n in s.placements if s.ledger.borrowing(s.request(n).tenant)}
         apply(s, cluster, str(op), int(rng.integers(10**6)), draw_gang, t=float(k))
+        watch.after_operation()
         if k % 250 == 0:
             check_invariants(s)
     check_invariants(s)
