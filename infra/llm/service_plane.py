@@ -308,7 +308,10 @@ def place_services(
         remote = ray.remote(cls)
 
         def launch() -> Any:
-            gang.wait(timeout_s=wait_s)  # after a preemption: where the gang is placed next
+            # After a preemption: where the gang is placed next. The handle's cached status may still
+            # show the old placement (its group is gone), so ask the service first.
+            gang.refresh()
+            gang.wait(timeout_s=wait_s)
             return backend.start_actor(bundle, remote, *args, **kwargs)
 
         return launch

@@ -12,6 +12,7 @@ import sys
 import threading
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -201,3 +202,69 @@ def test_cli_prints_status_queue_and_events(cluster):
                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
         assert out.returncode == 0 and text in out.stdout, out.stderr[-2000:]
     _cleanup(client)
+
+
+def test_a_preempted_llm_job_resumes_from_its_trainer_checkpoint(cluster, eventually, tmp_path):
+    """A low-priority LLM job loses its GPU group to a pinned high-priority gang mid-run; its gang is
+    requeued and placed again when the gang leaves, its services restart there, and the trainer
+    continues from its checkpoint: the job ends with every GRPO update applied once, weights equal
+    to an undisturbed run of the same job and to its last checkpoint."""
+    from infra.llm.checkpoint import checkpoint_path, load
+    from infra.llm.model import ModelConfig
+    from infra.llm.rlvr import JobServices, RLVRConfig, checkpoint_spec, run_job
+    from infra.llm.service_plane import ServiceSizes, place_services
+    from infra.llm.tasks import VOCAB_SIZE
+
+    _, client = cluster
+    model = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
+    sizes = ServiceSizes(rollout_memory_mib=256, trainer_memory_mib=512, reward_memory_mib=128)
+    plane = place_services(client, model, sizes=sizes, priority=0, timeout_s=120, wait_s=180)
+    try:
+        group, gang = plane.groups[0], plane.gangs[0]
+        svc = JobServices(rollout=group.rollout, reward=plane.reward, trainer=group.trainer)
+
+        def cfg(name):
+            return RLVRConfig(name=name, task="sort", task_size=3, seed=5, iterations=6, prompts_per_iter=4,
+                              group_size=4, warmup_steps=2, warmup_batch=8, eval_prompts=8, eval_every=100,
+                              model=model, out_dir=str(tmp_path))
+
+        reference = run_job("undisturbed", cfg("undisturbed"), svc)
+        job = cfg("preempted")
+        where = checkpoint_spec(job).dir
+        out = {}
+        runner = threading.Thread(target=lambda: out.setdefault("result", run_job("preempted", job, svc)), daemon=True)
+        runner.start()
+        # Two GRPO updates in (warm-up steps, the end of the warm-up, then updates are steps).
+        assert eventually(lambda: _step(where) >= job.warmup_steps + 3, 180), "the job made no progress"
+        spot = gang.refresh().placement.assignments[-1]
+        high = client.submit(GangRequest("pinned", (Bundle(500, 256, gpus=1),), (PinGPUs(0, spot.node, spot.gpus),)),
+                             priority=10)
+        high.wait(timeout_s=60)
+        assert any(e.kind is EventKind.PREEMPT_NOTICE and e.gang == gang.name for e in client.events(limit=500))
+        high.release()
+        runner.join(timeout=240)
+        assert "result" in out, "the preempted job did not finish"
+    finally:
+        events = client.events(limit=1000)
+        plane.close()
+        _cleanup(client)
+
+    result = out["result"]
+    assert [e.detail["epoch"] for e in events if e.gang == gang.name and e.kind is EventKind.PLACED] == [1, 2]
+    assert group.trainer.restarts >= 1, "the trainer was never started again: nothing was preempted"
+    assert result.version == job.iterations == reference.version  # every update once, none from scratch
+    final = load(checkpoint_path(where), "preempted")
+    assert final["version"] == job.iterations
+    for k, v in reference.weights.items():
+        assert torch.equal(result.weights[k], v), f"{k} differs from the undisturbed run after preemption and resume"
+        assert torch.equal(final["model"][k], v), f"{k} differs from the job's last checkpoint"
+
+
+def _step(where: str) -> int:
+    """The preempted job's checkpointed step (-1 before its first checkpoint)."""
+    from infra.llm.checkpoint import CheckpointError, read_info
+
+    try:
+        return read_info(where, "preempted").step
+    except CheckpointError:
+        return -1
