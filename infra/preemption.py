@@ -124,22 +124,23 @@ class AllocSums:
 def choose_victims(
     state: ClusterState,
     by_node: list[list[Candidate]],
-    place: Callable[[], list[tuple[int, Alloc]] | None],
-    quota_ok: Callable[[Counter], bool],
+    place: Callable[[Counter], list[tuple[int, Alloc]] | None],
+    quota_ok: Callable[[Counter, list[tuple[int, Alloc]]], bool],
 ) -> tuple[list, list[Candidate]] | None:
     """Free the shortest prefix of candidate groups that lets ``place()`` succeed, then give back all it can spare.
 
     Args:
         state: the cluster state (changed in place: the preemptor placed, the victims freed).
         by_node: candidate groups, one per node, in the order to try (a candidate may repeat).
-        place: places the preemptor on the current state (taking what it returns) or returns None.
-        quota_ok: whether the preemptor is admissible once the freed usage per tenant is returned.
+        place: places the preemptor on the current state, in a size its quota admits once the given
+            freed usage per tenant is returned (taking what it returns), or returns None.
+        quota_ok: whether placement ``got`` stays admissible once the given usage is returned.
     Returns:
         ``([(bundle, alloc)], victims)``, or None with the state as it was.
     """
     clock, grown = state.clock, state.grown.copy()
     prefix = _FreedPrefix(state, by_node)
-    k, got = _shortest_prefix(prefix, place, quota_ok)
+    k, got = _shortest_prefix(prefix, place)
     prefix.move(k)
     if got is None:
         state.clock, state.grown[:] = clock, grown
@@ -149,7 +150,7 @@ def choose_victims(
     victims = []
     for c in sorted(prefix.freed(), key=lambda c: c.keep_rank, reverse=True):
         prefix.returned[c.tenant] -= c.gpu_milli
-        if quota_ok(prefix.returned) and _allocate_all(state, c.allocs):
+        if quota_ok(prefix.returned, got) and _allocate_all(state, c.allocs):
             continue
         prefix.returned[c.tenant] += c.gpu_milli
         victims.append(c)
@@ -160,15 +161,13 @@ def choose_victims(
     return got, victims
 
 
-def _shortest_prefix(prefix: _FreedPrefix, place, quota_ok) -> tuple[int, list | None]:
+def _shortest_prefix(prefix: _FreedPrefix, place) -> tuple[int, list | None]:
     """``(k, placement)`` for the shortest prefix of groups found to work (``(0, None)``: none does);
     the placement is taken back off the state after each attempt."""
 
     def attempt(k: int) -> list | None:
         prefix.move(k)
-        if not quota_ok(prefix.returned):
-            return None
-        got = place()
+        got = place(prefix.returned)
         for _, a in got or ():
             prefix.state.free(a)
         return got

@@ -422,7 +422,7 @@ class Scheduler:
             add = [b for b in range(len(req.bundles)) if b not in g.allocs][: num_bundles - len(have)]
             extra = sum(req.bundles[b].total_gpu_milli for b in add)
             got = None
-            if self.ledger.admissible(req.tenant, extra) and self._spares_reserved_quota(g, extra):
+            if self._quota_admits(g, extra):
                 got = self._placer.place(req, add, self._services, {b: a.node for b, a in g.allocs.items()})
             if got is None:
                 raise RuntimeError(f"gang {name!r}: {len(add)} more bundles do not fit now; it keeps {len(have)}.")
@@ -519,13 +519,13 @@ class Scheduler:
             self._top_up(now)
         return placed
 
-    def _place(self, g: _Gang, check_quota: bool = True) -> list[tuple[int, Alloc]] | None:
-        """Allocations for the largest size of ``g`` that fits (and its quota admits), or None."""
+    def _place(self, g: _Gang, returned: Counter | None = None) -> list[tuple[int, Alloc]] | None:
+        """Allocations for the largest size of ``g`` that fits and its quota admits (once ``returned``
+        usage per tenant is given back, during a preemption search), or None."""
         req = g.req
         want = list(range(len(req.bundles)))
         for size in range(len(want), req.min_size - 1, -1):
-            milli = req.gpu_milli(size)
-            if check_quota and not (self.ledger.admissible(req.tenant, milli) and self._spares_reserved_quota(g, milli)):
+            if not self._quota_admits(g, req.gpu_milli(size), returned):
                 continue
             got = self._placer.place(req, want[:size], self._services)
             if got is not None:
@@ -587,11 +587,9 @@ class Scheduler:
         groups = self._candidate_groups(g)
         if not groups:
             return False
-        milli = g.min_milli
         chosen = choose_victims(
-            self.state, groups, lambda: self._place(g, check_quota=False),
-            lambda returned: self.ledger.admissible(g.req.tenant, milli, returned)
-            and self._spares_reserved_quota(g, milli, returned),
+            self.state, groups, lambda returned: self._place(g, returned),
+            lambda returned, got: self._quota_admits(g, sum(g.req.bundles[b].total_gpu_milli for b, _ in got), returned),
         )
         if chosen is None:
             return False
@@ -782,6 +780,10 @@ class Scheduler:
         """Whether ``g`` is served before the reservation's gang (higher priority, or equal and earlier)."""
         h = self._gangs[self._reservation.gang]
         return (-g.req.priority, g.arrival) < (-h.req.priority, h.arrival)
+
+    def _quota_admits(self, g: _Gang, milli: int, returned: Counter | None = None) -> bool:
+        """Whether ``g``'s quota admits ``milli`` more (once ``returned`` went back), sparing the reserved gang's."""
+        return self.ledger.admissible(g.req.tenant, milli, returned) and self._spares_reserved_quota(g, milli, returned)
 
     def _spares_reserved_quota(self, g: _Gang, milli: int, returned: Counter | None = None) -> bool:
         """Whether ``g`` taking ``milli`` milli-GPU (once ``returned`` usage per tenant went back) leaves the

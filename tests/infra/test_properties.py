@@ -375,7 +375,8 @@ def test_invariants_hold_at_hundreds_of_nodes_and_thousands_of_gangs(cluster, da
     """2,000-3,000 operations on 100-400 nodes with quotas, priorities 0-3 and grace periods; invariants
     checked every 250 operations, the reservation bound after every operation."""
     rng = np.random.default_rng(seed)
-    q = {"a": Quota(200_000), "b": Quota(100_000, borrowing_limit_milli=100_000)}
+    total = 1000 * sum(len(n.gpus) for n in cluster.nodes)  # quotas at 80 % of the GPUs: both bind
+    q = {"a": Quota(total // 2), "b": Quota(total * 3 // 10, borrowing_limit_milli=total // 5)}
     s = Scheduler(cluster, policy="fgd-strand", seed=seed, quotas=q)
     shapes = [data.draw(gangs(f"shape{i}", ("a", "b"))) for i in range(12)]
     tenant_of, prio_of, arrival, borrowing = {}, {}, {}, set()
