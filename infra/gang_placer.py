@@ -108,7 +108,7 @@ def _units(req: GangRequest, indices: list[int]) -> list[_Unit]:
 
 
 def _node_groups(req: GangRequest, units: list[_Unit]) -> list[list[_Unit]]:
-    """Units that must share a node (SameNode/SameGPU), largest request first."""
+    """Units that must share a node (SameNode/SameGPU), units tied to GPU models first, then the largest."""
     where = {b: k for k, u in enumerate(units) for b in u.bundles}
     parent = list(range(len(units)))
 
@@ -126,8 +126,10 @@ def _node_groups(req: GangRequest, units: list[_Unit]) -> list[list[_Unit]]:
     for k, u in enumerate(units):
         groups.setdefault(root(k), []).append(u)
 
-    def size(u: _Unit) -> tuple[int, int]:
-        return (u.num_gpu * u.gpu_milli, u.cpu)
+    def size(u: _Unit) -> tuple[bool, int, int]:
+        # Units tied to GPU models first (the most constrained first): placed after an unconstrained
+        # one, they could find it sitting on the only GPU of their model (there is no backtracking).
+        return (bool(u.models), u.num_gpu * u.gpu_milli, u.cpu)
 
     out = [sorted(g, key=size, reverse=True) for g in groups.values()]
     return sorted(out, key=lambda g: size(g[0]), reverse=True)
