@@ -13,8 +13,9 @@ What the simulation's request-level model (``infra.llm.sim.services``) describes
   scheduler's own event log (placed -> released of the lease gangs).
 - *Requests*: every generate call (one turn of a job's batch) and every train step is one request,
   queued on its slot earliest deadline first; a job's deadline for iteration ``i`` is its start +
-  ``(i + 1) * pace`` (its seconds per iteration alone, profiled beforehand), so the job furthest
-  behind its dedicated schedule is served first.
+  ``(i + 1) * pace``, so the job furthest behind its dedicated schedule is served first. The pace is
+  its seconds per iteration alone, profiled beforehand, then, from its first train step on, its own
+  measured time per iteration less the time it waited in the pool.
 - *Affinity*: a job is registered only on its home slots (``home_slots`` rollout slots and one
   trainer slot); its requests go only there. Among its rollout homes the router decides on the
   slots' own reports (queue depth, prefill tokens in flight, sequences holding KV cache), homes
@@ -31,6 +32,7 @@ import contextlib
 import dataclasses
 import heapq
 import itertools
+import math
 import os
 import threading
 import time
@@ -342,11 +344,16 @@ class Emulation:
     trainer_swap_s: float
     scale: float
     """Wall seconds per workload second."""
+    chunk_s: float = 10.0
+    """Longest device hold of one generate request, in workload seconds: a turn's decoding is sent as
+    requests of at most this much, each queued EDF again on the same slot (its KV cache is there), so a
+    job with an earlier deadline waits for one chunk, not for another job's whole rollout."""
 
     @classmethod
-    def of(cls, profile: JobProfile, hw: Hardware, work: list[IterationWork], scale: float) -> Emulation:
+    def of(cls, profile: JobProfile, hw: Hardware, work: list[IterationWork], scale: float,
+           chunk_s: float = 10.0) -> Emulation:
         """The emulation of ``profile``'s ``work`` on ``hw`` at ``scale``."""
-        return cls(work, swap_s(profile, hw, "rollout"), swap_s(profile, hw, "trainer"), scale)
+        return cls(work, swap_s(profile, hw, "rollout"), swap_s(profile, hw, "trainer"), scale, chunk_s)
 
 
 @dataclass
@@ -360,9 +367,22 @@ class _JobState:
     iteration: int = 0
     scored: bool = True
     """Whether the latest training rollout's reward time has passed (greedy evaluations have none)."""
+    waited_s: float = 0.0
+    """Time the job's requests spent queued, leasing and swapping: what it would not spend alone."""
+    demand: tuple[float, float] = (1.0, 1.0)
+    """Expected share of time generating and training alone."""
 
     def deadline(self) -> float:
         return self.start + (self.iteration + 1) * self.pace_s
+
+    def served(self, req: PoolRequest, record: RequestRecord) -> None:
+        """Account a served request; after a train step, the pace becomes the job's own measured time per
+        iteration without its waits (a profile taken on other draws can be far off one run's draws, and
+        EDF lets a job drift by as much as its pace overestimates it)."""
+        self.waited_s += record.start - record.submitted + (req.swap_s if record.swapped else 0.0)
+        if req.method == "train":
+            self.iteration += 1
+            self.pace_s = max(1e-6, (record.end - self.start - self.waited_s) / self.iteration)
 
     def work(self) -> IterationWork | None:
         if self.emulation is None:
@@ -402,18 +422,28 @@ class ElasticPool:
         self.router: Router = load_router(cfg.router)
         self.reward = LocalHandle(RewardService())
         self._jobs: dict[str, _JobState] = {}
+        self._demand = [0.0] * len(self.slots)
+        """Expected busy share of the jobs homed on each slot."""
         self._lock = threading.Lock()
 
-    def job_services(self, job: str, index: int, *, pace_s: float, emulation: Emulation | None = None) -> JobServices:
-        """Register job number ``index`` on its homes; its services (handles for ``infra.llm.rlvr.run_job``)."""
+    def job_services(self, job: str, *, pace_s: float, demand: tuple[float, float] = (1.0, 1.0),
+                     emulation: Emulation | None = None) -> JobServices:
+        """Choose ``job``'s homes and return its services (handles for ``infra.llm.rlvr.run_job``).
+
+        ``demand``: the job's expected share of time generating and training when alone (profiled
+        beforehand); its rollout homes are the ``home_slots`` slots, and its trainer the trainer slot,
+        with the least demand of the jobs already there (ties: lowest index)."""
         c = self.cfg
-        k = min(c.home_slots, c.rollout_slots)
-        homes = sorted({(index * k + m) % c.rollout_slots for m in range(k)})
-        trainer = homes[0] if c.colocated else c.rollout_slots + index % c.trainer_slots
-        state = _JobState(job, homes, trainer, pace_s, emulation)
         with self._lock:
             if job in self._jobs:
                 raise ValueError(f"job {job!r} is already in the pool; pick a new name.")
+            homes = sorted(sorted(range(c.rollout_slots), key=lambda i: (self._demand[i], i))[: c.home_slots])
+            trainers = range(c.rollout_slots, len(self.slots))
+            trainer = homes[0] if c.colocated else min(trainers, key=lambda i: (self._demand[i], i))
+            for i in homes:
+                self._demand[i] += demand[0] / len(homes)
+            self._demand[trainer] += demand[1]
+            state = _JobState(job, homes, trainer, pace_s, emulation, demand=demand)
             self._jobs[job] = state
         return JobServices(_RolloutHandle(self, state), _RewardHandle(self.reward, state), _TrainerHandle(self, state))
 
@@ -430,6 +460,9 @@ class ElasticPool:
 
         with self._lock:
             state = self._jobs.pop(job)
+            for i in state.rollout_homes:
+                self._demand[i] -= state.demand[0] / len(state.rollout_homes)
+            self._demand[state.trainer_home] -= state.demand[1]
             used = {i for s in self._jobs.values() for i in (*s.rollout_homes, s.trainer_home)}
         ray.get([self.slots[i].release_lease.remote() for i in {*state.rollout_homes, state.trainer_home} - used])
 
@@ -472,10 +505,14 @@ class _RolloutHandle:
         em = self.state.emulation
         result = None
         for turn in work.turns:
-            result = self._run(PoolRequest(
-                self.state.name, "rollout", "generate", args, self.state.deadline(),
-                hold_s=(turn.prefill_s + turn.decode_s) * em.scale, prefill_s=turn.prefill_s * em.scale,
-                swap_s=em.rollout_swap_s * em.scale, prompt_tokens=turn.prompt_tokens, sequences=turn.sequences))
+            pieces = max(1, math.ceil(turn.decode_s / em.chunk_s))
+            slot = self.pool.route(self.state, turn.prompt_tokens)
+            for k in range(pieces):  # the first piece prefills; the rest continue on the slot holding the KV cache
+                result = self._run(PoolRequest(
+                    self.state.name, "rollout", "generate", args, self.state.deadline(),
+                    hold_s=((turn.prefill_s if k == 0 else 0.0) + turn.decode_s / pieces) * em.scale,
+                    prefill_s=turn.prefill_s * em.scale if k == 0 else 0.0, swap_s=em.rollout_swap_s * em.scale,
+                    prompt_tokens=turn.prompt_tokens if k == 0 else 0, sequences=turn.sequences), slot)
             time.sleep(turn.stall_s * em.scale)  # tool calls: the job waits, holding no GPU
         self.state.scored = False
         return result
@@ -483,11 +520,12 @@ class _RolloutHandle:
     def call_ref(self, method: str, *args: Any) -> tuple[Any, Any]:
         return self.call(method, *args)
 
-    def _run(self, req: PoolRequest) -> Any:
+    def _run(self, req: PoolRequest, slot: int | None = None) -> Any:
         import ray
 
-        slot = self.pool.slots[self.pool.route(self.state, req.prompt_tokens)]
-        result, _ = ray.get(slot.run.remote(req))
+        slot = self.pool.route(self.state, req.prompt_tokens) if slot is None else slot
+        result, record = ray.get(self.pool.slots[slot].run.remote(req))
+        self.state.served(req, record)
         return result
 
 
@@ -510,9 +548,8 @@ class _TrainerHandle:
         req = PoolRequest(self.state.name, "trainer", method, args, self.state.deadline(),
                           hold_s=work.train_s * em.scale if emulated else 0.0,
                           swap_s=em.trainer_swap_s * em.scale if emulated else 0.0)
-        result, _ = ray.get(slot.run.remote(req))
-        if method == "train":
-            self.state.iteration += 1
+        result, record = ray.get(slot.run.remote(req))
+        self.state.served(req, record)
         return result
 
     def call_ref(self, method: str, *args: Any) -> tuple[Any, Any]:

@@ -62,6 +62,8 @@ class RealBenchConfig:
     home_slots: int = 2
     keep_alive_s: float = 5.0
     """Idle workload seconds before a slot hands its GPU back."""
+    chunk_s: float = 10.0
+    """Longest device hold of one generate request, in workload seconds (``Emulation.chunk_s``)."""
     router: str = "prefill_decode_aware"
     """Router of the elastic run, on the slots' reports."""
     other_routers: tuple[str, ...] = ("round_robin",)
@@ -77,6 +79,8 @@ class RealBenchConfig:
         if self.jobs < 1 or self.iterations < 1 or self.batch_divisor < 1:
             raise ValueError(f"jobs={self.jobs}, iterations={self.iterations}, batch_divisor={self.batch_divisor}: "
                              "each must be >= 1.")
+        if self.chunk_s <= 0:
+            raise ValueError(f"chunk_s={self.chunk_s} must be > 0 (workload seconds per generate request).")
         if self.time_scale <= 0:
             raise ValueError(f"time_scale={self.time_scale} must be > 0 (wall seconds per workload second).")
         need = max(self.jobs, self.rollout_slots + self.trainer_slots)
@@ -109,6 +113,13 @@ class RunOutcome:
     logs: dict[str, list]
 
 
+def demand(p: JobProfile, hw: Hardware, seed: int) -> tuple[float, float]:
+    """``p``'s share of time generating and training alone, on draws ``seed`` (a profile, like the pace)."""
+    work = job_work(p, hw, seed)
+    alone = sum(w.alone_s for w in work)
+    return (sum(t.prefill_s + t.decode_s for w in work for t in w.turns) / alone, sum(w.train_s for w in work) / alone)
+
+
 def start_cluster(gpus: int) -> Any:
     """A one-node Ray cluster on loopback with ``gpus`` logical GPUs, and its scheduler service's client."""
     import ray
@@ -118,8 +129,8 @@ def start_cluster(gpus: int) -> Any:
     from infra.scheduler import GPU, Node
 
     node = Node("local", cpu_milli=8000, memory_mib=16384, gpus=(GPU("H100", 81920),) * gpus)
-    ray.init(num_cpus=8, num_gpus=gpus, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
+    ray.init(address="local", num_cpus=8, num_gpus=gpus, labels=node_labels(node), include_dashboard=False,
+             log_to_driver=False, _node_ip_address="127.0.0.1")  # "local": a new cluster, never another user's
     return connect()
 
 
@@ -152,11 +163,12 @@ def run_pool(client: Any, cfg: RealBenchConfig, pool_cfg: PoolConfig, pace: dict
     results: dict[str, JobResult | BaseException] = {}
 
     def work(index: int, p: JobProfile) -> None:
-        em = Emulation.of(p, hw, job_work(p, hw, cfg.seed), cfg.time_scale) if cfg.emulate else None
+        em = Emulation.of(p, hw, job_work(p, hw, cfg.seed), cfg.time_scale, cfg.chunk_s) if cfg.emulate else None
         job_cfg = cfg.job_config(p.name, index)
         start = time.time()
         try:
-            svc = pool.job_services(p.name, index, pace_s=pace[p.name] * cfg.time_scale, emulation=em)
+            svc = pool.job_services(p.name, pace_s=pace[p.name] * cfg.time_scale, demand=demand(p, hw, cfg.seed + 10),
+                                    emulation=em)
             results[p.name] = run_job(p.name, job_cfg, svc)
         except BaseException as e:  # one job's failure is reported, the others run on
             results[p.name] = e

@@ -164,7 +164,7 @@ def test_elastic_pool_jobs_match_alone_runs_never_overlap_and_return_every_lease
 
     def work(i: int) -> None:
         c = cfgs[i]
-        results[c.name] = run_job(c.name, c, pool.job_services(c.name, i, pace_s=1.0))
+        results[c.name] = run_job(c.name, c, pool.job_services(c.name, pace_s=1.0))
         pool.finish(c.name)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
