@@ -9,8 +9,8 @@ Figures measured this way are labelled "emulated compute".
 
 The durations follow the workload of :mod:`infra.llm.sim.workload` (``JobProfile``: long-tailed
 turn lengths, multi-turn agents with tool stalls, CPU reward times) and the cost model of
-``Hardware``, at the granularity the real services run: one generate request per turn of a job's
-batch on one instance, one train request per update. Per turn, continuous batching of sequences
+``Hardware``, at the granularity the real services run: one turn of a job's batch on one instance
+(sent in pieces, see ``infra.llm.elastic.Emulation.chunk_s``), one train request per update. Per turn, continuous batching of sequences
 of lengths ``L_i`` takes ``max(L) * decode_step_s + decode_s_per_seq * sum(L)`` plus the prefill of
 the turn's new tokens; the next turn starts when the slowest tool call of the sequences that go
 on returns (a stall that holds no GPU). Every duration is multiplied by ``time_scale``, so that a
