@@ -1,6 +1,6 @@
 """Decision latency on the path a job takes (``Scheduler.submit`` / ``release``) and the dynamic replay.
 
-    python scripts/bench_scheduler.py --json docs/figures/bench/bench_scheduler.json
+    python scripts/bench_scheduler.py --json docs/figures/bench/bench_scheduler_quiet.json
 
 * ``fill``: the default trace's pods, inflated to 1.3x the GPU capacity as in the FGD protocol
   (seed 42), submitted one by one to a ``Scheduler`` over all 1,523 nodes until the end; every
