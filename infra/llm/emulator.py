@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.llm.sim.workload import Hardware, JobProfile
+from infra.llm.sim.workload import Hardware, JobProfile, draw_batch
 
 
 @dataclass(frozen=True)
@@ -56,35 +56,23 @@ class IterationWork:
         return sum(t.prefill_s + t.decode_s + t.stall_s for t in self.turns) + self.reward_s + self.train_s
 
 
-def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int) -> np.ndarray:
-    return median * np.exp(sigma * rng.standard_normal(size))
-
-
 def draw_iteration(p: JobProfile, hw: Hardware, seed: int, iteration: int) -> IterationWork:
-    """The work of iteration ``iteration`` of job ``p`` on draw ``seed`` (a stream of its own per job)."""
-    key = [seed, sum(ord(c) * 31**k for k, c in enumerate(p.name)) % 2**31, iteration, 7]
-    rng = np.random.default_rng(key)
-    n = p.batch
-    turns_of = 1 + (rng.geometric(1.0 / p.turns_mean, n) - 1 if p.turns_mean > 1 else np.zeros(n, dtype=np.int64))
-    prompt = np.maximum(1, _lognormal(rng, p.prompt_median, p.prompt_sigma, n))
+    """The work of iteration ``iteration`` of job ``p`` on draw ``seed`` (a stream of its own per job,
+    :func:`infra.llm.sim.workload.draw_batch`): one turn of the sequences still going per request."""
+    d = draw_batch(p, seed, iteration)
     prefill_per_token = 2 * p.params / (p.gpus * hw.peak_flops * hw.prefill_mfu)
-    turns, tokens, new_tokens = [], 0.0, prompt
-    for k in range(int(turns_of.max())):
-        on = turns_of > k
-        lengths = np.clip(_lognormal(rng, p.out_median, p.out_sigma, int(on.sum())), 1, p.out_cap)
-        goes_on = turns_of[on] > k + 1
-        stall = 0.0
-        if goes_on.any():
-            tool = np.minimum(_lognormal(rng, p.tool_median_s, p.tool_sigma, int(goes_on.sum())), p.tool_cap_s)
-            stall = float(tool.max())
-        pre = float(new_tokens[on].sum()) if k == 0 else float(new_tokens.sum())
-        turns.append(Turn(int(pre), int(on.sum()), pre * prefill_per_token,
+    turns, tokens = [], 0.0
+    for k in range(d.turn_len.shape[1]):
+        on = np.flatnonzero(d.n_turns > k)
+        lengths = d.turn_len[on, k]
+        goes_on = on[d.n_turns[on] > k + 1]
+        stall = float(d.tool_s[goes_on, k].max()) if goes_on.size else 0.0
+        pre = float(d.prompt.sum()) if k == 0 else float(d.tool_tokens[d.n_turns > k, k - 1].sum())
+        turns.append(Turn(int(pre), int(on.size), pre * prefill_per_token,
                           float(lengths.max() * hw.decode_step_s + hw.decode_s_per_seq * lengths.sum()), stall))
         tokens += float(lengths.sum())
-        new_tokens = np.maximum(1, _lognormal(rng, p.tool_tokens_median, 0.5, int(goes_on.sum())))
-    reward_s = float(_lognormal(rng, p.reward_median_s, 0.5, 1)[0])
     train_s = 10 * p.params * tokens / (p.gpus * hw.peak_flops * hw.train_mfu)
-    return IterationWork(tuple(turns), reward_s, train_s, int(tokens))
+    return IterationWork(tuple(turns), d.reward_s, train_s, int(tokens))
 
 
 def job_work(p: JobProfile, hw: Hardware, seed: int) -> list[IterationWork]:

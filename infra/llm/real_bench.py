@@ -9,7 +9,9 @@ GPUs (loopback), with the cluster's scheduler service:
    (:mod:`infra.llm.elastic`) that lease GPUs per call and hand them back after ``keep_alive_s``
    idle, requests queued earliest deadline first, each job's state only on its home slots;
 3. the simulation (``infra.llm.sim.services.simulate_services``) of the same jobs, pool and
-   keep-alive, with the start-up time the dedicated run measured for one lease.
+   keep-alive, with the start-up time the dedicated run measured for one lease, the emulator's own
+   draws and the options that model the running pool (:data:`RUNNING_POOL`: turn-synchronous
+   rollouts, homes by demand, one trainer slot per job, hand-back when a job ends, holds from placement).
 
 Each job is :func:`infra.llm.rlvr.run_job` on a tiny model, for real. With ``emulate`` (the default)
 every generate and train call also holds its GPU for the workload's duration
@@ -35,9 +37,15 @@ from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobResult, RLVRConfig, run_job
 from infra.llm.router import EngineCost, load_router
 from infra.llm.sim.routing import RouterWorkload, simulate_routing
-from infra.llm.sim.services import ServicePool, simulate_services
+from infra.llm.sim.services import DrawSource, HomeRule, ServicePool, simulate_services
 from infra.llm.sim.workload import Hardware, JobProfile, mixed_workload
 from infra.llm.tasks import VOCAB_SIZE
+
+RUNNING_POOL: dict[str, Any] = {"turn_sync": True, "homes": HomeRule.DEMAND, "trainer_home_nodes": 1,
+                                 "release_on_finish": True, "held_from_ready": True, "draws": DrawSource.EMULATOR}
+"""The :class:`ServicePool` options that model what :class:`ElasticPool` does: turn-synchronous agent
+rollouts, homes by least expected demand, one trainer slot per job, a finished job's slots handed back at
+once, GPU-time held from a lease's placement; and the emulator's draws, so both sides run the same batches."""
 
 TINY = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
 """The model every job trains for real (its compute is what the emulator holds the GPU beyond)."""
@@ -203,11 +211,12 @@ def simulate_same(cfg: RealBenchConfig, provision_s: float, pace: dict[str, floa
     hw = Hardware()
     profiles = cfg.profiles()
     cap = max(p.batch for p in profiles)
-    alone = {p.name: simulate_services([p], hw, ServicePool(1, 1, node_gpus=1, capacity=cap, swap=False), cfg.seed)
-             for p in profiles}
+    ded = ServicePool(1, 1, node_gpus=1, capacity=cap, swap=False, turn_sync=True, draws=DrawSource.EMULATOR)
+    alone = {p.name: simulate_services([p], hw, ded, cfg.seed) for p in profiles}
     pool = ServicePool(cfg.rollout_slots, cfg.trainer_slots, node_gpus=1, home_nodes=cfg.home_slots, capacity=cap,
-                       keep_alive_s=cfg.keep_alive_s, provision_s=provision_s)
-    shared = simulate_services(profiles, hw, pool, cfg.seed, pace=pace)
+                       keep_alive_s=cfg.keep_alive_s, provision_s=provision_s, **RUNNING_POOL)
+    shared = simulate_services(profiles, hw, pool, cfg.seed, pace=pace,
+                               demand={p.name: demand(p, hw, cfg.seed + 10) for p in profiles})
     dedicated_s = sum(p.gpus * alone[p.name].jobs[p.name]["jct_s"] for p in profiles)
     slowdown = {n: shared.jobs[n]["jct_s"] / alone[n].jobs[n]["jct_s"] for n in shared.jobs}
     return {

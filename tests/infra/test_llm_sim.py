@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from infra.llm.emulator import job_work
 from infra.llm.router import (
     EngineCost,
     InstanceLoad,
@@ -17,9 +18,9 @@ from infra.llm.router import (
 from infra.llm.sim.phased import dedicated_placement, multiplexed_placement, simulate_group
 from infra.llm.sim.report import BenchConfig, run_simulated
 from infra.llm.sim.routing import RouterWorkload, simulate_routing
-from infra.llm.sim.services import ServicePool, simulate_services
+from infra.llm.sim.services import DrawSource, HomeRule, ServicePool, home_nodes, simulate_services
 from infra.llm.sim.sizing import dedicated_service_jct, size_service_pool
-from infra.llm.sim.workload import Hardware, JobProfile, mixed_workload
+from infra.llm.sim.workload import Hardware, JobProfile, draw_batch, mixed_workload
 
 
 def test_routers_choose_by_their_rule() -> None:
@@ -337,3 +338,67 @@ def test_simulated_benchmark_reports_each_placement_against_its_targets() -> Non
 def test_bench_config_names_the_bad_field(change: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         BenchConfig(**change).validate()
+
+
+def test_turn_synchronous_batches_wait_for_their_slowest_sequence_on_one_instance() -> None:
+    hw = Hardware()
+    agent = replace(mixed_workload(2, 2)[1], gpus=1, batch=16)
+    assert agent.kind == "agent"
+    ded = ServicePool(1, 1, node_gpus=1, capacity=16, swap=False, turn_sync=True, draws=DrawSource.EMULATOR)
+    alone = simulate_services([agent], hw, ded, seed=3)
+    # alone, each turn lasts its slowest sequence's decode, then the slowest tool call: the emulator's closed form
+    closed = sum(w.alone_s for w in job_work(agent, hw, 3))
+    assert alone.jobs[agent.name]["jct_s"] == pytest.approx(closed, rel=1e-3)
+    free = simulate_services([agent], hw, replace(ded, turn_sync=False), seed=3)
+    assert free.jobs[agent.name]["jct_s"] < 0.9 * alone.jobs[agent.name]["jct_s"]  # sequences went on alone
+    # shared: no sequence starts turn k+1 before every sequence of turn k ended and its tool call returned
+    jobs = [replace(p, gpus=1, batch=16, iterations=2) for p in mixed_workload(4, 2)]
+    pool = ServicePool(4, 2, node_gpus=1, capacity=16, keep_alive_s=5.0, turn_sync=True, draws=DrawSource.EMULATOR)
+    out = simulate_services(jobs, hw, pool, seed=3, trace=True)
+    on: dict[tuple[str, int, int], set[int]] = {}
+    for job, it, _, turn, i in out.served:
+        on.setdefault((job, it, turn), set()).add(i)
+    assert all(len(inst) == 1 for inst in on.values())  # a turn's batch is one request, on one instance
+    assert max(t for _, _, t in on) >= 2
+    for p in jobs:  # sharing never makes a batch end before its slowest sequence and tool call
+        assert out.jobs[p.name]["jct_s"] >= sum(w.alone_s for w in job_work(p, hw, 3)) * (1 - 1e-3)
+    assert draw_batch(jobs[1], 3, 0).n_turns.max() > 1  # the agents really had multi-turn sequences
+
+
+def test_homes_by_demand_spread_two_heavy_jobs() -> None:
+    heavy, light = (0.45, 0.25), (0.05, 0.02)
+    jobs = [replace(p, gpus=1, batch=8, iterations=1) for p in mixed_workload(4, 1)]
+    demand = {p.name: heavy if p.kind == "math" else light for p in jobs}  # math0, math2 heavy
+    pool = ServicePool(4, 2, node_gpus=1, home_nodes=2, trainer_home_nodes=1, capacity=8, keep_alive_s=5.0)
+    by_index = home_nodes(jobs, pool, 4, 2, None)
+    assert by_index[0] == by_index[2] == ([0, 1], [0])  # job index pairs the heavy jobs on rollout and trainer
+    by_demand = home_nodes(jobs, replace(pool, homes=HomeRule.DEMAND), 4, 2, demand)
+    assert [h for h, _ in by_demand] == [[0, 1], [2, 3], [2, 3], [0, 1]]
+    assert [t for _, t in by_demand] == [[0], [1], [1], [0]]  # one heavy job per trainer, each beside a light one
+    out = simulate_services(jobs, Hardware(), replace(pool, homes=HomeRule.DEMAND), seed=0, demand=demand)
+    assert out.homes == {p.name: tuple(h) for p, (h, _) in zip(jobs, by_demand, strict=True)}
+    with pytest.raises(ValueError, match="needs demand"):
+        simulate_services(jobs, Hardware(), replace(pool, homes=HomeRule.DEMAND), seed=0)
+
+
+def test_elastic_pool_hands_a_finished_jobs_gpus_back_and_holds_from_ready() -> None:
+    hw = Hardware()
+    p = _single_sequence_job("a")
+    jobs = [p, replace(p, name="b")]
+    _, _, rollout, train = _closed_form(p, hw)
+    provision, keep = 3.0, 1.0
+    pool = ServicePool(rollout_gpus=2, trainer_gpus=2, home_nodes=1, trainer_home_nodes=1, node_gpus=1,
+                       keep_alive_s=keep, provision_s=provision, homes=HomeRule.DEMAND)
+    demand = {"a": (0.5, 0.5), "b": (0.5, 0.5)}
+    base = simulate_services(jobs, hw, pool, seed=0, demand=demand, trace=True)
+    assert base.homes == {"a": (0,), "b": (1,)}  # the second job takes the emptier nodes
+    # each job holds its rollout GPU through the keep-alive after its turn, its trainer after the step
+    assert base.reserved_gpu_s == pytest.approx(2 * (2 * provision + rollout + train + 2 * keep), rel=1e-9)
+    done = simulate_services(jobs, hw, replace(pool, release_on_finish=True), seed=0, demand=demand, trace=True)
+    # the trainer idles only once the job ended: handed back at once, no keep-alive
+    assert done.reserved_gpu_s == pytest.approx(base.reserved_gpu_s - 2 * keep, rel=1e-9)
+    assert all(e == pytest.approx(done.jobs[n]["jct_s"]) for s, k, _, e in done.holds if s == "trainer"
+               for n in [("a", "b")[k]])
+    ready = simulate_services(jobs, hw, replace(pool, held_from_ready=True), seed=0, demand=demand)
+    assert ready.reserved_gpu_s == pytest.approx(base.reserved_gpu_s - 4 * provision, rel=1e-9)  # 4 leases
+    assert ready.jobs == base.jobs  # billing only: the start-up still delays the jobs

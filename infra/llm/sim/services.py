@@ -16,11 +16,40 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import Enum, IntEnum
 
 import numpy as np
 
-from infra.llm.sim.workload import Hardware, JobProfile, batch_key, extra_turns, lognormal, turn_lengths
+from infra.llm.sim.workload import (
+    Hardware,
+    JobProfile,
+    batch_key,
+    draw_batch,
+    extra_turns,
+    lognormal,
+    turn_lengths,
+)
+
+
+class HomeRule(Enum):
+    """How :class:`ServiceSim` picks each job's home nodes (rollout and trainer)."""
+
+    INDEX = "index"
+    """Job ``k``'s homes are nodes ``k * home_nodes ...`` modulo the nodes (the standalone benchmark)."""
+    DEMAND = "demand"
+    """Jobs in order take the nodes with the least expected demand of the jobs already there (ties:
+    lowest index), as the running pool (``infra.llm.elastic.ElasticPool.job_services``) does; needs
+    ``demand`` in :func:`simulate_services`."""
+
+
+class DrawSource(Enum):
+    """Where :class:`ServiceSim` draws each iteration's batch (lengths, turns, tool calls, reward) from."""
+
+    SIMULATION = "simulation"
+    """The simulation's own streams (``batch_key``; the standalone benchmark)."""
+    EMULATOR = "emulator"
+    """The running pool's compute-emulator streams (:func:`~infra.llm.sim.workload.draw_batch`), so that
+    the simulation of a real run sees the very sequences the run emulated."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +78,23 @@ class ServicePool:
     provision_s: float = 2.0
     """Elastic pools: seconds from taking a GPU to its first function (engine start); the job's weights
     are then copied in from host memory like any swap. Charged to the job that needed the GPU."""
+    held_from_ready: bool = False
+    """Elastic pools: a GPU counts as held from when it is ready (after ``provision_s``), as a lease of
+    the running pool counts from its placement; False: from when it is asked for."""
+    turn_sync: bool = False
+    """Rollouts are turn-synchronous, as the running pool's: each turn of a job's batch is one request on
+    one instance (the router picks it for the turn's first sequence), and the sequences that go on start
+    their next turn together, once the last one finished this turn and the slowest of their tool calls
+    returned. False: each sequence is routed, and goes on when its own tool call returns, on its own."""
+    homes: HomeRule = HomeRule.INDEX
+    draws: DrawSource = DrawSource.SIMULATION
+    """Where each iteration's batch is drawn from (:class:`DrawSource`)."""
+    """How jobs' home nodes are chosen (:class:`HomeRule`)."""
+    trainer_home_nodes: int | None = None
+    """Trainer nodes per job (None: ``home_nodes``); the running pool gives each job 1 trainer slot."""
+    release_on_finish: bool = False
+    """Elastic pools: when a job ends, the idle GPUs of its homes that no unfinished job shares are
+    handed back at once, without waiting for the keep-alive (``ElasticPool.finish``)."""
 
     @property
     def elastic(self) -> bool:
@@ -59,6 +105,8 @@ class ServicePool:
         """Raise ``ValueError`` naming the bad field unless this pool can serve jobs of ``gpus`` GPUs."""
         if self.capacity < 1 or self.max_resident < 1:
             raise ValueError(f"pool {self}: capacity and max_resident must be >= 1.")
+        if self.home_nodes < 1 or (self.trainer_home_nodes is not None and self.trainer_home_nodes < 1):
+            raise ValueError(f"pool {self}: home_nodes and trainer_home_nodes must be >= 1.")
         if self.elastic and (self.keep_alive_s < 0 or self.provision_s < 0):
             raise ValueError(f"pool {self}: keep_alive_s and provision_s must be >= 0 seconds.")
         if (
@@ -116,6 +164,9 @@ class EventKind(IntEnum):
     """Instance ``a`` stayed idle for the keep-alive since hold token ``b``: hand it back."""
     GANG_IDLE = 7
     """Gang ``a`` stayed free for the keep-alive since hold token ``b``: hand it back."""
+    BATCH_TURN = 8
+    """Turn-synchronous pools: job ``a``'s slowest tool call returned; its sequences that go on ask for
+    their next turn."""
 
 
 @dataclass
@@ -164,6 +215,7 @@ class _SJob:
     homes: list[int]
     gangs: list[int]
     target: int
+    draws: DrawSource = DrawSource.SIMULATION
     iteration: int = 0
     version: int = 0
     end: float = -1.0
@@ -172,9 +224,17 @@ class _SJob:
     tokens: float = 0.0
     done: int = 0
     reward_s: float = 0.0
+    in_turn: int = 0  # turn-synchronous pools: sequences still decoding the batch's current turn
+    going_on: list[int] = field(default_factory=list)  # ... and those that finished it and go on
+    stall_s: float = 0.0  # ... and the slowest tool call among them
+    turn_inst: int = -1  # ... and the instance serving the turn (one request per turn), -1 before it is routed
 
     def start_iteration(self) -> None:
         """Draw the iteration's batch and reward time (streams keyed by :func:`batch_key`)."""
+        if self.draws is DrawSource.EMULATOR:
+            d = draw_batch(self.p, self.seed, self.iteration)
+            self.set_batch(d.prompt, d.turn_len, d.tool_s, d.tool_tokens, d.n_turns, d.reward_s)
+            return
         p, n = self.p, self.p.batch
         key = batch_key(self.seed, p.name, self.iteration)
         rng = np.random.default_rng(key)
@@ -188,22 +248,66 @@ class _SJob:
         self.tool_s = np.minimum(
             lognormal(turns_rng, p.tool_median_s, p.tool_sigma, n * width), p.tool_cap_s
         ).reshape(n, width)
-        self.tool_tokens = np.maximum(1, lognormal(turns_rng, p.tool_tokens_median, 0.5, n * width)).reshape(
-            n, width
-        )
-        self.n_turns = extra + 1
+        tool_tokens = np.maximum(1, lognormal(turns_rng, p.tool_tokens_median, 0.5, n * width)).reshape(n, width)
+        self.set_batch(prompt, self.turn_len, self.tool_s, tool_tokens, extra + 1, self.reward_s)
+
+    def set_batch(
+        self,
+        prompt: np.ndarray,
+        turn_len: np.ndarray,
+        tool_s: np.ndarray,
+        tool_tokens: np.ndarray,
+        n_turns: np.ndarray,
+        reward_s: float,
+    ) -> None:
+        """Start the iteration on a drawn batch (``[n]`` prompts and turns, ``[n, turns]`` the rest)."""
+        n = self.p.batch
+        self.turn_len, self.tool_s, self.tool_tokens, self.reward_s = turn_len, tool_s, tool_tokens, reward_s
+        self.n_turns = n_turns
         self.turn = np.zeros(n, dtype=np.int64)
+        first = turn_len[:, 0]
         self.remaining = first.copy()
         self.context = prompt.copy()
         self.delta = prompt.copy()  # tokens to prefill when the KV cache of the sequence is still there
         self.prefill = np.zeros(n)
         self.kv = np.full((n, 2), -1, dtype=np.int64)  # (instance, load id) holding the sequence's KV cache
         self.tokens, self.done = 0.0, 0
+        self.in_turn, self.going_on, self.stall_s, self.turn_inst = n, [], 0.0, -1
 
 
 def _homes(index: int, n_nodes: int, k: int) -> list[int]:
     k = min(k, n_nodes)
     return sorted({(index * k + m) % n_nodes for m in range(k)})
+
+
+def _homes_by_demand(demand: Sequence[float], n_nodes: int, k: int) -> list[list[int]]:
+    """Each job in order gets the ``k`` nodes with the least summed ``demand`` of the jobs already
+    there (ties: lowest index), adding its demand split over them."""
+    load = [0.0] * n_nodes
+    out = []
+    for d in demand:
+        nodes = sorted(sorted(range(n_nodes), key=lambda nd: (load[nd], nd))[: min(k, n_nodes)])
+        for nd in nodes:
+            load[nd] += d / len(nodes)
+        out.append(nodes)
+    return out
+
+
+def home_nodes(
+    profiles: Sequence[JobProfile],
+    pool: ServicePool,
+    n_rnodes: int,
+    n_tnodes: int,
+    demand: Mapping[str, tuple[float, float]] | None,
+) -> list[tuple[list[int], list[int]]]:
+    """Per job, its rollout and trainer home nodes under ``pool.homes`` (``demand[name]``: the job's
+    expected share of time generating and training alone, for :attr:`HomeRule.DEMAND`)."""
+    kt = pool.home_nodes if pool.trainer_home_nodes is None else pool.trainer_home_nodes
+    if pool.homes is HomeRule.INDEX:
+        return [(_homes(k, n_rnodes, pool.home_nodes), _homes(k, n_tnodes, kt)) for k in range(len(profiles))]
+    rollout = _homes_by_demand([demand[p.name][0] for p in profiles], n_rnodes, pool.home_nodes)
+    trainer = _homes_by_demand([demand[p.name][1] for p in profiles], n_tnodes, kt)
+    return list(zip(rollout, trainer, strict=True))
 
 
 class ServiceSim:
@@ -219,6 +323,7 @@ class ServiceSim:
         arrive: list[float],
         pace: Mapping[str, float] | None,
         trace: bool,
+        demand: Mapping[str, tuple[float, float]] | None = None,
     ) -> None:
         self.hw, self.pool, self.arrive, self.pace, self.trace = hw, pool, arrive, pace, trace
         self.gpus = gpus = profiles[0].gpus
@@ -235,14 +340,12 @@ class ServiceSim:
         n_tnodes = -(-n_gangs // per_tnode)
         self.gangs = [_Gang(held_since=held) for _ in range(n_gangs)]
         self.jobs: list[_SJob] = []
-        for k, p in enumerate(profiles):
-            homes = [i for nd in _homes(k, n_rnodes, pool.home_nodes) for i in by_node[nd]]
-            gangs = [
-                g
-                for nd in _homes(k, n_tnodes, pool.home_nodes)
-                for g in range(nd * per_tnode, min(n_gangs, (nd + 1) * per_tnode))
-            ]
-            self.jobs.append(_SJob(p, k, seed, homes, gangs, -(-p.batch // p.gpus)))
+        for k, (p, (rnodes, tnodes)) in enumerate(
+            zip(profiles, home_nodes(profiles, pool, n_rnodes, n_tnodes, demand), strict=True)
+        ):
+            homes = [i for nd in rnodes for i in by_node[nd]]
+            gangs = [g for nd in tnodes for g in range(nd * per_tnode, min(n_gangs, (nd + 1) * per_tnode))]
+            self.jobs.append(_SJob(p, k, seed, homes, gangs, -(-p.batch // p.gpus), pool.draws))
         self.held_now = 0 if self.elastic else pool.rollout_gpus + pool.trainer_gpus  # GPUs the pool holds
         self.held_gpu_s = 0.0  # GPU-time of holds that ended (elastic pools)
         self.peak = self.held_now
@@ -288,6 +391,9 @@ class ServiceSim:
     def route(self, j: int, s: int) -> int | None:
         """Instance for job ``j``'s sequence ``s`` in the router's order of preference, or None (it waits)."""
         job, capacity = self.jobs[j], self.pool.capacity
+        if job.turn_inst >= 0:  # turn-synchronous: the turn's batch is one request, on one instance
+            x = self.inst[job.turn_inst]
+            return job.turn_inst if x.n < capacity and x.slot_for(j) else None
         ki, kl = job.kv[s]
         if (
             ki >= 0
@@ -319,7 +425,8 @@ class ServiceSim:
         x.idle_token += 1  # cancels a pending hand-back
         if x.held_since is None:
             self.take(1)
-            x.held_since, x.ready_at = self.t, self.t + pool.provision_s
+            x.ready_at = self.t + pool.provision_s
+            x.held_since = x.ready_at if pool.held_from_ready else self.t
             job.charged += pool.provision_s
             self.push(x.ready_at, EventKind.INSTANCE_READY, i)
         if not x.holds(j, job.version):
@@ -336,6 +443,8 @@ class ServiceSim:
         job.prefill[s] = job.delta[s] if hit else job.context[s]
         x.seqs.setdefault(j, set()).add(s)
         x.n += 1
+        if pool.turn_sync:
+            job.turn_inst = i
         if self.trace:
             self.res.served.append((job.p.name, job.iteration, s, int(job.turn[s]), i))
         if x.current is None:
@@ -421,7 +530,8 @@ class ServiceSim:
             start = 0.0
             if gang.held_since is None:
                 self.take(gpus)
-                gang.held_since, start = t, pool.provision_s
+                start = pool.provision_s
+                gang.held_since = t + start if pool.held_from_ready else t
             gang.token += 1
             swap = 2 * 16 * job.p.params / gpus / hw.pcie_bytes_per_s if pool.swap and gang.last != j else 0.0
             dt = start + swap + 10 * job.p.params * job.tokens / (gpus * hw.peak_flops * hw.train_mfu)
@@ -444,24 +554,44 @@ class ServiceSim:
         for s in ids[job.remaining[ids] <= 0].tolist():
             x.seqs[j].discard(s)
             x.n -= 1
-            turn = job.turn[s]
-            if turn + 1 < job.n_turns[s]:  # a tool call, then the next turn
-                job.turn[s] += 1
-                job.remaining[s] = job.turn_len[s, turn + 1]
-                job.delta[s] = job.tool_tokens[s, turn]
-                job.context[s] += job.delta[s]
-                job.kv[s] = (i, x.resident[j][0])
-                self.push(self.t + float(job.tool_s[s, turn]), EventKind.TURN_REQUEST, j, s)
-            else:
-                job.done += 1
-                if job.done == job.p.batch:
-                    self.push(self.t + job.reward_s, EventKind.ROLLOUT_DONE, j)
+            self.turn_done(j, s, i)
         if any(self.queues):
             self.dispatch()
         self.kick.add(i)
 
+    def turn_done(self, j: int, s: int, i: int) -> None:
+        """Job ``j``'s sequence ``s`` finished a turn on instance ``i``: its tool call, then the next turn
+        (at once, or with the batch in turn-synchronous pools), or its end; the batch's end starts the reward."""
+        job = self.jobs[j]
+        turn = job.turn[s]
+        if turn + 1 < job.n_turns[s]:  # a tool call, then the next turn
+            job.turn[s] += 1
+            job.remaining[s] = job.turn_len[s, turn + 1]
+            job.delta[s] = job.tool_tokens[s, turn]
+            job.context[s] += job.delta[s]
+            job.kv[s] = (i, self.inst[i].resident[j][0])
+            if self.pool.turn_sync:
+                job.going_on.append(s)
+                job.stall_s = max(job.stall_s, float(job.tool_s[s, turn]))
+            else:
+                self.push(self.t + float(job.tool_s[s, turn]), EventKind.TURN_REQUEST, j, s)
+        else:
+            job.done += 1
+            if job.done == job.p.batch:
+                self.push(self.t + job.reward_s, EventKind.ROLLOUT_DONE, j)
+        job.in_turn -= 1
+        if self.pool.turn_sync and job.in_turn == 0 and job.going_on:
+            self.push(self.t + job.stall_s, EventKind.BATCH_TURN, j)
+
     def on_turn_request(self, j: int, s: int) -> None:
         self.request(j, s)
+
+    def on_batch_turn(self, j: int, _: int) -> None:
+        job = self.jobs[j]
+        going_on, job.going_on, job.stall_s, job.turn_inst = sorted(job.going_on), [], 0.0, -1
+        job.in_turn = len(going_on)
+        for s in going_on:
+            self.request(j, s)
 
     def on_rollout_done(self, j: int, _: int) -> None:
         self.train_queue.append(j)
@@ -478,9 +608,25 @@ class ServiceSim:
         job.version += 1  # new weights: every loaded copy of the old ones is stale
         if job.iteration == job.p.iterations:
             job.end = self.t
+            if self.elastic and self.pool.release_on_finish:
+                self.release_finished(j)
         else:
             self.start_rollout(j)
         self.start_trains()
+
+    def release_finished(self, j: int) -> None:
+        """Job ``j`` ended: hand back at once the idle GPUs of its homes that no unfinished job shares."""
+        others = [k for k in self.jobs if k.end < 0]
+        for i in set(self.jobs[j].homes) - {i for k in others for i in k.homes}:
+            x = self.inst[i]
+            if x.held_since is not None and x.current is None and x.n == 0:
+                x.idle_token += 1
+                self.on_instance_idle(i, x.idle_token)
+        for g in set(self.jobs[j].gangs) - {g for k in others for g in k.gangs}:
+            gang = self.gangs[g]
+            if gang.free:
+                gang.token += 1
+                self.on_gang_idle(g, gang.token)
 
     def on_arrival(self, j: int, _: int) -> None:
         self.start_rollout(j)
@@ -515,6 +661,7 @@ class ServiceSim:
             EventKind.INSTANCE_READY: self.on_instance_ready,
             EventKind.INSTANCE_IDLE: self.on_instance_idle,
             EventKind.GANG_IDLE: self.on_gang_idle,
+            EventKind.BATCH_TURN: self.on_batch_turn,
         }
         for j in range(len(self.jobs)):
             self.push(self.arrive[j], EventKind.ARRIVAL, j)
@@ -560,6 +707,7 @@ def simulate_services(
     *,
     arrivals: Sequence[float] | None = None,
     pace: Mapping[str, float] | None = None,
+    demand: Mapping[str, tuple[float, float]] | None = None,
     trace: bool = False,
 ) -> ServiceResult:
     """Request-level multiplexing: every job's generation requests and train steps run on shared services.
@@ -595,6 +743,10 @@ def simulate_services(
       when alone, e.g. from :func:`infra.llm.sim.sizing.estimate_pace` on other draws), both go
       earliest deadline first, a job's deadline being its arrival + (iterations done + 1) x pace:
       the job furthest behind its dedicated schedule is served first.
+    - Options that model the running pool (:class:`ServicePool`): ``turn_sync`` (a batch's next turn
+      waits for its slowest sequence and tool call), ``homes=HomeRule.DEMAND`` with ``demand`` (each
+      job's expected share of time generating and training alone: homes by least demand),
+      ``trainer_home_nodes``, ``release_on_finish`` and ``held_from_ready`` (see their docs).
     """
     gpus = profiles[0].gpus
     if any(p.gpus != gpus for p in profiles):
@@ -607,4 +759,7 @@ def simulate_services(
     arrive = [0.0] * len(profiles) if arrivals is None else [float(a) for a in arrivals]
     if len(arrive) != len(profiles) or min(arrive) < 0:
         raise ValueError(f"arrivals {arrivals}: give one start time >= 0 per job ({len(profiles)} jobs).")
-    return ServiceSim(profiles, hw, pool, seed, arrive, pace, trace).run()
+    if pool.homes is HomeRule.DEMAND and (demand is None or any(p.name not in demand for p in profiles)):
+        raise ValueError("ServicePool(homes=HomeRule.DEMAND) needs demand={job name: (generate share, train share)} "
+                         "for every job.")
+    return ServiceSim(profiles, hw, pool, seed, arrive, pace, trace, demand).run()

@@ -116,3 +116,41 @@ def turn_lengths(p: JobProfile, rng: np.random.Generator, n: int) -> np.ndarray:
 def extra_turns(p: JobProfile, rng: np.random.Generator, n: int) -> np.ndarray:
     """Tool calls of each of ``n`` sequences (``turns - 1``; zeros for single-turn jobs)."""
     return rng.geometric(1.0 / p.turns_mean, n) - 1 if p.turns_mean > 1 else np.zeros(n, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class BatchDraws:
+    """One iteration's batch of a job, per sequence, as the running pool's compute emulator draws it
+    (:func:`draw_batch`; ``infra.llm.emulator`` sums it into device calls). Columns are turns."""
+
+    n_turns: np.ndarray
+    """``[n]`` turns of each sequence (>= 1)."""
+    prompt: np.ndarray
+    """``[n]`` prompt tokens."""
+    turn_len: np.ndarray
+    """``[n, turns]`` tokens generated in each turn (0 past a sequence's last)."""
+    tool_s: np.ndarray
+    """``[n, turns]`` tool call after each turn (0 where the sequence does not go on)."""
+    tool_tokens: np.ndarray
+    """``[n, turns]`` tokens the tool call returns (prefilled by the next turn)."""
+    reward_s: float
+
+
+def draw_batch(p: JobProfile, seed: int, iteration: int) -> BatchDraws:
+    """Iteration ``iteration`` of job ``p`` on draw ``seed``, the emulator's stream (``batch_key`` + 7):
+    per turn, the lengths of the sequences still going, then the tool calls of those that go on."""
+    rng = np.random.default_rng([*batch_key(seed, p.name, iteration), 7])
+    n = p.batch
+    n_turns = 1 + (rng.geometric(1.0 / p.turns_mean, n) - 1 if p.turns_mean > 1 else np.zeros(n, dtype=np.int64))
+    prompt = np.maximum(1, lognormal(rng, p.prompt_median, p.prompt_sigma, n))
+    width = int(n_turns.max())
+    turn_len, tool_s, tool_tokens = np.zeros((n, width)), np.zeros((n, width)), np.zeros((n, width))
+    for k in range(width):
+        on = np.flatnonzero(n_turns > k)
+        turn_len[on, k] = np.clip(lognormal(rng, p.out_median, p.out_sigma, on.size), 1, p.out_cap)
+        goes_on = on[n_turns[on] > k + 1]
+        if goes_on.size:
+            tool_s[goes_on, k] = np.minimum(lognormal(rng, p.tool_median_s, p.tool_sigma, goes_on.size), p.tool_cap_s)
+        tool_tokens[goes_on, k] = np.maximum(1, lognormal(rng, p.tool_tokens_median, 0.5, goes_on.size))
+    reward_s = float(lognormal(rng, p.reward_median_s, 0.5, 1)[0])
+    return BatchDraws(n_turns, prompt, turn_len, tool_s, tool_tokens, reward_s)
