@@ -35,6 +35,7 @@ from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, resolve_reward
 from infra.llm.services import RewardService, RolloutService, TrainerService
 from infra.llm.tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
+from infra.sealed_file import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -299,13 +300,6 @@ def local_services(cfg: RLVRConfig) -> JobServices:
 
 
 # ---------------------------------------------------------------- outputs
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def write_outputs(out: Path, cfg: RLVRConfig, rows: list[dict[str, float]]) -> dict[str, float]:

@@ -104,10 +104,7 @@ class FleetCollector:
         if self.fleet.offload:
             self._get(self.server.offload.remote())
         wall = time.perf_counter() - start
-        counters = self._get(self.server.pop_counters.remote())
-        for key in ("simulate", "render", "wait"):
-            timer.add(key, seconds.get(key, 0.0))
-        timer.add("infer", counters["infer_s"])
+        counters = self._add_seconds(seconds, timer)
         staleness = (self.version - batch["version"]).float()
         self._metrics = {
             "fleet/staleness": float(staleness.mean()),
@@ -138,9 +135,7 @@ class FleetCollector:
         attempt = self._submit(max_decisions, self.version, episodes=True, seed=seed)
         batch, seconds = self._complete(attempt, policy, rng)
         torch.set_rng_state(self._get(self.server.rng_state.remote()))
-        for key in ("simulate", "render", "wait"):
-            timer.add(key, seconds.get(key, 0.0))
-        timer.add("infer", self._get(self.server.pop_counters.remote())["infer_s"])
+        self._add_seconds(seconds, timer)
         self._metrics = {"fleet/version": float(self.version), "fleet/shard_restarts": float(self.restarts["shard"]),
                          "fleet/server_restarts": float(self.restarts["server"])}
         return (batch, *episode_outcome(batch))
@@ -211,6 +206,14 @@ class FleetCollector:
             self._get(self.server.set_weights.remote(state, self.version, rng_state, _cpu_copy(policy)))
         self._server_has_module = True
         self._server_version = self.version
+
+    def _add_seconds(self, seconds: dict[str, float], timer: Timer) -> dict[str, float]:
+        """Add the shards' seconds and the server's inference time to ``timer``; returns the server's counters."""
+        counters = self._get(self.server.pop_counters.remote())
+        for key in ("simulate", "render", "wait"):
+            timer.add(key, seconds.get(key, 0.0))
+        timer.add("infer", counters["infer_s"])
+        return counters
 
     def _snapshot(self) -> list[Any]:
         """Every idle shard's state, asked for now."""
