@@ -14,7 +14,7 @@ the built-in `task` is used; without reward, exact match against the reference a
 ``ray=HOST:PORT``) on a running cluster through its scheduler service, shared with the other jobs
 there (``priority=``, ``tenant=``).
 
-Keys are the fields of infra.llm.rlvr.RLVRConfig (nested: model.d_model=64, grpo.lr=3e-4).
+Keys are the fields of infra.llm.rlvr.RLVRConfig (nested: model.d_model=64, grpo.optim.lr=3e-4, grpo.group_size=4).
 Writes runs/NAME/{config.json, metrics.csv, curve.png, summary.json, model/} (model/: the trained
 model and its tokenizer, loadable with AutoModelForCausalLM.from_pretrained).
 """

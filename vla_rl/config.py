@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,17 @@ from typing import Any, Literal
 import yaml
 
 from infra.typed_config import ConfigError, from_dict, merge, parse_overrides
+from rlcore.config import (
+    AT_LEAST_1,
+    FRACTION,
+    GRPO_RANGES,
+    NON_NEGATIVE,
+    OPTIM_RANGES,
+    GRPOConfig,
+    OptimConfig,
+    Range,
+    out_of_range,
+)
 from vla_rl.fleet.config import FleetConfig, validate_fleet
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -63,36 +73,6 @@ class EnvConfig:
 
 
 @dataclass
-class OptimConfig:
-    """The clipped policy-gradient update shared by PPO and GRPO."""
-
-    lr: float = 3e-4
-    """Adam learning rate at the start of training."""
-    anneal_lr: bool = True
-    """Decay the learning rate linearly to zero over the run."""
-    epochs: int = 4
-    """Passes over each batch of experience."""
-    num_minibatches: int = 4
-    """Minibatches per epoch."""
-    clip_coef: float = 0.2
-    """PPO ratio clip range epsilon."""
-    ent_coef: float = 0.0
-    """Entropy bonus weight."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
-    target_kl: float | None = None
-    """Stop the epochs early when the approximate KL of a minibatch exceeds this (``None``: never)."""
-    kl_adaptive_lr: bool = False
-    """Scale the learning rate by 1.5 up or down to keep the KL near ``target_kl`` (needs ``target_kl``)."""
-    ref_kl_coef: float = 0.0
-    """Weight of a KL penalty toward the policy ``init_from`` loaded (the SFT policy), estimated on
-    the batch's actions with the ``exp(d) - 1 - d`` estimator; 0: none (needs ``init_from``)."""
-    critic_warmup_iterations: int = 0
-    """First iterations that train only the critic (value loss), the actor frozen: a critic fitted to
-    a pretrained policy before its first policy-gradient step (PPO; needs ``init_from``)."""
-
-
-@dataclass
 class PPOConfig:
     """Proximal Policy Optimisation with a learned critic and GAE."""
 
@@ -110,18 +90,6 @@ class PPOConfig:
     """Clip the value prediction around the old value by ``clip_coef`` (PPO2's value clipping)."""
     normalize_reward: bool = False
     """Scale rewards by the running std of the discounted return (as SB3's ``VecNormalize``)."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    """The clipped update's settings."""
-
-
-@dataclass
-class GRPOConfig:
-    """Group Relative Policy Optimisation: G episodes from one initial state, no critic."""
-
-    group_size: int = 8
-    """Episodes G per initial state; ``env.num_envs`` must be a multiple of it."""
-    std_eps: float = 1e-6
-    """Added to the group's return standard deviation before dividing."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The clipped update's settings."""
 
@@ -349,45 +317,16 @@ def build_config(data: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
-@dataclass(frozen=True)
-class Range:
-    """Valid values of a numeric field: from ``low`` (excluded when ``low_open``) to ``high``; ``None``: unbounded."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-
-    def contains(self, value: float) -> bool:
-        """Whether ``value`` is a finite number inside the range."""
-        if not math.isfinite(value):
-            return False
-        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        return above and (self.high is None or value <= self.high)
-
-    def __str__(self) -> str:
-        if self.low is None:
-            return "must be a finite number"
-        if self.high is None:
-            return f"must be {'greater than' if self.low_open else 'at least'} {self.low}"
-        return f"must be in {'(' if self.low_open else '['}{self.low}, {self.high}]"
-
-
-AT_LEAST_1, NON_NEGATIVE, POSITIVE, FRACTION = Range(1), Range(0), Range(0, low_open=True), Range(0, 1)
-_OPTIM_RANGES = {
-    "lr": Range(0, 1, low_open=True), "epochs": AT_LEAST_1, "num_minibatches": AT_LEAST_1,
-    "clip_coef": Range(0, 1, low_open=True), "ent_coef": NON_NEGATIVE, "max_grad_norm": POSITIVE,
-    "target_kl": POSITIVE, "ref_kl_coef": NON_NEGATIVE, "critic_warmup_iterations": NON_NEGATIVE,
-}
 RANGES: dict[str, Range] = {
     "seed": Range(0, 2**31 - 1), "total_env_steps": AT_LEAST_1, "stop_success": FRACTION,
     "checkpoint_every": AT_LEAST_1, "torch_threads": AT_LEAST_1,
     "env.num_envs": AT_LEAST_1, "env.image_size": Range(8, 1024), "env.max_episode_steps": AT_LEAST_1,
     "ppo.rollout_steps": AT_LEAST_1, "ppo.gamma": FRACTION, "ppo.gae_lambda": FRACTION, "ppo.vf_coef": NON_NEGATIVE,
-    "grpo.group_size": Range(2), "grpo.std_eps": POSITIVE,
+    **{f"grpo.{key}": r for key, r in GRPO_RANGES.items() if not key.startswith("optim.")},
     "distill.rollout_steps": AT_LEAST_1, "distill.teacher_iterations": NON_NEGATIVE,
     "distill.buffer_size": AT_LEAST_1, "distill.updates": AT_LEAST_1, "distill.batch_size": AT_LEAST_1,
     "sft.iterations": AT_LEAST_1, "sft.updates": AT_LEAST_1, "sft.batch_size": AT_LEAST_1,
-    **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill", "sft") for key, r in _OPTIM_RANGES.items()},
+    **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill", "sft") for key, r in OPTIM_RANGES.items()},
     "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
     "log.video_every": AT_LEAST_1,
 }
@@ -438,14 +377,9 @@ def validate(cfg: TrainConfig) -> None:
 
 def _check_ranges(section: Any, ranges: dict[str, Range], prefix: str = "") -> None:
     """Raise :class:`ConfigError` naming the first field of ``section`` (dotted keys of ``ranges``) out of its range."""
-    for key, valid in ranges.items():
-        value: Any = section
-        for part in key.split("."):
-            value = getattr(value, part, None)
-        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else [(key, value)]
-        for where, item in items:
-            if item is not None and not valid.contains(item):
-                raise ConfigError(f"{prefix}{where}={item!r} {valid}")
+    message = out_of_range(section, ranges, prefix)
+    if message:
+        raise ConfigError(message)
 
 
 def _check_sims_env(env: EnvConfig) -> None:

@@ -21,9 +21,10 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from rlcore.config import OptimConfig
 from rlcore.losses import kl_k3, surrogate_loss
 from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
-from vla_rl.config import OptimConfig, TrainConfig
+from vla_rl.config import TrainConfig
 from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, account
 
 

@@ -3,41 +3,41 @@
 Group Relative Policy Optimisation (Shao et al., 2024, DeepSeekMath) samples ``G`` completions
 per prompt, normalises each reward against its own group (no value network), and maximises the
 clipped importance-weighted surrogate of PPO minus ``beta * KL(pi || pi_ref)`` against a frozen
-reference model. The loss math (``group_advantages``, ``grpo_loss``) is :mod:`rlcore.losses`, shared
-with the VLA trainer; the config's knobs carry the VLA GRPO config's names.
+reference model. The loss math (``group_advantages``, ``grpo_loss``) is :mod:`rlcore.losses` and the
+config is :class:`rlcore.config.GRPOConfig`, both shared with the VLA trainer.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from infra.llm.engine import left_pad
 from infra.llm.lm import CausalLM, build_model, load_codec
 from infra.llm.model import ModelConfig
+from rlcore.config import GRPO_RANGES, GRPOConfig, OptimConfig, out_of_range, unsupported
 from rlcore.losses import group_advantages, grpo_loss
 
+SUPPORTED_OPTIM = {"lr", "epochs", "num_minibatches", "clip_coef", "max_grad_norm", "ref_kl_coef"}
+"""The fields of :class:`~rlcore.config.OptimConfig` this trainer implements; ``check_grpo`` rejects the others."""
 
-@dataclass(frozen=True)
-class GRPOConfig:
-    """Hyper-parameters of the GRPO update."""
 
-    lr: float = 1e-3
-    """Adam learning rate."""
-    clip_coef: float = 0.2
-    """PPO ratio clip range epsilon: the ratio is clipped to [1 - eps, 1 + eps]."""
-    ref_kl_coef: float = 0.02
-    """Weight beta of the KL penalty against the frozen reference."""
-    std_eps: float = 1e-6
-    """Added to the group's reward standard deviation before dividing."""
-    epochs: int = 1
-    """Optimisation passes over each rollout batch."""
-    num_minibatches: int = 2
-    """Minibatches per pass."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip."""
+def llm_grpo_config(group_size: int = 8, **optim: Any) -> GRPOConfig:
+    """The LLM trainer's defaults in the shared GRPO shape: G=8, Adam 1e-3 without annealing, one pass in two
+    minibatches, gradient norm 1, KL weight 0.02 toward the warmed-up reference; ``optim`` overrides them."""
+    values = {"lr": 1e-3, "anneal_lr": False, "epochs": 1, "num_minibatches": 2, "max_grad_norm": 1.0,
+              "ref_kl_coef": 0.02, **optim}
+    return GRPOConfig(group_size=group_size, optim=OptimConfig(**values))
+
+
+def check_grpo(cfg: GRPOConfig, prefix: str = "grpo.") -> None:
+    """Raise ``ValueError`` naming the first value out of range, or a field the LLM trainer does not implement."""
+    message = out_of_range(cfg, GRPO_RANGES, prefix)
+    message = message or unsupported(cfg.optim, SUPPORTED_OPTIM, llm_grpo_config().optim, f"{prefix}optim.")
+    if message:
+        raise ValueError(message)
 
 
 def completion_tensors(completions: list[list[int]], eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +59,7 @@ class GRPOTrainer:
         self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.cfg = cfg
         self.pad_id, self.eos_id = pad_id, eos_id
-        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.lr)
         self.gen = torch.Generator().manual_seed(seed)
         self.version = 0
 
@@ -70,15 +70,13 @@ class GRPOTrainer:
         codec = load_codec(model_cfg)
         return cls(build_model(model_cfg, seed), cfg, pad_id=codec.pad_id, eos_id=codec.eos_id, seed=seed)
 
-    def update(
-        self, prompts: list[list[int]], completions: list[list[int]], rewards: list[float], group_size: int
-    ) -> dict[str, float]:
+    def update(self, prompts: list[list[int]], completions: list[list[int]], rewards: list[float]) -> dict[str, float]:
         """One GRPO update on ``P * G`` samples ordered prompt-major (the G samples of a prompt adjacent)."""
-        n = len(prompts)
+        n, group_size, optim = len(prompts), self.cfg.group_size, self.cfg.optim
         if not (n == len(completions) == len(rewards)) or n % group_size:
             raise ValueError(
                 f"got {len(prompts)} prompts, {len(completions)} completions, {len(rewards)} rewards with "
-                f"group_size={group_size}; all three must have the same length, a multiple of group_size."
+                f"grpo.group_size={group_size}; all three must have the same length, a multiple of group_size."
             )
         p_tok, p_mask, c_tok, c_mask = self._tensors(prompts, completions)
         adv = group_advantages(torch.tensor(rewards, dtype=torch.float32, device=p_tok.device), group_size, self.cfg.std_eps)
@@ -86,18 +84,18 @@ class GRPOTrainer:
             old_logp = self.model.logprobs(p_tok, p_mask, c_tok)
             ref_logp = self.ref.logprobs(p_tok, p_mask, c_tok)
         stats: dict[str, float] = {}
-        mb = max(1, n // self.cfg.num_minibatches)
-        for _ in range(self.cfg.epochs):
+        mb = max(1, n // optim.num_minibatches)
+        for _ in range(optim.epochs):
             order = torch.randperm(n, generator=self.gen)
             for start in range(0, n, mb):
                 idx = order[start : start + mb].to(p_tok.device)
                 logp = self.model.logprobs(p_tok[idx], p_mask[idx], c_tok[idx])
                 loss, stats = grpo_loss(
-                    logp, old_logp[idx], ref_logp[idx], adv[idx], c_mask[idx], self.cfg.clip_coef, self.cfg.ref_kl_coef
+                    logp, old_logp[idx], ref_logp[idx], adv[idx], c_mask[idx], optim.clip_coef, optim.ref_kl_coef
                 )
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), optim.max_grad_norm)
                 self.opt.step()
         self.version += 1
         return stats
@@ -123,7 +121,7 @@ class GRPOTrainer:
     def sync_reference(self) -> None:
         """Make the reference equal to the current policy and restart the optimiser (after the warm-up)."""
         self.ref.load_state_dict(self.model.state_dict())
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.optim.lr)
 
     def to(self, device: torch.device | str) -> GRPOTrainer:
         """Move policy, reference and optimiser state to ``device`` (in place)."""

@@ -33,6 +33,7 @@ import torch
 
 from infra.llm.elastic import ElasticPool, Emulation, PoolConfig
 from infra.llm.emulator import job_work, pace_s
+from infra.llm.grpo import llm_grpo_config
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobResult, RLVRConfig, run_job
 from infra.llm.router import EngineCost, load_router
@@ -105,7 +106,7 @@ class RealBenchConfig:
     def job_config(self, name: str, index: int) -> RLVRConfig:
         """The tiny real job behind workload job ``name``."""
         return RLVRConfig(name=name, task="sort", task_size=3, seed=index + 1, iterations=self.iterations,
-                          prompts_per_iter=2, group_size=2, warmup_steps=0, eval_prompts=2,
+                          prompts_per_iter=2, grpo=llm_grpo_config(group_size=2), warmup_steps=0, eval_prompts=2,
                           eval_every=self.iterations, threads=1, checkpoint_every=0, model=TINY)
 
 

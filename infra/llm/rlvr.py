@@ -28,7 +28,7 @@ import torch
 
 from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.data import DataConfig, load_file_source
-from infra.llm.grpo import GRPOConfig
+from infra.llm.grpo import check_grpo, llm_grpo_config
 from infra.llm.handles import LocalHandle, ServiceHandle
 from infra.llm.lm import Codec, HFCausalLM, build_model, check_model, load_codec
 from infra.llm.model import ModelConfig
@@ -36,6 +36,7 @@ from infra.llm.reward import RewardBatch, resolve_reward
 from infra.llm.services import RewardService, RolloutService, TrainerService
 from infra.llm.tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
 from infra.sealed_file import write_atomic
+from rlcore.config import GRPOConfig
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,6 @@ class RLVRConfig:
     """GRPO iterations (one rollout batch and one update each)."""
     prompts_per_iter: int = 32
     """Prompts per rollout batch P."""
-    group_size: int = 8
-    """Completions per prompt G (the GRPO group)."""
     temperature: float = 1.0
     """Sampling temperature of rollouts."""
     warmup_steps: int = 40
@@ -104,8 +103,9 @@ class RLVRConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=VOCAB_SIZE))
     """The policy: ``model.path=DIR`` a Hugging Face causal LM (the default kind, ``hf``), or
     ``model.kind=char`` the tiny character model of the CPU demo (sizes ``model.d_model=...``)."""
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    """GRPO update."""
+    grpo: GRPOConfig = field(default_factory=llm_grpo_config)
+    """The GRPO update, in the VLA trainer's shape (:class:`rlcore.config.GRPOConfig`): ``grpo.group_size``
+    completions per prompt, ``grpo.optim.lr=...`` and the other fields the LLM trainer implements."""
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the field and the fix when the job cannot run as configured (model
@@ -115,8 +115,7 @@ class RLVRConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 turns trainer checkpoints off).")
-        if self.group_size < 2:
-            raise ValueError(f"group_size={self.group_size}: GRPO needs at least 2 samples per prompt to compare them.")
+        check_grpo(self.grpo)
         if not (self.device in ("auto", "cpu") or self.device.split(":")[0] == "cuda"):
             raise ValueError(f"device={self.device!r}; choose auto, cpu, cuda or cuda:N.")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -260,14 +259,14 @@ def run_job(
                 row["wall_s"] = time.monotonic() - start
                 rows.append(row)
                 break
-            batch = [e for e in inputs.source.sample(rng, cfg.prompts_per_iter) for _ in range(cfg.group_size)]
+            batch = [e for e in inputs.source.sample(rng, cfg.prompts_per_iter) for _ in range(cfg.grpo.group_size)]
             prompts = [codec.encode(e.prompt) for e in batch]
             with slicer.slice(job, "generate"):
                 comps, used_version = svc.rollout.call("generate", job, prompts, inputs.max_new_tokens, cfg.temperature, cfg.seed * 100_003 + it)
             scored.append(score(job, cfg, svc, inputs, batch, comps))
             rewards = scored[-1].scores
             with slicer.slice(job, "train"):
-                stats = svc.trainer.call("train", job, prompts, comps, rewards, cfg.group_size,
+                stats = svc.trainer.call("train", job, prompts, comps, rewards,
                                          cfg.warmup_steps + 1 + it)  # the job's state-changing call number
                 state, version = svc.trainer.call_ref("weights", job)
             svc.rollout.call("update_weights", job, state, version)

@@ -28,9 +28,10 @@ import torch
 from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.engine import GenerationEngine, load_engine
-from infra.llm.grpo import GRPOConfig, GRPOTrainer
+from infra.llm.grpo import GRPOTrainer
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, RewardRunner
+from rlcore.config import GRPOConfig
 
 
 @dataclass(frozen=True)
@@ -295,11 +296,11 @@ class TrainerService(_Sliced):
         self._mutate(job, "finish_warmup", step, lambda t: t.sync_reference())
 
     def train(
-        self, job: str, prompts: list[list[int]], completions: list[list[int]], rewards: list[float], group_size: int,
+        self, job: str, prompts: list[list[int]], completions: list[list[int]], rewards: list[float],
         step: int | None = None,
     ) -> dict[str, float]:
-        """One GRPO update of ``job``; returns its diagnostics."""
-        return self._mutate(job, "train", step, lambda t: t.update(prompts, completions, rewards, group_size))
+        """One GRPO update of ``job`` (its group size is the registered ``cfg.group_size``); returns its diagnostics."""
+        return self._mutate(job, "train", step, lambda t: t.update(prompts, completions, rewards))
 
     def weights(self, job: str) -> tuple[dict[str, torch.Tensor], int]:
         """``job``'s current weights (host copies) and version."""

@@ -11,7 +11,7 @@ import torch
 
 from infra.llm.data import DataConfig, load_examples
 from infra.llm.engine import left_pad, load_engine
-from infra.llm.grpo import GRPOConfig, GRPOTrainer
+from infra.llm.grpo import GRPOTrainer, llm_grpo_config
 from infra.llm.lm import build_model, load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardRunner, resolve_reward
@@ -100,7 +100,7 @@ def test_hf_generation_is_cached_left_padded_seeded_and_stops_at_eos(tmp_path, a
 def test_hf_trainer_and_engine_share_weights_and_grpo_moves_the_policy(hf_dir) -> None:
     cfg = ModelConfig(path=str(hf_dir))
     codec = load_codec(cfg)
-    trainer = GRPOTrainer.from_config(cfg, GRPOConfig(lr=3e-2), seed=0)
+    trainer = GRPOTrainer.from_config(cfg, llm_grpo_config(group_size=4, lr=3e-2), seed=0)
     prompts = [codec.encode("2+1=")] * 4
     good, bad = codec.encode_answer("3"), codec.encode_answer("21")
     comps = [good, bad, good, bad]
@@ -111,7 +111,7 @@ def test_hf_trainer_and_engine_share_weights_and_grpo_moves_the_policy(hf_dir) -
 
     before = logp_good()
     for _ in range(5):
-        trainer.update(prompts, comps, [1.0, 0.0, 1.0, 0.0], group_size=4)
+        trainer.update(prompts, comps, [1.0, 0.0, 1.0, 0.0])
     assert logp_good() > before + 2.0 and trainer.version == 5
     # The reference stays the loaded model; the engine (the default for an hf model) serves the new weights.
     ref_logp = trainer.ref.logprobs(p_tok, p_mask, torch.tensor([good])).sum().item()
@@ -219,7 +219,7 @@ def test_one_command_trains_a_users_hf_model_on_a_users_data(tmp_path, rewards) 
     model, train, held_out = _user_files(tmp_path)
     cmd = [sys.executable, str(ROOT / "scripts" / "llm_rlvr.py"), f"model.path={model}", f"data.path={train}",
            f"reward={rewards}:flaky", f"data.eval_path={held_out}", "reward_timeout_s=1", "iterations=3",
-           "prompts_per_iter=4", "group_size=4", "warmup_steps=4", "warmup_batch=8", "eval_prompts=6",
+           "prompts_per_iter=4", "grpo.group_size=4", "warmup_steps=4", "warmup_batch=8", "eval_prompts=6",
            "eval_every=10", "threads=1", "checkpoint_every=0", "name=byo", f"out_dir={tmp_path / 'runs'}"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -253,7 +253,7 @@ def test_the_same_config_runs_on_ray_services(tmp_path, rewards, monkeypatch) ->
     model, train, held_out = _user_files(tmp_path)
     cfg = apply_overrides(RLVRConfig(), [
         f"model.path={model}", f"data.path={train}", f"data.eval_path={held_out}", f"reward={rewards}:flaky",
-        "reward_timeout_s=1", "iterations=2", "prompts_per_iter=4", "group_size=4", "warmup_steps=2", "warmup_batch=8",
+        "reward_timeout_s=1", "iterations=2", "prompts_per_iter=4", "grpo.group_size=4", "warmup_steps=2", "warmup_batch=8",
         "eval_prompts=6", "eval_every=10", "threads=1", "checkpoint_every=0", "name=byo_ray", f"out_dir={tmp_path}",
         "ray=true"])
     node = Node("local", cpu_milli=4000, memory_mib=8192)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from infra.llm.engine import load_engine
-from infra.llm.grpo import GRPOConfig, GRPOTrainer
+from infra.llm.grpo import GRPOTrainer, llm_grpo_config
 from infra.llm.lm import CharCodec
 from infra.llm.model import ModelConfig, TinyCausalLM, sequence_logprobs
 from infra.llm.tasks import EOS, PAD, VOCAB_SIZE, decode, encode, exact_match, load_task
@@ -84,7 +84,7 @@ def test_tasks_check_answers_exactly(name: str, size: int) -> None:
 def test_grpo_update_raises_reward_of_rewarded_completion() -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=VOCAB_SIZE, d_model=32, n_heads=2, n_layers=1)
-    trainer = GRPOTrainer(TinyCausalLM(cfg), GRPOConfig(lr=1e-2, ref_kl_coef=0.0), pad_id=PAD, eos_id=EOS)
+    trainer = GRPOTrainer(TinyCausalLM(cfg), llm_grpo_config(group_size=4, lr=1e-2, ref_kl_coef=0.0), pad_id=PAD, eos_id=EOS)
     prompts = [encode("s:21=")] * 4
     good, bad = [*encode("12")[1:], EOS], [*encode("21")[1:], EOS]
     comps = [good, bad, good, bad]
@@ -96,10 +96,10 @@ def test_grpo_update_raises_reward_of_rewarded_completion() -> None:
 
     before = logp_good()
     for _ in range(3):
-        trainer.update(prompts, comps, [1.0, 0.0, 1.0, 0.0], group_size=4)
+        trainer.update(prompts, comps, [1.0, 0.0, 1.0, 0.0])
     assert logp_good() > before + 0.5
     with pytest.raises(ValueError, match="group_size"):
-        trainer.update(prompts[:3], comps[:3], [1.0, 0.0, 1.0], group_size=2)
+        trainer.update(prompts[:3], comps[:3], [1.0, 0.0, 1.0])
 
 
 def test_num_params_matches_the_module() -> None:

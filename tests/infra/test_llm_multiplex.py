@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from infra.llm.grpo import llm_grpo_config
 from infra.llm.handles import LocalHandle
 from infra.llm.model import ModelConfig
 from infra.llm.multiplex import GPUGroup, JobRefused, LLMJobSpec, Multiplexer
@@ -27,7 +28,7 @@ def _cfg(name: str, seed: int, task: str = "sort") -> RLVRConfig:
         seed=seed,
         iterations=3,
         prompts_per_iter=4,
-        group_size=4,
+        grpo=llm_grpo_config(group_size=4),
         warmup_steps=2,
         warmup_batch=8,
         eval_prompts=8,

@@ -19,7 +19,7 @@ import torch
 
 from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointError, CheckpointSpec
-from infra.llm.grpo import GRPOConfig
+from infra.llm.grpo import llm_grpo_config
 from infra.llm.lm import load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobServices, RLVRConfig, run_job
@@ -45,24 +45,24 @@ def test_a_restored_trainer_continues_bit_for_bit_and_answers_a_resent_call(tmp_
     spec = CheckpointSpec(str(tmp_path / "j"))
     first, undisturbed = TrainerService(), TrainerService()
     for svc in (first, undisturbed):
-        svc.register_job("j", SMALL, GRPOConfig(), 3, spec if svc is first else None)
+        svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 3, spec if svc is first else None)
         svc.finish_warmup("j", 0)
-        svc.train("j", *_batch(0), 4, 1)
-    stats = first.train("j", *_batch(1), 4, 2)
+        svc.train("j", *_batch(0), 1)
+    stats = first.train("j", *_batch(1), 2)
     # The trainer dies after its checkpoint of call 2, before the reply: the new one restores call 2
     # and answers the re-sent call from its record instead of applying the update twice.
     restored = TrainerService()
-    assert restored.register_job("j", SMALL, GRPOConfig(), 3, spec, resume=True) == 3
-    assert restored.train("j", *_batch(1), 4, 2) == stats
+    assert restored.register_job("j", SMALL, llm_grpo_config(group_size=4), 3, spec, resume=True) == 3
+    assert restored.train("j", *_batch(1), 2) == stats
     assert ckpt.read_info(spec.dir, "j") == ckpt.CheckpointInfo("j", 3, 2)
-    undisturbed.train("j", *_batch(1), 4, 2)
+    undisturbed.train("j", *_batch(1), 2)
     for svc in (restored, undisturbed):
-        svc.train("j", *_batch(2), 4, 3)
+        svc.train("j", *_batch(2), 3)
     a, b = _weights(restored, "j"), _weights(undisturbed, "j")
     assert all(torch.equal(a[k], b[k]) for k in b)
     assert restored.weights("j")[1] == undisturbed.weights("j")[1] == 3
     with pytest.raises(CheckpointError, match="call 7 but its trainer is at 4"):
-        restored.train("j", *_batch(3), 4, 7)
+        restored.train("j", *_batch(3), 7)
 
 
 
@@ -77,15 +77,15 @@ def test_a_hugging_face_job_restores_bit_for_bit(arch, tmp_path) -> None:
     comps = [codec.encode_answer(str(i)) for i in range(8)]
     spec = CheckpointSpec(str(tmp_path / "ckpt"))
     first, undisturbed = TrainerService(), TrainerService()
-    first.register_job("j", model, GRPOConfig(), 0, spec)
-    undisturbed.register_job("j", model, GRPOConfig(), 0)
+    first.register_job("j", model, llm_grpo_config(group_size=4), 0, spec)
+    undisturbed.register_job("j", model, llm_grpo_config(group_size=4), 0)
     for svc in (first, undisturbed):
         svc.finish_warmup("j", 0)
-        svc.train("j", prompts, comps, [1, 0] * 4, 4, 1)
+        svc.train("j", prompts, comps, [1, 0] * 4, 1)
     restored = TrainerService()
-    assert restored.register_job("j", model, GRPOConfig(), 0, spec, resume=True) == 2
+    assert restored.register_job("j", model, llm_grpo_config(group_size=4), 0, spec, resume=True) == 2
     for svc in (restored, undisturbed):
-        svc.train("j", prompts, comps, [0, 1] * 4, 4, 2)
+        svc.train("j", prompts, comps, [0, 1] * 4, 2)
     a, b = _weights(restored, "j"), _weights(undisturbed, "j")
     assert all(torch.equal(a[k], b[k]) for k in b) and restored.weights("j")[1] == 2
 
@@ -94,17 +94,17 @@ def test_missing_or_broken_checkpoint_is_a_one_line_error_naming_the_path(tmp_pa
     spec = CheckpointSpec(str(tmp_path / "j"))
     svc = TrainerService()
     with pytest.raises(CheckpointError, match="without a checkpoint") as lost:
-        svc.register_job("j", SMALL, GRPOConfig(), 0, None, resume=True)
+        svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 0, None, resume=True)
     with pytest.raises(CheckpointError, match="there is none") as missing:
-        svc.register_job("j", SMALL, GRPOConfig(), 0, spec, resume=True)
-    svc.register_job("j", SMALL, GRPOConfig(), 0, spec)
+        svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec, resume=True)
+    svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec)
     path = ckpt.checkpoint_path(spec.dir)
     path.write_bytes(path.read_bytes()[:-100])  # truncated, as a full disk would leave it
     with pytest.raises(CheckpointError, match="truncated or corrupted") as broken:
-        TrainerService().register_job("j", SMALL, GRPOConfig(), 0, spec, resume=True)
-    svc.register_job("j", SMALL, GRPOConfig(), 0, spec)  # a fresh registration writes a new checkpoint
+        TrainerService().register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec, resume=True)
+    svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec)  # a fresh registration writes a new checkpoint
     with pytest.raises(CheckpointError, match="belongs to job 'j'"):
-        TrainerService().register_job("k", SMALL, GRPOConfig(), 0, spec, resume=True)
+        TrainerService().register_job("k", SMALL, llm_grpo_config(group_size=4), 0, spec, resume=True)
     for err in (lost, missing, broken):
         assert "\n" not in str(err.value)
     assert str(path) in str(missing.value) and str(path) in str(broken.value)
@@ -116,7 +116,7 @@ def test_missing_or_broken_checkpoint_is_a_one_line_error_naming_the_path(tmp_pa
 
 
 def _cfg(name: str, root: Path, **kw) -> RLVRConfig:
-    return RLVRConfig(name=name, task="sort", task_size=3, seed=5, iterations=3, prompts_per_iter=4, group_size=4,
+    return RLVRConfig(name=name, task="sort", task_size=3, seed=5, iterations=3, prompts_per_iter=4, grpo=llm_grpo_config(group_size=4),
                       warmup_steps=2, warmup_batch=8, eval_prompts=8, eval_every=100, model=SMALL,
                       checkpoint_dir=str(root / name), **kw)
 

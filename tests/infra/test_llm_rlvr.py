@@ -18,8 +18,8 @@ CHAR = ["model.kind=char"]
 
 
 def test_overrides_reach_nested_sections_and_reject_bad_input() -> None:
-    cfg = apply_overrides(RLVRConfig(), ["iterations=7", "grpo.lr=3e-4", "model.d_model=64", "ray=true", "task=add"])
-    assert (cfg.iterations, cfg.grpo.lr, cfg.model.d_model, cfg.ray, cfg.task) == (7, 3e-4, 64, True, "add")
+    cfg = apply_overrides(RLVRConfig(), ["iterations=7", "grpo.optim.lr=3e-4", "model.d_model=64", "ray=true", "task=add"])
+    assert (cfg.iterations, cfg.grpo.optim.lr, cfg.model.d_model, cfg.ray, cfg.task) == (7, 3e-4, 64, True, "add")
     with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['lrr'\] in section 'grpo'"):
         apply_overrides(RLVRConfig(), ["grpo.lrr=1"])
     with pytest.raises(ConfigError, match="iterations='many' must be an integer"):
@@ -33,12 +33,30 @@ def test_overrides_reach_nested_sections_and_reject_bad_input() -> None:
     with pytest.raises(ValueError, match="unknown task"):
         apply_overrides(RLVRConfig(), [*CHAR, "task=chess"]).check()
     with pytest.raises(ValueError, match="group_size"):
-        apply_overrides(RLVRConfig(), [*CHAR, "group_size=1"]).check()
+        apply_overrides(RLVRConfig(), [*CHAR, "grpo.group_size=1"]).check()
     with pytest.raises(ValueError, match=r"model\.path is empty; pass model\.path=DIR"):
         RLVRConfig().check()  # the default kind is a Hugging Face model, which needs its folder
     with pytest.raises(ValueError, match=r"model\.kind='gguf' is unknown"):
         apply_overrides(RLVRConfig(), ["model.kind=gguf"])
     apply_overrides(RLVRConfig(), CHAR).check()
+
+
+def test_the_llm_and_vla_trainers_read_one_grpo_config_checked_by_the_same_ranges() -> None:
+    """One shape (rlcore.config.GRPOConfig) for both trainers; the LLM job range-checks it before any
+    service starts and refuses, by name, a field its trainer would otherwise ignore."""
+    from rlcore.config import GRPOConfig
+    from vla_rl.config import CONFIG_DIR, load_config
+
+    llm, vla = RLVRConfig().grpo, load_config(CONFIG_DIR / "reach_grpo.yaml").grpo
+    assert type(llm) is type(vla) is GRPOConfig and type(llm.optim) is type(vla.optim)
+    for bad, message in [("grpo.optim.lr=0", r"grpo\.optim\.lr=0\.0 must be in \(0, 1\]"),
+                         ("grpo.optim.clip_coef=1.5", r"grpo\.optim\.clip_coef=1\.5 must be in"),
+                         ("grpo.std_eps=0", r"grpo\.std_eps=0\.0 must be greater than 0"),
+                         ("grpo.optim.epochs=0", r"grpo\.optim\.epochs=0 must be at least 1"),
+                         ("grpo.optim.target_kl=0.01", r"grpo\.optim\.target_kl=0\.01 is not implemented"),
+                         ("grpo.optim.anneal_lr=true", r"grpo\.optim\.anneal_lr=True is not implemented.*leave it at False")]:
+        with pytest.raises(ValueError, match=message):
+            apply_overrides(RLVRConfig(), [*CHAR, bad]).check()
 
 
 @pytest.mark.slow

@@ -210,6 +210,7 @@ def test_a_preempted_llm_job_resumes_from_its_trainer_checkpoint(cluster, eventu
     continues from its checkpoint: the job ends with every GRPO update applied once, weights equal
     to an undisturbed run of the same job and to its last checkpoint."""
     from infra.llm.checkpoint import checkpoint_path, load
+    from infra.llm.grpo import llm_grpo_config
     from infra.llm.model import ModelConfig
     from infra.llm.rlvr import JobServices, RLVRConfig, checkpoint_spec, run_job
     from infra.llm.service_plane import ServiceSizes, place_services
@@ -225,7 +226,7 @@ def test_a_preempted_llm_job_resumes_from_its_trainer_checkpoint(cluster, eventu
 
         def cfg(name):
             return RLVRConfig(name=name, task="sort", task_size=3, seed=5, iterations=6, prompts_per_iter=4,
-                              group_size=4, warmup_steps=2, warmup_batch=8, eval_prompts=8, eval_every=100,
+                              grpo=llm_grpo_config(group_size=4), warmup_steps=2, warmup_batch=8, eval_prompts=8, eval_every=100,
                               model=model, out_dir=str(tmp_path))
 
         reference = run_job("undisturbed", cfg("undisturbed"), svc)

@@ -1,0 +1,119 @@
+"""The settings of the clipped policy-gradient update and of GRPO, one shape for both trainers.
+
+The VLA trainer (``vla_rl``: ``ppo.optim``, ``grpo``) and the LLM trainer (``infra.llm``: the RLVR
+job's ``grpo``) read the same dataclasses and check them against the same ranges; each trainer
+keeps its own defaults by building them with different values, and rejects a field it does not
+implement by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Range:
+    """Valid values of a numeric field: from ``low`` (excluded when ``low_open``) to ``high``; ``None``: unbounded."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        """Whether ``value`` is a finite number inside the range."""
+        if not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return above and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        if self.low is None:
+            return "must be a finite number"
+        if self.high is None:
+            return f"must be {'greater than' if self.low_open else 'at least'} {self.low}"
+        return f"must be in {'(' if self.low_open else '['}{self.low}, {self.high}]"
+
+
+AT_LEAST_1, NON_NEGATIVE, POSITIVE, FRACTION = Range(1), Range(0), Range(0, low_open=True), Range(0, 1)
+
+
+@dataclass
+class OptimConfig:
+    """The clipped policy-gradient update shared by PPO and GRPO."""
+
+    lr: float = 3e-4
+    """Adam learning rate at the start of training."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to zero over the run."""
+    epochs: int = 4
+    """Passes over each batch of experience."""
+    num_minibatches: int = 4
+    """Minibatches per epoch."""
+    clip_coef: float = 0.2
+    """PPO ratio clip range epsilon: the ratio is clipped to [1 - eps, 1 + eps]."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    target_kl: float | None = None
+    """Stop the epochs early when the approximate KL of a minibatch exceeds this (``None``: never)."""
+    kl_adaptive_lr: bool = False
+    """Scale the learning rate by 1.5 up or down to keep the KL near ``target_kl`` (needs ``target_kl``)."""
+    ref_kl_coef: float = 0.0
+    """Weight of a KL penalty toward a frozen reference policy (the VLA: the policy ``init_from`` loaded;
+    the LLM: the policy after its format warm-up), k3 estimator ``exp(d) - 1 - d``; 0: none."""
+    critic_warmup_iterations: int = 0
+    """First iterations that train only the critic (value loss), the actor frozen: a critic fitted to
+    a pretrained policy before its first policy-gradient step (PPO; needs ``init_from``)."""
+
+
+@dataclass
+class GRPOConfig:
+    """Group Relative Policy Optimisation: G samples (episodes, completions) from one start, no critic."""
+
+    group_size: int = 8
+    """Samples G per initial state or prompt."""
+    std_eps: float = 1e-6
+    """Added to the group's return standard deviation before dividing."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The clipped update's settings."""
+
+
+OPTIM_RANGES: dict[str, Range] = {
+    "lr": Range(0, 1, low_open=True), "epochs": AT_LEAST_1, "num_minibatches": AT_LEAST_1,
+    "clip_coef": Range(0, 1, low_open=True), "ent_coef": NON_NEGATIVE, "max_grad_norm": POSITIVE,
+    "target_kl": POSITIVE, "ref_kl_coef": NON_NEGATIVE, "critic_warmup_iterations": NON_NEGATIVE,
+}
+"""Valid range of every numeric field of :class:`OptimConfig`."""
+GRPO_RANGES: dict[str, Range] = {
+    "group_size": Range(2), "std_eps": POSITIVE, **{f"optim.{k}": r for k, r in OPTIM_RANGES.items()},
+}
+"""Valid range of every numeric field of :class:`GRPOConfig` (dotted keys)."""
+
+
+def out_of_range(section: Any, ranges: dict[str, Range], prefix: str = "") -> str | None:
+    """The message for the first field of ``section`` (dotted keys of ``ranges``) outside its range, or ``None``.
+
+    ``None`` values (optional fields left unset) are not checked; tuples are checked element by element.
+    """
+    for key, valid in ranges.items():
+        value: Any = section
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else [(key, value)]
+        for where, item in items:
+            if item is not None and not valid.contains(item):
+                return f"{prefix}{where}={item!r} {valid}"
+    return None
+
+
+def unsupported(optim: OptimConfig, supported: set[str], default: OptimConfig, prefix: str) -> str | None:
+    """The message for the first field of ``optim`` outside ``supported`` that differs from the trainer's
+    ``default`` (a trainer that does not implement it would ignore it silently), or ``None``."""
+    for name in OptimConfig.__dataclass_fields__:
+        if name not in supported and getattr(optim, name) != getattr(default, name):
+            return (f"{prefix}{name}={getattr(optim, name)!r} is not implemented by this trainer; "
+                    f"leave it at {getattr(default, name)!r} (it supports {', '.join(sorted(supported))})")
+    return None
