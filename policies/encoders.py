@@ -134,8 +134,8 @@ class SpatialAttentionReadout(nn.Module):
         what = attention @ flat.transpose(1, 2)
         return torch.cat([where.flatten(1), what.flatten(1)], dim=-1), logits
 
-    def point_loss(self, logits: torch.Tensor, points: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
-        """Cross-entropy of the first head's attention against a Gaussian (``sigma`` map cells) around
+    def point_loss(self, logits: torch.Tensor, points: torch.Tensor, head: int = 0, sigma: float = 1.0) -> torch.Tensor:
+        """Cross-entropy of head ``head``'s attention against a Gaussian (``sigma`` map cells) around
         ``points`` ``[B, 2]`` in ``[-1, 1]`` (x right, y down): dense supervision of *where*, so the
         head learns to find what the instruction names. Points outside the image are skipped."""
         size = math.isqrt(self.grid.shape[0])
@@ -145,7 +145,7 @@ class SpatialAttentionReadout(nn.Module):
             return logits.sum() * 0.0
         squared = ((self.grid.unsqueeze(0) - points[inside].unsqueeze(1)) ** 2).sum(-1)  # [b, hw]
         label = torch.softmax(-squared / (2.0 * (sigma * cell) ** 2), dim=-1)
-        return -(label * torch.log_softmax(logits[inside, 0], dim=-1)).sum(-1).mean()
+        return -(label * torch.log_softmax(logits[inside, head], dim=-1)).sum(-1).mean()
 
 
 def preprocess_images(rgb: torch.Tensor, image_size: int) -> torch.Tensor:

@@ -15,8 +15,8 @@ Data flow for a batch of N observations (``C`` cameras, ``d`` = ``cfg.width``)::
     trunk (MLP) -> action head (Gaussian / binned, optional chunks) and value head
 
 Auxiliary losses (training only; privileged simulator keys read by the loss, never by the actor):
-``attention_target_key`` trains the first attention head to attend to an image point (sims'
-``goal_pixel``: where the gripper should go), and ``trunk_target_key`` trains a linear read-out of
+``attention_target_keys`` train the first attention heads to attend to image points (sims'
+``goal_pixel``: where the gripper should go; ``object_goal_pixel``: where the named object should go), and ``trunk_target_key`` trains a linear read-out of
 the trunk to predict a vector (sims' ``state[:3]``: tip-to-goal). Reinforcement alone did not
 teach the encoder to find a 4-pixel object named by colour within budget (docs/training.md);
 with these losses perception is learnt by supervision, control by RL, as in privileged-
@@ -121,17 +121,18 @@ class VLAConfig:
     ``("proprio", "state")``) of a separate critic MLP that never sees the images."""
     critic_hidden_sizes: tuple[int, ...] = (256, 256)
     """Hidden widths of the separate critic MLP (used only with ``critic_obs_keys``)."""
-    attention_target_key: str = ""
-    """Empty: no auxiliary loss. Otherwise (with ``readout: attention``) an observation key of an
-    image point per camera, float ``[N, cams, 2]`` in ``[-1, 1]`` (x right, y down), that the first
-    attention head learns to attend to: a cross-entropy against a Gaussian around the point, added
-    to the training loss. ``goal_pixel`` of the sims envs is where the gripper tip should go. The
-    key is read only by the loss; the actor acts from pixels, language and proprioception."""
+    attention_target_keys: tuple[str, ...] = ()
+    """Empty: no auxiliary loss. Otherwise (with ``readout: attention``) observation keys of an image
+    point per camera, float ``[N, cams, 2]`` in ``[-1, 1]`` (x right, y down); attention head ``i``
+    learns to attend to key ``i``'s point: a cross-entropy against a Gaussian around it, added to the
+    training loss. In the sims envs ``goal_pixel`` is where the gripper tip should go and
+    ``object_goal_pixel`` where the named object should go (push: the pad; stack: on the other
+    block). The keys are read only by the loss; the actor acts from pixels, language and proprioception."""
     trunk_target_key: str = ""
     """Empty: none. Otherwise an observation key whose first ``trunk_target_dims`` features the
     trunk's output learns to predict (a linear head, mean squared error on running-normalised
     targets), e.g. ``state``, whose first three features in the sims envs are the vector from the
-    gripper tip to where it should go. Read only by the loss, like ``attention_target_key``."""
+    gripper tip to where it should go. Read only by the loss, like ``attention_target_keys``."""
     trunk_target_dims: int = 3
     """Leading features of ``trunk_target_key`` to predict."""
     aux_loss_coef: float = 1.0
@@ -211,13 +212,17 @@ class VLAPolicy(ActorCritic):
             out = cfg.critic_hidden_sizes[-1] if cfg.critic_hidden_sizes else critic_dim
         self.value_head = value_layer(out)
 
-        if cfg.attention_target_key:
+        if cfg.attention_target_keys:
             if self.attention is None:
                 raise ValueError(
-                    f"attention_target_key={cfg.attention_target_key!r} trains the attention readout; "
+                    f"attention_target_keys={list(cfg.attention_target_keys)} train the attention readout; "
                     f"set readout: attention (it is {cfg.readout!r})."
                 )
-            require_key(shapes, cfg.attention_target_key, 2, "VLAPolicy attention loss")
+            if len(cfg.attention_target_keys) > cfg.attention_heads:
+                raise ValueError(f"attention_target_keys={list(cfg.attention_target_keys)} need as many heads; "
+                                 f"raise attention_heads (it is {cfg.attention_heads}).")
+            for key in cfg.attention_target_keys:
+                require_key(shapes, key, 2, "VLAPolicy attention loss")
         self.target_norm: RunningNorm | None = None
         self.target_head: nn.Linear | None = None
         if cfg.trunk_target_key:
@@ -318,10 +323,10 @@ class VLAPolicy(ActorCritic):
         dist = self.head(actor)
         value = self.value_head(critic).squeeze(-1)
         losses = []  # each auxiliary loss where the batch carries its target (a dataset may not)
-        key = self.cfg.attention_target_key
-        if key and key in obs and self.attention is not None and logits is not None:
-            points = obs_entry(obs, key).float().flatten(0, 1)  # [N * cams, 2]
-            losses.append(self.attention.point_loss(logits, points))
+        for head, key in enumerate(self.cfg.attention_target_keys):
+            if key in obs and self.attention is not None and logits is not None:
+                points = obs_entry(obs, key).float().flatten(0, 1)  # [N * cams, 2]
+                losses.append(self.attention.point_loss(logits, points, head))
         if self.target_head is not None and self.target_norm is not None and self.cfg.trunk_target_key in obs:
             target = self.target_norm(self._trunk_target(obs))
             losses.append((self.target_head(actor) - target).pow(2).mean())

@@ -319,7 +319,9 @@ def evaluate(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[s
 
     Returns:
         ``proprio`` [N, PROPRIO_DIM], ``state`` [N, STATE_DIM] (float32), ``reward`` [N] float32,
-        ``success`` [N] bool.
+        ``success`` [N] bool, ``goal_points`` [N, 2, 3] float32: where the gripper tip should go and
+        where entity ``a`` should go, in world coordinates (the points ``goal_pixel`` and
+        ``object_goal_pixel`` locate in the cameras).
     """
     ents = entity_positions(xp, qpos, mocap_pos, layout)
     tip = tip_position(xp, qpos, layout)
@@ -372,4 +374,5 @@ def evaluate(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[s
         "state": xp.astype(state, xp.float32),
         "reward": xp.astype(reward, xp.float32),
         "success": success,
+        "goal_points": xp.astype(xp.stack([tip_goal, obj_goal], axis=1), xp.float32),
     }

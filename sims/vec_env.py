@@ -102,7 +102,9 @@ class SimVectorEnv(gym.vector.VectorEnv):
     (index into :attr:`task_names`), and with rendering ``rgb`` uint8 [N, cams, 3, H, W] (and
     ``depth`` float32 [N, cams, H, W] when asked for) and ``goal_pixel`` float32 [N, cams, 2]: where
     the point the gripper tip should reach appears in each camera (x right, y down, the image
-    spanning [-1, 1]; privileged, like ``state``: for auxiliary losses, never for acting). Autoreset is SAME_STEP: an environment that
+    spanning [-1, 1]), and ``object_goal_pixel`` the same for where the instructed entity should go
+    (push: the pad, stack: on the other block); both privileged, like ``state``: for auxiliary
+    losses, never for acting. Autoreset is SAME_STEP: an environment that
     ends is reset within the same ``step``; ``infos["final_obs"]`` holds every environment's
     observation before that reset (equal to the returned one where nothing ended), with
     ``infos["_final_obs"]`` the mask of those that ended.
@@ -151,6 +153,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
             cams, h, w = len(config.render.cameras), config.render.height, config.render.width
             spaces["rgb"] = gym.spaces.Box(0, 255, (cams, 3, h, w), np.uint8)
             spaces["goal_pixel"] = gym.spaces.Box(-np.inf, np.inf, (cams, 2), np.float32)
+            spaces["object_goal_pixel"] = gym.spaces.Box(-np.inf, np.inf, (cams, 2), np.float32)
             if config.render.depth:
                 spaces["depth"] = gym.spaces.Box(0.0, np.inf, (cams, h, w), np.float32)
         self.single_observation_space = gym.spaces.Dict(spaces)
@@ -216,8 +219,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
             **{k: ax.asarray(v[sel], copy=True) for k, v in self._episode_ax.items()},
         }
         if self.config.render is not None:
-            state = out["state"]
-            goal = (state[:, T.STATE_TIP_GOAL] + state[:, T.STATE_TIP])[:, None]
+            goal = out["goal_points"]
             start = time.perf_counter()
             if b.renders:  # every world at once, on the device
                 frames = {k: v[sel] for k, v in b.render(goal).items()}
@@ -228,7 +230,8 @@ class SimVectorEnv(gym.vector.VectorEnv):
                                                to_numpy(goal)[rows], env_ids=self.config.env_offset + rows)
                 frames = {k: ax.asarray(v) for k, v in frames.items()}
             self.timings["render"] += time.perf_counter() - start
-            frames["goal_pixel"] = frames.pop("pixels")[:, :, 0]
+            pixels = frames.pop("pixels")
+            frames["goal_pixel"], frames["object_goal_pixel"] = pixels[:, :, 0], pixels[:, :, 1]
             obs.update(frames)
         return obs, out["reward"][sel], out["success"][sel]
 

@@ -453,8 +453,8 @@ def _check_policy(cfg: TrainConfig) -> None:
         raise ConfigError(f"policy.image_size={p.image_size} must be a multiple of policy.patch_size={p.patch_size}")
     elif not p.conv_channels:
         raise ConfigError("policy.conv_channels is empty; give the stem's channels at least, e.g. [16, 16, 16]")
-    elif p.attention_target_key and p.readout != "attention":
-        raise ConfigError(f"policy.attention_target_key={p.attention_target_key!r} needs policy.readout=attention")
+    elif p.attention_target_keys and p.readout != "attention":
+        raise ConfigError(f"policy.attention_target_keys={list(p.attention_target_keys)} need policy.readout=attention")
     else:
         flat = {"policy.proprio_key": (p.proprio_key,), "policy.trunk_target_key": (p.trunk_target_key,),
                 "policy.critic_obs_keys": p.critic_obs_keys}

@@ -24,7 +24,7 @@ from vla_rl.demos.reader import DatasetError, DemoDataset
 from vla_rl.ppo import ClippedUpdate, LossWeights
 from vla_rl.rollout import EpisodeStats, Timer
 
-OBS_KEYS = ("rgb", "proprio", "instruction", "task", "state", "goal_pixel")
+OBS_KEYS = ("rgb", "proprio", "instruction", "task", "state", "goal_pixel", "object_goal_pixel")
 """Dataset keys that are observations (those present are handed to the policy)."""
 
 

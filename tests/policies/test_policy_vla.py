@@ -249,7 +249,7 @@ def test_attention_loss_teaches_the_first_head_to_find_the_named_square() -> Non
     heldout = synthetic.instructions(synthetic.HELDOUT_TEMPLATES)
     sample, _ = synthetic.batch(2, synthetic.TRAIN_TEMPLATES, generator)
     cfg = VLAConfig(conv_channels=(32, 32, 32), conv_stride=1, readout="attention",
-                    attention_target_key="target_point")
+                    attention_target_keys=("target_point",))
     policy = VLAPolicy(cfg, sample, action_dim=2)
     policy.set_instructions(train + heldout)
     optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
@@ -276,9 +276,9 @@ def test_attention_loss_teaches_the_first_head_to_find_the_named_square() -> Non
 
 def test_attention_loss_needs_the_attention_readout_and_its_key() -> None:
     with pytest.raises(ValueError, match="readout: attention"):
-        _policy(attention_target_key="goal_pixel")
+        _policy(attention_target_keys=("goal_pixel",))
     with pytest.raises(KeyError, match="goal_pixel"):
-        _policy(readout="attention", attention_target_key="goal_pixel")
+        _policy(readout="attention", attention_target_keys=("goal_pixel",))
     policy = _policy(readout="attention", conv_stride=1)
     obs = _obs()
     assert policy.evaluate_terms(obs, policy.act(obs)["action"])[3] is None

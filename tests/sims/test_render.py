@@ -124,6 +124,23 @@ def test_goal_pixel_locates_the_tip_goal_in_every_camera(backend: str) -> None:
         assert T.COLOUR_NAMES[_nearest_colour(pixel)] in env.instructions[obs["instruction"][i]]
 
 
+@pytest.mark.parametrize("backend", RENDERERS)
+def test_object_goal_pixel_shows_where_push_takes_the_block(backend: str) -> None:
+    """In push, ``object_goal_pixel`` is where the named block should go: the pixel under it in the
+    front camera has the colour the instruction gives the target pad (the second entity)."""
+    config = RenderConfig(width=SIZE, height=SIZE, cameras=("front",), num_contexts=1)
+    env = make_vec_env("push", 8, seed=2, num_threads=1, render=config, backend=backend, warp_device="cpu")
+    obs = {k: to_numpy(v) for k, v in env.reset_arrays().items()}
+    assert obs["object_goal_pixel"].shape == (8, 1, 2) and obs["object_goal_pixel"].dtype == np.float32
+    assert not np.allclose(obs["object_goal_pixel"], obs["goal_pixel"])
+    for i in range(8):
+        u, v = obs["object_goal_pixel"][i, 0]
+        col, row = int((u + 1) / 2 * SIZE), int((v + 1) / 2 * SIZE)
+        pixel = obs["rgb"][i, 0, :, row, col].astype(float)
+        words = env.instructions[obs["instruction"][i]].split()
+        assert T.COLOUR_NAMES[_nearest_colour(pixel)] == words[words.index("target") - 1]
+
+
 def test_frames_do_not_depend_on_how_the_environments_are_split() -> None:
     # A fleet splits one set of environments into shards (env_offset); each environment must see
     # exactly the frames it would see in the whole set, or sharded training diverges from one process.

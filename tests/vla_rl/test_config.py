@@ -90,7 +90,7 @@ DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
         (DEFAULT, "env.render=false", r"policy.name=vla reads camera images: it needs .*env.render=true"),
         (DEFAULT, "env.backend=gpu", r"env.backend='gpu' is not a sims backend; valid: batch, mjx"),
         (DEFAULT, "policy.attention_heads=0", r"policy.attention_heads=0 must be at least 1"),
-        (DEFAULT, "policy.readout=flatten", r"policy.attention_target_key='goal_pixel' needs policy.readout=attention"),
+        (DEFAULT, "policy.readout=flatten", r"policy.attention_target_keys=\['goal_pixel'\] need policy.readout=attention"),
         (DEFAULT, "policy.critic_obs_keys=[proprio,pixels]", r"policy.critic_obs_keys=\['pixels'\] are not sims"),
         (HALFCHEETAH, "seed=-1", r"seed=-1 must be in \[0, 2147483647\]"),
         (HALFCHEETAH, "total_env_steps=0", r"total_env_steps=0 must be at least 1"),

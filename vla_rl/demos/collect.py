@@ -101,6 +101,7 @@ def sims_features(env: SimVectorEnv) -> dict[str, dict[str, Any]]:
               "action": ("float32", [ACTION_DIM], ACTION_NAMES),
               "observation.environment_state": ("float32", [T.STATE_DIM], None),
               "observation.goal_pixel": ("float32", [len(render.cameras), 2], ["camera", "xy"]),
+              "observation.object_goal_pixel": ("float32", [len(render.cameras), 2], ["camera", "xy"]),
               "sims.task_index": ("int64", [1], None)}
     features = {k: {"dtype": d, "shape": s, "names": n} for k, (d, s, n) in vector.items()}
     for camera in render.cameras:
@@ -112,6 +113,7 @@ def _step_record(obs: dict[str, np.ndarray], label: np.ndarray, i: int) -> dict[
     """Environment ``i``'s observation and expert action of one step (copies)."""
     return {"observation.state": obs["proprio"][i].copy(), "action": label[i].copy(),
             "observation.environment_state": obs["state"][i].copy(), "observation.goal_pixel": obs["goal_pixel"][i].copy(),
+            "observation.object_goal_pixel": obs["object_goal_pixel"][i].copy(),
             "sims.task_index": obs["task"][i:i + 1].copy(), "rgb": obs["rgb"][i].copy(),
             "instruction": obs["instruction"][i].copy()}
 

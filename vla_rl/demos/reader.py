@@ -17,11 +17,12 @@ batch key                 dtype, shape                     LeRobot feature
 ``episode``, ``frame``    int64 [B]                        ``episode_index``, ``frame_index``
 ``state``                 float32 [B, S]                   ``observation.environment_state``
 ``goal_pixel``            float32 [B, cams, 2]             ``observation.goal_pixel``
+``object_goal_pixel``     float32 [B, cams, 2]             ``observation.object_goal_pixel``
 ``task``                  int64 [B]                        ``sims.task_index``
 any other feature         its dtype, [B, *shape]           under its own name
 ========================  ===============================  ======================================
 
-The last four rows are present when the dataset has those features.
+The last five rows are present when the dataset has those features.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from vla_rl.demos.lerobot import CODEBASE_VERSION, EPISODES_PATH, INDEX_FEATURES
 
 KEYS = {"observation.state": "proprio", "action": "action", "task_index": "instruction", "episode_index": "episode",
         "frame_index": "frame", "observation.environment_state": "state", "observation.goal_pixel": "goal_pixel",
-        "sims.task_index": "task"}
+        "observation.object_goal_pixel": "object_goal_pixel", "sims.task_index": "task"}
 """LeRobot feature -> batch key; features not listed keep their own name."""
 REQUIRED = ("observation.state", "action", *INDEX_FEATURES)
 _INFO_FIELDS = ("fps", "features", "data_path", "total_episodes")
