@@ -10,6 +10,7 @@ from sims import tasks as T
 from vla_rl.config import CONFIG_DIR, ConfigError
 from vla_rl.demos.reader import read_tasks
 from vla_rl.recipe import load_recipe
+from vla_rl.recipe_table import per_task_table, summary
 
 TINY = ["base=reach_state_ppo.yaml", "demos.episodes=60", "demos.num_envs=8", "sft.sft.iterations=10",
         "sft.sft.updates=20", "sft.eval.every=10", "rl.total_env_steps=3200", "rl.eval.every=2",
@@ -39,6 +40,14 @@ def test_recipe_runs_end_to_end_and_keeps_composition_out_of_training(tmp_path, 
     again = tmp_path / "again.json"
     assert main([*args[:-1], str(again)]) == 0
     assert json.loads(again.read_text())["results"] == report["results"]
+    # The report of two "seeds" (the same run twice): a row per task and one for all, SFT beside RL.
+    table = per_task_table([report, report]).splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| reach", "| **all**"]
+    sft_paraphrase = 100 * report["results"]["sft"]["paraphrase"]["success"]
+    assert table[-1].split(" | ")[3] == f"{sft_paraphrase:.1f} % (worst {sft_paraphrase:.1f} %)"
+    stats = summary([report])
+    gain = 100 * (report["results"]["rl"]["paraphrase"]["success"] - report["results"]["sft"]["paraphrase"]["success"])
+    assert stats["rl_gain_paraphrase_pp"]["median"] == pytest.approx(gain) and stats["seeds"] == [0]
 
 
 def test_recipe_config_errors_before_anything_runs(tmp_path):

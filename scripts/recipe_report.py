@@ -1,0 +1,41 @@
+#!/usr/bin/env python
+"""Per-task table, seed summary and a bar chart of recipe results (vla_rl/recipe_table.py).
+
+    python scripts/recipe_report.py runs/suite_sft_rl_s0.json runs/suite_sft_rl_s1.json \\
+        --md docs/figures/training/suite_recipe_table.md --png docs/figures/training/suite_recipe_tasks.png \\
+        --json docs/figures/training/suite_recipe_summary.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from vla_rl.recipe_table import per_task_table, plot_per_task, summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", help="scripts/sft_rl.py --json files, one per seed")
+    ap.add_argument("--md", help="write the per-task table (markdown) here")
+    ap.add_argument("--png", help="write the per-task bar chart (paraphrase split) here")
+    ap.add_argument("--json", help="write the seed summary here")
+    args = ap.parse_args()
+    runs = [json.loads(Path(p).read_text()) for p in args.results]
+    table, stats = per_task_table(runs), summary(runs)
+    print(table)
+    print(json.dumps(stats, indent=2))
+    if args.md:
+        Path(args.md).write_text(table + "\n")
+    if args.png:
+        plot_per_task(runs, "paraphrase", args.png)
+    if args.json:
+        Path(args.json).write_text(json.dumps(stats, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
