@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.json.with_suffix(args.json.suffix + ".tmp")
     tmp.write_text(json.dumps(report, indent=2, default=str))
     tmp.replace(args.json)
-    for stage in ("sft", "rl"):
-        for split, r in out["results"][stage].items():
+    for stage, results in out["results"].items():
+        for split, r in results.items():
             if isinstance(r, dict):
                 low, high = r["ci95"]
                 print(f"{stage:3s} {split:12s} {r['success']:6.1%}  [{low:.1%}, {high:.1%}]  n={r['episodes']}")

@@ -74,6 +74,8 @@ class RecipeConfig:
     """Overrides of the base config for the RL stage (``init_from`` is set)."""
     test: TestSettings = field(default_factory=TestSettings)
     """Step 4."""
+    stages: tuple[str, ...] = ("sft", "rl")
+    """Training stages to run: both, or ``[sft]`` alone (SFT against the number of demonstrations)."""
 
 
 class RecipeStopped(RuntimeError):
@@ -90,6 +92,8 @@ def load_recipe(path: str | Path | None, overrides: list[str]) -> RecipeConfig:
     """
     data = merge(read_yaml(path or CONFIG_DIR / "suite_sft_rl.yaml"), parse_overrides(overrides))
     recipe = from_dict(RecipeConfig, data)
+    if recipe.stages not in (("sft", "rl"), ("sft",)):
+        raise ConfigError(f"stages={list(recipe.stages)}; use [sft, rl] (the recipe) or [sft] (SFT alone)")
     if "validation" in recipe.test.splits:
         raise ConfigError("test.splits must not hold validation: the runs are stopped on it; use train, "
                           "paraphrase, composition")
@@ -167,7 +171,7 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}
-    for stage in ("sft", "rl"):
+    for stage in recipe.stages:
         cfg = configs[stage] = build_config(stages[stage])  # each stage's inputs exist by now
         t = time.perf_counter()
         summary = _train(cfg)
@@ -178,7 +182,7 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
     return {
         "config": {"recipe": dataclasses.asdict(recipe), **{s: to_dict(c) for s, c in configs.items()}},
         "results": results,
-        "checkpoints": {s: str(root / s / "checkpoints" / "latest.pt") for s in ("sft", "rl")},
+        "checkpoints": {s: str(root / s / "checkpoints" / "latest.pt") for s in recipe.stages},
         "wall_s": time.perf_counter() - start,
         "stage_wall_s": walls,
     }

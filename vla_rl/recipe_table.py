@@ -94,3 +94,33 @@ def plot_per_task(runs: list[dict[str, Any]], split: str, path: str | Path) -> N
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_demos_curve(points: list[dict[str, Any]], split: str, path: str | Path) -> None:
+    """SFT success on ``split`` against the number of demonstrations: ``points`` are
+    ``{"episodes": N, "results": {split: {success, ci95, tasks}}}``; overall with its interval, and per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = sorted(points, key=lambda p: p["episodes"])
+    n = [p["episodes"] for p in points]
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for task in points[0]["results"][split]["tasks"]:
+        ax.plot(n, [100 * p["results"][split]["tasks"][task]["success"] for p in points], lw=1, alpha=0.6,
+                marker=".", label=task)
+    overall = [100 * p["results"][split]["success"] for p in points]
+    low = [100 * p["results"][split]["ci95"][0] for p in points]
+    high = [100 * p["results"][split]["ci95"][1] for p in points]
+    ax.fill_between(n, low, high, color="k", alpha=0.15)
+    ax.plot(n, overall, color="k", lw=2, marker="o", label="all tasks")
+    ax.set_xscale("log")
+    ax.set_xticks(n, [str(v) for v in n])
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("expert demonstrations (all tasks)")
+    ax.set_ylabel(f"SFT success on {split} (%)")
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

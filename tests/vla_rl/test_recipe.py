@@ -74,3 +74,21 @@ def test_a_preempted_stage_stops_the_recipe_and_the_same_command_continues(tmp_p
     assert not out.exists() and not (tmp_path / "reach-sft-rl" / "rl").exists()
     assert script("sft_rl").main(args) == 0  # resumes the SFT stage, then runs RL and the tests
     assert json.loads(out.read_text())["results"]["rl"]["paraphrase"]["episodes"] == 16
+
+
+def test_the_demonstrations_curve_runs_sft_alone_once_per_count(tmp_path, script):
+    main = script("bench_sft_demos").main
+    out, png = tmp_path / "curve.json", tmp_path / "curve.png"
+    args = ["--config", str(CONFIG_DIR / "reach_sft_rl.yaml"), *TINY, f"out_dir={tmp_path}", "test.splits=[paraphrase]",
+            "--episodes", "20", "40", "--json", str(out), "--png", str(png)]
+    assert main(args) == 0
+    points = json.loads(out.read_text())["points"]
+    assert [p["episodes"] for p in points] == [20, 40] and png.stat().st_size > 0
+    for n, point in zip((20, 40), points):
+        root = tmp_path / f"reach-sft-rl-demos-{n}"
+        assert len(read_tasks(root / "demos")) > 0 and (root / "sft" / "summary.json").is_file()
+        assert not (root / "rl").exists() and set(point["results"]) == {"paraphrase", "train_wall_time_s"}
+    info = [json.loads((tmp_path / f"reach-sft-rl-demos-{n}" / "demos" / "meta" / "info.json").read_text()) for n in (20, 40)]
+    assert [i["total_episodes"] for i in info] == [20, 40]
+    with pytest.raises(ConfigError, match=r"stages=\['rl'\]"):
+        load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["stages=[rl]"])

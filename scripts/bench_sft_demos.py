@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""SFT success against the number of demonstrations: the recipe's SFT stage alone, once per count.
+
+    python scripts/bench_sft_demos.py --episodes 500 1000 2000 3000 --json runs/sft_demos.json \\
+        --png runs/sft_demos.png [--config configs/suite_sft_rl.yaml] [key=value ...]
+
+Each count N runs ``scripts/sft_rl.py`` with ``demos.episodes=N stages=[sft]`` under its own name
+(``<name>-demos-N``; a finished one is reused) and tests the SFT checkpoint on fresh episodes of the
+test splits. Writes ``{machine, config, points: [{episodes, results, wall_s}]}`` and the curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+from bench_report import machine_info
+
+from vla_rl.config import ConfigError
+from vla_rl.recipe import load_recipe, run_recipe
+from vla_rl.recipe_table import plot_demos_curve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=None, help="recipe YAML (default: configs/suite_sft_rl.yaml)")
+    parser.add_argument("--episodes", type=int, nargs="+", required=True, help="demonstration counts")
+    parser.add_argument("--json", type=Path, required=True, help="where to write the points")
+    parser.add_argument("--png", type=Path, help="where to draw the curve (paraphrase split)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted recipe overrides")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        base = load_recipe(args.config, args.overrides)
+        recipes = [load_recipe(args.config, [*args.overrides, f"demos.episodes={n}", "stages=[sft]",
+                                             f"name={base.name}-demos-{n}"]) for n in args.episodes]
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    points = []
+    for n, recipe in zip(args.episodes, recipes):
+        out = run_recipe(recipe)
+        points.append({"episodes": n, "results": out["results"]["sft"], "wall_s": out["wall_s"]})
+        paraphrase = out["results"]["sft"].get("paraphrase")
+        if paraphrase:
+            print(f"{n:6d} demonstrations: SFT {paraphrase['success']:.1%} on paraphrase (n={paraphrase['episodes']})")
+    report = {"machine": machine_info(), "config": {"overrides": args.overrides, "config": str(args.config or "")},
+              "points": points}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2, default=str))
+    if args.png and "paraphrase" in points[0]["results"]:
+        plot_demos_curve(points, "paraphrase", args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
