@@ -218,7 +218,7 @@ def test_one_command_trains_a_users_hf_model_on_a_users_data(tmp_path, rewards) 
 
     model, train, held_out = _user_files(tmp_path)
     cmd = [sys.executable, str(ROOT / "scripts" / "llm_rlvr.py"), f"model.path={model}", f"data.path={train}",
-           f"reward={rewards}:flaky", f"data.eval_path={held_out}", "reward_timeout_s=1", "iterations=3",
+           f"reward={rewards}:flaky", f"data.eval_path={held_out}", "reward_timeout_s=10", "iterations=3",
            "prompts_per_iter=4", "grpo.group_size=4", "warmup_steps=4", "warmup_batch=8", "eval_prompts=6",
            "eval_every=10", "threads=1", "checkpoint_every=0", "name=byo", f"out_dir={tmp_path / 'runs'}"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
@@ -253,7 +253,7 @@ def test_the_same_config_runs_on_ray_services(tmp_path, rewards, monkeypatch) ->
     model, train, held_out = _user_files(tmp_path)
     cfg = apply_overrides(RLVRConfig(), [
         f"model.path={model}", f"data.path={train}", f"data.eval_path={held_out}", f"reward={rewards}:flaky",
-        "reward_timeout_s=1", "iterations=2", "prompts_per_iter=4", "grpo.group_size=4", "warmup_steps=2", "warmup_batch=8",
+        "reward_timeout_s=10", "iterations=2", "prompts_per_iter=4", "grpo.group_size=4", "warmup_steps=2", "warmup_batch=8",
         "eval_prompts=6", "eval_every=10", "threads=1", "checkpoint_every=0", "name=byo_ray", f"out_dir={tmp_path}",
         "ray=true"])
     node = Node("local", cpu_milli=4000, memory_mib=8192)

@@ -17,6 +17,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from infra.client import connect  # noqa: E402
+from infra.llm.grpo import llm_grpo_config  # noqa: E402
 from infra.llm.model import ModelConfig  # noqa: E402
 from infra.llm.rlvr import RLVRConfig, run_rlvr  # noqa: E402
 from infra.llm.tasks import VOCAB_SIZE  # noqa: E402
@@ -46,7 +47,7 @@ def _embodied(tmp_path, name):
 
 def _llm(tmp_path):
     model = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)
-    return RLVRConfig(name="llm", task="sort", task_size=3, seed=1, iterations=3, prompts_per_iter=4, group_size=4,
+    return RLVRConfig(name="llm", task="sort", task_size=3, seed=1, iterations=3, prompts_per_iter=4, grpo=llm_grpo_config(group_size=4),
                       warmup_steps=2, warmup_batch=8, eval_prompts=8, eval_every=100, model=model, threads=1,
                       out_dir=str(tmp_path), ray=True, priority=10, tenant="default")
 
