@@ -87,10 +87,11 @@ def plot_per_task(runs: list[dict[str, Any]], split: str, path: str | Path) -> N
         x = [i + (k - 0.5) * width for i in range(len(tasks))]
         ax.bar(x, med, width, yerr=err if len(runs) > 1 else None, label=STAGE_NAMES[stage], capsize=3)
     ax.set_xticks(range(len(tasks)), tasks)
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 118)  # room above 100 % for the legend
+    ax.set_yticks(range(0, 101, 20))
     ax.set_ylabel(f"success on {split} (%)")
     ax.set_title(f"suite recipe, {len(runs)} seed(s), {runs[0]['results']['sft'][split]['episodes']} episodes each")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper center", ncol=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
