@@ -250,7 +250,10 @@ class VLAPolicy(ActorCritic):
         self.instruction_embeddings = embeddings.to(self.instruction_embeddings.device)
 
     def _embedding(self, obs: TensorDictBase) -> torch.Tensor:
-        """The sentence embedding ``[N, EMBED_DIM]`` of each observation's ``instruction`` index."""
+        """The sentence embedding ``[N, EMBED_DIM]`` of each observation's ``instruction`` index, or the
+        batch's own ``instruction_embedding`` where it carries one (an augmented embedding in SFT)."""
+        if INSTRUCTION_EMBEDDING in obs:
+            return obs_entry(obs, INSTRUCTION_EMBEDDING).float()
         index = obs_entry(obs, self.cfg.instruction_key)
         count = self.instruction_embeddings.shape[0]
         if count == 0:

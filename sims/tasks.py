@@ -187,8 +187,9 @@ def _allowed(task: str, entity: int, colour: int, split: str) -> bool:
     return held if split == "composition" else not held
 
 
-def instruction_table(task_names: tuple[str, ...], split: str) -> list[str]:
-    """Every instruction string the tasks can issue in ``split``, sorted.
+def instruction_groups(task_names: tuple[str, ...], split: str) -> list[tuple[str, ...]]:
+    """The instructions ``split`` can issue, grouped by meaning: each group is one (task, entities)
+    said with each of the split's templates, e.g. ("lift the red block", "pick up the red block", ...).
 
     Raises:
         ValueError: an unknown split, or ``composition`` for tasks without coloured entities.
@@ -196,15 +197,25 @@ def instruction_table(task_names: tuple[str, ...], split: str) -> list[str]:
     check_split(split, task_names)
     if split == "composition":
         task_names = composition_tasks(task_names)
-    strings: set[str] = set()
+    groups: list[tuple[str, ...]] = []
     colours = range(len(COLOUR_NAMES))
     for name in task_names:
         task = TASKS[name]
         a_phrases = {entity_phrase(e, c) for e in task.a_choices for c in colours if _allowed(name, e, c, split)}
         b_phrases = {entity_phrase(e, c) for e in task.b_choices for c in colours} or {""}
-        for template in task.templates(_TEMPLATES[split]):
-            strings.update(template.format(a=a, b=b) for a in a_phrases for b in b_phrases)
-    return sorted(strings)
+        templates = task.templates(_TEMPLATES[split])
+        for a in sorted(a_phrases):
+            groups.extend(tuple(t.format(a=a, b=b) for t in templates) for b in sorted(b_phrases))
+    return groups
+
+
+def instruction_table(task_names: tuple[str, ...], split: str) -> list[str]:
+    """Every instruction string the tasks can issue in ``split``, sorted.
+
+    Raises:
+        ValueError: an unknown split, or ``composition`` for tasks without coloured entities.
+    """
+    return sorted({s for group in instruction_groups(task_names, split) for s in group})
 
 
 @dataclass

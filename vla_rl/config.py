@@ -70,6 +70,9 @@ class EnvConfig:
     """Episode length limit (gymnasium only); ``None`` keeps the environment's own limit."""
     terminate_on_success: bool = True
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
+    success_bonus: float = 0.0
+    """Reward added at every step a ``sims`` task succeeds (its shaped reward pays a near miss almost as
+    much as a success; a bonus makes finishing the task pay)."""
 
 
 @dataclass
@@ -84,6 +87,9 @@ class PPOConfig:
     """GAE lambda."""
     norm_adv: bool = True
     """Normalise advantages per minibatch to zero mean and unit variance."""
+    task_adv_norm: bool = False
+    """Before minibatching, normalise advantages within each task of the rollout (the ``task`` observation):
+    in a multi-task suite a task with small or rare rewards then weighs as much in the update as the others."""
     vf_coef: float = 0.5
     """Weight of the value loss."""
     clip_value: bool = False
@@ -137,6 +143,13 @@ class SFTConfig:
     std collapses to the expert's near-deterministic spread and PPO from it barely moved (measured)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, anneal_lr=True))
     """Learning rate, its annealing over ``iterations`` and the gradient clip (epochs/minibatches unused)."""
+    template_mix: float = 0.0
+    """Language augmentation (sims tasks): each frame's instruction embedding moves by ``u`` x the step to
+    the embedding of another training template of the same meaning (the same task and entities),
+    ``u ~ U(0, template_mix)``; past 1 it extrapolates beyond that template. 0 disables it."""
+    instruction_noise: float = 0.0
+    """Language augmentation: Gaussian noise of expected norm ``instruction_noise`` added to each frame's
+    unit-norm sentence embedding, then renormalised (a colour word moves the embedding by 0.4-0.6). 0 disables it."""
 
 
 @dataclass
@@ -321,11 +334,13 @@ RANGES: dict[str, Range] = {
     "seed": Range(0, 2**31 - 1), "total_env_steps": AT_LEAST_1, "stop_success": FRACTION,
     "checkpoint_every": AT_LEAST_1, "torch_threads": AT_LEAST_1,
     "env.num_envs": AT_LEAST_1, "env.image_size": Range(8, 1024), "env.max_episode_steps": AT_LEAST_1,
+    "env.success_bonus": Range(0, 100),
     "ppo.rollout_steps": AT_LEAST_1, "ppo.gamma": FRACTION, "ppo.gae_lambda": FRACTION, "ppo.vf_coef": NON_NEGATIVE,
     **{f"grpo.{key}": r for key, r in GRPO_RANGES.items() if not key.startswith("optim.")},
     "distill.rollout_steps": AT_LEAST_1, "distill.teacher_iterations": NON_NEGATIVE,
     "distill.buffer_size": AT_LEAST_1, "distill.updates": AT_LEAST_1, "distill.batch_size": AT_LEAST_1,
     "sft.iterations": AT_LEAST_1, "sft.updates": AT_LEAST_1, "sft.batch_size": AT_LEAST_1,
+    "sft.template_mix": Range(0, 4), "sft.instruction_noise": Range(0, 2),
     **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill", "sft") for key, r in OPTIM_RANGES.items()},
     "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
     "log.video_every": AT_LEAST_1,
@@ -414,6 +429,9 @@ def _check_algo(cfg: TrainConfig) -> None:
             "algo=distill needs distill.teacher=PATH, a checkpoint of a state-policy run, e.g. "
             "python scripts/train.py --config configs/reach_state_ppo.yaml name=teacher, then distill.teacher=runs/teacher"
         )
+    if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind != "sims":
+        raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes templates of the sims tasks; env.kind="
+                          f"{cfg.env.kind!r} has none: set sft.template_mix=0 (sft.instruction_noise works on any env)")
     if cfg.algo == "sft" and not cfg.sft.dataset:
         raise ConfigError(
             "algo=sft needs sft.dataset=DIR, a LeRobot v3.0 dataset, e.g. "
@@ -422,6 +440,9 @@ def _check_algo(cfg: TrainConfig) -> None:
     if cfg.algo == "sft" and not Path(cfg.sft.dataset, "meta", "info.json").is_file():
         raise ConfigError(f"sft.dataset={cfg.sft.dataset!r} holds no meta/info.json; give the folder of a LeRobot "
                           "v3.0 dataset (scripts/collect_demos.py writes one)")
+    if cfg.algo == "ppo" and cfg.ppo.task_adv_norm and cfg.env.kind != "sims":
+        raise ConfigError("ppo.task_adv_norm normalises advantages per sims task (the task observation); env.kind="
+                          f"{cfg.env.kind!r} has no tasks: set ppo.task_adv_norm=false")
     if (optim.ref_kl_coef > 0 or optim.critic_warmup_iterations > 0) and not cfg.init_from:
         raise ConfigError(f"{cfg.algo}.optim.ref_kl_coef and critic_warmup_iterations act toward/for the policy "
                           "init_from loads; set init_from=CHECKPOINT or leave them at 0")

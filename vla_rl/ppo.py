@@ -28,6 +28,17 @@ from vla_rl.config import TrainConfig
 from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, account
 
 
+def per_task_normalized(advantage: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
+    """``advantage`` ``[T, N]`` normalised to zero mean and unit variance within each task id of ``task`` ``[T, N]``."""
+    out = advantage.clone()
+    for t in torch.unique(task):
+        mask = task == t
+        group = advantage[mask]
+        if group.numel() > 1:
+            out[mask] = (group - group.mean()) / (group.std() + 1e-8)
+    return out
+
+
 def compute_gae(
     reward: torch.Tensor,
     value: torch.Tensor,
@@ -237,6 +248,8 @@ class PPO(Algorithm):
             batch["reward"], batch["value"], batch["next_value"], batch["terminated"], batch["done"],
             cfg.gamma, cfg.gae_lambda,
         )
+        if cfg.task_adv_norm:
+            advantage = per_task_normalized(advantage, batch["obs"]["task"])
         batch["advantage"], batch["returns"] = advantage, returns
         chunk = chunk_length(batch["action"], batch.batch_dims)
         flat = batch.select("obs", "action", "log_prob", "value", "advantage", "returns").reshape(-1)

@@ -8,6 +8,11 @@ binned head's cross-entropy over bins (the same ``log_prob``), summed over the K
 (``policy.head.chunk=K``: the next K recorded actions, the last one repeated past an episode's end).
 The policy's auxiliary perception losses are added where the dataset carries their targets
 (``goal_pixel``, ``state``). The trainer evaluates SFT runs in the environment exactly as RL runs.
+
+Language augmentation (``sft.template_mix``, ``sft.instruction_noise``) hands the policy a
+perturbed sentence embedding per frame (``instruction_embedding``) instead of the index: the
+recorded instructions are a few templates, and an unaugmented policy learns their exact embeddings
+and loses 20-40 pp on paraphrases it never saw.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from policies.vla import INSTRUCTION_EMBEDDING
+from sims.tasks import instruction_groups, resolve_tasks
 from vla_rl.algorithm import Algorithm, Budget, Experience, Setup
 from vla_rl.config import ConfigError, TrainConfig
 from vla_rl.demos.reader import DatasetError, DemoDataset
@@ -52,6 +59,46 @@ def load_dataset(cfg: TrainConfig, instructions: list[str]) -> tuple[DemoDataset
     return data, torch.tensor([index[t] for t in data.instructions], dtype=torch.int64)
 
 
+def paraphrase_table(instructions: list[str], groups: list[tuple[str, ...]]) -> torch.Tensor:
+    """``[L, G]`` int64: row i lists the indices of the instructions that say what ``instructions[i]``
+    says (its own index included), padded by repeating it; G is the largest group."""
+    index = {text: i for i, text in enumerate(instructions)}
+    members = [[i] for i in range(len(instructions))]
+    for group in groups:
+        rows = [index[t] for t in group if t in index]
+        for i in rows:
+            members[i] = rows
+    width = max(len(m) for m in members)
+    return torch.tensor([m + [m[0]] * (width - len(m)) for m in members], dtype=torch.int64)
+
+
+class LanguageAugment:
+    """Perturbed instruction embeddings for SFT frames (see the module docstring).
+
+    Args:
+        embeddings: ``[L, D]`` unit-norm sentence embeddings of the instruction table.
+        partners: ``[L, G]`` from :func:`paraphrase_table` (``None``: no template mixing).
+        template_mix: upper end of the mixing weight ``u``; noise: expected norm of the Gaussian noise.
+    """
+
+    def __init__(self, embeddings: torch.Tensor, partners: torch.Tensor | None, template_mix: float,
+                 noise: float) -> None:
+        self.embeddings, self.partners = embeddings, partners
+        self.template_mix, self.noise = template_mix, noise
+
+    def __call__(self, index: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``[B, D]`` for instruction indices ``index`` ``[B]`` (the trainer's torch RNG)."""
+        e = self.embeddings[index]
+        if self.partners is not None and self.template_mix > 0:
+            row = self.partners[index]
+            other = row.gather(1, torch.randint(0, row.shape[1], (len(index), 1))).squeeze(1)
+            u = torch.rand(len(index), 1) * self.template_mix
+            e = e + u * (self.embeddings[other] - e)
+        if self.noise > 0:
+            e = e + torch.randn_like(e) * (self.noise / e.shape[1] ** 0.5)
+        return nn.functional.normalize(e, dim=-1)
+
+
 class SFT(Algorithm):
     """Behaviour cloning on demonstrations, behind the trainer's algorithm interface."""
 
@@ -66,6 +113,14 @@ class SFT(Algorithm):
             for name, param in setup.policy.named_parameters():
                 if name.endswith("log_std"):
                     param.requires_grad_(False)
+        self.augment: LanguageAugment | None = None
+        if self.cfg.template_mix > 0 or self.cfg.instruction_noise > 0:
+            partners = None
+            if self.cfg.template_mix > 0:
+                groups = instruction_groups(resolve_tasks(cfg.env.task), "train")
+                partners = paraphrase_table(setup.instructions, groups)
+            embeddings = setup.policy.instruction_embeddings.detach().cpu()
+            self.augment = LanguageAugment(embeddings, partners, self.cfg.template_mix, self.cfg.instruction_noise)
         # ClippedUpdate serves for its optimiser and learning-rate schedule; the loss is the NLL below.
         self.updater = ClippedUpdate(setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False))
 
@@ -84,6 +139,8 @@ class SFT(Algorithm):
         frames = self.data.batch(torch.randint(0, len(self.data), (size,)))
         obs = frames.select(*(k for k in OBS_KEYS if k in frames))
         obs["instruction"] = self.instruction_map[obs["instruction"]]
+        if self.augment is not None:
+            obs[INSTRUCTION_EMBEDDING] = self.augment(obs["instruction"])
         batch = TensorDict({"obs": obs, "action": frames["action"]}, batch_size=[size])
         return Experience(batch.to(self.device), 0, {"sft/dataset_frames": float(len(self.data))})
 

@@ -48,3 +48,34 @@ def test_evaluate_agrees_between_numpy_and_jax() -> None:
     got = T.evaluate(jnp, *(jnp.asarray(x) for x in args), env.task_names, env.layout)
     for key, value in ref.items():
         np.testing.assert_allclose(np.asarray(got[key]), value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_success_bonus_pays_exactly_at_the_steps_that_succeed() -> None:
+    rewards, successes = [], []
+    for bonus in (0.0, 2.5):
+        env = make_vec_env("stack", 8, seed=3, num_threads=1, terminate_on_success=False, success_bonus=bonus)
+        expert = ScriptedExpert(env)
+        obs = env.reset_arrays(seed=3)
+        r, s = [], []
+        for _ in range(T.TASKS["stack"].max_steps):
+            out = env.step_arrays(expert.act(obs))
+            obs = out["observation"]
+            r.append(out["reward"])
+            s.append(out["success"])
+        rewards.append(np.stack(r))
+        successes.append(np.stack(s))
+    assert successes[1].any() and np.array_equal(successes[0], successes[1])
+    np.testing.assert_allclose(rewards[1] - rewards[0], 2.5 * successes[0], atol=1e-5)
+    with pytest.raises(ValueError, match="success_bonus"):
+        make_vec_env("stack", 2, success_bonus=-1.0)
+
+
+def test_instruction_groups_say_one_thing_with_each_template_of_the_split() -> None:
+    for split in T.SPLITS:
+        groups = T.instruction_groups(T.TASK_NAMES, split)
+        strings = [s for g in groups for s in g]
+        assert sorted(set(strings)) == T.instruction_table(T.TASK_NAMES, split)
+    groups = T.instruction_groups(("lift",), "train")
+    assert ("pick up the red block", "lift the red block", "grab the red block and raise it",
+            "raise the red block off the table") in groups
+    assert all(len(g) == len(T.TASKS["lift"].train) for g in groups)

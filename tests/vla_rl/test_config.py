@@ -124,6 +124,9 @@ DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
         (HALFCHEETAH, "policy.head.chunk=0", r"policy.head.chunk=0 must be at least 1"),
         (HALFCHEETAH, "policy.head.bins=1", r"policy.head.bins=1 must be at least 2"),
         (DEFAULT, "env.kind=gym env.task=Pendulum-v1", r"policy.name=vla reads camera images: it needs env.kind=sims"),
+        (HALFCHEETAH, "ppo.task_adv_norm=true", r"ppo.task_adv_norm normalises advantages per sims task"),
+        (HALFCHEETAH, "env.success_bonus=-1", r"env.success_bonus=-1.0 must be in \[0, 100\]"),
+        (HALFCHEETAH, "algo=sft sft.dataset=x sft.instruction_noise=3", r"sft.instruction_noise=3.0 must be in"),
     ],
 )
 def test_bad_value_is_a_one_line_error_naming_the_key_before_any_run_directory(

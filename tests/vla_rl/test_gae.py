@@ -69,3 +69,17 @@ def test_shape_mismatch_is_rejected():
     with pytest.raises(ValueError, match=r"one shape \[T, N\]"):
         compute_gae(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 1), torch.zeros(3, 2, dtype=torch.bool),
                     torch.zeros(3, 2, dtype=torch.bool), 0.9, 0.9)
+
+
+def test_per_task_normalisation_gives_each_task_zero_mean_and_unit_std():
+    from vla_rl.ppo import per_task_normalized
+
+    gen = torch.Generator().manual_seed(0)
+    task = torch.randint(0, 3, (40, 6), generator=gen)
+    advantage = torch.randn(40, 6, generator=gen) * (1.0 + 10.0 * task) + 5.0 * task
+    out = per_task_normalized(advantage, task)
+    for t in range(3):
+        group = out[task == t]
+        assert abs(float(group.mean())) < 1e-5 and abs(float(group.std()) - 1.0) < 1e-4
+        # Within a task the order of advantages is kept.
+        assert torch.equal(torch.argsort(group), torch.argsort(advantage[task == t]))

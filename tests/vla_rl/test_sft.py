@@ -102,3 +102,30 @@ def test_sft_and_init_from_refuse_bad_input(tmp_path, demos):
         _state_job(tmp_path, "x", "ppo.optim.ref_kl_coef=0.1")
     with pytest.raises(ConfigError, match="does not issue"):
         Trainer(_state_job(tmp_path, "x", "algo=sft", f"sft.dataset={demos}", "env.task=push"))
+
+
+def test_language_augmentation_moves_toward_templates_of_the_same_meaning():
+    from sims.tasks import instruction_groups, instruction_table
+    from vla_rl.sft import LanguageAugment, paraphrase_table
+
+    instructions = instruction_table(("lift", "press"), "train")
+    partners = paraphrase_table(instructions, instruction_groups(("lift", "press"), "train"))
+    i = instructions.index("lift the red block")
+    said = {instructions[j] for j in partners[i].tolist()}
+    assert said == {"pick up the red block", "lift the red block", "grab the red block and raise it",
+                    "raise the red block off the table"}
+    gen = torch.Generator().manual_seed(0)
+    embeddings = torch.nn.functional.normalize(torch.randn(len(instructions), 16, generator=gen), dim=-1)
+    index = torch.full((256,), i)
+    torch.manual_seed(0)
+    mixed = LanguageAugment(embeddings, partners, template_mix=1.0, noise=0.0)(index)
+    assert torch.allclose(mixed.norm(dim=-1), torch.ones(256))
+    # Without noise every augmented embedding lies on a segment toward a same-meaning template:
+    # it is closer to one of them than to any instruction that says something else.
+    nearest = (mixed @ embeddings.T).argmax(-1)
+    assert set(nearest.tolist()) <= set(partners[i].tolist()) and len(set(nearest.tolist())) > 1
+    noisy = LanguageAugment(embeddings, None, template_mix=0.0, noise=0.3)(index)
+    offset = (noisy - embeddings[i]).norm(dim=-1)
+    assert 0.1 < float(offset.mean()) < 0.5 and float(offset.min()) > 0.0
+    with pytest.raises(ConfigError, match="template_mix"):
+        load_config(CONFIG_DIR / "halfcheetah_ppo.yaml", ["algo=sft", "sft.dataset=x", "sft.template_mix=1.0"])

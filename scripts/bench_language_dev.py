@@ -1,0 +1,64 @@
+#!/usr/bin/env python
+"""Success of a suite checkpoint on phrasings it never saw, on validation episodes: the honest
+place to choose language settings (augmentation, encoder), since the paraphrase split is a test.
+
+    python scripts/bench_language_dev.py --checkpoint runs/NAME --episodes 128 --json dev.json
+
+Each task of ``--phrasings`` (default configs/language_dev.yaml: task -> templates with {a}/{b})
+is run on ``--episodes`` fresh validation episodes; the JSON holds success overall (episodes
+pooled) and per task, with 95 % Wilson intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+from bench_report import machine_info
+from tqdm import tqdm
+
+from vla_rl.evaluate import evaluate_checkpoint, wilson_interval
+
+DEFAULT_PHRASINGS = Path(__file__).resolve().parents[1] / "configs" / "language_dev.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Evaluate each task on its development phrasings; print and optionally write the figures."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
+    parser.add_argument("--phrasings", type=Path, default=DEFAULT_PHRASINGS, help="YAML: task -> templates")
+    parser.add_argument("--episodes", type=int, default=128, help="validation episodes per task")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    phrasings = yaml.safe_load(args.phrasings.read_text())
+    if not isinstance(phrasings, dict) or not all(isinstance(v, list) and v for v in phrasings.values()):
+        print(f"error: {args.phrasings} must map each task to a non-empty list of templates", file=sys.stderr)
+        return 2
+    tasks, wins, total = {}, 0, 0
+    for task, templates in tqdm(phrasings.items(), desc="tasks"):
+        try:
+            result = evaluate_checkpoint(args.checkpoint, "validation", args.episodes, templates=templates,
+                                         task=task, record=False)
+        except (ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        report = result.report()
+        tasks[task] = {k: report[k] for k in ("success", "episodes", "ci95")}
+        wins += round(report["success"] * report["episodes"])
+        total += report["episodes"]
+    overall = {"success": wins / total, "episodes": total, "ci95": list(wilson_interval(wins, total))}
+    print(f"dev phrasings, validation episodes: {100 * overall['success']:.1f} % (n={total}); "
+          + ", ".join(f"{t} {100 * r['success']:.0f} %" for t, r in tasks.items()))
+    if args.json:
+        out = {"machine": machine_info(), "config": {"checkpoint": str(args.checkpoint), "phrasings": phrasings,
+                                                     "episodes_per_task": args.episodes, "split": "validation"},
+               "results": {**overall, "tasks": tasks}}
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
