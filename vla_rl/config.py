@@ -207,6 +207,10 @@ class TrainConfig:
     init_from: str = ""
     """Start from the policy weights (and observation statistics) of this checkpoint, e.g. an
     ``algo=sft`` run; the optimiser starts fresh. Empty: random initialisation."""
+    init_log_std: float | None = None
+    """With ``init_from``: set the loaded Gaussian head's log standard deviation to this (RL's exploration
+    noise from a policy fine-tuned on demonstrations; the reference of ``ref_kl_coef`` gets it too).
+    ``None`` keeps the checkpoint's."""
     total_env_steps: int = 200_000
     """Stop after this many environment steps (summed over environments)."""
     stop_success: float | None = None
@@ -332,7 +336,7 @@ def build_config(data: dict[str, Any]) -> TrainConfig:
 
 RANGES: dict[str, Range] = {
     "seed": Range(0, 2**31 - 1), "total_env_steps": AT_LEAST_1, "stop_success": FRACTION,
-    "checkpoint_every": AT_LEAST_1, "torch_threads": AT_LEAST_1,
+    "checkpoint_every": AT_LEAST_1, "torch_threads": AT_LEAST_1, "init_log_std": Range(-10, 2),
     "env.num_envs": AT_LEAST_1, "env.image_size": Range(8, 1024), "env.max_episode_steps": AT_LEAST_1,
     "env.success_bonus": Range(0, 100),
     "ppo.rollout_steps": AT_LEAST_1, "ppo.gamma": FRACTION, "ppo.gae_lambda": FRACTION, "ppo.vf_coef": NON_NEGATIVE,
@@ -448,6 +452,11 @@ def _check_algo(cfg: TrainConfig) -> None:
                           "init_from loads; set init_from=CHECKPOINT or leave them at 0")
     if optim.critic_warmup_iterations > 0 and cfg.algo != "ppo":
         raise ConfigError(f"{cfg.algo}.optim.critic_warmup_iterations needs a critic: algo=ppo")
+    if cfg.init_log_std is not None and not cfg.init_from:
+        raise ConfigError(f"init_log_std={cfg.init_log_std} sets the std of the policy init_from loads; set "
+                          "init_from=CHECKPOINT, or policy.head.init_log_std for a fresh policy")
+    if cfg.init_log_std is not None and getattr(getattr(cfg.policy, "head", None), "kind", "") != "gaussian":
+        raise ConfigError(f"init_log_std={cfg.init_log_std} needs a Gaussian action head (policy.head.kind=gaussian)")
     if cfg.init_from and not Path(cfg.init_from).exists():
         raise ConfigError(f"init_from={cfg.init_from!r} does not exist; give a checkpoint .pt or a run directory")
     if cfg.algo == "grpo":

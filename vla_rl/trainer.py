@@ -292,6 +292,9 @@ class Trainer:
             raise ckpt.CheckpointError(
                 f"init_from={path}: its policy does not fit the configured one ({exc}); use the same policy section"
             ) from exc
+        if self.cfg.init_log_std is not None:
+            with torch.no_grad():
+                self.policy.head.log_std.fill_(self.cfg.init_log_std)
         if algo_optim(self.cfg).ref_kl_coef == 0:
             return None
         reference = copy.deepcopy(self.policy).eval()

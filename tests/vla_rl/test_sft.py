@@ -129,3 +129,18 @@ def test_language_augmentation_moves_toward_templates_of_the_same_meaning():
     assert 0.1 < float(offset.mean()) < 0.5 and float(offset.min()) > 0.0
     with pytest.raises(ConfigError, match="template_mix"):
         load_config(CONFIG_DIR / "halfcheetah_ppo.yaml", ["algo=sft", "sft.dataset=x", "sft.template_mix=1.0"])
+
+
+def test_init_log_std_resets_the_exploration_noise_of_the_loaded_policy_only(sft_run, tmp_path):
+    rl = Trainer(_state_job(tmp_path, "rl", f"init_from={sft_run.run_dir}", "init_log_std=-1.6",
+                            "ppo.optim.ref_kl_coef=0.1"))
+    sft_weights = load_checkpoint(sft_run.run_dir)["policy"]
+    for key, value in rl.policy.state_dict().items():
+        if key == "head.log_std":
+            assert torch.equal(value, torch.full_like(value, -1.6))
+        else:
+            assert torch.equal(value, sft_weights[key]), key
+    assert torch.equal(rl.algorithm.updater.reference.head.log_std, rl.policy.head.log_std)
+    rl.close()
+    with pytest.raises(ConfigError, match="init_log_std=-1.6 sets the std of the policy init_from loads"):
+        _state_job(tmp_path, "x", "init_log_std=-1.6")
