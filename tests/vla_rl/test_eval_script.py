@@ -77,3 +77,25 @@ def test_wilson_interval():
     low, high = wilson_interval(8, 10)
     assert low == pytest.approx(0.4902, abs=1e-3) and high == pytest.approx(0.9433, abs=1e-3)
     assert wilson_interval(0, 0) == (0.0, 1.0) and wilson_interval(0, 50)[0] == 0.0
+
+
+def test_language_dev_phrasings_are_outside_both_template_sets_and_run_on_validation(suite_run, tmp_path, script):
+    import yaml
+
+    main = script("bench_language_dev").main
+    phrasings = yaml.safe_load(main.__globals__["DEFAULT_PHRASINGS"].read_text())
+    assert set(phrasings) == set(T.TASK_NAMES)
+    for task, templates in phrasings.items():
+        assert not set(templates) & (set(T.TASKS[task].train) | set(T.TASKS[task].heldout)), task
+        assert all(("{b}" in t) == bool(T.TASKS[task].b_choices) for t in templates), task
+    small = tmp_path / "dev.yaml"
+    small.write_text(yaml.safe_dump({"reach": ["head toward the {a}"], "press": ["tap the {a}", "hit it: {a}"]}))
+    out = tmp_path / "dev.json"
+    assert main(["--checkpoint", str(suite_run), "--phrasings", str(small), "--episodes", "6", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["config"]["split"] == "validation" and figures["results"]["episodes"] == 12
+    assert set(figures["results"]["tasks"]) == {"reach", "press"}
+    assert all(r["episodes"] == 6 for r in figures["results"]["tasks"].values())
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("reach: []\n")
+    assert main(["--checkpoint", str(suite_run), "--phrasings", str(bad)]) == 2
