@@ -142,5 +142,5 @@ def test_init_log_std_resets_the_exploration_noise_of_the_loaded_policy_only(sft
             assert torch.equal(value, sft_weights[key]), key
     assert torch.equal(rl.algorithm.updater.reference.head.log_std, rl.policy.head.log_std)
     rl.close()
-    with pytest.raises(ConfigError, match="init_log_std=-1.6 sets the std of the policy init_from loads"):
+    with pytest.raises(ConfigError, match=r"init_log_std=-1\.6 sets the std of the policy init_from loads"):
         _state_job(tmp_path, "x", "init_log_std=-1.6")
