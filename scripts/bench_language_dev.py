@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         report = result.report()
         tasks[task] = {k: report[k] for k in ("success", "episodes", "ci95")}
-        wins += round(report["success"] * report["episodes"])
-        total += report["episodes"]
+        wins += sum(e.success for e in result.episodes)
+        total += len(result.episodes)
     overall = {"success": wins / total, "episodes": total, "ci95": list(wilson_interval(wins, total))}
     print(f"dev phrasings, validation episodes: {100 * overall['success']:.1f} % (n={total}); "
           + ", ".join(f"{t} {100 * r['success']:.0f} %" for t, r in tasks.items()))
