@@ -25,8 +25,8 @@ if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ.get("XLA_F
 from sims.render import BatchRenderer, RenderConfig
 from sims.single import SingleEnv, gym_id, register_all
 from sims.tasks import TASK_NAMES, TASKS
-from sims.vec_env import EnvConfig, SimVectorEnv, make_vec_env
+from sims.vec_env import REWARDS, EnvConfig, SimVectorEnv, make_vec_env
 
 register_all()
 
-__all__ = ["TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "SingleEnv", "gym_id", "make_vec_env"]
+__all__ = ["REWARDS", "TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "SingleEnv", "gym_id", "make_vec_env"]

@@ -27,6 +27,8 @@ from sims.backends import BACKENDS, MJX_WARP_REMOVED, make_backend, to_numpy
 from sims.render import RenderConfig
 
 ACTION_DIM = 4
+#: What a step pays (``EnvConfig.reward``): the shaped reward, its change, or success alone.
+REWARDS = ("dense", "progress", "success")
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,16 @@ class EnvConfig:
         frame_skip: physics substeps per control step (timestep 10 ms: 40 ms per step).
         max_delta: largest gripper move per control step, metres.
         terminate_on_success: end an episode (``terminated``) at its first success.
-        success_bonus: added to the reward of every step at which the task succeeds. The shaped
-            rewards give a near miss (a block held 1.5 cm above its target) about 90 % of a success's
-            reward, so RL that maximises them need not finish the task; a bonus makes finishing pay.
+        reward: what a step pays (:data:`REWARDS`). ``dense``: the task's shaped reward at the new
+            state, in [0, 2.5]; it is positive at every step, so with ``terminate_on_success`` a near
+            miss held to the step limit (a block 1.5 cm above its target earns about 90 % of a
+            success's reward per step) returns more than finishing early, and RL that maximises it
+            learns not to finish. ``progress``: the change of that shaped reward over the step
+            (potential-based shaping: a whole episode returns its final minus its initial shaping, so
+            hovering earns nothing and finishing stops no income). ``success``: 1 at the step the task
+            succeeds, else 0 (sparse).
+        success_bonus: added to the reward of every step at which the task succeeds, in every
+            ``reward`` mode.
     """
 
     task: str = "reach"
@@ -72,6 +81,7 @@ class EnvConfig:
     frame_skip: int = 4
     max_delta: float = 0.03
     terminate_on_success: bool = True
+    reward: str = "dense"
     success_bonus: float = 0.0
 
     def validate(self) -> tuple[str, ...]:
@@ -95,6 +105,8 @@ class EnvConfig:
             raise ValueError(f"env_offset={self.env_offset}; it must be >= 0")
         if self.frame_skip < 1 or self.max_delta <= 0:
             raise ValueError(f"frame_skip={self.frame_skip} and max_delta={self.max_delta} must be positive")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward={self.reward!r}; valid rewards: {', '.join(REWARDS)}")
         if not 0.0 <= self.success_bonus <= 100.0:
             raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
         return task_names
@@ -174,6 +186,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self._steps = np.zeros(n, np.int64)
         self._episode = np.zeros(n, np.int64)
         self._obs: dict[str, Any] | None = None
+        self._shaped: Any = None  # the shaped reward at the current state ([N]): ``progress``'s baseline
         self._sync_episodes()
         self.timings = {"render": 0.0}  # seconds spent rendering since construction (monotonic)
 
@@ -209,7 +222,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
                             "task": ax.asarray(self._task, copy=True)}
 
     def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, Any], Any, Any]:
-        """Observation, reward and success of environments ``ids`` (None: all) at the current state.
+        """Observation, shaped reward and success of environments ``ids`` (None: all) at the current state.
 
         Arrays of the env's module (numpy, or torch on the device). The task code runs on every
         environment (one compiled shape for jitted backends); the device renderer draws every world.
@@ -239,10 +252,19 @@ class SimVectorEnv(gym.vector.VectorEnv):
             pixels = frames.pop("pixels")
             frames["goal_pixel"], frames["object_goal_pixel"] = pixels[:, :, 0], pixels[:, :, 1]
             obs.update(frames)
-        reward, success = out["reward"][sel], out["success"][sel]
+        return obs, out["reward"][sel], out["success"][sel]
+
+    def _reward(self, shaped: Any, success: Any) -> Any:
+        """A step's reward (see ``EnvConfig.reward``) from the shaped reward at the new state, [N]."""
+        ax, mode = self._ax, self.config.reward
+        reward = shaped
+        if mode == "progress":
+            reward = shaped - self._shaped
+        elif mode == "success":
+            reward = ax.astype(success, ax.float32)
         if self.config.success_bonus:
             reward = reward + self.config.success_bonus * ax.astype(success, ax.float32)
-        return obs, reward, success
+        return reward
 
     # ----------------------------------------------------------------------------- core
     def _check_action(self, action: Any) -> Any:
@@ -283,7 +305,8 @@ class SimVectorEnv(gym.vector.VectorEnv):
         action = self._check_action(action)
         self._backend.step(self._control(action))
         self._steps += 1
-        obs, reward, success = self._observe()
+        obs, shaped, success = self._observe()
+        reward = self._reward(shaped, success)
         # Episode bookkeeping is the host's (resets sample episodes there): N bools come back.
         terminated = to_numpy(success).copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self._max_steps[self._task]) & ~terminated
@@ -292,12 +315,14 @@ class SimVectorEnv(gym.vector.VectorEnv):
         if done.any():
             ids = np.flatnonzero(done)
             self._start_episodes(ids)
-            fresh = self._observe(ids)[0]
+            fresh, fresh_shaped, _ = self._observe(ids)
             obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
             rows = ax.asarray(ids)
             for key, value in fresh.items():
                 obs[key][rows] = value
-        self._obs = obs
+            shaped = ax.asarray(shaped, copy=True)
+            shaped[rows] = fresh_shaped
+        self._obs, self._shaped = obs, shaped
         return {"observation": obs, "final_observation": final, "reward": reward,
                 "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
 
@@ -319,7 +344,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
             self._episode[ids] = self._episode.reshape(-1, g).max(axis=1)[ids // g]
         if len(ids):
             self._start_episodes(ids)
-        self._obs = self._observe()[0]
+        self._obs, self._shaped, _ = self._observe()
         return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
 
     def entity_phrases(self) -> list[tuple[str, str]]:
@@ -355,7 +380,8 @@ class SimVectorEnv(gym.vector.VectorEnv):
             setattr(self, key, np.array(state[key], dtype=getattr(self, key).dtype))
         self._seed = int(state["seed"])
         self._sync_episodes()
-        self._obs = self._observe()[0] if state["started"] else None
+        # The shaped reward is a function of the state, so ``progress`` needs nothing more in the snapshot.
+        self._obs, self._shaped = self._observe()[:2] if state["started"] else (None, None)
 
     # ----------------------------------------------------------------------------- gymnasium
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

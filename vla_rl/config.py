@@ -70,6 +70,11 @@ class EnvConfig:
     """Episode length limit (gymnasium only); ``None`` keeps the environment's own limit."""
     terminate_on_success: bool = True
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
+    reward: str = "dense"
+    """What a ``sims`` step pays, one of ``sims.REWARDS``: ``dense`` (the shaped reward, positive at every
+    step: with ``terminate_on_success`` a near miss held to the step limit returns more than finishing),
+    ``progress`` (the change of the shaped reward: an episode returns its final minus its initial
+    shaping) or ``success`` (1 at the step the task succeeds)."""
     success_bonus: float = 0.0
     """Reward added at every step a ``sims`` task succeeds (its shaped reward pays a near miss almost as
     much as a success; a bonus makes finishing the task pay)."""
@@ -402,12 +407,15 @@ def _check_ranges(section: Any, ranges: dict[str, Range], prefix: str = "") -> N
 
 
 def _check_sims_env(env: EnvConfig) -> None:
-    """The ``sims``-only settings: backend and cameras."""
+    """The ``sims``-only settings: backend, reward and cameras."""
     from sims.backends import BACKENDS
     from sims.scene import CAMERAS
+    from sims.vec_env import REWARDS
 
     if env.backend not in BACKENDS:
         raise ConfigError(f"env.backend={env.backend!r} is not a sims backend; valid: {', '.join(BACKENDS)}")
+    if env.reward not in REWARDS:
+        raise ConfigError(f"env.reward={env.reward!r} is not a sims reward; valid: {', '.join(REWARDS)}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", env.warp_device):
         raise ConfigError(f"env.warp_device={env.warp_device!r}; valid: auto, cpu, cuda, cuda:N")
     unknown = [c for c in env.cameras if c not in CAMERAS]

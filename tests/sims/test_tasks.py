@@ -70,6 +70,37 @@ def test_success_bonus_pays_exactly_at_the_steps_that_succeed() -> None:
         make_vec_env("stack", 2, success_bonus=-1.0)
 
 
+def _shaped_now(env) -> np.ndarray:
+    """The dense (shaped) reward at each environment's current state."""
+    b = env._backend
+    return T.evaluate(np, b.qpos, b.qvel, b.mocap_pos, env._task, env._a, env._b, env.task_names, env.layout)["reward"]
+
+
+def test_progress_reward_is_the_change_of_the_shaped_reward_and_success_reward_the_indicator() -> None:
+    envs = {mode: make_vec_env("suite", 12, seed=5, num_threads=1, reward=mode) for mode in ("dense", "progress", "success")}
+    expert = ScriptedExpert(envs["dense"])  # its actions drive all three: their states stay equal
+    obs = {mode: env.reset_arrays(seed=5) for mode, env in envs.items()}["dense"]
+    before = _shaped_now(envs["progress"])
+    ended = 0
+    for step in range(120):
+        if step == 60:  # a snapshot restored into a fresh env continues the progress reward exactly
+            fresh = make_vec_env("suite", 12, seed=5, num_threads=1, reward="progress")
+            fresh.set_state(envs["progress"].get_state())
+            envs["progress"] = fresh
+        action = expert.act(obs)
+        out = {mode: env.step_arrays(action) for mode, env in envs.items()}
+        obs = out["dense"]["observation"]
+        dense, done = out["dense"]["reward"], out["dense"]["terminated"] | out["dense"]["truncated"]
+        np.testing.assert_array_equal(out["success"]["success"], out["dense"]["success"])
+        np.testing.assert_allclose(out["progress"]["reward"], dense - before, atol=1e-5)
+        np.testing.assert_array_equal(out["success"]["reward"], out["dense"]["success"].astype(np.float32))
+        before = np.where(done, _shaped_now(envs["progress"]), dense)  # a new episode's baseline is its start
+        ended += int(out["dense"]["success"].sum())
+    assert ended > 0
+    with pytest.raises(ValueError, match="reward='sparse'; valid rewards: dense, progress, success"):
+        make_vec_env("reach", 2, reward="sparse")
+
+
 def test_instruction_groups_say_one_thing_with_each_template_of_the_split() -> None:
     for split in T.SPLITS:
         groups = T.instruction_groups(T.TASK_NAMES, split)
