@@ -126,6 +126,7 @@ DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
         (DEFAULT, "env.kind=gym env.task=Pendulum-v1", r"policy.name=vla reads camera images: it needs env.kind=sims"),
         (HALFCHEETAH, "ppo.task_adv_norm=true", r"ppo.task_adv_norm normalises advantages per sims task"),
         (HALFCHEETAH, "env.success_bonus=-1", r"env.success_bonus=-1.0 must be in \[0, 100\]"),
+        (DEFAULT, "env.reward=sparse", r"env.reward='sparse' is not a sims reward; valid: dense, progress, success"),
         (HALFCHEETAH, "algo=sft sft.dataset=x sft.instruction_noise=3", r"sft.instruction_noise=3.0 must be in"),
     ],
 )
