@@ -5,8 +5,9 @@ A policy maps an observation TensorDict (batch ``[N]``) to an action distributio
 - ``act(obs, deterministic=False) -> TensorDict`` with ``action`` ``[N, A]`` (``[N, K, A]`` with
   action chunks), ``log_prob`` ``[N]`` and ``value`` ``[N]``; runs without gradients;
 - ``evaluate(obs, action) -> (log_prob [N], entropy [N], value [N])`` with gradients;
-  ``evaluate_terms`` adds the policy's auxiliary loss (``None`` without one), which the update
-  adds to its loss;
+  ``evaluate_terms(obs) -> PolicyTerms(dist, value, aux)``, from the same forward pass: the
+  action distribution (for log-probabilities, entropy and a closed-form KL), the value and the
+  policy's auxiliary loss (``None`` without one), which the update adds to its loss;
 - ``value(obs) -> [N]``;
 - ``update_normalization(obs)`` merges a batch into the running observation statistics
   (the trainer calls it once per collected batch; ``forward`` never changes them);
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -32,6 +33,16 @@ from policies.heads import ActionDistribution, ActionHead
 
 ObsSpec = Mapping[str, Sequence[int]] | TensorDictBase
 """Per-key feature shapes without batch dimensions (``{"state": (17,)}``), or a sample TensorDict."""
+
+class PolicyTerms(NamedTuple):
+    """What an update needs from one forward pass over a batch ``[N]``."""
+
+    dist: ActionDistribution
+    value: torch.Tensor
+    """``[N]``."""
+    aux: torch.Tensor | None
+    """The weighted auxiliary loss (a scalar), or ``None``."""
+
 
 Activation = Literal["tanh", "elu", "relu", "gelu"]
 """Names of the hidden activations."""
@@ -162,15 +173,14 @@ class ActorCritic(nn.Module):
         self, obs: TensorDictBase, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability ``[N]`` of ``action``, entropy ``[N]`` and value ``[N]``, with gradients."""
-        return self.evaluate_terms(obs, action)[:3]
+        dist, value, _ = self.evaluate_terms(obs)
+        return dist.log_prob(action), dist.entropy(), value
 
-    def evaluate_terms(
-        self, obs: TensorDictBase, action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """:meth:`evaluate` plus the policy's weighted auxiliary loss (a scalar; ``None`` here: the
-        base class has none), from one forward pass."""
+    def evaluate_terms(self, obs: TensorDictBase) -> PolicyTerms:
+        """The distribution, value and weighted auxiliary loss (``None`` here: the base class has
+        none) of a batch, from one forward pass, with gradients."""
         dist, value = self.distribution(obs)
-        return dist.log_prob(action), dist.entropy(), value, None
+        return PolicyTerms(dist, value, None)
 
     def value(self, obs: TensorDictBase) -> torch.Tensor:
         """State value ``[N]``."""

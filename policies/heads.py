@@ -47,6 +47,10 @@ class ActionDistribution(Protocol):
         """Joint entropy ``[N]``."""
         ...
 
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        """``KL(self || other)`` ``[N]`` in closed form (``other`` of the same kind and shape)."""
+        ...
+
 
 def _action_shape(chunk: int, action_dim: int) -> tuple[int, ...]:
     return (action_dim,) if chunk == 1 else (chunk, action_dim)
@@ -87,6 +91,11 @@ class GaussianActions:
     def entropy(self) -> torch.Tensor:
         return (0.5 + _HALF_LOG_2PI + self.log_std).sum(self.reduce_dims)
 
+    def kl(self, other: GaussianActions) -> torch.Tensor:
+        log_ratio = self.log_std - other.log_std
+        z = (self.mean - other.mean) * torch.exp(-other.log_std)
+        return (0.5 * (torch.exp(2.0 * log_ratio) + z.square() - 1.0) - log_ratio).sum(self.reduce_dims)
+
 
 class BinnedActions:
     """Independent categoricals per action dimension over uniform bins of ``[-1, 1]``.
@@ -122,6 +131,10 @@ class BinnedActions:
 
     def entropy(self) -> torch.Tensor:
         return self.categorical.entropy().sum(self.reduce_dims)
+
+    def kl(self, other: BinnedActions) -> torch.Tensor:
+        p, log_p, log_q = self.categorical.probs, self.categorical.logits, other.categorical.logits
+        return (p * (log_p - log_q)).sum(-1).sum(self.reduce_dims)
 
 
 class ActionHead(nn.Module):

@@ -59,6 +59,7 @@ from policies.base import (
     Activation,
     ActorCritic,
     ObsSpec,
+    PolicyTerms,
     build_mlp,
     obs_entry,
     require_key,
@@ -319,9 +320,7 @@ class VLAPolicy(ActorCritic):
         actor, critic, _ = self._forward(obs)
         return actor, critic
 
-    def evaluate_terms(
-        self, obs: TensorDictBase, action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def evaluate_terms(self, obs: TensorDictBase) -> PolicyTerms:
         actor, critic, logits = self._forward(obs)
         dist = self.head(actor)
         value = self.value_head(critic).squeeze(-1)
@@ -334,7 +333,7 @@ class VLAPolicy(ActorCritic):
             target = self.target_norm(self._trunk_target(obs))
             losses.append((self.target_head(actor) - target).pow(2).mean())
         aux = self.cfg.aux_loss_coef * sum(losses) if losses else None
-        return dist.log_prob(action), dist.entropy(), value, aux
+        return PolicyTerms(dist, value, aux)
 
     def _trunk_target(self, obs: TensorDictBase) -> torch.Tensor:
         return obs_entry(obs, self.cfg.trunk_target_key)[:, : self.cfg.trunk_target_dims].float()

@@ -21,8 +21,9 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from policies.heads import ActionDistribution
 from rlcore.config import OptimConfig
-from rlcore.losses import kl_k3, surrogate_loss
+from rlcore.losses import surrogate_loss
 from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.config import TrainConfig
 from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, account
@@ -94,17 +95,17 @@ def value_loss(
     return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
 
 
-def reference_kl(
-    reference: nn.Module, obs: TensorDict, action: torch.Tensor, log_prob: torch.Tensor
-) -> torch.Tensor:
-    """KL(pi || reference) estimated on actions sampled from (about) pi: mean of ``exp(d) - 1 - d``.
+def reference_kl(reference: nn.Module, obs: TensorDict, dist: ActionDistribution) -> torch.Tensor:
+    """Mean KL(pi || reference) over a batch, in closed form per state (``dist`` is pi's, with gradients).
 
-    ``d = log ref(a|s) - log pi(a|s)``; the estimator is non-negative and unbiased for actions drawn
-    from pi (Schulman's "k3", as GRPO's KL term). ``log_prob`` ``[B]`` carries pi's gradient.
+    Not the sampled estimate ``exp(d) - 1 - d`` (``d = log ref(a|s) - log pi(a|s)``, Schulman's
+    "k3"): once pi's mean has moved a few of its standard deviations from a recorded action that
+    the reference still rates likely, ``exp(d)`` overflows (estimates of 1e9 in suite runs from
+    SFT, whose clipped gradient then held nothing but the penalty's direction).
     """
     with torch.no_grad():
-        ref_log_prob = reference.evaluate(obs, action)[0]
-    return kl_k3(ref_log_prob - log_prob).mean()
+        ref_dist = reference.distribution(obs)[0]
+    return dist.kl(ref_dist).mean()
 
 
 @dataclass
@@ -164,7 +165,8 @@ class ClippedUpdate:
             shuffled = batch[torch.randperm(size)]  # one gather per epoch; minibatches are slices of it
             for start in range(0, size - mb_size + 1, mb_size):
                 mb = shuffled[start : start + mb_size]
-                log_prob, entropy, value, aux_loss = self.policy.evaluate_terms(mb["obs"], mb["action"])
+                dist, value, aux_loss = self.policy.evaluate_terms(mb["obs"])
+                log_prob, entropy = dist.log_prob(mb["action"]), dist.entropy()
                 adv = mb["advantage"]
                 if w.norm_adv and adv.numel() > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -172,7 +174,7 @@ class ClippedUpdate:
                 entropy_loss = entropy.mean()
                 loss = pg_loss - cfg.ent_coef * entropy_loss
                 if self.reference is not None:
-                    ref_kl = reference_kl(self.reference, mb["obs"], mb["action"], log_prob)
+                    ref_kl = reference_kl(self.reference, mb["obs"], dist)
                     loss = loss + cfg.ref_kl_coef * ref_kl
                     stats["ref_kl"] = ref_kl.detach()
                 if aux_loss is not None:

@@ -151,8 +151,9 @@ class SFT(Algorithm):
         optimizer = self.updater.optimizer
         for start in range(0, batch.batch_size[0], self.cfg.batch_size):
             mb = batch[start : start + self.cfg.batch_size]
-            log_prob, entropy, _, aux = self.policy.evaluate_terms(mb["obs"], mb["action"])
-            nll = -log_prob.mean()
+            dist, _, aux = self.policy.evaluate_terms(mb["obs"])
+            nll = -dist.log_prob(mb["action"]).mean()
+            entropy = dist.entropy()
             loss = nll if aux is None else nll + aux
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

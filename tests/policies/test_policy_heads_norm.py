@@ -1,5 +1,7 @@
 """Action heads (binned round trip, chunked log-probs) and the running normaliser (against numpy)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import BinnedHead, GaussianHead, RunningNorm
-from policies.heads import BinnedActions
+from policies.heads import BinnedActions, GaussianActions
 
 
 @pytest.mark.parametrize("bins", [2, 5, 21, 256])
@@ -42,6 +44,26 @@ def test_gaussian_chunk_log_prob_sums_over_chunk_and_dims() -> None:
     assert action.shape == (4, 3, 2) and head.log_std.shape == (3, 2)
     normal = torch.distributions.Normal(dist.mode(), torch.exp(torch.tensor(-1.0)))
     assert torch.allclose(dist.log_prob(action), normal.log_prob(action).sum((1, 2)), atol=1e-5)
+
+
+def test_closed_form_kl_matches_torch_and_stays_finite_far_from_the_reference() -> None:
+    mean, ref_mean = torch.randn(6, 3, 2), torch.randn(6, 3, 2)
+    log_std, ref_log_std = 0.3 * torch.randn(3, 2), 0.3 * torch.randn(3, 2)
+    got = GaussianActions(mean, log_std).kl(GaussianActions(ref_mean, ref_log_std))
+    normal = torch.distributions.Normal
+    want = torch.distributions.kl_divergence(normal(mean, log_std.exp().expand_as(mean)),
+                                             normal(ref_mean, ref_log_std.exp().expand_as(mean))).sum((1, 2))
+    assert torch.allclose(got, want, atol=1e-5)
+    logits, ref_logits = torch.randn(6, 3, 2, 9), torch.randn(6, 3, 2, 9)
+    got = BinnedActions(logits).kl(BinnedActions(ref_logits))
+    categorical = torch.distributions.Categorical
+    want = torch.distributions.kl_divergence(categorical(logits=logits), categorical(logits=ref_logits)).sum((1, 2))
+    assert torch.allclose(got, want, atol=1e-5)
+    # A mean 40 reference stds away over 8 dims: the sampled "k3" estimate overflows, the closed form is 6,400.
+    log_02 = torch.full((8,), math.log(0.2))
+    far = GaussianActions(torch.full((1, 8), 8.0), log_02).kl(GaussianActions(torch.zeros(1, 8), log_02))
+    k3_log_ratio = 8 * 0.5 * 40.0**2
+    assert torch.isinf(torch.exp(torch.tensor(k3_log_ratio))) and torch.allclose(far, torch.tensor([6400.0]), rtol=1e-3)
 
 
 @settings(max_examples=25, deadline=None)

@@ -255,8 +255,8 @@ def test_attention_loss_teaches_the_first_head_to_find_the_named_square() -> Non
     optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
     losses = []
     for _ in range(150):
-        obs, target = synthetic.batch(64, synthetic.TRAIN_TEMPLATES, generator)
-        *_, aux = policy.evaluate_terms(obs, target)
+        obs, _ = synthetic.batch(64, synthetic.TRAIN_TEMPLATES, generator)
+        aux = policy.evaluate_terms(obs).aux
         optimizer.zero_grad()
         aux.backward()
         optimizer.step()
@@ -281,7 +281,7 @@ def test_attention_loss_needs_the_attention_readout_and_its_key() -> None:
         _policy(readout="attention", attention_target_keys=("goal_pixel",))
     policy = _policy(readout="attention", conv_stride=1)
     obs = _obs()
-    assert policy.evaluate_terms(obs, policy.act(obs)["action"])[3] is None
+    assert policy.evaluate_terms(obs).aux is None
 
 
 def test_trunk_target_loss_is_learnable_and_checkpoints_its_statistics() -> None:
@@ -297,7 +297,7 @@ def test_trunk_target_loss_is_learnable_and_checkpoints_its_statistics() -> None
     optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
     first = None
     for _ in range(200):
-        *_, aux = policy.evaluate_terms(obs, torch.zeros(64, 3))
+        aux = policy.evaluate_terms(obs).aux
         first = aux.item() if first is None else first
         optimizer.zero_grad()
         aux.backward()
