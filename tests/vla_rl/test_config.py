@@ -5,6 +5,7 @@ import re
 import typing
 
 import pytest
+import torch
 
 from vla_rl.config import CONFIG_DIR, ConfigError, build_config, load_config, parse_overrides, to_dict
 
@@ -177,6 +178,20 @@ def test_render_knobs_reach_the_environment():
     finally:
         env.close()
     assert obs["rgb"].shape == (2, 2, 3, 32, 32) and obs["depth"].shape == (2, 2, 32, 32)
+
+
+def test_reward_knobs_reach_the_environment():
+    from vla_rl.envs import make_env
+
+    cfg = load_config(CONFIG_DIR / DEFAULT, ["env.reward=success", "env.success_bonus=2"])
+    env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
+    try:
+        env.reset_td(seed=0)
+        reward = env.step_td(torch.zeros(2, 4))["reward"]
+    finally:
+        env.close()
+    assert (env.config.reward, env.config.success_bonus) == ("success", 2.0)
+    assert torch.equal(reward, torch.zeros(2))  # nothing succeeds at the first step: success pays 0
 
 
 
