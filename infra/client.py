@@ -239,9 +239,15 @@ class GangHandle:
         return self._status
 
     def release(self, reason: str = "released") -> GangStatus:
-        """The gang is done: its groups go (stopping its actors)."""
+        """The gang is done: its groups go (stopping its actors); returns once the watcher has stopped."""
         self._stop.set()
         self._update(self.client.release(self.name, reason))
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            # Its watch call returns on the release. A Ray call still in flight when the driver
+            # shuts Ray down ends the whole process (exit status 1, "core worker has already been
+            # shutdown"), so a caller that releases and then shuts down must not race it.
+            thread.join(timeout=2 * WATCH_S)
         return self._status
 
 
