@@ -34,6 +34,7 @@ from policies.heads import ActionDistribution, ActionHead
 ObsSpec = Mapping[str, Sequence[int]] | TensorDictBase
 """Per-key feature shapes without batch dimensions (``{"state": (17,)}``), or a sample TensorDict."""
 
+
 class PolicyTerms(NamedTuple):
     """What an update needs from one forward pass over a batch ``[N]``."""
 

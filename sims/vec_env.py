@@ -59,8 +59,7 @@ class EnvConfig:
         reward: what a step pays (:data:`REWARDS`). ``dense``: the task's shaped reward at the new
             state, in [0, 2.5]; it is positive at every step, so with ``terminate_on_success`` a near
             miss held to the step limit (a block 1.5 cm above its target earns about 90 % of a
-            success's reward per step) returns more than finishing early, and RL that maximises it
-            learns not to finish. ``progress``: the change of that shaped reward over the step
+            success's reward per step) can return more than finishing early. ``progress``: the change of that shaped reward over the step
             (potential-based shaping: a whole episode returns its final minus its initial shaping, so
             hovering earns nothing and finishing stops no income). ``success``: 1 at the step the task
             succeeds, else 0 (sparse).

@@ -72,7 +72,7 @@ class EnvConfig:
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
     reward: str = "dense"
     """What a ``sims`` step pays, one of ``sims.REWARDS``: ``dense`` (the shaped reward, positive at every
-    step: with ``terminate_on_success`` a near miss held to the step limit returns more than finishing),
+    step: with ``terminate_on_success`` a near miss held to the step limit can return more than finishing),
     ``progress`` (the change of the shaped reward: an episode returns its final minus its initial
     shaping) or ``success`` (1 at the step the task succeeds)."""
     success_bonus: float = 0.0

@@ -250,10 +250,7 @@ def make_env(
             kwargs["env_offset"] = env_offset
         if not cfg.terminate_on_success:
             kwargs["terminate_on_success"] = False
-        if cfg.success_bonus:
-            kwargs["success_bonus"] = cfg.success_bonus
-        if cfg.reward != "dense":
-            kwargs["reward"] = cfg.reward
+        kwargs["reward"], kwargs["success_bonus"] = cfg.reward, cfg.success_bonus
         return sims.make_vec_env(cfg.task, n, **kwargs)
     limit = cfg.max_episode_steps or gym.spec(cfg.task).max_episode_steps
     render_mode = "rgb_array" if video else None
