@@ -11,6 +11,8 @@ A policy maps an observation TensorDict (batch ``[N]``) to an action distributio
 - ``value(obs) -> [N]``;
 - ``update_normalization(obs)`` merges a batch into the running observation statistics
   (the trainer calls it once per collected batch; ``forward`` never changes them);
+- ``prepare_update_batch(obs)`` returns an update batch's observations as the minibatch epochs
+  read them (a policy with a frozen encoder computes its output once there);
 - ``set_instructions(list[str])`` tells a language-conditioned policy what the ``instruction``
   indices mean (a no-op for policies that ignore language);
 - ``actor() -> PolicyActor``: the actor alone, an ``nn.Module`` from plain tensors (named by
@@ -154,6 +156,11 @@ class ActorCritic(nn.Module):
 
     def set_instructions(self, instructions: Sequence[str]) -> None:
         """Tell the policy what the ``instruction`` indices mean (default: the policy ignores language)."""
+
+    def prepare_update_batch(self, obs: TensorDictBase) -> TensorDictBase:
+        """The observations ``[B]`` of an update batch as the minibatch epochs should read them: a policy
+        with a frozen part may replace inputs by that part's output, computed once (default: unchanged)."""
+        return obs
 
     def distribution(self, obs: TensorDictBase) -> tuple[ActionDistribution, torch.Tensor]:
         """The action distribution and the value ``[N]`` of an observation batch."""

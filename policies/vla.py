@@ -79,6 +79,11 @@ from policies.normalization import RunningNorm
 
 INSTRUCTION_EMBEDDING = "instruction_embedding"
 """Name of the actor's language input: the instruction's sentence embedding, float ``[N, EMBED_DIM]``."""
+PERCEPTION = "perception"
+"""Key of a frozen perception's output in an update batch, float ``[N, d * (C + 1)]``
+(:meth:`VLAPolicy.prepare_update_batch`): the image features of every camera and the language feature."""
+PERCEPTION_MODULES = ("language", "image_encoder", "attention", "image_proj")
+"""What ``freeze_perception`` keeps fixed: everything between the pixels and language and the trunk."""
 
 
 @dataclass
@@ -138,6 +143,13 @@ class VLAConfig:
     """Leading features of ``trunk_target_key`` to predict."""
     aux_loss_coef: float = 1.0
     """Weight of each auxiliary loss (attention and trunk target) in the training loss."""
+    freeze_perception: bool = False
+    """Keep the perception (``PERCEPTION_MODULES``: language projection, image encoder, attention
+    readout, image projection) fixed and train only proprioception, trunk, heads and critic, as in RL
+    fine-tuning from an SFT checkpoint: RL then cannot re-learn how instructions read on the few
+    training phrasings it sees, and an update computes the perception once per batch
+    (:meth:`VLAPolicy.prepare_update_batch`) instead of forward and backward per minibatch.
+    The attention loss needs the perception's gradients, so it is skipped (the trunk-target loss is not)."""
 
 
 class VLAPolicy(ActorCritic):
@@ -235,6 +247,11 @@ class VLAPolicy(ActorCritic):
                 )
             self.target_norm = RunningNorm(cfg.trunk_target_dims, clip=cfg.obs_clip)
             self.target_head = nn.Linear(cfg.trunk_sizes[-1] if cfg.trunk_sizes else fused, cfg.trunk_target_dims)
+        if cfg.freeze_perception:
+            for name in PERCEPTION_MODULES:
+                module = getattr(self, name)
+                if module is not None:
+                    module.requires_grad_(False)
 
     # --- language -------------------------------------------------------------------------
     def embed_instructions(self, instructions: Sequence[str]) -> torch.Tensor:
@@ -291,10 +308,9 @@ class VLAPolicy(ActorCritic):
         x = proprio.float()
         return self.proprio(self.proprio_norm(x) if self.proprio_norm is not None else x)
 
-    def _actor(
-        self, rgb: torch.Tensor, embedding: torch.Tensor, proprio: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Trunk output ``[N, F]`` and the attention logits (``None`` without attention) of the actor's inputs."""
+    def _perceive(self, rgb: torch.Tensor, embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Perception ``[N, d * (C + 1)]`` (each camera's image feature, then the language feature) and
+        the attention logits (``None`` without attention)."""
         lang = self.language(embedding)
         n = lang.shape[0]
         per_camera = lang.repeat_interleave(self.cameras, dim=0)
@@ -302,18 +318,32 @@ class VLAPolicy(ActorCritic):
         logits = None
         if self.attention is not None:
             maps, logits = self.attention(maps, per_camera)
-        parts = [self.image_proj(maps).view(n, -1), lang]
-        if self.proprio is not None:
-            parts.append(self._proprio(proprio))
-        return self.trunk(torch.cat(parts, dim=-1)), logits
+        return torch.cat([self.image_proj(maps).view(n, -1), lang], dim=-1), logits
+
+    def _motor(self, perception: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
+        """Trunk output ``[N, F]`` from the perception and proprioception."""
+        parts = [perception] if self.proprio is None else [perception, self._proprio(proprio)]
+        return self.trunk(torch.cat(parts, dim=-1))
+
+    def _actor(
+        self, rgb: torch.Tensor, embedding: torch.Tensor, proprio: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Trunk output ``[N, F]`` and the attention logits (``None`` without attention) of the actor's inputs."""
+        perception, logits = self._perceive(rgb, embedding)
+        return self._motor(perception, proprio), logits
 
     def actor_features(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Trunk output ``[N, F]`` from ``rgb``, ``instruction_embedding`` and ``proprio`` (see :meth:`actor_inputs`)."""
         return self._actor(*inputs)[0]
 
     def _forward(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Actor features, critic features and the attention logits (``None`` without attention)."""
-        x, logits = self._actor(*self.actor_inputs(obs))
+        """Actor features, critic features and the attention logits (``None`` without attention or
+        when the batch carries a frozen perception's output)."""
+        if PERCEPTION in obs:
+            proprio = obs_entry(obs, self.cfg.proprio_key) if self.cfg.proprio_key else None
+            x, logits = self._motor(obs_entry(obs, PERCEPTION), proprio), None
+        else:
+            x, logits = self._actor(*self.actor_inputs(obs))
         return x, (x if self.critic_trunk is None else self.critic_features(obs)), logits
 
     def features(self, obs: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,6 +364,20 @@ class VLAPolicy(ActorCritic):
             losses.append((self.target_head(actor) - target).pow(2).mean())
         aux = self.cfg.aux_loss_coef * sum(losses) if losses else None
         return PolicyTerms(dist, value, aux)
+
+    @torch.no_grad()
+    def prepare_update_batch(self, obs: TensorDictBase, chunk_size: int = 1024) -> TensorDictBase:
+        """With ``freeze_perception``: ``obs`` with the perception's output under ``PERCEPTION``
+        ``[B, d * (C + 1)]`` in place of the images, so that minibatch epochs run only what they train.
+        Without it: ``obs`` unchanged."""
+        if not self.cfg.freeze_perception:
+            return obs
+        parts = []
+        for start in range(0, obs.batch_size[0], chunk_size):
+            chunk = obs[start : start + chunk_size]
+            parts.append(self._perceive(obs_entry(chunk, self.cfg.image_key), self._embedding(chunk))[0])
+        keep = obs.exclude(self.cfg.image_key, INSTRUCTION_EMBEDDING)
+        return keep.set(PERCEPTION, torch.cat(parts))
 
     def _trunk_target(self, obs: TensorDictBase) -> torch.Tensor:
         return obs_entry(obs, self.cfg.trunk_target_key)[:, : self.cfg.trunk_target_dims].float()

@@ -123,7 +123,9 @@ class ClippedUpdate:
     The batch given to :meth:`update` is a flat TensorDict ``[B]`` with ``obs`` (a sub-TensorDict),
     ``action``, ``log_prob``, ``advantage`` and, when the critic is trained, ``value`` and ``returns``.
     With a ``reference`` policy and ``cfg.ref_kl_coef > 0`` the loss adds that weight times
-    KL(pi || reference), estimated on the batch's actions.
+    KL(pi || reference), in closed form per state. The epochs read the observations as
+    ``policy.prepare_update_batch`` returns them, the reference too: a policy that keeps its perception
+    frozen shares it with the reference, the checkpoint both were loaded from.
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class ClippedUpdate:
         """
         cfg, w = self.cfg, self.weights
         size = batch.batch_size[0]
+        batch = batch.clone(recurse=False).set("obs", self.policy.prepare_update_batch(batch["obs"]))
         mb_size = max(size // cfg.num_minibatches, 1)
         train_critic = w.vf_coef > 0
         # Sums stay tensors until the end: one conversion per statistic, not one per minibatch.

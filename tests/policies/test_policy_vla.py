@@ -309,3 +309,22 @@ def test_trunk_target_loss_is_learnable_and_checkpoints_its_statistics() -> None
     with pytest.raises(ValueError, match="trunk_target_dims"):
         VLAPolicy(VLAConfig(image_size=32, trunk_target_key="state", trunk_target_dims=9),
                   {**SPEC, "state": (7,)}, 3, sentences=_fake_sentences())
+
+
+def test_frozen_perception_is_computed_once_and_only_the_motor_pathway_trains() -> None:
+    torch.manual_seed(0)
+    policy = _policy(readout="attention", freeze_perception=True)
+    obs = _obs(n=10)
+    full = policy.evaluate_terms(obs)
+    prepared = policy.prepare_update_batch(obs, chunk_size=4)  # three chunks
+    assert "rgb" not in prepared and prepared["perception"].shape == (10, 32 * 3)
+    cached = policy.evaluate_terms(prepared)
+    action = full.dist.sample()
+    assert torch.allclose(full.dist.log_prob(action), cached.dist.log_prob(action), atol=1e-5)
+    assert torch.allclose(full.value, cached.value, atol=1e-6)
+    (-cached.dist.log_prob(action).mean() + cached.value.square().mean()).backward()
+    trained = {name.split(".")[0] for name, p in policy.named_parameters() if p.grad is not None}
+    assert trained == {"proprio", "trunk", "head", "value_head"}
+    frozen = {name.split(".")[0] for name, p in policy.named_parameters() if not p.requires_grad}
+    assert frozen == {"language", "image_encoder", "attention", "image_proj"}
+    assert _policy().prepare_update_batch(obs) is obs  # nothing frozen: the batch is left as it is
