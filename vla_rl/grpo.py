@@ -69,9 +69,9 @@ class GRPO(Algorithm):
         batch, returns, success = collector.collect_episodes(self.policy, seed, decisions, timer)
         advantage = group_advantages(returns, self.cfg.group_size, self.cfg.std_eps)
         chunk = chunk_length(batch["action"], batch.batch_dims)
-        stats.finished += [
-            (float(r), int(n) * chunk, bool(s)) for r, n, s in zip(returns, batch["alive"].sum(0), success)
-        ]
+        tasks = batch["obs", "task"][0].tolist() if ("obs", "task") in batch.keys(True) else [-1] * len(returns)
+        for ret, alive, succeeded, task in zip(returns, batch["alive"].sum(0), success, tasks):
+            stats.add_episode(float(ret), int(alive) * chunk, bool(succeeded), int(task))
         return Experience(episode_batch(batch, advantage).to(self.device), batch.numel() * chunk)
 
     def update(self, batch: TensorDict) -> dict[str, float]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -61,41 +62,61 @@ class Timer:
 
 @dataclass
 class EpisodeStats:
-    """Running return, length and success of each environment's current episode, and finished ones."""
+    """Running return, length and success of each environment's current episode, and finished ones.
+
+    With ``task_names`` (more than one task) the summary also holds each task's success rate.
+    """
 
     ret: torch.Tensor
     length: torch.Tensor
     succeeded: torch.Tensor
-    finished: list[tuple[float, int, bool]] = field(default_factory=list)
+    task_names: tuple[str, ...] = ()
+    finished: list[tuple[float, int, bool, int]] = field(default_factory=list)
+    """(return, length, success, task index or -1) of each episode finished since the last summary."""
 
     @classmethod
-    def zeros(cls, num_envs: int) -> EpisodeStats:
+    def zeros(cls, num_envs: int, task_names: Sequence[str] = ()) -> EpisodeStats:
         """Fresh statistics for ``num_envs`` environments."""
-        return cls(torch.zeros(num_envs), torch.zeros(num_envs, dtype=torch.int64), torch.zeros(num_envs, dtype=torch.bool))
+        return cls(torch.zeros(num_envs), torch.zeros(num_envs, dtype=torch.int64),
+                   torch.zeros(num_envs, dtype=torch.bool), tuple(task_names))
 
-    def record(self, reward: torch.Tensor, success: torch.Tensor, done: torch.Tensor, steps: int) -> None:
-        """Add one decision's reward; close the episodes that ended."""
+    def record(self, reward: torch.Tensor, success: torch.Tensor, done: torch.Tensor, steps: int,
+               task: torch.Tensor | None = None) -> None:
+        """Add one decision's reward (all ``[N]``; ``task`` the task index of each env's episode);
+        close the episodes that ended."""
         self.ret += reward
         self.length += steps
         self.succeeded |= success
         for i in torch.nonzero(done).flatten().tolist():
-            self.finished.append((float(self.ret[i]), int(self.length[i]), bool(self.succeeded[i])))
+            self.add_episode(float(self.ret[i]), int(self.length[i]), bool(self.succeeded[i]),
+                             -1 if task is None else int(task[i]))
         self.ret[done] = 0.0
         self.length[done] = 0
         self.succeeded[done] = False
 
+    def add_episode(self, ret: float, length: int, success: bool, task: int = -1) -> None:
+        """Count one finished episode (``task``: its index in ``task_names``, -1 unknown)."""
+        self.finished.append((ret, length, success, task))
+
     def pop_summary(self) -> dict[str, float]:
-        """Mean return, length and success of the episodes finished since the last call."""
+        """Mean return, length and success of the episodes finished since the last call, and
+        ``episode_success/<task>`` of each task that finished one."""
         done, self.finished = self.finished, []
         if not done:
             return {}
         n = len(done)
-        return {
+        out = {
             "episode_return": sum(d[0] for d in done) / n,
             "episode_length": sum(d[1] for d in done) / n,
             "episode_success": sum(d[2] for d in done) / n,
             "episodes": float(n),
         }
+        if len(self.task_names) > 1:
+            for index, name in enumerate(self.task_names):
+                of_task = [d[2] for d in done if d[3] == index]
+                if of_task:
+                    out[f"episode_success/{name}"] = sum(of_task) / len(of_task)
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """The running tensors (finished episodes are logged each iteration, not saved)."""
@@ -364,10 +385,11 @@ def account(batch: TensorDict, stats: EpisodeStats, reward_scaler: RewardScaler 
     chunk = batch["action"].shape[2] if batch["action"].dim() == 4 else 1
     # The statistics and the scaler live on the host: one read of [T, N] per iteration, not per step.
     host = batch.select("reward", "success", "done").to("cpu")
+    task = batch["obs", "task"].to("cpu") if ("obs", "task") in batch.keys(True) else None
     scaled = []
     for t in range(batch.batch_size[0]):
         reward, done = host["reward"][t], host["done"][t]
-        stats.record(reward, host["success"][t], done, chunk)
+        stats.record(reward, host["success"][t], done, chunk, None if task is None else task[t])
         if reward_scaler is not None:
             scaled.append(reward_scaler(reward, done))
     if reward_scaler is not None:

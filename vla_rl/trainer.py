@@ -126,7 +126,7 @@ class Trainer:
         self.budget = algorithm_class(cfg.algo).budget(cfg)
         self.algorithm = make_algorithm(cfg, Setup(self.policy, self.device, first_obs, action_dim,
                                                    collector.num_envs, list(collector.instructions), reference))
-        self.stats = EpisodeStats.zeros(collector.num_envs)
+        self.stats = EpisodeStats.zeros(collector.num_envs, collector.task_names)
         self.iteration = 0
         self.env_steps = 0
         self.wall_before = 0.0  # wall seconds of earlier sessions of this run
