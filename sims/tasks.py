@@ -257,10 +257,15 @@ def _colours_for(rng: np.random.Generator, task: str, a: int, split: str) -> np.
 
 
 def sample_episode(rng: np.random.Generator, task_names: tuple[str, ...], split: str,
-                   layout: S.SceneLayout, nmocap: int) -> Episode:
-    """Sample an episode of ``split``: task, layout, colours, instruction paraphrase, arm start."""
+                   layout: S.SceneLayout, nmocap: int, task_p: np.ndarray | None = None) -> Episode:
+    """Sample an episode of ``split``: task, layout, colours, instruction paraphrase, arm start.
+
+    ``task_p``: probability of each of ``task_names`` (``None``: uniform; not for ``composition``)."""
     choices = composition_tasks(task_names) if split == "composition" else task_names
-    name = choices[int(rng.integers(len(choices)))]
+    if task_p is not None and split == "composition":
+        raise ValueError("task weights apply to the train split; composition samples its own tasks uniformly")
+    index = int(rng.integers(len(choices))) if task_p is None else int(rng.choice(len(choices), p=task_p))
+    name = choices[index]
     task_idx, task = task_names.index(name), TASKS[name]
     n_placed = NUM_OBJECTS + S.NUM_PADS + S.NUM_BUTTONS
     cells = _CELLS[rng.choice(len(_CELLS), n_placed, replace=False)]

@@ -65,6 +65,9 @@ class EnvConfig:
             succeeds, else 0 (sparse).
         success_bonus: added to the reward of every step at which the task succeeds, in every
             ``reward`` mode.
+        task_weights: relative sampling weight of each task of the resolved task names (``"suite"``:
+            ``sims.tasks.TASK_NAMES`` order) in the ``train`` split; ``None`` samples them uniformly. The
+            other splits always sample uniformly, so evaluation figures do not depend on it.
     """
 
     task: str = "reach"
@@ -82,6 +85,7 @@ class EnvConfig:
     terminate_on_success: bool = True
     reward: str = "dense"
     success_bonus: float = 0.0
+    task_weights: tuple[float, ...] | None = None
 
     def validate(self) -> tuple[str, ...]:
         """Check the fields; return the resolved task names.
@@ -108,6 +112,12 @@ class EnvConfig:
             raise ValueError(f"reward={self.reward!r}; valid rewards: {', '.join(REWARDS)}")
         if not 0.0 <= self.success_bonus <= 100.0:
             raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
+        if self.task_weights is not None:
+            weights = np.asarray(self.task_weights, dtype=np.float64)
+            if weights.shape != (len(task_names),) or not np.isfinite(weights).all() or (weights < 0).any() \
+                    or weights.sum() <= 0:
+                raise ValueError(f"task_weights={list(self.task_weights)}; give {len(task_names)} finite weights >= 0, "
+                                 f"not all 0, one per task of {', '.join(task_names)}")
         return task_names
 
 
@@ -153,6 +163,9 @@ class SimVectorEnv(gym.vector.VectorEnv):
 
             self._renderer = BatchRenderer(self.model, config.render)
         self._max_steps = np.array([T.TASKS[n].max_steps for n in self.task_names])
+        self._task_p = None  # probability of each task in the train split (None: uniform)
+        if config.task_weights is not None and config.split == "train":
+            self._task_p = np.asarray(config.task_weights, dtype=np.float64) / sum(config.task_weights)
         self.max_episode_steps = int(self._max_steps.max())  # control steps; an episode truncates by then
         self._ctrl_low = ax.asarray(self.model.actuator_ctrlrange[:, 0].copy())
         self._ctrl_high = ax.asarray(self.model.actuator_ctrlrange[:, 1].copy())
@@ -198,7 +211,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         for k, i in enumerate(ids):
             group = (self.config.env_offset + i) // self.config.group_size
             rng = T.episode_rng(self._seed, group, int(self._episode[i]), self.config.split)
-            ep = T.sample_episode(rng, self.task_names, self.config.split, self.layout, nmocap)
+            ep = T.sample_episode(rng, self.task_names, self.config.split, self.layout, nmocap, self._task_p)
             self._task[i], self._a[i], self._b[i] = ep.task, ep.a, ep.b
             self._colours[i] = ep.colours
             self._instruction[i] = self._instruction_index[ep.text]

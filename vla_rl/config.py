@@ -78,6 +78,9 @@ class EnvConfig:
     success_bonus: float = 0.0
     """Reward added at every step a ``sims`` task succeeds (its shaped reward pays a near miss almost as
     much as a success; a bonus makes finishing the task pay)."""
+    task_weights: dict[str, float] = field(default_factory=dict)
+    """Relative weight of each named task when a ``sims`` multi-task env samples training episodes, e.g.
+    ``{push: 3, stack: 3}`` (a task not named weighs 1; empty: uniform). Evaluation splits sample uniformly."""
 
 
 @dataclass
@@ -394,6 +397,8 @@ def validate(cfg: TrainConfig) -> None:
     check_task(cfg.env)
     if cfg.env.kind == "sims":
         _check_sims_env(cfg.env)
+    elif cfg.env.task_weights:
+        raise ConfigError(f"env.task_weights weighs the tasks of a sims suite; env.kind={cfg.env.kind!r} has one task: remove it")
     _check_algo(cfg)
     _check_policy(cfg)
     validate_fleet(cfg)
@@ -418,11 +423,28 @@ def _check_sims_env(env: EnvConfig) -> None:
         raise ConfigError(f"env.reward={env.reward!r} is not a sims reward; valid: {', '.join(REWARDS)}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", env.warp_device):
         raise ConfigError(f"env.warp_device={env.warp_device!r}; valid: auto, cpu, cuda, cuda:N")
+    _check_task_weights(env)
     unknown = [c for c in env.cameras if c not in CAMERAS]
     if unknown or not env.cameras or len(set(env.cameras)) < len(env.cameras):
         raise ConfigError(
             f"env.cameras={list(env.cameras)} must name distinct cameras (at least one); valid: {', '.join(CAMERAS)}"
         )
+
+
+def _check_task_weights(env: EnvConfig) -> None:
+    from sims.tasks import resolve_tasks
+
+    if not env.task_weights:
+        return
+    names = resolve_tasks(env.task)
+    unknown = sorted(set(env.task_weights) - set(names))
+    if unknown:
+        raise ConfigError(f"env.task_weights names {unknown}, not tasks of env.task={env.task!r}; valid: {', '.join(names)}")
+    bad = {k: v for k, v in env.task_weights.items()
+           if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf")}
+    if bad or not any(env.task_weights.get(n, 1.0) > 0 for n in names):
+        raise ConfigError(f"env.task_weights={env.task_weights}: each weight must be a number >= 0 and "
+                          f"at least one task must weigh more than 0 (unnamed tasks weigh 1)")
 
 
 def _check_algo(cfg: TrainConfig) -> None:

@@ -233,6 +233,7 @@ def make_env(
     n = num_envs or cfg.num_envs
     if cfg.kind == "sims":
         import sims
+        from sims.tasks import resolve_tasks
 
         kwargs: dict[str, Any] = {"seed": seed, "split": split, "backend": cfg.backend}
         if cfg.backend == "warp":
@@ -251,6 +252,8 @@ def make_env(
         if not cfg.terminate_on_success:
             kwargs["terminate_on_success"] = False
         kwargs["reward"], kwargs["success_bonus"] = cfg.reward, cfg.success_bonus
+        if cfg.task_weights:
+            kwargs["task_weights"] = tuple(float(cfg.task_weights.get(n, 1.0)) for n in resolve_tasks(cfg.task))
         return sims.make_vec_env(cfg.task, n, **kwargs)
     limit = cfg.max_episode_steps or gym.spec(cfg.task).max_episode_steps
     render_mode = "rgb_array" if video else None

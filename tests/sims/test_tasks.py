@@ -110,3 +110,18 @@ def test_instruction_groups_say_one_thing_with_each_template_of_the_split() -> N
     assert ("pick up the red block", "lift the red block", "grab the red block and raise it",
             "raise the red block off the table") in groups
     assert all(len(g) == len(T.TASKS["lift"].train) for g in groups)
+
+
+def test_task_weights_shape_the_train_split_only() -> None:
+    weights = tuple(3.0 if name in ("push", "stack") else 0.0 if name == "reach" else 1.0 for name in T.TASK_NAMES)
+    counts = {}
+    for split in ("train", "validation"):
+        env = make_vec_env("suite", 64, seed=4, split=split, num_threads=1, task_weights=weights)
+        seen = [env.task_names[i] for i in np.asarray(env.reset_arrays()["task"])]
+        counts[split] = {name: seen.count(name) for name in T.TASK_NAMES}
+        env.close()
+    assert counts["train"]["reach"] == 0
+    assert counts["train"]["push"] + counts["train"]["stack"] > 64 * 0.5  # expected 6/10 of 64
+    assert counts["validation"]["reach"] > 0  # evaluation splits stay uniform
+    with pytest.raises(ValueError, match="task_weights"):
+        make_vec_env("suite", 4, task_weights=(1.0, 2.0))

@@ -128,6 +128,9 @@ DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
         (HALFCHEETAH, "ppo.task_adv_norm=true", r"ppo.task_adv_norm normalises advantages per sims task"),
         (HALFCHEETAH, "env.success_bonus=-1", r"env.success_bonus=-1.0 must be in \[0, 100\]"),
         (DEFAULT, "env.reward=sparse", r"env.reward='sparse' is not a sims reward; valid: dense, progress, success"),
+        (DEFAULT, "env.task_weights.push=2", r"env.task_weights names \['push'\], not tasks of env.task='reach'; valid: reach"),
+        (DEFAULT, "env.task_weights.reach=-1", r"each weight must be a number >= 0"),
+        (HALFCHEETAH, "env.task_weights.x=1", r"env.task_weights weighs the tasks of a sims suite"),
         (HALFCHEETAH, "algo=sft sft.dataset=x sft.instruction_noise=3", r"sft.instruction_noise=3.0 must be in"),
     ],
 )
@@ -192,6 +195,15 @@ def test_reward_knobs_reach_the_environment():
         env.close()
     assert (env.config.reward, env.config.success_bonus) == ("success", 2.0)
     assert torch.equal(reward, torch.zeros(2))  # nothing succeeds at the first step: success pays 0
+
+
+def test_task_weights_reach_the_training_environment_in_task_order():
+    from vla_rl.envs import make_env
+
+    cfg = load_config(CONFIG_DIR / "suite.yaml", ["env.task_weights={stack: 3, reach: 0}"])
+    env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
+    env.close()
+    assert env.config.task_weights == tuple(3.0 if n == "stack" else 0.0 if n == "reach" else 1.0 for n in env.task_names)
 
 
 
