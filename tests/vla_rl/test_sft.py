@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from policies.vla import PERCEPTION_MODULES
 from vla_rl.checkpoint import load_checkpoint
 from vla_rl.config import CONFIG_DIR, ConfigError, load_config
 from vla_rl.demos.collect import CollectConfig, collect_demos
@@ -89,6 +90,17 @@ def test_sft_of_the_default_vla_lowers_its_loss_on_pixels(demos, tmp_path):
     trainer.close()
     rows = _rows(trainer.run_dir)
     assert rows[-1]["sft_nll"] < rows[0]["sft_nll"] and "aux_loss" in rows[0]
+    # PPO from it with the perception frozen (the suite recipe's RL stage): only the motor pathway moves.
+    rl_cfg = load_config(CONFIG_DIR / "default.yaml", [
+        f"out_dir={tmp_path}", "name=rl", f"init_from={trainer.run_dir}", "policy.freeze_perception=true",
+        "env.num_envs=8", "ppo.rollout_steps=16", "ppo.optim.num_minibatches=2", "total_env_steps=256",
+        "eval.every=0", "ppo.optim.ref_kl_coef=0.1", *QUIET])
+    rl = Trainer(rl_cfg)
+    rl.train()
+    rl.close()
+    before, after = load_checkpoint(trainer.run_dir)["policy"], load_checkpoint(rl.run_dir)["policy"]
+    moved = {k.split(".")[0] for k in after if not torch.equal(after[k], before[k])}
+    assert {"trunk", "head", "value_head"} <= moved and not moved & set(PERCEPTION_MODULES), moved
 
 
 def test_sft_and_init_from_refuse_bad_input(tmp_path, demos):
