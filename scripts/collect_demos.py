@@ -41,11 +41,17 @@ def main() -> None:
                         help="episodes per data parquet and mp4")
     parser.add_argument("--crf", type=int, default=defaults.crf, help="H.264 quality: 0 lossless, 23 ffmpeg's default")
     parser.add_argument("--num-threads", type=int, default=None, help="physics and render threads (default: all cores)")
+    parser.add_argument("--task-weights", nargs="+", default=[], metavar="TASK=W",
+                        help="sample these tasks of the suite W times as often (others weigh 1), e.g. push=3 stack=3")
     args = parser.parse_args()
+    try:
+        weights = {k: float(v) for k, v in (item.split("=", 1) for item in args.task_weights)}
+    except ValueError:
+        parser.error(f"--task-weights {' '.join(args.task_weights)}: give TASK=WEIGHT pairs, e.g. push=3 stack=3")
     cfg = CollectConfig(task=args.task, episodes=args.episodes, out=args.out, seed=args.seed, noise=args.noise,
                         keep_failures=args.keep_failures, image_size=args.image_size, num_envs=args.num_envs,
                         cameras=tuple(args.cameras), episodes_per_file=args.episodes_per_file, crf=args.crf,
-                        num_threads=args.num_threads)
+                        num_threads=args.num_threads, task_weights=weights)
     try:
         cfg.validate()
     except ValueError as exc:

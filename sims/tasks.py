@@ -175,6 +175,19 @@ def resolve_tasks(task: str) -> tuple[str, ...]:
     return (task,)
 
 
+def task_weight_tuple(task: str, weights: dict[str, float]) -> tuple[float, ...]:
+    """Weights by task name (a task not named weighs 1) as one weight per task of ``resolve_tasks(task)``.
+
+    Raises:
+        ValueError: a name that is not a task of ``task``.
+    """
+    names = resolve_tasks(task)
+    unknown = sorted(set(weights) - set(names))
+    if unknown:
+        raise ValueError(f"task weights name {unknown}, not tasks of {task!r}; valid: {', '.join(names)}")
+    return tuple(float(weights.get(name, 1.0)) for name in names)
+
+
 def entity_phrase(entity: int, colour: int) -> str:
     """How an instruction names ``entity`` in palette colour ``colour``: "red block", "drawer"."""
     noun = ENTITY_NOUNS[entity]

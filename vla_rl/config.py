@@ -423,7 +423,7 @@ def _check_sims_env(env: EnvConfig) -> None:
         raise ConfigError(f"env.reward={env.reward!r} is not a sims reward; valid: {', '.join(REWARDS)}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", env.warp_device):
         raise ConfigError(f"env.warp_device={env.warp_device!r}; valid: auto, cpu, cuda, cuda:N")
-    _check_task_weights(env)
+    check_task_weights(env.task_weights, env.task, "env.task_weights")
     unknown = [c for c in env.cameras if c not in CAMERAS]
     if unknown or not env.cameras or len(set(env.cameras)) < len(env.cameras):
         raise ConfigError(
@@ -431,20 +431,23 @@ def _check_sims_env(env: EnvConfig) -> None:
         )
 
 
-def _check_task_weights(env: EnvConfig) -> None:
-    from sims.tasks import resolve_tasks
+def check_task_weights(weights: dict[str, Any], task: str, key: str) -> None:
+    """Raise :class:`ConfigError` unless ``weights`` (config ``key``) weighs tasks of ``task`` by numbers >= 0,
+    not all of them 0 (a task not named weighs 1)."""
+    from sims.tasks import task_weight_tuple
 
-    if not env.task_weights:
+    if not weights:
         return
-    names = resolve_tasks(env.task)
-    unknown = sorted(set(env.task_weights) - set(names))
-    if unknown:
-        raise ConfigError(f"env.task_weights names {unknown}, not tasks of env.task={env.task!r}; valid: {', '.join(names)}")
-    bad = {k: v for k, v in env.task_weights.items()
+    bad = {k: v for k, v in weights.items()
            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf")}
-    if bad or not any(env.task_weights.get(n, 1.0) > 0 for n in names):
-        raise ConfigError(f"env.task_weights={env.task_weights}: each weight must be a number >= 0 and "
-                          f"at least one task must weigh more than 0 (unnamed tasks weigh 1)")
+    if bad:
+        raise ConfigError(f"{key}={weights}: each weight must be a number >= 0 (unnamed tasks weigh 1)")
+    try:
+        as_tuple = task_weight_tuple(task, weights)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+    if not any(w > 0 for w in as_tuple):
+        raise ConfigError(f"{key}={weights}: at least one task must weigh more than 0")
 
 
 def _check_algo(cfg: TrainConfig) -> None:

@@ -233,7 +233,7 @@ def make_env(
     n = num_envs or cfg.num_envs
     if cfg.kind == "sims":
         import sims
-        from sims.tasks import resolve_tasks
+        from sims.tasks import task_weight_tuple
 
         kwargs: dict[str, Any] = {"seed": seed, "split": split, "backend": cfg.backend}
         if cfg.backend == "warp":
@@ -253,7 +253,7 @@ def make_env(
             kwargs["terminate_on_success"] = False
         kwargs["reward"], kwargs["success_bonus"] = cfg.reward, cfg.success_bonus
         if cfg.task_weights:
-            kwargs["task_weights"] = tuple(float(cfg.task_weights.get(n, 1.0)) for n in resolve_tasks(cfg.task))
+            kwargs["task_weights"] = task_weight_tuple(cfg.task, cfg.task_weights)
         return sims.make_vec_env(cfg.task, n, **kwargs)
     limit = cfg.max_episode_steps or gym.spec(cfg.task).max_episode_steps
     render_mode = "rgb_array" if video else None

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from infra.typed_config import ConfigError, from_dict, merge, parse_overrides
-from vla_rl.config import CONFIG_DIR, EnvConfig, TrainConfig, build_config, read_yaml, to_dict
+from vla_rl.config import (
+    CONFIG_DIR,
+    EnvConfig,
+    TrainConfig,
+    build_config,
+    check_task_weights,
+    read_yaml,
+    to_dict,
+)
 from vla_rl.demos.collect import CollectConfig, collect_demos
 from vla_rl.evaluate import evaluate_checkpoint
 from vla_rl.trainer import Trainer, unfinished
@@ -40,6 +48,8 @@ class DemoSettings:
     """DART noise on the executed actions (labels stay the expert's): recovery states for SFT."""
     num_envs: int = 16
     """Environments the experts act in together."""
+    task_weights: dict[str, float] = field(default_factory=dict)
+    """Relative weight of each named task among the demonstrations (a task not named weighs 1)."""
 
 
 @dataclass
@@ -98,6 +108,8 @@ def load_recipe(path: str | Path | None, overrides: list[str]) -> RecipeConfig:
         raise ConfigError("test.splits must not hold validation: the runs are stopped on it; use train, "
                           "paraphrase, composition")
     _check_stages(recipe)
+    env = from_dict(EnvConfig, _stage_dicts(recipe)[0].get("env", {}), "env")
+    check_task_weights(recipe.demos.task_weights, env.task, "demos.task_weights")
     return recipe
 
 
@@ -167,7 +179,8 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
         t = time.perf_counter()
         collect_demos(CollectConfig(task=env.task, episodes=recipe.demos.episodes, out=demos, seed=recipe.seed,
                                     noise=recipe.demos.noise, image_size=env.image_size,
-                                    num_envs=recipe.demos.num_envs, cameras=tuple(env.cameras)))
+                                    num_envs=recipe.demos.num_envs, cameras=tuple(env.cameras),
+                                    task_weights=recipe.demos.task_weights))
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}

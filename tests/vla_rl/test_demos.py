@@ -170,6 +170,18 @@ def test_failures_dropped_unless_kept(tmp_path):
     assert all(success[0]) and not all(success[1])
 
 
+def test_task_weights_choose_which_tasks_are_demonstrated(tmp_path):
+    only = {name: 0.0 for name in T.TASK_NAMES if name not in ("reach", "lift")}
+    info = _collect(tmp_path / "w", episodes=6, image_size=16, task_weights=only)
+    assert info["source"]["task_weights"] == only
+    column = pq.read_table(tmp_path / "w/data/chunk-000/file-000.parquet")["sims.task_index"].to_pylist()
+    assert {T.TASK_NAMES[int(np.ravel(v)[0])] for v in column} <= {"reach", "lift"}
+    with pytest.raises(ValueError, match=r"task weights name \['pushh'\]"):
+        CollectConfig(task_weights={"pushh": 1.0}, out=tmp_path / "x").validate()
+    with pytest.raises(ValueError, match="one of them > 0"):
+        CollectConfig(task_weights=dict.fromkeys(T.TASK_NAMES, 0.0), out=tmp_path / "x").validate()
+
+
 def _break(root: Path, change: str) -> None:
     info_path = root / "meta/info.json"
     info = json.loads(info_path.read_text())

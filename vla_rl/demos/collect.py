@@ -13,7 +13,7 @@ each episode's ``sims/env_index`` and ``sims/env_episode`` in meta/episodes say 
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,16 @@ class CollectConfig:
     """Give up after this many finished episodes (None: 10 x episodes + num_envs)."""
     num_threads: int | None = None
     """Physics and render threads (None: one per CPU core)."""
+    task_weights: dict[str, float] = field(default_factory=dict)
+    """Relative weight of each named task when a suite samples episodes (a task not named weighs 1;
+    empty: uniform), e.g. ``{"push": 3, "stack": 3}`` for more demonstrations of those two."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field and its valid values."""
         T.resolve_tasks(self.task)
+        weights = T.task_weight_tuple(self.task, self.task_weights)
+        if not all(0 <= w < float("inf") for w in weights) or not any(w > 0 for w in weights):
+            raise ValueError(f"task_weights={self.task_weights}; each weight must be >= 0 and one of them > 0")
         if self.episodes < 1 or self.num_envs < 1 or self.episodes_per_file < 1:
             raise ValueError(f"episodes={self.episodes}, num_envs={self.num_envs} and episodes_per_file="
                              f"{self.episodes_per_file} must be at least 1")
@@ -191,8 +197,10 @@ def collect_demos(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
     shutil.rmtree(partial, ignore_errors=True)
     render = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras),
                                num_contexts=cfg.num_threads)
-    env = sims.make_vec_env(cfg.task, cfg.num_envs, seed=cfg.seed, split=SPLIT, render=render,
-                            **({"num_threads": cfg.num_threads} if cfg.num_threads else {}))
+    extra = {"num_threads": cfg.num_threads} if cfg.num_threads else {}
+    if cfg.task_weights:
+        extra["task_weights"] = T.task_weight_tuple(cfg.task, cfg.task_weights)
+    env = sims.make_vec_env(cfg.task, cfg.num_envs, seed=cfg.seed, split=SPLIT, render=render, **extra)
     try:
         writer = LeRobotWriter(partial, fps=control_fps(env), features=sims_features(env), tasks=env.instructions,
                                robot_type=ROBOT_TYPE, episodes_per_file=cfg.episodes_per_file, crf=cfg.crf)
