@@ -175,17 +175,27 @@ def resolve_tasks(task: str) -> tuple[str, ...]:
     return (task,)
 
 
+def check_task_weights(weights: tuple[float, ...], task_names: tuple[str, ...]) -> None:
+    """Raise ValueError unless ``weights`` holds one finite weight >= 0 per task of ``task_names``, not all 0."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(task_names),) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"task_weights={list(weights)}: each weight must be a number >= 0 and one of them > 0, "
+                         f"one per task of {', '.join(task_names)}")
+
+
 def task_weight_tuple(task: str, weights: dict[str, float]) -> tuple[float, ...]:
     """Weights by task name (a task not named weighs 1) as one weight per task of ``resolve_tasks(task)``.
 
     Raises:
-        ValueError: a name that is not a task of ``task``.
+        ValueError: a name that is not a task of ``task``, or weights :func:`check_task_weights` refuses.
     """
     names = resolve_tasks(task)
     unknown = sorted(set(weights) - set(names))
     if unknown:
         raise ValueError(f"task weights name {unknown}, not tasks of {task!r}; valid: {', '.join(names)}")
-    return tuple(float(weights.get(name, 1.0)) for name in names)
+    out = tuple(float(weights.get(name, 1.0)) for name in names)
+    check_task_weights(out, names)
+    return out
 
 
 def entity_phrase(entity: int, colour: int) -> str:

@@ -113,11 +113,7 @@ class EnvConfig:
         if not 0.0 <= self.success_bonus <= 100.0:
             raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
         if self.task_weights is not None:
-            weights = np.asarray(self.task_weights, dtype=np.float64)
-            if weights.shape != (len(task_names),) or not np.isfinite(weights).all() or (weights < 0).any() \
-                    or weights.sum() <= 0:
-                raise ValueError(f"task_weights={list(self.task_weights)}; give {len(task_names)} finite weights >= 0, "
-                                 f"not all 0, one per task of {', '.join(task_names)}")
+            T.check_task_weights(self.task_weights, task_names)
         return task_names
 
 

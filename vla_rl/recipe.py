@@ -108,8 +108,6 @@ def load_recipe(path: str | Path | None, overrides: list[str]) -> RecipeConfig:
         raise ConfigError("test.splits must not hold validation: the runs are stopped on it; use train, "
                           "paraphrase, composition")
     _check_stages(recipe)
-    env = from_dict(EnvConfig, _stage_dicts(recipe)[0].get("env", {}), "env")
-    check_task_weights(recipe.demos.task_weights, env.task, "demos.task_weights")
     return recipe
 
 
@@ -129,8 +127,11 @@ def _stage_dicts(recipe: RecipeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _check_stages(recipe: RecipeConfig) -> None:
-    """Validate both stages before anything runs, but for the files the earlier stages will write."""
+    """Validate the demonstrations' task weights and both stages before anything runs, but for the files the
+    earlier stages will write."""
     sft, rl = _stage_dicts(recipe)
+    check_task_weights(recipe.demos.task_weights, from_dict(EnvConfig, sft.get("env", {}), "env").task,
+                       "demos.task_weights")
     sft_without_data = merge(sft, {"sft": {"dataset": str(CONFIG_DIR)}})
     for stage, data in (("sft", sft_without_data), ("rl", merge(rl, {"init_from": str(CONFIG_DIR)}))):
         try:

@@ -75,9 +75,7 @@ class CollectConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first bad field and its valid values."""
         T.resolve_tasks(self.task)
-        weights = T.task_weight_tuple(self.task, self.task_weights)
-        if not all(0 <= w < float("inf") for w in weights) or not any(w > 0 for w in weights):
-            raise ValueError(f"task_weights={self.task_weights}; each weight must be >= 0 and one of them > 0")
+        T.task_weight_tuple(self.task, self.task_weights)
         if self.episodes < 1 or self.num_envs < 1 or self.episodes_per_file < 1:
             raise ValueError(f"episodes={self.episodes}, num_envs={self.num_envs} and episodes_per_file="
                              f"{self.episodes_per_file} must be at least 1")
