@@ -15,6 +15,11 @@ from sims.backends import to_numpy
 from sims.vec_env import SimVectorEnv
 
 _OPEN, _CLOSED = -1.0, 1.0
+# Push: the tip crosses to behind the block this high (lower knocks blocks on the way) and aims
+# this far past the block while pushing (at 0.03 m it pushed at a third of full speed, and long
+# pushes ran out of steps: 81 % success on validation episodes, 89 % with these values).
+_PUSH_TRANSIT_Z = 0.07
+_PUSH_LEAD = 0.1
 
 
 def _z(height: float) -> np.ndarray:
@@ -113,9 +118,9 @@ class ScriptedExpert:
     def _push(self, i: int, tip, a, b) -> np.ndarray:
         direction = (b - a)[:2] / (np.linalg.norm((b - a)[:2]) + 1e-9)
         behind = a[:2] - 0.065 * direction
-        if self.phase[i] == 0:
-            target = np.array([*behind, 0.09])
-            self._advance(i, np.linalg.norm(target - tip) < 0.01)
+        if self.phase[i] == 0:  # over the spot behind the block; coarse, the descent lines up
+            target = np.array([*behind, _PUSH_TRANSIT_Z])
+            self._advance(i, np.linalg.norm(target - tip) < 0.02)
             return _move(target - tip, _CLOSED)
         if self.phase[i] == 1:
             target = np.array([*behind, 0.03])
@@ -127,7 +132,8 @@ class ScriptedExpert:
         lateral = error - (error @ direction) * direction
         if np.linalg.norm(lateral) > 0.02:
             self.phase[i] = 0
-        target = contact + 0.03 * direction - lateral
+        # Aim well past the block: a short lead slows the tip as it meets the block's face.
+        target = contact + _PUSH_LEAD * direction - lateral
         return _move(np.array([*(target - tip[:2]), 0.03 - tip[2]]), _CLOSED)
 
 
