@@ -365,7 +365,7 @@ def ray_job_services(model: ModelConfig, *, address: str = "local", num_cpus: in
     started = not ray.is_initialized()
     if started and address == "local":
         node = Node("local", cpu_milli=num_cpus * 1000, memory_mib=8192)
-        ray.init(num_cpus=num_cpus, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=num_cpus, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
                  _node_ip_address="127.0.0.1")
     elif started:
         ray.init(address=address, log_to_driver=False)

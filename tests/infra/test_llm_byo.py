@@ -257,7 +257,7 @@ def test_the_same_config_runs_on_ray_services(tmp_path, rewards, monkeypatch) ->
         "eval_prompts=6", "eval_every=10", "threads=1", "checkpoint_every=0", "name=byo_ray", f"out_dir={tmp_path}",
         "ray=true"])
     node = Node("local", cpu_milli=4000, memory_mib=8192)
-    ray.init(num_cpus=4, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
              _node_ip_address="127.0.0.1")
     try:
         summary = run_rlvr(cfg)

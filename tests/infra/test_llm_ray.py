@@ -44,7 +44,7 @@ def plane():
     from infra.ray_backend import node_labels
 
     node = Node("local", cpu_milli=4000, memory_mib=8192)
-    ray.init(num_cpus=4, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
              _node_ip_address="127.0.0.1")
     p = place_services(connect(), SMALL, rollout_instances=2, router=PrefillDecodeAware(EngineCost()), chunk=4,
                        timeout_s=60, wait_s=60)

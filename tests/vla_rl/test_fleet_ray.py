@@ -6,7 +6,14 @@ always shut down; every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -51,7 +58,7 @@ def ray_session():
     from vla_rl.fleet.job_gang import cluster_of
 
     cluster = cluster_of(ClusterSpec(gpus=4))
-    ray.init(**node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    ray.init(address="local", **node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         yield connect()
     finally:
@@ -70,8 +77,10 @@ def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(
     killed = []
 
     def kill_trainer_after_two_checkpoints():
+        # SIGKILL, as the OOM killer would; found in the process table, so this thread makes no Ray call.
         if eventually(lambda: latest.exists() and load_checkpoint(latest)["iteration"] >= 2):
-            ray.kill(ray.get_actor(f"{cfg.run_name}:trainer:0"))
+            (trainer,) = _processes("ray::TrainerActor")
+            os.kill(trainer, signal.SIGKILL)
             killed.append(True)
 
     killer = threading.Thread(target=kill_trainer_after_two_checkpoints, daemon=True)
@@ -86,6 +95,44 @@ def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(
     got = load_checkpoint(latest)["policy"]
     for key, value in want.items():
         assert torch.equal(got[key], value), f"{key} differs between in-process and Ray"
+
+
+def _processes(title):
+    """Pids of this test process's descendants (Ray's workers among them) whose title starts with ``title``."""
+    parent, titles = {}, {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):  # not a process, or one that ended while we looked
+            pid = int(entry.name)
+            parent[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            titles[pid] = (entry / "cmdline").read_bytes()
+    mine = {os.getpid()}
+    for _ in range(8):  # the depth of the process tree below this one (raylet, then its workers)
+        mine |= {pid for pid, ppid in parent.items() if ppid in mine}
+    return [pid for pid in mine if titles.get(pid, b"").startswith(title.encode())]
+
+
+_STALE_ADDRESS_CHILD = """
+import ray
+from vla_rl.fleet.config import FleetConfig
+from vla_rl.fleet.job import ray_cluster
+
+with ray_cluster(FleetConfig()):
+    print("nodes", len(ray.nodes()))
+"""
+
+
+def test_a_local_fleet_starts_its_own_cluster_where_a_stale_address_file_names_a_dead_one():
+    # A `ray start` cluster that died leaves ray_current_cluster behind; a plain ray.init() would connect to it.
+    temp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths live below it
+    try:
+        (temp / "ray").mkdir()
+        (temp / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")
+        env = {**os.environ, "RAY_TMPDIR": str(temp)}
+        out = subprocess.run([sys.executable, "-c", _STALE_ADDRESS_CHILD], capture_output=True, text=True, cwd=ROOT,
+                             env=env, timeout=180)
+        assert out.returncode == 0 and "nodes 1" in out.stdout, out.stderr[-3000:]
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _vla_config(tmp_path, name):

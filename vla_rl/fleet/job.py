@@ -69,9 +69,10 @@ def ray_cluster(fleet: FleetConfig) -> Iterator[None]:
     if fleet.address != "local":
         ray.init(address=fleet.address, log_to_driver=False)
     elif len(cluster.nodes) == 1:  # one raylet is enough (and cheapest) for one node
+        # address="local": a new instance even where /tmp/ray names another (or a dead) cluster.
         ray.init(
-            **node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-            _system_config=INLINE_OBJECTS,
+            address="local", **node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False,
+            _node_ip_address="127.0.0.1", _system_config=INLINE_OBJECTS,
         )
     else:
         local = start_local_cluster(cluster)
