@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -18,6 +23,22 @@ def test_scripted_expert_solves_task(task: str) -> None:
     env = make_vec_env(task, 8, seed=31, num_threads=1)
     success = run_expert(env)
     assert success.mean() >= MIN_SUCCESS[task], (task, success.ravel())
+
+
+def test_bench_experts_writes_each_tasks_success_with_an_interval(tmp_path) -> None:
+    out = tmp_path / "experts.json"
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, str(root / "scripts" / "bench_experts.py"), "--tasks", "reach", "lift",
+           "--episodes", "16", "--num-envs", "8", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"reach", "lift"}
+    for r in results.values():
+        assert r["episodes"] == 16 and r["ci95"][0] <= r["success"] <= r["ci95"][1]
+        assert r["success"] >= MIN_SUCCESS["reach"]  # reach and lift: the experts' easiest tasks
+    bad = subprocess.run([*cmd[:-2], "--episodes", "12"], capture_output=True, text=True, cwd=root, timeout=120)
+    assert bad.returncode != 0 and "multiple of --num-envs" in bad.stderr
 
 
 def test_expert_solves_the_suite_and_reward_rises_to_success() -> None:
