@@ -105,9 +105,10 @@ class FleetConfig:
     and inference on some GPUs, trainer on others) or ``pipelined`` (co-located placement with each
     shard's envs split into ``stages`` whose simulation overlaps the inference of the others)."""
     address: str = "local"
-    """Ray cluster: ``local`` starts one on this machine with ``cluster``'s nodes (logical GPUs), or an
-    address such as ``auto`` / ``HOST:PORT`` of a running cluster; either way the job's gang goes to
-    the cluster's scheduler service (``infra.service``), shared with every other job there."""
+    """Ray cluster: ``local`` starts one on this machine with ``cluster``'s nodes (logical GPUs), a new
+    one even where ``/tmp/ray`` names another (``ray start``'s, or a dead one's); or an address such
+    as ``auto`` / ``HOST:PORT`` of a running cluster. Either way the job's gang goes to the cluster's
+    scheduler service (``infra.service``), shared with every other job there."""
     shards: int = 2
     """Simulator shards; each holds ``env.num_envs / shards`` environments."""
     stages: int = 2
