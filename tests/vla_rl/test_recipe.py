@@ -57,7 +57,9 @@ def test_recipe_config_errors_before_anything_runs(tmp_path):
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["rl.ppo.optim.lr=-1", f"out_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"demos\.task_weights: task weights name \['push'\], not tasks of 'reach'"):
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["demos.task_weights.push=3", f"out_dir={tmp_path}"])
-    assert load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["demos.task_weights.push=3"]).demos.task_weights == {"push": 3}
+    # An override changes one task's weight and keeps the config's others (suite_sft_rl.yaml: push 2, stack 2).
+    assert load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["demos.task_weights.push=3"]).demos.task_weights == {
+        "push": 3, "stack": 2}
     assert not any(tmp_path.iterdir())
 
 
