@@ -187,6 +187,18 @@ class Fleet:
             self.layout.bundle("trainer"), trainer_cls, cfg, resume, self.workers, self.server, os.getcwd(),
         )
 
+    def restart_data_plane(self) -> None:
+        """Restart the shards and the server (Ray starts each again) after the trainer died.
+
+        A trainer that dies mid-collection leaves its shards' rollouts running: a shard whose
+        partner's rollout Ray dropped with its dead caller waits for a full inference batch that
+        never comes, and holds its actor, so the next trainer's first call to it never returns.
+        The next trainer restores every shard from its checkpoint, so nothing of theirs is lost.
+        """
+        for actor in (*self.workers, self.server):
+            with contextlib.suppress(RayActorError):
+                ray.kill(actor, no_restart=False)
+
     def stop(self) -> None:
         """Let the server remove its socket (its actors stop with the gang's groups)."""
         with contextlib.suppress(RayActorError, GetTimeoutError):  # a dead server has no socket to remove
@@ -316,6 +328,7 @@ def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay
             if deaths > cfg.fleet.max_restarts:
                 raise FleetError(f"the trainer died more than fleet.max_restarts={cfg.fleet.max_restarts} times")
             print(f"trainer actor died (attempt {attempt}); resuming from {latest}", flush=True)
+            fleet.restart_data_plane()
         fleet.stop()
         if gang.refresh().state is HandleState.DRAINING:
             gang.stopped()
