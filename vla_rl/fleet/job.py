@@ -12,8 +12,9 @@ iteration in progress with a checkpoint, and the job reports ``stopped``; the ga
 queue, and when it is placed again the whole fleet starts on the new placement and the trainer
 resumes exactly from its checkpoint. A trainer stopped by force (grace over) resumes from its
 latest checkpoint. A trainer actor that dies by itself is restarted on the same fleet (up to
-``fleet.max_restarts``); shards and the server restart on their own (Ray ``max_restarts``) and
-the collector recovers the iteration (see :mod:`vla_rl.fleet.collector`).
+``fleet.max_restarts``), after the shards and the server are restarted (its rollouts would hold
+them; :meth:`Fleet.restart_data_plane`). Shards and the server that die restart on their own
+(Ray ``max_restarts``) and the collector recovers the iteration (see :mod:`vla_rl.fleet.collector`).
 """
 
 from __future__ import annotations
@@ -190,10 +191,10 @@ class Fleet:
     def restart_data_plane(self) -> None:
         """Restart the shards and the server (Ray starts each again) after the trainer died.
 
-        A trainer that dies mid-collection leaves its shards' rollouts running: a shard whose
-        partner's rollout Ray dropped with its dead caller waits for a full inference batch that
-        never comes, and holds its actor, so the next trainer's first call to it never returns.
-        The next trainer restores every shard from its checkpoint, so nothing of theirs is lost.
+        A trainer that dies mid-collection leaves its shards' rollouts running. One that waits for a
+        full inference batch whose other requests will never come holds its actor, so the next
+        trainer's first call to it never returns. The next trainer restores every shard from its
+        checkpoint, so nothing of theirs is lost.
         """
         for actor in (*self.workers, self.server):
             with contextlib.suppress(RayActorError):
