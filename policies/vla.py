@@ -4,6 +4,8 @@ Data flow for a batch of N observations (``C`` cameras, ``d`` = ``cfg.width``)::
 
     instruction [N] --index--> cached MiniLM embeddings [L, 384] (frozen, set_instructions)
                                -> Linear+act -> language feature l [N, d]
+        (``language: tokens``: [L, 1 + T, 384], the sentence embedding and T token embeddings;
+        heads queried by the sentence attend over the tokens, and Linear+act reads both)
     rgb uint8 [N, C, 3, H, W] -> /255, resize to image_size -> shared ConvEncoder per camera
     proprio [N, P] -> RunningNorm -> Linear+act -> proprio feature p [N, d]
 
@@ -71,18 +73,21 @@ from policies.encoders import (
     ConvEncoder,
     SentenceCache,
     SpatialAttentionReadout,
+    TokenAttention,
     preprocess_images,
     shared_sentence_cache,
+    shared_token_cache,
 )
 from policies.heads import ActionHeadConfig, make_head
 from policies.normalization import RunningNorm
 
 INSTRUCTION_EMBEDDING = "instruction_embedding"
-"""Name of the actor's language input: the instruction's sentence embedding, float ``[N, EMBED_DIM]``."""
+"""Name of the actor's language input: the instruction's sentence embedding, float ``[N, EMBED_DIM]``
+(``language: tokens``: ``[N, 1 + T, EMBED_DIM]``, the sentence embedding then the token embeddings)."""
 PERCEPTION = "perception"
 """Key of a frozen perception's output in an update batch, float ``[N, d * (C + 1)]``
 (:meth:`VLAPolicy.prepare_update_batch`): the image features of every camera and the language feature."""
-PERCEPTION_MODULES = ("language", "image_encoder", "attention", "image_proj")
+PERCEPTION_MODULES = ("language", "language_tokens", "image_encoder", "attention", "image_proj")
 """What ``freeze_perception`` keeps fixed: everything between the pixels and language and the trunk."""
 
 
@@ -112,6 +117,16 @@ class VLAConfig:
     """Queries of the ``attention`` readout."""
     width: int = 128
     """Width d of the per-camera image feature, the language feature and the proprio feature."""
+    language: Literal["sentence", "tokens"] = "sentence"
+    """What the policy reads of an instruction: MiniLM's pooled ``sentence`` embedding, or also its
+    ``tokens`` (contextual token embeddings read by attention queried from the sentence,
+    :class:`~policies.encoders.TokenAttention`), which keeps apart which word fills which role."""
+    language_tokens: int = 24
+    """``language: tokens``: the most tokens an instruction may have ([CLS] and [SEP] included)."""
+    language_heads: int = 4
+    """``language: tokens``: attention heads over the tokens."""
+    language_width: int = 32
+    """``language: tokens``: key and value width of each head."""
     trunk_sizes: tuple[int, ...] = (256, 256)
     """Hidden widths of the MLP after fusion, shared by the action and value heads."""
     activation: Activation = "relu"
@@ -164,7 +179,8 @@ class VLAPolicy(ActorCritic):
     """
 
     actor_module_names = (
-        "language", "image_encoder", "attention", "image_proj", "proprio_norm", "proprio", "trunk", "head"
+        "language", "language_tokens", "image_encoder", "attention", "image_proj", "proprio_norm", "proprio",
+        "trunk", "head",
     )
 
     def __init__(
@@ -180,11 +196,22 @@ class VLAPolicy(ActorCritic):
         self.cfg = cfg
         self.sentences = sentences
         self.instructions: tuple[str, ...] = ()
-        self.register_buffer("instruction_embeddings", torch.zeros(0, EMBED_DIM), persistent=False)
         act = ACTIVATIONS[cfg.activation]
         d = cfg.width
-
-        self.language = nn.Sequential(nn.Linear(EMBED_DIM, d), act())
+        self.language_tokens: TokenAttention | None = None
+        if cfg.language == "tokens":
+            if cfg.language_tokens < 3:
+                raise ValueError(f"language_tokens={cfg.language_tokens}; an instruction has at least 3 "
+                                 "([CLS], a word, [SEP]): use e.g. 24.")
+            self.language_tokens = TokenAttention(EMBED_DIM, cfg.language_heads, cfg.language_width)
+            self.instruction_shape: tuple[int, ...] = (1 + cfg.language_tokens, EMBED_DIM)
+        elif cfg.language == "sentence":
+            self.instruction_shape = (EMBED_DIM,)
+        else:
+            raise ValueError(f"language={cfg.language!r}; valid: sentence, tokens.")
+        self.register_buffer("instruction_embeddings", torch.zeros(0, *self.instruction_shape), persistent=False)
+        language_in = EMBED_DIM + (self.language_tokens.out_features if self.language_tokens is not None else 0)
+        self.language = nn.Sequential(nn.Linear(language_in, d), act())
         if cfg.conv_stride < 1:
             raise ValueError(f"conv_stride={cfg.conv_stride}; use 2 (halve the map per convolution) or 1.")
         self.image_encoder = ConvEncoder(cfg.image_size, cfg.patch_size, cfg.conv_channels, d, act, cfg.conv_stride)
@@ -255,9 +282,16 @@ class VLAPolicy(ActorCritic):
 
     # --- language -------------------------------------------------------------------------
     def embed_instructions(self, instructions: Sequence[str]) -> torch.Tensor:
-        """Sentence embeddings ``[L, EMBED_DIM]`` (float32, CPU) of ``instructions``, MiniLM cached per string."""
-        sentences = self.sentences if self.sentences is not None else shared_sentence_cache()
-        return sentences(list(instructions))
+        """Embeddings ``[L, *instruction_shape]`` (float32, CPU) of ``instructions``, MiniLM cached per string."""
+        sentences = self.sentences
+        if sentences is None:
+            tokens = self.cfg.language == "tokens"
+            sentences = shared_token_cache(self.cfg.language_tokens) if tokens else shared_sentence_cache()
+        embeddings = sentences(list(instructions))
+        if tuple(embeddings.shape[1:]) != self.instruction_shape:
+            raise ValueError(f"the language encoder gives {tuple(embeddings.shape[1:])} per instruction; "
+                             f"language={self.cfg.language!r} reads {self.instruction_shape}")
+        return embeddings
 
     def set_instructions(self, instructions: Sequence[str]) -> None:
         """Embed ``instructions`` (MiniLM, cached per string) so that index i means ``instructions[i]``."""
@@ -268,7 +302,7 @@ class VLAPolicy(ActorCritic):
         self.instruction_embeddings = embeddings.to(self.instruction_embeddings.device)
 
     def _embedding(self, obs: TensorDictBase) -> torch.Tensor:
-        """The sentence embedding ``[N, EMBED_DIM]`` of each observation's ``instruction`` index, or the
+        """The embedding ``[N, *instruction_shape]`` of each observation's ``instruction`` index, or the
         batch's own ``instruction_embedding`` where it carries one (an augmented embedding in SFT)."""
         if INSTRUCTION_EMBEDDING in obs:
             return obs_entry(obs, INSTRUCTION_EMBEDDING).float()
@@ -292,7 +326,7 @@ class VLAPolicy(ActorCritic):
 
     # --- observation -> features ------------------------------------------------------------
     def actor_inputs(self, obs: TensorDictBase) -> tuple[torch.Tensor, ...]:
-        """``(rgb [N, C, 3, H, W], instruction_embedding [N, EMBED_DIM], proprio [N, P])`` of a batch
+        """``(rgb [N, C, 3, H, W], instruction_embedding [N, *instruction_shape], proprio [N, P])`` of a batch
         (no ``proprio`` when ``proprio_key`` is empty)."""
         inputs = (obs_entry(obs, self.cfg.image_key), self._embedding(obs))
         return inputs + ((obs_entry(obs, self.cfg.proprio_key),) if self.cfg.proprio_key else ())
@@ -311,7 +345,11 @@ class VLAPolicy(ActorCritic):
     def _perceive(self, rgb: torch.Tensor, embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Perception ``[N, d * (C + 1)]`` (each camera's image feature, then the language feature) and
         the attention logits (``None`` without attention)."""
-        lang = self.language(embedding)
+        if self.language_tokens is not None:
+            sentence = embedding[:, 0]
+            lang = self.language(torch.cat([sentence, self.language_tokens(sentence, embedding[:, 1:])], dim=-1))
+        else:
+            lang = self.language(embedding)
         n = lang.shape[0]
         per_camera = lang.repeat_interleave(self.cameras, dim=0)
         maps = self.image_encoder(self._images(rgb), per_camera)

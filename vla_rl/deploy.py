@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 import policies
-from policies.encoders import EMBED_DIM
 from policies.vla import INSTRUCTION_EMBEDDING
 from vla_rl.checkpoint import CheckpointError, load_checkpoint
 from vla_rl.config import build_config
@@ -100,7 +99,7 @@ class DeployedPolicy:
         self.device = device
         # Feature shape and dtype of each actor input (the exported graph's inputs), in order.
         self.specs = {
-            name: TensorSpec((EMBED_DIM,), torch.float32) if name == INSTRUCTION_EMBEDDING else obs_spec[name]
+            name: TensorSpec(policy.instruction_shape, torch.float32) if name == INSTRUCTION_EMBEDDING else obs_spec[name]
             for name in self.actor.input_names
         }
 
@@ -163,7 +162,7 @@ class DeployedPolicy:
         return tensor.to(self.device, spec.dtype)
 
     def _embedding(self, instruction: str | Sequence[str], batch: int) -> torch.Tensor:
-        """The sentence embeddings ``[N, EMBED_DIM]`` of one instruction (every row) or N instructions."""
+        """The embeddings ``[N, *instruction_shape]`` of one instruction (every row) or N instructions."""
         texts = [instruction] * batch if isinstance(instruction, str) else list(instruction)
         if len(texts) != batch:
             raise ValueError(f"{len(texts)} instructions for a batch of {batch}; give one string or {batch} strings")

@@ -76,7 +76,8 @@ class LanguageAugment:
     """Perturbed instruction embeddings for SFT frames (see the module docstring).
 
     Args:
-        embeddings: ``[L, D]`` unit-norm sentence embeddings of the instruction table.
+        embeddings: ``[L, D]`` unit-norm sentence embeddings of the instruction table, or
+            ``[L, 1 + T, D]`` with token embeddings after the sentence's (``policy.language: tokens``).
         partners: ``[L, G]`` from :func:`paraphrase_table` (``None``: no template mixing).
         template_mix: upper end of the mixing weight ``u``; noise: expected norm of the Gaussian noise.
     """
@@ -87,16 +88,25 @@ class LanguageAugment:
         self.template_mix, self.noise = template_mix, noise
 
     def __call__(self, index: torch.Tensor) -> torch.Tensor:
-        """Embeddings ``[B, D]`` for instruction indices ``index`` ``[B]`` (the trainer's torch RNG)."""
-        e = self.embeddings[index]
+        """Embeddings ``[B, *shape]`` for instruction indices ``index`` ``[B]`` (the trainer's torch RNG).
+
+        Only the sentence embedding moves: all of ``[B, D]``, or row 0 of token embeddings
+        ``[B, 1 + T, D]`` (the tokens of two templates do not line up, so they are not mixed)."""
+        full = self.embeddings[index]
+        e = full if full.dim() == 2 else full[:, 0]
         if self.partners is not None and self.template_mix > 0:
             row = self.partners[index]
             other = row.gather(1, torch.randint(0, row.shape[1], (len(index), 1))).squeeze(1)
             u = torch.rand(len(index), 1) * self.template_mix
-            e = e + u * (self.embeddings[other] - e)
+            partner = self.embeddings[other]
+            e = e + u * ((partner if partner.dim() == 2 else partner[:, 0]) - e)
         if self.noise > 0:
             e = e + torch.randn_like(e) * (self.noise / e.shape[1] ** 0.5)
-        return nn.functional.normalize(e, dim=-1)
+        e = nn.functional.normalize(e, dim=-1)
+        if full.dim() == 2:
+            return e
+        full[:, 0] = e  # ``full`` is a fresh copy (advanced indexing)
+        return full
 
 
 class SFT(Algorithm):
