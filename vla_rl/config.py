@@ -363,6 +363,7 @@ POLICY_RANGES: dict[str, Range] = {
     "hidden_sizes": AT_LEAST_1, "trunk_sizes": AT_LEAST_1, "critic_hidden_sizes": AT_LEAST_1,
     "conv_channels": AT_LEAST_1, "obs_clip": NON_NEGATIVE, "image_size": Range(8, 1024), "patch_size": AT_LEAST_1,
     "conv_stride": AT_LEAST_1, "attention_heads": AT_LEAST_1, "width": AT_LEAST_1, "trunk_target_dims": AT_LEAST_1,
+    "language_tokens": Range(3, 512), "language_heads": AT_LEAST_1, "language_width": AT_LEAST_1,
     "aux_loss_coef": NON_NEGATIVE, "head.chunk": AT_LEAST_1, "head.bins": Range(2), "head.init_log_std": Range(),
 }
 """Valid ranges of the numeric fields of the policies' config dataclasses (a field a policy lacks is skipped)."""

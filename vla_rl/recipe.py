@@ -30,6 +30,7 @@ from vla_rl.config import (
     TrainConfig,
     build_config,
     check_task_weights,
+    policy_from_dict,
     read_yaml,
     to_dict,
 )
@@ -140,6 +141,19 @@ def _check_stages(recipe: RecipeConfig) -> None:
             if stage == "sft" and "meta/info.json" in str(exc):
                 continue  # the dataset step 1 writes
             raise ConfigError(f"recipe stage {stage}: {exc}") from exc
+    _check_same_language(policy_from_dict(sft.get("policy")), policy_from_dict(rl.get("policy")))
+
+
+_LANGUAGE_FIELDS = ("language", "language_tokens", "language_heads", "language_width")
+
+
+def _check_same_language(sft: Any, rl: Any) -> None:
+    """RL loads the SFT checkpoint, so both stages must read instructions the same way."""
+    for key in _LANGUAGE_FIELDS:
+        a, b = getattr(sft, key, None), getattr(rl, key, None)
+        if a != b:
+            raise ConfigError(f"sft.policy.{key}={a!r} but rl.policy.{key}={b!r}: RL starts from the SFT "
+                              f"checkpoint, so set both to the same value")
 
 
 def _train(cfg: TrainConfig) -> dict[str, Any]:

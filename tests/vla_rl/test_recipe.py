@@ -60,6 +60,10 @@ def test_recipe_config_errors_before_anything_runs(tmp_path):
     # An override changes one task's weight and keeps the config's others (suite_sft_rl.yaml: push 2, stack 2).
     assert load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["demos.task_weights.push=3"]).demos.task_weights == {
         "push": 3, "stack": 2}
+    with pytest.raises(ConfigError, match=r"sft\.policy\.language='tokens' but rl\.policy\.language='sentence'"):
+        load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["rl.policy.language=sentence", f"out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"policy\.language_tokens=2 must be in \[3, 512\]"):
+        load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["sft.policy.language_tokens=2", f"out_dir={tmp_path}"])
     assert not any(tmp_path.iterdir())
 
 
