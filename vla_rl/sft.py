@@ -10,7 +10,7 @@ The policy's auxiliary perception losses are added where the dataset carries the
 (``goal_pixel``, ``state``). The trainer evaluates SFT runs in the environment exactly as RL runs.
 
 Language augmentation (``sft.template_mix``, ``sft.instruction_noise``) hands the policy a
-perturbed sentence embedding per frame (``instruction_embedding``) instead of the index: the
+perturbed sentence embedding per frame (``instruction_sentence``) beside the index: the
 recorded instructions are a few templates, and an unaugmented policy learns their exact embeddings
 and loses 20-40 pp on paraphrases it never saw.
 """
@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from policies.vla import INSTRUCTION_EMBEDDING
+from policies.vla import INSTRUCTION_SENTENCE
 from sims.tasks import instruction_groups, resolve_tasks
 from vla_rl.algorithm import Algorithm, Budget, Experience, Setup
 from vla_rl.config import ConfigError, TrainConfig
@@ -88,25 +88,20 @@ class LanguageAugment:
         self.template_mix, self.noise = template_mix, noise
 
     def __call__(self, index: torch.Tensor) -> torch.Tensor:
-        """Embeddings ``[B, *shape]`` for instruction indices ``index`` ``[B]`` (the trainer's torch RNG).
+        """Sentence embeddings ``[B, D]`` for instruction indices ``index`` ``[B]`` (the trainer's torch RNG).
 
-        Only the sentence embedding moves: all of ``[B, D]``, or row 0 of token embeddings
-        ``[B, 1 + T, D]`` (the tokens of two templates do not line up, so they are not mixed)."""
-        full = self.embeddings[index]
-        e = full if full.dim() == 2 else full[:, 0]
+        With token embeddings (``[L, 1 + T, D]``) only their sentence row (row 0) moves: the tokens of
+        two templates do not line up, so the policy keeps its own (``INSTRUCTION_SENTENCE``)."""
+        table = self.embeddings if self.embeddings.dim() == 2 else self.embeddings[:, 0]
+        e = table[index]
         if self.partners is not None and self.template_mix > 0:
             row = self.partners[index]
             other = row.gather(1, torch.randint(0, row.shape[1], (len(index), 1))).squeeze(1)
             u = torch.rand(len(index), 1) * self.template_mix
-            partner = self.embeddings[other]
-            e = e + u * ((partner if partner.dim() == 2 else partner[:, 0]) - e)
+            e = e + u * (table[other] - e)
         if self.noise > 0:
             e = e + torch.randn_like(e) * (self.noise / e.shape[1] ** 0.5)
-        e = nn.functional.normalize(e, dim=-1)
-        if full.dim() == 2:
-            return e
-        full[:, 0] = e  # ``full`` is a fresh copy (advanced indexing)
-        return full
+        return nn.functional.normalize(e, dim=-1)
 
 
 class SFT(Algorithm):
@@ -150,7 +145,7 @@ class SFT(Algorithm):
         obs = frames.select(*(k for k in OBS_KEYS if k in frames))
         obs["instruction"] = self.instruction_map[obs["instruction"]]
         if self.augment is not None:
-            obs[INSTRUCTION_EMBEDDING] = self.augment(obs["instruction"])
+            obs[INSTRUCTION_SENTENCE] = self.augment(obs["instruction"])
         batch = TensorDict({"obs": obs, "action": frames["action"]}, batch_size=[size])
         return Experience(batch.to(self.device), 0, {"sft/dataset_frames": float(len(self.data))})
 

@@ -108,16 +108,20 @@ def test_tokens_name_the_moved_block_in_unseen_colour_role_pairs() -> None:
 
 
 def test_augmentation_moves_only_the_sentence_row() -> None:
+    from policies.vla import INSTRUCTION_SENTENCE
     from vla_rl.sft import LanguageAugment
 
     embeddings = shared_token_cache(16)(SWAPPED)
     partners = torch.tensor([[0, 1], [1, 0]])
-    out = LanguageAugment(embeddings, partners, template_mix=1.0, noise=0.5)(torch.tensor([0, 1, 0]))
-    assert out.shape == (3, 17, EMBED_DIM)
-    assert torch.equal(out[:, 1:], embeddings[[0, 1, 0], 1:])
-    assert not torch.allclose(out[:, 0], embeddings[[0, 1, 0], 0])
-    assert torch.allclose(out[:, 0].norm(dim=-1), torch.ones(3), atol=1e-5)
-    assert torch.equal(embeddings, shared_token_cache(16)(SWAPPED))  # the table itself is untouched
+    index = torch.tensor([0, 1, 0])
+    sentence = LanguageAugment(embeddings, partners, template_mix=1.0, noise=0.5)(index)
+    assert sentence.shape == (3, EMBED_DIM)
+    assert not torch.allclose(sentence, embeddings[index, 0])
+    assert torch.allclose(sentence.norm(dim=-1), torch.ones(3), atol=1e-5)
+    policy = _policy()
+    policy.set_instructions(SWAPPED)
+    fed = policy._embedding(TensorDict({"instruction": index, INSTRUCTION_SENTENCE: sentence}, batch_size=[3]))
+    assert torch.equal(fed[:, 0], sentence) and torch.equal(fed[:, 1:], embeddings[index, 1:])
 
 
 def test_deployed_policy_takes_text_and_exports_with_the_token_shape(tmp_path) -> None:
