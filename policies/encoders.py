@@ -235,18 +235,18 @@ def minilm_tokens(max_tokens: int) -> Callable[[list[str]], torch.Tensor]:
     """
 
     def encode(strings: list[str]) -> torch.Tensor:
-        sentences = _minilm_sentences(strings)
         with torch.inference_mode():
             tokens = _minilm_model().encode(strings, output_value="token_embeddings", show_progress_bar=False)
         out = torch.zeros(len(strings), 1 + max_tokens, EMBED_DIM)
-        out[:, 0] = sentences
         for i, (text, t) in enumerate(zip(strings, tokens)):
             if t.shape[0] > max_tokens:
                 raise ValueError(
                     f"instruction {text!r} has {t.shape[0]} tokens; the policy reads at most {max_tokens}: "
                     f"raise policy.language_tokens or shorten the instruction"
                 )
-            out[i, 1 : 1 + t.shape[0]] = F.normalize(t.detach().to("cpu", torch.float32), dim=-1)
+            t = t.detach().to("cpu", torch.float32)
+            out[i, 0] = F.normalize(t.mean(0), dim=-1)  # MiniLM's own pooling: the sentence embedding
+            out[i, 1 : 1 + t.shape[0]] = F.normalize(t, dim=-1)
         return out
 
     return encode

@@ -84,7 +84,8 @@ class LanguageAugment:
 
     def __init__(self, embeddings: torch.Tensor, partners: torch.Tensor | None, template_mix: float,
                  noise: float) -> None:
-        self.embeddings, self.partners = embeddings, partners
+        self.sentences = embeddings if embeddings.dim() == 2 else embeddings[:, 0]
+        self.partners = partners
         self.template_mix, self.noise = template_mix, noise
 
     def __call__(self, index: torch.Tensor) -> torch.Tensor:
@@ -92,13 +93,12 @@ class LanguageAugment:
 
         With token embeddings (``[L, 1 + T, D]``) only their sentence row (row 0) moves: the tokens of
         two templates do not line up, so the policy keeps its own (``INSTRUCTION_SENTENCE``)."""
-        table = self.embeddings if self.embeddings.dim() == 2 else self.embeddings[:, 0]
-        e = table[index]
+        e = self.sentences[index]
         if self.partners is not None and self.template_mix > 0:
             row = self.partners[index]
             other = row.gather(1, torch.randint(0, row.shape[1], (len(index), 1))).squeeze(1)
             u = torch.rand(len(index), 1) * self.template_mix
-            e = e + u * (table[other] - e)
+            e = e + u * (self.sentences[other] - e)
         if self.noise > 0:
             e = e + torch.randn_like(e) * (self.noise / e.shape[1] ** 0.5)
         return nn.functional.normalize(e, dim=-1)
