@@ -157,9 +157,12 @@ class TokenAttention(nn.Module):
     Each head can learn to pick out one role of the sentence ("the thing to move", "where it
     goes") from the tokens' context, and its value then carries that token's word (a colour)
     separately from the other role's, which a pooled sentence embedding mixes together.
+    The heads share one key and one value projection (multi-query attention): the projections of
+    every token are most of the cost, and sharing them makes it ``heads`` times smaller. Trailing
+    padding common to the whole batch is cut before projecting (not while tracing for export).
 
     Args:
-        dim: D of the token embeddings. heads: queries. width: key and value width per head.
+        dim: D of the token embeddings. heads: queries. width: key and value width.
     """
 
     def __init__(self, dim: int, heads: int, width: int) -> None:
@@ -168,19 +171,22 @@ class TokenAttention(nn.Module):
             raise ValueError(f"language_heads={heads}, language_width={width}; both must be >= 1.")
         self.heads, self.width = heads, width
         self.query = nn.Linear(dim, heads * width)
-        self.key = nn.Linear(dim, heads * width)
-        self.value = nn.Linear(dim, heads * width)
+        self.key = nn.Linear(dim, width)
+        self.value = nn.Linear(dim, width)
         self.out_features = heads * width
 
     def forward(self, sentence: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """``sentence`` ``[N, D]``, ``tokens`` ``[N, T, D]`` (all-zero rows are padding) -> ``[N, heads * width]``."""
-        n, t, _ = tokens.shape
-        query = self.query(sentence).view(n, self.heads, 1, self.width)
-        key = self.key(tokens).view(n, t, self.heads, self.width).transpose(1, 2)  # [N, H, T, w]
-        value = self.value(tokens).view(n, t, self.heads, self.width).transpose(1, 2)
-        logits = (query @ key.transpose(-1, -2)) / math.sqrt(self.width)  # [N, H, 1, T]
-        padding = (tokens.abs().sum(-1) == 0).view(n, 1, 1, t)
-        attention = torch.softmax(logits.masked_fill(padding, float("-inf")), dim=-1)
+        """``sentence`` ``[N, D]``, ``tokens`` ``[N, T, D]`` (all-zero rows are padding, after the
+        tokens) -> ``[N, heads * width]``."""
+        present = tokens.abs().sum(-1) != 0  # [N, T]
+        if not torch.jit.is_tracing():  # a traced length would be a constant of the exported graph
+            length = int(present.sum(-1).max().clamp(min=1))
+            tokens, present = tokens[:, :length], present[:, :length]
+        n = tokens.shape[0]
+        query = self.query(sentence).view(n, self.heads, self.width)
+        key, value = self.key(tokens), self.value(tokens)  # [N, T', w]
+        logits = (query @ key.transpose(-1, -2)) / math.sqrt(self.width)  # [N, H, T']
+        attention = torch.softmax(logits.masked_fill(~present.unsqueeze(1), float("-inf")), dim=-1)
         return (attention @ value).reshape(n, self.out_features)
 
 
