@@ -84,9 +84,6 @@ from policies.normalization import RunningNorm
 INSTRUCTION_EMBEDDING = "instruction_embedding"
 """Name of the actor's language input: the instruction's sentence embedding, float ``[N, EMBED_DIM]``
 (``language: tokens``: ``[N, 1 + T, EMBED_DIM]``, the sentence embedding then the token embeddings)."""
-INSTRUCTION_SENTENCE = "instruction_sentence"
-"""Optional batch key: a sentence embedding ``[N, EMBED_DIM]`` (an augmented one in SFT) that takes the
-place of the indexed instruction's (with ``language: tokens``, of its row 0; the tokens stay)."""
 PERCEPTION = "perception"
 """Key of a frozen perception's output in an update batch, float ``[N, d * (C + 1)]``
 (:meth:`VLAPolicy.prepare_update_batch`): the image features of every camera and the language feature."""
@@ -305,9 +302,9 @@ class VLAPolicy(ActorCritic):
         self.instruction_embeddings = embeddings.to(self.instruction_embeddings.device)
 
     def _embedding(self, obs: TensorDictBase) -> torch.Tensor:
-        """The embedding ``[N, *instruction_shape]`` of each observation's ``instruction`` index, its
-        sentence part replaced by ``instruction_sentence`` where the batch carries one (SFT's
-        augmentation), or the batch's own ``instruction_embedding`` (a deployed actor's input)."""
+        """The batch's own ``instruction_embedding`` where it carries one (a deployed actor's input, SFT's
+        augmented embeddings; with tokens ``[N, 1 + T', D]``, any T'), else the embedding
+        ``[N, *instruction_shape]`` of each observation's ``instruction`` index."""
         if INSTRUCTION_EMBEDDING in obs:
             return obs_entry(obs, INSTRUCTION_EMBEDDING).float()
         index = obs_entry(obs, self.cfg.instruction_key)
@@ -326,11 +323,7 @@ class VLAPolicy(ActorCritic):
                 f"instruction index out of range [0, {count}); the policy holds {count} instructions. "
                 f"Call set_instructions with the environment's instruction list."
             )
-        embedding = self.instruction_embeddings[index]
-        if INSTRUCTION_SENTENCE not in obs:
-            return embedding
-        sentence = obs_entry(obs, INSTRUCTION_SENTENCE).float()
-        return sentence if embedding.dim() == 2 else torch.cat([sentence.unsqueeze(1), embedding[:, 1:]], dim=1)
+        return self.instruction_embeddings[index]
 
     # --- observation -> features ------------------------------------------------------------
     def actor_inputs(self, obs: TensorDictBase) -> tuple[torch.Tensor, ...]:
@@ -422,7 +415,7 @@ class VLAPolicy(ActorCritic):
         for start in range(0, obs.batch_size[0], chunk_size):
             chunk = obs[start : start + chunk_size]
             parts.append(self._perceive(obs_entry(chunk, self.cfg.image_key), self._embedding(chunk))[0])
-        keep = obs.exclude(self.cfg.image_key, INSTRUCTION_EMBEDDING, INSTRUCTION_SENTENCE)
+        keep = obs.exclude(self.cfg.image_key, INSTRUCTION_EMBEDDING)
         return keep.set(PERCEPTION, torch.cat(parts))
 
     def _trunk_target(self, obs: TensorDictBase) -> torch.Tensor:

@@ -157,7 +157,11 @@ class SFTConfig:
     ``u ~ U(0, template_mix)``; past 1 it extrapolates beyond that template. 0 disables it."""
     instruction_noise: float = 0.0
     """Language augmentation: Gaussian noise of expected norm ``instruction_noise`` added to each frame's
-    unit-norm sentence embedding, then renormalised (a colour word moves the embedding by 0.4-0.6). 0 disables it."""
+    unit-norm sentence embedding, then renormalised (a colour word moves the embedding by 0.4-0.6); with
+    ``policy.language: tokens`` to each token embedding too. 0 disables it."""
+    token_dropout: float = 0.0
+    """Language augmentation (``policy.language: tokens``): the probability that each token of a frame's
+    instruction is hidden from the policy, so that no single word of a training template is relied on."""
 
 
 @dataclass
@@ -353,6 +357,7 @@ RANGES: dict[str, Range] = {
     "distill.buffer_size": AT_LEAST_1, "distill.updates": AT_LEAST_1, "distill.batch_size": AT_LEAST_1,
     "sft.iterations": AT_LEAST_1, "sft.updates": AT_LEAST_1, "sft.batch_size": AT_LEAST_1,
     "sft.template_mix": Range(0, 4), "sft.instruction_noise": Range(0, 2),
+    "sft.token_dropout": Range(0, 0.9),
     **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill", "sft") for key, r in OPTIM_RANGES.items()},
     "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
     "log.video_every": AT_LEAST_1,
@@ -466,6 +471,9 @@ def _check_algo(cfg: TrainConfig) -> None:
     if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind != "sims":
         raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes templates of the sims tasks; env.kind="
                           f"{cfg.env.kind!r} has none: set sft.template_mix=0 (sft.instruction_noise works on any env)")
+    if cfg.algo == "sft" and cfg.sft.token_dropout > 0 and getattr(cfg.policy, "language", None) != "tokens":
+        raise ConfigError(f"sft.token_dropout={cfg.sft.token_dropout} hides instruction tokens; the policy reads "
+                          f"none: set policy.language=tokens or sft.token_dropout=0")
     if cfg.algo == "sft" and not cfg.sft.dataset:
         raise ConfigError(
             "algo=sft needs sft.dataset=DIR, a LeRobot v3.0 dataset, e.g. "

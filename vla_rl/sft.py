@@ -9,10 +9,10 @@ binned head's cross-entropy over bins (the same ``log_prob``), summed over the K
 The policy's auxiliary perception losses are added where the dataset carries their targets
 (``goal_pixel``, ``state``). The trainer evaluates SFT runs in the environment exactly as RL runs.
 
-Language augmentation (``sft.template_mix``, ``sft.instruction_noise``) hands the policy a
-perturbed sentence embedding per frame (``instruction_sentence``) beside the index: the
-recorded instructions are a few templates, and an unaugmented policy learns their exact embeddings
-and loses 20-40 pp on paraphrases it never saw.
+Language augmentation (``sft.template_mix``, ``sft.instruction_noise``, ``sft.token_dropout``) hands
+the policy a perturbed instruction embedding per frame (``instruction_embedding``, which takes the
+place of the indexed one): the recorded instructions are a few templates, and an unaugmented policy
+learns their exact embeddings and loses 20-40 pp on paraphrases it never saw.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from policies.vla import INSTRUCTION_SENTENCE
+from policies.vla import INSTRUCTION_EMBEDDING
 from sims.tasks import instruction_groups, resolve_tasks
 from vla_rl.algorithm import Algorithm, Budget, Experience, Setup
 from vla_rl.config import ConfigError, TrainConfig
@@ -80,27 +80,50 @@ class LanguageAugment:
             ``[L, 1 + T, D]`` with token embeddings after the sentence's (``policy.language: tokens``).
         partners: ``[L, G]`` from :func:`paraphrase_table` (``None``: no template mixing).
         template_mix: upper end of the mixing weight ``u``; noise: expected norm of the Gaussian noise.
+        token_dropout: probability that a token is hidden from the policy (token embeddings only).
     """
 
     def __init__(self, embeddings: torch.Tensor, partners: torch.Tensor | None, template_mix: float,
-                 noise: float) -> None:
+                 noise: float, token_dropout: float = 0.0) -> None:
         self.sentences = embeddings if embeddings.dim() == 2 else embeddings[:, 0]
+        self.tokens: torch.Tensor | None = None
+        if embeddings.dim() == 3:  # cut the padding no instruction of the table reaches
+            length = int((embeddings[:, 1:].abs().sum(-1) != 0).sum(-1).max().clamp(min=1))
+            self.tokens = embeddings[:, 1 : 1 + length]
         self.partners = partners
-        self.template_mix, self.noise = template_mix, noise
+        self.template_mix, self.noise, self.token_dropout = template_mix, noise, token_dropout
 
     def __call__(self, index: torch.Tensor) -> torch.Tensor:
-        """Sentence embeddings ``[B, D]`` for instruction indices ``index`` ``[B]`` (the trainer's torch RNG).
+        """The instruction embeddings of indices ``index`` ``[B]`` (the trainer's torch RNG): ``[B, D]``,
+        or ``[B, 1 + T', D]`` with tokens (T' the table's longest instruction).
 
-        With token embeddings (``[L, 1 + T, D]``) only their sentence row (row 0) moves: the tokens of
-        two templates do not line up, so the policy keeps its own (``INSTRUCTION_SENTENCE``)."""
+        The sentence row moves toward another template of the same meaning; the tokens of two
+        templates do not line up, so they are not mixed. Noise moves every row (tokens are unit-norm
+        too), and each token is hidden (zeroed, which the policy masks as padding) with probability
+        ``token_dropout``; a frame whose tokens would all be hidden keeps them all."""
         e = self.sentences[index]
         if self.partners is not None and self.template_mix > 0:
             row = self.partners[index]
             other = row.gather(1, torch.randint(0, row.shape[1], (len(index), 1))).squeeze(1)
             u = torch.rand(len(index), 1) * self.template_mix
             e = e + u * (self.sentences[other] - e)
+        e = self._noisy(e)
+        if self.tokens is None:
+            return e
+        tokens = self.tokens[index]
+        present = tokens.abs().sum(-1) != 0  # [B, T']
         if self.noise > 0:
-            e = e + torch.randn_like(e) * (self.noise / e.shape[1] ** 0.5)
+            tokens = self._noisy(tokens)
+        if self.token_dropout > 0:
+            keep = present & (torch.rand(present.shape) >= self.token_dropout)
+            keep = torch.where(keep.any(-1, keepdim=True), keep, present)
+            present = keep
+        return torch.cat([e.unsqueeze(1), tokens * present.unsqueeze(-1)], dim=1)
+
+    def _noisy(self, e: torch.Tensor) -> torch.Tensor:
+        """Unit-norm rows ``e`` ``[..., D]`` plus Gaussian noise of expected norm ``noise``, renormalised."""
+        if self.noise > 0:
+            e = e + torch.randn_like(e) * (self.noise / e.shape[-1] ** 0.5)
         return nn.functional.normalize(e, dim=-1)
 
 
@@ -119,13 +142,14 @@ class SFT(Algorithm):
                 if name.endswith("log_std"):
                     param.requires_grad_(False)
         self.augment: LanguageAugment | None = None
-        if self.cfg.template_mix > 0 or self.cfg.instruction_noise > 0:
+        if self.cfg.template_mix > 0 or self.cfg.instruction_noise > 0 or self.cfg.token_dropout > 0:
             partners = None
             if self.cfg.template_mix > 0:
                 groups = instruction_groups(resolve_tasks(cfg.env.task), "train")
                 partners = paraphrase_table(setup.instructions, groups)
             embeddings = setup.policy.instruction_embeddings.detach().cpu()
-            self.augment = LanguageAugment(embeddings, partners, self.cfg.template_mix, self.cfg.instruction_noise)
+            self.augment = LanguageAugment(embeddings, partners, self.cfg.template_mix, self.cfg.instruction_noise,
+                                           self.cfg.token_dropout)
         # ClippedUpdate serves for its optimiser and learning-rate schedule; the loss is the NLL below.
         self.updater = ClippedUpdate(setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False))
 
@@ -145,7 +169,7 @@ class SFT(Algorithm):
         obs = frames.select(*(k for k in OBS_KEYS if k in frames))
         obs["instruction"] = self.instruction_map[obs["instruction"]]
         if self.augment is not None:
-            obs[INSTRUCTION_SENTENCE] = self.augment(obs["instruction"])
+            obs[INSTRUCTION_EMBEDDING] = self.augment(obs["instruction"])
         batch = TensorDict({"obs": obs, "action": frames["action"]}, batch_size=[size])
         return Experience(batch.to(self.device), 0, {"sft/dataset_frames": float(len(self.data))})
 

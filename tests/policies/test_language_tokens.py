@@ -107,21 +107,42 @@ def test_tokens_name_the_moved_block_in_unseen_colour_role_pairs() -> None:
     assert _role_probe(use_tokens=False) < 0.5
 
 
-def test_augmentation_moves_only_the_sentence_row() -> None:
-    from policies.vla import INSTRUCTION_SENTENCE
+def test_augmentation_mixes_the_sentence_row_and_hides_tokens_the_policy_then_masks() -> None:
+    from policies.vla import INSTRUCTION_EMBEDDING
     from vla_rl.sft import LanguageAugment
 
     embeddings = shared_token_cache(16)(SWAPPED)
+    length = int((embeddings[:, 1:].abs().sum(-1) != 0).sum(-1).max())
     partners = torch.tensor([[0, 1], [1, 0]])
-    index = torch.tensor([0, 1, 0])
-    sentence = LanguageAugment(embeddings, partners, template_mix=1.0, noise=0.5)(index)
-    assert sentence.shape == (3, EMBED_DIM)
-    assert not torch.allclose(sentence, embeddings[index, 0])
-    assert torch.allclose(sentence.norm(dim=-1), torch.ones(3), atol=1e-5)
+    index = torch.tensor([0, 1, 0] * 100)
+    torch.manual_seed(0)
+    fed = LanguageAugment(embeddings, partners, template_mix=1.0, noise=0.0, token_dropout=0.0)(index)
+    assert fed.shape == (300, 1 + length, EMBED_DIM)
+    assert not torch.allclose(fed[:, 0], embeddings[index, 0])  # the sentence row moved
+    assert torch.equal(fed[:, 1:], embeddings[index, 1 : 1 + length])  # the tokens did not
+
+    dropped = LanguageAugment(embeddings, None, template_mix=0.0, noise=0.5, token_dropout=0.3)(index)
+    present = embeddings[index, 1 : 1 + length].abs().sum(-1) != 0
+    kept = dropped[:, 1:].abs().sum(-1) != 0
+    assert not bool((kept & ~present).any())  # padding stays padding under noise
+    assert 0.6 < float(kept.sum() / present.sum()) < 0.8 and bool(kept.any(-1).all())
+    shown = dropped[:, 1:][kept]
+    assert torch.allclose(shown.norm(dim=-1), torch.ones(len(shown)), atol=1e-5)
+    assert not torch.allclose(shown, embeddings[index, 1 : 1 + length][kept])  # noise reaches tokens
+
+    # The policy reads the augmented embedding in place of the indexed one, hidden tokens masked:
+    # a frame with one token hidden reads as the same embedding with that token removed.
     policy = _policy()
     policy.set_instructions(SWAPPED)
-    fed = policy._embedding(TensorDict({"instruction": index, INSTRUCTION_SENTENCE: sentence}, batch_size=[3]))
-    assert torch.equal(fed[:, 0], sentence) and torch.equal(fed[:, 1:], embeddings[index, 1:])
+    one = dropped[:1].clone()
+    k = int(kept[0].nonzero()[0])
+    one[0, 1 + k] = 0.0
+    removed = torch.cat([one[:, :1 + k], one[:, 2 + k:]], dim=1)
+    head = policy.language_tokens
+    assert torch.allclose(head(one[:, 0], one[:, 1:]), head(removed[:, 0], removed[:, 1:]), atol=1e-6)
+    read = policy._embedding(TensorDict({"instruction": index[:3], INSTRUCTION_EMBEDDING: dropped[:3]},
+                                        batch_size=[3]))
+    assert torch.equal(read, dropped[:3])
 
 
 def test_deployed_policy_takes_text_and_exports_with_the_token_shape(tmp_path) -> None:

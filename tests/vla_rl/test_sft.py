@@ -141,6 +141,8 @@ def test_language_augmentation_moves_toward_templates_of_the_same_meaning():
     assert 0.1 < float(offset.mean()) < 0.5 and float(offset.min()) > 0.0
     with pytest.raises(ConfigError, match="template_mix"):
         load_config(CONFIG_DIR / "halfcheetah_ppo.yaml", ["algo=sft", "sft.dataset=x", "sft.template_mix=1.0"])
+    with pytest.raises(ConfigError, match="token_dropout"):
+        load_config(CONFIG_DIR / "suite.yaml", ["algo=sft", "sft.dataset=x", "sft.token_dropout=0.2"])
 
 
 def test_init_log_std_resets_the_exploration_noise_of_the_loaded_policy_only(sft_run, tmp_path):
