@@ -61,9 +61,15 @@ def test_recipe_config_errors_before_anything_runs(tmp_path):
     assert load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["demos.task_weights.push=3"]).demos.task_weights == {
         "push": 3, "stack": 2}
     with pytest.raises(ConfigError, match=r"sft\.policy\.language='tokens' but rl\.policy\.language='sentence'"):
-        load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["sft.policy.language=tokens", f"out_dir={tmp_path}"])
-    recipe = load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["sft.policy.language=tokens", "rl.policy.language=tokens"])
+        load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["rl.policy.language=sentence", f"out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"sft\.token_dropout=0\.25 hides instruction tokens"):
+        load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["sft.policy.language=sentence", "rl.policy.language=sentence",
+                                                       f"out_dir={tmp_path}"])
+    recipe = load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", [])
     assert recipe.sft["policy"]["language"] == recipe.rl["policy"]["language"] == "tokens"
+    sentence = load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["sft.policy.language=sentence", "sft.sft.token_dropout=0",
+                                                             "rl.policy.language=sentence"])
+    assert sentence.sft["policy"]["language"] == sentence.rl["policy"]["language"] == "sentence"
     with pytest.raises(ConfigError, match=r"policy\.language_tokens=2 must be in \[3, 512\]"):
         load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["sft.policy.language_tokens=2", f"out_dir={tmp_path}"])
     assert not any(tmp_path.iterdir())
