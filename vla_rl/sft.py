@@ -168,18 +168,22 @@ class SFT(Algorithm):
         frames = self.data.batch(torch.randint(0, len(self.data), (size,)))
         obs = frames.select(*(k for k in OBS_KEYS if k in frames))
         obs["instruction"] = self.instruction_map[obs["instruction"]]
-        if self.augment is not None:
-            obs[INSTRUCTION_EMBEDDING] = self.augment(obs["instruction"])
         batch = TensorDict({"obs": obs, "action": frames["action"]}, batch_size=[size])
         return Experience(batch.to(self.device), 0, {"sft/dataset_frames": float(len(self.data))})
 
     def update(self, batch: TensorDict) -> dict[str, float]:
-        """``updates`` gradient steps on consecutive slices of ``batch``; mean NLL, auxiliary loss, grad norm."""
+        """``updates`` gradient steps on consecutive slices of ``batch``; mean NLL, auxiliary loss, grad norm.
+
+        Each slice's instructions are augmented just before its step: a slice's embeddings fit in
+        cache, where the whole iteration's (``[updates * batch_size, 1 + T', 384]`` with tokens) cost
+        as much time to allocate and write as the gradient steps."""
         totals: dict[str, float] = {}
         params = self.updater.params
         optimizer = self.updater.optimizer
         for start in range(0, batch.batch_size[0], self.cfg.batch_size):
             mb = batch[start : start + self.cfg.batch_size]
+            if self.augment is not None:
+                mb["obs"][INSTRUCTION_EMBEDDING] = self.augment(mb["obs"]["instruction"].cpu()).to(self.device)
             dist, _, aux = self.policy.evaluate_terms(mb["obs"])
             nll = -dist.log_prob(mb["action"]).mean()
             entropy = dist.entropy()
