@@ -176,11 +176,13 @@ class TokenAttention(nn.Module):
         self.out_features = heads * width
 
     def forward(self, sentence: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """``sentence`` ``[N, D]``, ``tokens`` ``[N, T, D]`` (all-zero rows are padding, after the
-        tokens) -> ``[N, heads * width]``."""
+        """``sentence`` ``[N, D]``, ``tokens`` ``[N, T, D]`` (all-zero rows are padding, masked
+        wherever they are; each row needs one token) -> ``[N, heads * width]``."""
         present = tokens.abs().sum(-1) != 0  # [N, T]
         if not torch.jit.is_tracing():  # a traced length would be a constant of the exported graph
-            length = int(present.sum(-1).max().clamp(min=1))
+            # Up to the last present token of any row: token dropout hides tokens inside a row too.
+            position = torch.arange(1, present.shape[1] + 1, device=present.device)
+            length = int((present * position).amax().clamp(min=1))
             tokens, present = tokens[:, :length], present[:, :length]
         n = tokens.shape[0]
         query = self.query(sentence).view(n, self.heads, self.width)

@@ -66,6 +66,25 @@ def test_padding_does_not_change_the_action() -> None:
     assert torch.allclose(a(*short.actor_inputs(obs)), b(*long.actor_inputs(obs)), atol=1e-5)
 
 
+def test_hidden_tokens_inside_a_row_are_masked_not_cut() -> None:
+    """Rows with hidden tokens before their last one (token dropout): the attention reads exactly
+    the present tokens, as it does for each row alone, and a row whose one token is past the
+    others' token count still has it (cutting by count left it all padding: NaN)."""
+    torch.manual_seed(0)
+    attention = TokenAttention(EMBED_DIM, 2, 16)
+    sentence, tokens = torch.randn(3, EMBED_DIM), torch.randn(3, 6, EMBED_DIM)
+    tokens[0, 1:] = 0  # one token
+    tokens[1, :4] = 0  # one token, at position 4: two present tokens is the batch's largest count
+    tokens[1, 5:] = 0
+    tokens[2, 1:5] = 0  # tokens at 0 and 5
+    with torch.no_grad():
+        together = attention(sentence, tokens)
+        for i in range(3):
+            alone = tokens[i][tokens[i].abs().sum(-1) != 0].unsqueeze(0)
+            assert torch.allclose(together[i], attention(sentence[i : i + 1], alone)[0], atol=1e-6)
+    assert torch.isfinite(together).all()
+
+
 def _role_probe(use_tokens: bool) -> float:
     """Train a reader of the instruction to name the colour of the block that moves in stack and push,
     on training instructions without some (colour, role) pairs; return its accuracy on those pairs."""
