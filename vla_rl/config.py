@@ -162,6 +162,11 @@ class SFTConfig:
     token_dropout: float = 0.0
     """Language augmentation (``policy.language: tokens``): the probability that each token of a frame's
     instruction is hidden from the policy, so that no single word of a training template is relied on."""
+    token_tail_cut: bool = False
+    """With ``token_dropout``: also hide, in each minibatch, every token past the largest number of tokens
+    any of its frames kept, so the longest instructions (push and stack, two entities) often lose their
+    last words. An earlier padding cut of the token attention did this by accident, and the recipe scored
+    higher on dev phrasings with it (docs/training.md)."""
 
 
 @dataclass
@@ -471,6 +476,9 @@ def _check_algo(cfg: TrainConfig) -> None:
     if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind != "sims":
         raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes templates of the sims tasks; env.kind="
                           f"{cfg.env.kind!r} has none: set sft.template_mix=0 (sft.instruction_noise works on any env)")
+    if cfg.algo == "sft" and cfg.sft.token_tail_cut and cfg.sft.token_dropout == 0:
+        raise ConfigError("sft.token_tail_cut=true cuts at the tokens dropout keeps, and sft.token_dropout=0 keeps "
+                          "them all: set sft.token_dropout > 0 or sft.token_tail_cut=false")
     if cfg.algo == "sft" and cfg.sft.token_dropout > 0 and getattr(cfg.policy, "language", None) != "tokens":
         raise ConfigError(f"sft.token_dropout={cfg.sft.token_dropout} hides instruction tokens; the policy reads "
                           f"none: set policy.language=tokens or sft.token_dropout=0")

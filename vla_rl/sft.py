@@ -81,10 +81,11 @@ class LanguageAugment:
         partners: ``[L, G]`` from :func:`paraphrase_table` (``None``: no template mixing).
         template_mix: upper end of the mixing weight ``u``; noise: expected norm of the Gaussian noise.
         token_dropout: probability that a token is hidden from the policy (token embeddings only).
+        tail_cut: also hide the tokens past the largest count of kept tokens of the call's frames.
     """
 
     def __init__(self, embeddings: torch.Tensor, partners: torch.Tensor | None, template_mix: float,
-                 noise: float, token_dropout: float = 0.0) -> None:
+                 noise: float, token_dropout: float = 0.0, tail_cut: bool = False) -> None:
         self.sentences = embeddings if embeddings.dim() == 2 else embeddings[:, 0]
         self.tokens: torch.Tensor | None = None
         if embeddings.dim() == 3:  # cut the padding no instruction of the table reaches
@@ -92,6 +93,7 @@ class LanguageAugment:
             self.tokens = embeddings[:, 1 : 1 + length]
         self.partners = partners
         self.template_mix, self.noise, self.token_dropout = template_mix, noise, token_dropout
+        self.tail_cut = tail_cut
 
     def __call__(self, index: torch.Tensor) -> torch.Tensor:
         """The instruction embeddings of indices ``index`` ``[B]`` (the trainer's torch RNG): ``[B, D]``,
@@ -100,7 +102,9 @@ class LanguageAugment:
         The sentence row moves toward another template of the same meaning; the tokens of two
         templates do not line up, so they are not mixed. Noise moves every row (tokens are unit-norm
         too), and each token is hidden (zeroed, which the policy masks as padding) with probability
-        ``token_dropout``; a frame whose tokens would all be hidden keeps them all."""
+        ``token_dropout``; a frame whose tokens would all be hidden keeps them all. With ``tail_cut``
+        (one call per minibatch) the tokens past the largest count any frame kept are hidden too,
+        except in a frame that would be left with none."""
         e = self.sentences[index]
         if self.partners is not None and self.template_mix > 0:
             row = self.partners[index]
@@ -117,6 +121,10 @@ class LanguageAugment:
         if self.token_dropout > 0:
             keep = present & (torch.rand(present.shape) >= self.token_dropout)
             keep = torch.where(keep.any(-1, keepdim=True), keep, present)
+            if self.tail_cut:
+                cut = keep.clone()
+                cut[:, int(keep.sum(-1).max()):] = False
+                keep = torch.where(cut.any(-1, keepdim=True), cut, keep)
             present = keep
         return torch.cat([e.unsqueeze(1), tokens * present.unsqueeze(-1)], dim=1)
 
@@ -149,7 +157,7 @@ class SFT(Algorithm):
                 partners = paraphrase_table(setup.instructions, groups)
             embeddings = setup.policy.instruction_embeddings.detach().cpu()
             self.augment = LanguageAugment(embeddings, partners, self.cfg.template_mix, self.cfg.instruction_noise,
-                                           self.cfg.token_dropout)
+                                           self.cfg.token_dropout, self.cfg.token_tail_cut)
         # ClippedUpdate serves for its optimiser and learning-rate schedule; the loss is the NLL below.
         self.updater = ClippedUpdate(setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False))
 

@@ -178,3 +178,24 @@ def test_deployed_policy_takes_text_and_exports_with_the_token_shape(tmp_path) -
     graph = torch.jit.load(str(path))
     embedding = policy.embed_instructions(SWAPPED)
     assert torch.allclose(graph(rgb, embedding, torch.zeros(2, 5)), torch.as_tensor(action), atol=1e-5)
+
+
+def test_tail_cut_hides_the_last_tokens_of_the_longest_instructions_and_never_a_whole_frame() -> None:
+    from vla_rl.sft import LanguageAugment
+
+    texts = ["touch the red ball", "push the purple block until it is on the pink target"]
+    embeddings = shared_token_cache(16)(texts)
+    present = embeddings[:, 1:].abs().sum(-1) != 0
+    short, long = (int(n) for n in present.sum(-1))
+    index = torch.tensor([0] * 120 + [1] * 8)  # one minibatch
+    torch.manual_seed(0)
+    dropped = LanguageAugment(embeddings, None, template_mix=0.0, noise=0.0, token_dropout=0.25)(index)
+    torch.manual_seed(0)  # the same dropout draw, then the cut
+    cut = LanguageAugment(embeddings, None, template_mix=0.0, noise=0.0, token_dropout=0.25, tail_cut=True)(index)
+    kept_dropped, kept_cut = (x[:, 1:].abs().sum(-1) != 0 for x in (dropped, cut))
+    assert not bool((kept_cut & ~kept_dropped).any())  # it only hides more
+    assert bool(kept_cut.any(-1).all())  # every frame keeps a token
+    limit = int(kept_dropped.sum(-1).max())
+    assert limit < long and not bool(kept_cut[:, limit:].any())  # nothing past the largest kept count
+    assert bool((kept_cut[index == 0] == kept_dropped[index == 0]).all()) and short <= limit
+    assert int(kept_cut[index == 1].sum()) < int(kept_dropped[index == 1].sum())  # the long one lost its tail

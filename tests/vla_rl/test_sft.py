@@ -143,6 +143,9 @@ def test_language_augmentation_moves_toward_templates_of_the_same_meaning():
         load_config(CONFIG_DIR / "halfcheetah_ppo.yaml", ["algo=sft", "sft.dataset=x", "sft.template_mix=1.0"])
     with pytest.raises(ConfigError, match="token_dropout"):
         load_config(CONFIG_DIR / "suite.yaml", ["algo=sft", "sft.dataset=x", "sft.token_dropout=0.2"])
+    with pytest.raises(ConfigError, match=r"sft\.token_tail_cut=true cuts at the tokens dropout keeps"):
+        load_config(CONFIG_DIR / "suite.yaml", ["algo=sft", "sft.dataset=x", "policy.language=tokens",
+                                                "sft.token_tail_cut=true"])
 
 
 def test_init_log_std_resets_the_exploration_noise_of_the_loaded_policy_only(sft_run, tmp_path):
