@@ -23,6 +23,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from infra.client import GangBackend, GangFailed, GangHandle, connect
 from infra.ray_backend import node_args, start_local_cluster
@@ -50,6 +51,9 @@ SERVER_CONCURRENCY = 256
 
 #: Seconds the job waits for its server to remove its socket file at the end.
 CLOSE_TIMEOUT_S = 5.0
+
+#: Seconds between calls to a shard that is still restarting.
+RESTART_POLL_S = 0.5
 
 #: A shard's observation batch (16 envs of 64x64 RGB: ~200 KB) is passed inline with the call rather
 #: than through the shared-memory object store (Ray's default limit is 100 KB): one copy less per step.
@@ -188,7 +192,7 @@ class Fleet:
             self.layout.bundle("trainer"), trainer_cls, cfg, resume, self.workers, self.server, os.getcwd(),
         )
 
-    def restart_data_plane(self) -> None:
+    def restart_data_plane(self, timeout_s: float) -> None:
         """Restart the shards and the server (Ray starts each again) after the trainer died.
 
         A trainer that dies mid-collection leaves its shards' rollouts running. One that waits for a
@@ -199,6 +203,22 @@ class Fleet:
         for actor in (*self.workers, self.server):
             with contextlib.suppress(RayActorError):
                 ray.kill(actor, no_restart=False)
+        self._wait_for_shards(timeout_s)
+
+    def _wait_for_shards(self, timeout_s: float) -> None:
+        """Block until every restarted shard answers: Ray restarts them in the background, and a call to one
+        still restarting fails at once (shards do not retry tasks), which would fail the next trainer's start."""
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers:
+            while True:
+                try:
+                    ray.get(worker.describe.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except ActorUnavailableError as exc:
+                    if time.monotonic() > deadline:
+                        raise FleetError(f"a restarted shard did not come back within {timeout_s:.0f} s "
+                                         "(fleet.collect_timeout_s); check the raylet logs for why it fails to start") from exc
+                    time.sleep(RESTART_POLL_S)
 
     def stop(self) -> None:
         """Let the server remove its socket (its actors stop with the gang's groups)."""
@@ -329,7 +349,7 @@ def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay
             if deaths > cfg.fleet.max_restarts:
                 raise FleetError(f"the trainer died more than fleet.max_restarts={cfg.fleet.max_restarts} times")
             print(f"trainer actor died (attempt {attempt}); resuming from {latest}", flush=True)
-            fleet.restart_data_plane()
+            fleet.restart_data_plane(cfg.fleet.collect_timeout_s)
         fleet.stop()
         if gang.refresh().state is HandleState.DRAINING:
             gang.stopped()
