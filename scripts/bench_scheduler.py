@@ -9,7 +9,7 @@
 * ``release``: the same fill stopped when 1,000 gangs wait; then random placed gangs are released
   one by one (each timed) while a new pod arrives after each, so that about 1,000 always wait.
 * ``dynamic``: the trace replayed with its arrival and departure times through ``submit`` /
-  ``release`` (``infra.dynamic_replay``), at the trace's speed and with arrivals compressed.
+  ``release`` (``infra.replay.dynamic``), at the trace's speed and with arrivals compressed.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_report import write_report
 
-from infra.dynamic_replay import read_timed_pods, replay_dynamic
-from infra.frag import TypicalPods
-from infra.requests import RequestError
-from infra.resources import Cluster
+from infra.replay.dynamic import read_timed_pods, replay_dynamic
+from infra.replay.trace import arrival_sequence, read_pods
 from infra.scheduler import Scheduler
-from infra.trace import arrival_sequence, read_pods
+from infra.scheduler.frag import TypicalPods
+from infra.scheduler.requests import RequestError
+from infra.scheduler.resources import Cluster
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb-2023"
 
@@ -53,7 +53,7 @@ def _timed(fn, wall: list[int], cpu: list[int]):
 
 
 def _setup(args):
-    from infra.dynamic_replay import TimedPod
+    from infra.replay.dynamic import TimedPod
 
     pods = read_pods(args.pods)
     cluster = Cluster.from_csv(args.nodes)

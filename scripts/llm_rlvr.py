@@ -29,8 +29,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # reward=module:function finds a module in the working directory, as under `python -m`.
 sys.path.append(os.getcwd())
 
+from infra.common.typed_config import apply_overrides
 from infra.llm.rlvr import RLVRConfig, run_rlvr
-from infra.typed_config import apply_overrides
 
 
 def main(argv: list[str]) -> int:

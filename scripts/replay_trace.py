@@ -6,7 +6,7 @@
         --policies random,bestfit,fgd,fgd-strand --seeds 42-51 --inflate 1.3 --json runs/replay.json
 
 ``--dynamic`` replays the trace's arrivals and departures with their times through the scheduler
-itself (``Scheduler.submit`` / ``release``, queue and preemption included; ``infra.dynamic_replay``)
+itself (``Scheduler.submit`` / ``release``, queue and preemption included; ``infra.replay.dynamic``)
 and prints allocation over time, queueing delay p50/p99 per priority class and failed pods.
 
 The static protocol prints a table per policy (allocation % at 100% and 130% arrived, mean and std over seeds,
@@ -29,11 +29,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from infra import node_scoring
-from infra.dynamic_replay import read_timed_pods, replay_dynamic
-from infra.frag import TypicalPods
-from infra.resources import Cluster, ClusterState
-from infra.trace import VARIANTS, ReplayResult, arrival_sequence, make_variant, read_pods, replay
+from infra.replay.dynamic import read_timed_pods, replay_dynamic
+from infra.replay.trace import VARIANTS, ReplayResult, arrival_sequence, make_variant, read_pods, replay
+from infra.scheduler import node_scoring
+from infra.scheduler.frag import TypicalPods
+from infra.scheduler.resources import Cluster, ClusterState
 
 REFERENCE_NAMES = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FGD"}
 """Our policy names -> the FGD simulator's names in expected_alloc_default.csv."""

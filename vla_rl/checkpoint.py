@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from infra.sealed_file import DigestMismatch, NotSealed, seal, unseal, write_atomic
+from infra.common.files import DigestMismatch, NotSealed, seal, unseal, write_atomic
 
 MAGIC = b"VLARLCKPT1\n"
 FORMAT_VERSION = 2  # 2: algorithm state under 'algorithm', obs_spec and action_dim

@@ -7,7 +7,7 @@ key, task, algorithm or model raises :class:`ConfigError` naming the valid choic
 
 Each component receives only its own section: the environment factory gets :class:`EnvConfig`,
 PPO gets :class:`PPOConfig`, the policy factory gets the policy's own dataclass from ``policies``.
-Reading and checking dicts and overrides is :mod:`infra.typed_config`'s, shared with the LLM jobs.
+Reading and checking dicts and overrides is :mod:`infra.common.typed_config`'s, shared with the LLM jobs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
-from infra.typed_config import ConfigError, from_dict, merge, parse_overrides
+from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
 from rlcore.config import (
     AT_LEAST_1,
     FRACTION,

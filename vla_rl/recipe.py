@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.typed_config import ConfigError, from_dict, merge, parse_overrides
+from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
 from vla_rl.config import (
     CONFIG_DIR,
     EnvConfig,

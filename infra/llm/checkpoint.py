@@ -9,7 +9,7 @@ not applied twice). The same payload serves the character model and Hugging Face
 ``nn.Module`` state dicts (an HF model is exported for users with ``save_pretrained`` by the job,
 separately).
 
-The file is sealed (:mod:`infra.sealed_file`): written to a temporary file in the same directory,
+The file is sealed (:mod:`infra.common.files`): written to a temporary file in the same directory,
 flushed to disk and renamed over the previous checkpoint, so a trainer killed while writing leaves
 the previous checkpoint intact; reads verify the digest, so a truncated or corrupted file raises
 :class:`CheckpointError` instead of the job silently starting again from its seed.
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from infra.sealed_file import DigestMismatch, NotSealed, seal, unseal, write_atomic
+from infra.common.files import DigestMismatch, NotSealed, seal, unseal, write_atomic
 
 MAGIC = b"LLMTRAINERCKPT1\n"
 FILENAME = "trainer.ckpt"

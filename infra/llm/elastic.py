@@ -8,7 +8,7 @@ What the simulation's request-level model (``infra.llm.sim.services``) describes
   trainer slot, its model, reference and Adam state) stay resident in the slot's host memory and
   are swapped onto the device per call, as those services do.
 - *Leases*: a slot holds no GPU while idle. The first call that needs the device submits a
-  one-GPU gang to the scheduler service (``infra.client``) and waits until it is placed; the slot
+  one-GPU gang to the scheduler service (``infra.service.client``) and waits until it is placed; the slot
   hands the gang back once it has been idle for ``keep_alive_s``. GPU-time held is read from the
   scheduler's own event log (placed -> released of the lease gangs).
 - *Requests*: every generate call (one turn of a job's batch) and every train step is one request,
@@ -235,8 +235,8 @@ class PoolSlot:
 
     # ------------------------------------------------------------ leases
     def _ensure_lease(self) -> str:
-        from infra.client import connect
-        from infra.requests import Bundle, GangRequest
+        from infra.scheduler.requests import Bundle, GangRequest
+        from infra.service.client import connect
 
         with self._lease_lock:
             if self._gang is not None:
@@ -394,7 +394,7 @@ class ElasticPool:
     """Slots placed through the scheduler service, leasing GPUs per call; hands out job services.
 
     Args:
-        client: ``infra.client.connect()``.
+        client: ``infra.service.client.connect()``.
         model: the (tiny) model every slot's services host.
         cfg: pool shape.
     """
@@ -402,8 +402,8 @@ class ElasticPool:
     def __init__(self, client: Any, model: ModelConfig, cfg: PoolConfig) -> None:
         import ray
 
-        from infra.client import GangBackend
-        from infra.requests import Bundle, GangRequest
+        from infra.scheduler.requests import Bundle, GangRequest
+        from infra.service.client import GangBackend
 
         cfg.validate()
         self.cfg, self.client = cfg, client

@@ -133,9 +133,9 @@ def start_cluster(gpus: int) -> Any:
     """A one-node Ray cluster on loopback with ``gpus`` logical GPUs, and its scheduler service's client."""
     import ray
 
-    from infra.client import connect
-    from infra.ray_backend import node_labels
+    from infra.ray_cluster.realize import node_labels
     from infra.scheduler import GPU, Node
+    from infra.service.client import connect
 
     node = Node("local", cpu_milli=8000, memory_mib=16384, gpus=(GPU("H100", 81920),) * gpus)
     ray.init(address="local", num_cpus=8, num_gpus=gpus, labels=node_labels(node), include_dashboard=False,

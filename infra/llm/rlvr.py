@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from infra.common.files import write_atomic
 from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.data import DataConfig, load_file_source
 from infra.llm.grpo import check_grpo, llm_grpo_config
@@ -35,7 +36,6 @@ from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, resolve_reward
 from infra.llm.services import RewardService, RolloutService, TrainerService
 from infra.llm.tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
-from infra.sealed_file import write_atomic
 from rlcore.config import GRPOConfig
 
 log = logging.getLogger(__name__)

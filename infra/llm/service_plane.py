@@ -4,7 +4,7 @@ A *GPU group* is one gang request: a rollout bundle and a trainer bundle sharing
 (``SameGPU``, affinity: a job's trainer and rollout on the same GPU) — or the same node on a
 cluster without GPUs. The reward service is a CPU-only gang. The gangs go to the cluster's
 scheduler service (``infra.service``, shared with the embodied jobs), which decides where; each
-service then runs as a Ray actor in its bundle's placement group (``infra.client.GangBackend``).
+service then runs as a Ray actor in its bundle's placement group (``infra.service.client.GangBackend``).
 
 :class:`ResilientService` is the handle the job loop uses for a placed service: when the actor
 dies (node failure, OOM, ``ray.kill``) it starts a new one on the same placement, re-registers
@@ -264,7 +264,7 @@ def _release(gangs: list[Any]) -> None:
 
 def _placed(client: Any, req: Any, wait_s: float | None) -> tuple[Any, Any]:
     """Submit ``req`` to the service and wait until it is placed; (handle, backend)."""
-    from infra.client import GangBackend
+    from infra.service.client import GangBackend
 
     gang = client.submit(req)
     try:
@@ -282,7 +282,7 @@ def place_services(
 ) -> ServicePlane:
     """Submit ``groups`` GPU groups (each with ``rollout_instances`` rollout actors behind ``router``, fed
     chunks of ``chunk`` prompts, and one trainer) and a reward service to the cluster's scheduler
-    service (``client``: ``infra.client.connect()``), wait until they are placed (``wait_s``; they
+    service (``client``: ``infra.service.client.connect()``), wait until they are placed (``wait_s``; they
     may preempt lower priorities), start their actors, return the plane.
 
     Raises the scheduler's ``RequestError`` when a group can never be placed (the reason names the
@@ -292,7 +292,7 @@ def place_services(
     """
     import ray
 
-    from infra.requests import Bundle, GangRequest
+    from infra.scheduler.requests import Bundle, GangRequest
 
     if rollout_instances < 1:
         raise ValueError(f"rollout_instances={rollout_instances}; a GPU group needs at least one rollout instance.")
@@ -357,9 +357,9 @@ def ray_job_services(model: ModelConfig, *, address: str = "local", num_cpus: in
     """
     import ray
 
-    from infra.client import connect
-    from infra.ray_backend import node_labels
+    from infra.ray_cluster.realize import node_labels
     from infra.scheduler import Node
+    from infra.service.client import connect
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     started = not ray.is_initialized()

@@ -4,8 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from infra.dynamic_replay import read_timed_pods, replay_dynamic
-from infra.resources import Cluster
+from infra.replay.dynamic import read_timed_pods, replay_dynamic
+from infra.scheduler.resources import Cluster
 
 
 def _small(trace_dir, speedup):

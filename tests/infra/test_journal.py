@@ -6,9 +6,9 @@ import contextlib
 import numpy as np
 import pytest
 
-from infra.journal import FileStore, Journal, decode_records, encode_record
 from infra.scheduler import GPU, Bundle, GangRequest, Node, RequestError, SameNode
-from infra.service import SchedulerService
+from infra.service.actor import SchedulerService
+from infra.service.journal import FileStore, Journal, decode_records, encode_record
 
 
 def _plan(svc: SchedulerService):
@@ -95,7 +95,7 @@ def test_replay_in_another_process_with_another_hash_seed(tmp_path):
 
     code = (
         "import pickle, sys, numpy as np; sys.path.insert(0, sys.argv[2]);"
-        "from test_journal import _drive, _plan; from infra.service import SchedulerService;"
+        "from test_journal import _drive, _plan; from infra.service.actor import SchedulerService;"
         "s = SchedulerService(store=sys.argv[1]); s.journal.snapshot_every = 10**9;"
         "_drive(s, np.random.default_rng(3), 400); pickle.dump(_plan(s), open(sys.argv[1] + '/plan.pkl', 'wb'))"
     )
@@ -108,7 +108,7 @@ def test_replay_in_another_process_with_another_hash_seed(tmp_path):
 
 
 def test_the_gangs_of_a_silent_owner_are_released(tmp_path):
-    from infra.service import HandleState
+    from infra.service.actor import HandleState
 
     svc = SchedulerService(store=str(tmp_path), owner_lease_s=60)
     svc._do("add_node", Node("n0", 8000, 8192, (GPU("L4"),)), 0.0)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from infra.common.typed_config import apply_overrides
 from infra.llm.data import DataConfig, load_examples
 from infra.llm.engine import left_pad, load_engine
 from infra.llm.grpo import GRPOTrainer, llm_grpo_config
@@ -16,7 +17,6 @@ from infra.llm.lm import build_model, load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardRunner, resolve_reward
 from infra.llm.rlvr import RLVRConfig
-from infra.typed_config import apply_overrides
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,7 +246,7 @@ def test_the_same_config_runs_on_ray_services(tmp_path, rewards, monkeypatch) ->
     from transformers import AutoModelForCausalLM
 
     from infra.llm.rlvr import run_rlvr
-    from infra.ray_backend import node_labels
+    from infra.ray_cluster.realize import node_labels
     from infra.scheduler import Node
 
     monkeypatch.chdir(tmp_path)  # the reward module sits in the working directory, as a user's would

@@ -40,8 +40,8 @@ def test_model_larger_than_any_gpu_is_refused_by_the_scheduler() -> None:
 def plane():
     import ray
 
-    from infra.client import connect
-    from infra.ray_backend import node_labels
+    from infra.ray_cluster.realize import node_labels
+    from infra.service.client import connect
 
     node = Node("local", cpu_milli=4000, memory_mib=8192)
     ray.init(address="local", num_cpus=4, labels=node_labels(node), include_dashboard=False, log_to_driver=False,

@@ -16,10 +16,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from infra.client import GangBackend, connect  # noqa: E402
-from infra.ray_backend import GROUP_PREFIX, ray_gpu_choice, start_local_cluster  # noqa: E402
+from infra.ray_cluster.realize import GROUP_PREFIX, ray_gpu_choice, start_local_cluster  # noqa: E402
 from infra.scheduler import GPU, Bundle, Cluster, EventKind, GangRequest, Node, PinGPUs  # noqa: E402
-from infra.service import NAMESPACE, SERVICE_NAME, HandleState  # noqa: E402
+from infra.service.actor import NAMESPACE, SERVICE_NAME, HandleState  # noqa: E402
+from infra.service.client import GangBackend, connect  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -198,7 +198,7 @@ def test_cli_prints_status_queue_and_events(cluster):
     client.submit(GangRequest("shown", (Bundle(500, 256, gpus=1),))).wait(timeout_s=60)
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     for cmd, text in (("status", "w0"), ("gangs", "shown"), ("events", "placed"), ("queue", "queue")):
-        out = subprocess.run([sys.executable, "-m", "infra.cli", cmd, "--address", lc.ray_cluster.address],
+        out = subprocess.run([sys.executable, "-m", "infra.service.cli", cmd, "--address", lc.ray_cluster.address],
                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
         assert out.returncode == 0 and text in out.stdout, out.stderr[-2000:]
     _cleanup(client)

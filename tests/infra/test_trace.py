@@ -5,10 +5,10 @@ import csv
 import numpy as np
 import pytest
 
-from infra import node_scoring
-from infra.frag import FragModel, TypicalPods
-from infra.resources import Cluster, ClusterState
-from infra.trace import arrival_sequence, make_variant, read_pods, replay
+from infra.replay.trace import arrival_sequence, make_variant, read_pods, replay
+from infra.scheduler import node_scoring
+from infra.scheduler.frag import FragModel, TypicalPods
+from infra.scheduler.resources import Cluster, ClusterState
 
 REFERENCE = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FGD"}
 

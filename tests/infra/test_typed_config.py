@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from infra.typed_config import ConfigError, apply_overrides, from_dict, merge, parse_overrides
+from infra.common.typed_config import ConfigError, apply_overrides, from_dict, merge, parse_overrides
 
 
 @dataclass

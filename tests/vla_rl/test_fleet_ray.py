@@ -52,8 +52,8 @@ def _config(tmp_path, name, total_steps=256, **fleet):
 @pytest.fixture(scope="module")
 def ray_session():
     """One Ray node with 4 logical GPUs; its scheduler service shares them among this module's fleets."""
-    from infra.client import connect
-    from infra.ray_backend import node_args
+    from infra.ray_cluster.realize import node_args
+    from infra.service.client import connect
     from vla_rl.fleet.config import ClusterSpec
     from vla_rl.fleet.job_gang import cluster_of
 

@@ -16,14 +16,14 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from infra.client import connect  # noqa: E402
 from infra.llm.grpo import llm_grpo_config  # noqa: E402
 from infra.llm.model import ModelConfig  # noqa: E402
 from infra.llm.rlvr import RLVRConfig, run_rlvr  # noqa: E402
 from infra.llm.tasks import VOCAB_SIZE  # noqa: E402
-from infra.ray_backend import start_local_cluster  # noqa: E402
+from infra.ray_cluster.realize import start_local_cluster  # noqa: E402
 from infra.scheduler import GPU, Cluster, EventKind, Node  # noqa: E402
-from infra.service import NAMESPACE, SERVICE_NAME, HandleState  # noqa: E402
+from infra.service.actor import NAMESPACE, SERVICE_NAME, HandleState  # noqa: E402
+from infra.service.client import connect  # noqa: E402
 from vla_rl.checkpoint import LATEST, load_checkpoint  # noqa: E402
 from vla_rl.config import build_config  # noqa: E402
 from vla_rl.fleet.job import run_job  # noqa: E402

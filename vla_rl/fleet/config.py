@@ -3,7 +3,7 @@
 Typed dataclasses, no string mini-language: each component (simulator shards, the inference server,
 the trainer) gets a :class:`ComponentPlacement` saying how much CPU and GPU it takes and, optionally,
 which node and GPU indices it is pinned to. :func:`validate_fleet` checks the section against the
-rest of the run config and raises :class:`~infra.typed_config.ConfigError` naming the fix; it never edits
+rest of the run config and raises :class:`~infra.common.typed_config.ConfigError` naming the fix; it never edits
 the config. Mode defaults (which GPU share each component takes when the user gives none) are
 derived by :func:`resolved_placement`, a pure function, so the config stays what the user wrote.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from infra.typed_config import ConfigError
+from infra.common.typed_config import ConfigError
 
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig
@@ -116,7 +116,7 @@ class FleetConfig:
     offload: bool = False
     """``colocated``: move the inference model off the GPU while the trainer updates."""
     policy: str = ""
-    """Placement policy of infra's scheduler (one of ``infra.node_scoring.names()``; ``""``: the scheduler's default)."""
+    """Placement policy of infra's scheduler (one of ``infra.scheduler.node_scoring.names()``; ``""``: the scheduler's default)."""
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     """The nodes started for ``address=local`` (the service discovers the nodes of other clusters)."""
     shard: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0))
@@ -257,7 +257,7 @@ def validate_fleet(cfg: TrainConfig) -> None:
             f"fleet.grace_s={fleet.grace_s} must be >= 0 and fleet.queue_timeout_s={fleet.queue_timeout_s} > 0 (or null)"
         )
     if fleet.policy:
-        from infra.node_scoring import names
+        from infra.scheduler.node_scoring import names
 
         if fleet.policy not in names():
             raise ConfigError(f"fleet.policy={fleet.policy!r} is not a placement policy; valid: {', '.join(names())}")

@@ -3,7 +3,7 @@
 :func:`run_job` connects to (or, for ``fleet.address=local``, starts) a Ray cluster, submits the
 job's gang (:mod:`vla_rl.fleet.job_gang`) to the cluster's scheduler service
 (:mod:`infra.service`, shared with every other job there), waits until it is placed, starts
-every component on its placed node and GPUs (``infra.client.GangBackend``), and runs the
+every component on its placed node and GPUs (``infra.service.client.GangBackend``), and runs the
 unchanged :class:`vla_rl.trainer.Trainer` inside a trainer actor with a
 :class:`~vla_rl.fleet.collector.FleetCollector`.
 
@@ -33,10 +33,10 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from infra.client import GangBackend, GangFailed, GangHandle, connect
-from infra.ray_backend import node_args, start_local_cluster
-from infra.requests import RequestError
-from infra.service import HandleState
+from infra.ray_cluster.realize import node_args, start_local_cluster
+from infra.scheduler.requests import RequestError
+from infra.service.actor import HandleState
+from infra.service.client import GangBackend, GangFailed, GangHandle, connect
 from vla_rl.algorithm import algorithm_class
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError

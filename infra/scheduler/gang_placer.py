@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.node_scoring import Demand, Policy
-from infra.requests import Bundle, DifferentNodes, GangRequest, PinGPUs, SameGPU, SameNode
-from infra.resources import MILLI, Alloc, ClusterState
+from infra.scheduler.node_scoring import Demand, Policy
+from infra.scheduler.requests import Bundle, DifferentNodes, GangRequest, PinGPUs, SameGPU, SameNode
+from infra.scheduler.resources import MILLI, Alloc, ClusterState
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from infra.resources import GPU, MILLI, Cluster, Node
+from infra.scheduler.resources import GPU, MILLI, Cluster, Node
 
 GROUP_PREFIX = "infra|"
 """Prefix of the placement group names this module creates (``BundleSpec.group_name``)."""

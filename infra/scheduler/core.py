@@ -1,13 +1,13 @@
-"""The scheduler: a priority queue of gangs over a cluster, and the public surface of ``infra``.
+"""The scheduler: a priority queue of gangs over a cluster.
 
 ``submit`` validates a gang and places it at once (all or nothing) with the configured policy
 when it fits and its tenant's GPU quota admits it. Otherwise it preempts: running gangs of
 strictly lower priority of its tenant, and gangs of tenants that borrow quota when it reclaims
 its own, are candidates; the victims are a minimal set for the placement found
-(``infra.preemption``). Else it waits in the queue, served by priority then arrival whenever
+(``infra.scheduler.preemption``). Else it waits in the queue, served by priority then arrival whenever
 resources come back (a release, a stopped victim, a lost node restored or a new one), and
 queued gangs preempt too. The first blocked gang holds a reservation that collects resources as
-they free up, while later gangs backfill the rest (``infra.reservation``).
+they free up, while later gangs backfill the rest (``infra.scheduler.reservation``).
 
 Preemption is a contract: the victim is told (``on_preempt`` and a ``PREEMPT_NOTICE`` event), has
 its request's ``grace_s`` to checkpoint and report ``stopped``, after which ``tick`` stops it by
@@ -31,24 +31,23 @@ from functools import cached_property
 
 import numpy as np
 
-from infra import node_scoring
-from infra.frag import TypicalPods
-from infra.gang_placer import Assignment, GangPlacer, Placement
-from infra.preemption import AllocSums, Candidate, choose_victims
-from infra.quota import Quota, QuotaLedger
-from infra.requests import (
+from infra.scheduler import node_scoring
+from infra.scheduler.frag import TypicalPods
+from infra.scheduler.gang_placer import Assignment, GangPlacer, Placement
+from infra.scheduler.preemption import AllocSums, Candidate, choose_victims
+from infra.scheduler.quota import Quota, QuotaLedger
+from infra.scheduler.requests import (
     Bundle,
     DifferentNodes,
     GangRequest,
-    PinGPUs,
     RequestError,
     SameGPU,
     SameNode,
     validate,
 )
-from infra.reservation import Reservation, reservation_targets
-from infra.resources import GPU, Alloc, Cluster, ClusterState, Node
-from infra.wait_queue import WaitQueue, fits_somewhere
+from infra.scheduler.reservation import Reservation, reservation_targets
+from infra.scheduler.resources import Alloc, Cluster, ClusterState, Node
+from infra.scheduler.wait_queue import WaitQueue, fits_somewhere
 
 _MAX_PASSES = 50
 """Bound on queue passes per drain (a pass repeats only when victims were requeued meanwhile)."""
@@ -149,11 +148,11 @@ class Scheduler:
 
     Args:
         cluster: the nodes.
-        policy: a placement policy name (``infra.node_scoring.names()``).
+        policy: a placement policy name (``infra.scheduler.node_scoring.names()``).
         typical: typical pods for fragmentation-aware policies (estimated online when None).
         seed: None breaks score ties by cluster node order; an int draws a random node order from
             it (as the trace replay does). It also seeds the random policy (0 when None).
-        quotas: GPU quota per tenant (None: no quotas; see ``infra.quota``).
+        quotas: GPU quota per tenant (None: no quotas; see ``infra.scheduler.quota``).
         reserve: give the first blocked gang a reservation (backfill the rest).
         clock: the time source when a verb is given no ``now``.
         max_events: events kept in ``events`` (the oldest are dropped; None keeps all).
@@ -887,25 +886,3 @@ def _describe(b: Bundle) -> str:
     models = f" of {sorted(b.gpu_models)}" if b.gpu_models else ""
     mem = f", {b.gpu_memory_mib} MiB GPU memory" if b.gpu_memory_mib else ""
     return f"cpu_milli={b.cpu_milli}, memory_mib={b.memory_mib}{gpu}{models}{mem}"
-
-
-__all__ = [
-    "GPU",
-    "Alloc",
-    "Assignment",
-    "Bundle",
-    "Cluster",
-    "DifferentNodes",
-    "Event",
-    "EventKind",
-    "GangRequest",
-    "GangState",
-    "Node",
-    "PinGPUs",
-    "Placement",
-    "Quota",
-    "RequestError",
-    "SameGPU",
-    "SameNode",
-    "Scheduler",
-]

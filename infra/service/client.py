@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from infra.requests import GangRequest, RequestError
-from infra.resources import MILLI
-from infra.service import NAMESPACE, SERVICE_NAME, ClusterStatus, GangStatus, HandleState, start
+from infra.scheduler.requests import GangRequest, RequestError
+from infra.scheduler.resources import MILLI
+from infra.service.actor import NAMESPACE, SERVICE_NAME, ClusterStatus, GangStatus, HandleState, start
 
 WATCH_S = 5.0
 """Long-poll period of a handle's watcher (also its heartbeat to the service)."""

@@ -1,4 +1,4 @@
-"""``python -m infra.cli status|queue|events|gangs|cancel NAME``: the scheduler service in tables.
+"""``python -m infra.service.cli status|queue|events|gangs|cancel NAME``: the scheduler service in tables.
 
 Connects to the Ray cluster (``--address``, default ``auto``) and reads the service; it never starts
 one. Memory in GiB, CPU in cores, GPU as free/total per node.
@@ -13,9 +13,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from infra.client import connect
-from infra.resources import MILLI
-from infra.service import ClusterStatus, GangStatus
+from infra.scheduler.resources import MILLI
+from infra.service.actor import ClusterStatus, GangStatus
+from infra.service.client import connect
 
 
 def status_table(st: ClusterStatus) -> Table:
@@ -68,7 +68,7 @@ def events_table(events: list) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.cli", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m infra.service.cli", description=__doc__)
     parser.add_argument("command", choices=["status", "queue", "gangs", "events", "cancel"])
     parser.add_argument("name", nargs="?", help="gang to cancel")
     parser.add_argument("--address", default="auto")

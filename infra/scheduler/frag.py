@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.resources import ClusterState
+from infra.scheduler.resources import ClusterState
 
 PodShape = tuple[int, int, int, frozenset[str]]
 """(cpu_milli, gpu_milli per GPU, num_gpu, allowed GPU models) of a request."""

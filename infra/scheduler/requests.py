@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from infra.resources import MILLI, ClusterState
+from infra.scheduler.resources import MILLI, ClusterState
 
 
 class RequestError(ValueError):
@@ -106,7 +106,7 @@ class GangRequest:
         priority: higher runs first and may preempt lower (default 0).
         min_bundles: for an elastic gang, the fewest bundles it accepts (None: all of them);
             the gang then runs with as many bundles as fit, between ``min_bundles`` and ``len(bundles)``.
-        tenant: who pays: GPU quotas (``infra.quota``) are per tenant.
+        tenant: who pays: GPU quotas (``infra.scheduler.quota``) are per tenant.
         timeout_s: longest wait in the queue (each time it waits) before the gang fails with the
             reason it could not be placed (None: waits for ever).
         grace_s: seconds a preempted gang has between the notice and the forced stop, to

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.requests import RequestError
+from infra.scheduler.requests import RequestError
 
 
 @dataclass(frozen=True)

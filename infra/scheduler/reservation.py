@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from infra.gang_placer import GangPlacer
-from infra.node_scoring import Policy, free_fraction
-from infra.requests import GangRequest
-from infra.resources import Alloc, ClusterState
+from infra.scheduler.gang_placer import GangPlacer
+from infra.scheduler.node_scoring import Policy, free_fraction
+from infra.scheduler.requests import GangRequest
+from infra.scheduler.resources import Alloc, ClusterState
 
 
 class ReservePolicy(Policy):

@@ -3,15 +3,15 @@
     python -m infra.service start [--address ADDR] [--policy fgd-strand] [--quota llm=4] [--store DIR]
     python -m infra.service status | stop | reset
 
-``infra.client.connect`` starts it on first use. It
+``infra.service.client.connect`` starts it on first use. It
 
 * discovers nodes and GPUs from Ray and follows joins and deaths (``ray.nodes()``, polled);
 * serves ``submit`` / ``release`` / ``stopped`` / ``resize`` / ``cancel``, status, queue and events,
   and long polls (``watch``) that let jobs learn of placements and preemption notices;
 * realises every ready placement as Ray placement groups on the planned node and GPUs
-  (``infra.ray_backend.Realizer``), removes those of gangs stopped, preempted past their grace,
+  (``infra.ray_cluster.realize.Realizer``), removes those of gangs stopped, preempted past their grace,
   released or lost, and so force-stops their actors;
-* writes each verb to its journal before applying it (``infra.journal``), so that a restarted
+* writes each verb to its journal before applying it (``infra.service.journal``), so that a restarted
   service recovers every placement and the queue, then adopts the placement groups it finds
   alive and removes the ones its plan does not hold (no double booking);
 * releases the gangs of owners (drivers) not heard from for ``owner_lease_s``.
@@ -24,15 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from infra.journal import FileStore, Journal, KVStore
-from infra.quota import Quota
-from infra.ray_backend import (
+from infra.ray_cluster.realize import (
     BLOCKER_PREFIX,
     GROUP_PREFIX,
     BundleSpec,
@@ -40,8 +37,10 @@ from infra.ray_backend import (
     discover_nodes,
     parse_group_name,
 )
-from infra.resources import Cluster
 from infra.scheduler import EventKind, GangRequest, GangState, Placement, Scheduler
+from infra.scheduler.quota import Quota
+from infra.scheduler.resources import Cluster
+from infra.service.journal import FileStore, Journal, KVStore
 
 SERVICE_NAME = "infra-scheduler"
 """Name of the service actor."""
@@ -223,7 +222,7 @@ class SchedulerService:
             return self._status(name)
 
     async def cancel(self, name: str) -> GangStatus:
-        """``release`` with reason ``cancelled`` (``python -m infra.cli cancel``)."""
+        """``release`` with reason ``cancelled`` (``python -m infra.service.cli cancel``)."""
         return await self.release(name, "cancelled")
 
     async def stopped(self, name: str, owner: str = "") -> GangStatus:
@@ -532,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         start(policy=args.policy, quotas=dict(args.quota) or None, store=args.store)
         print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}")
     elif args.command == "status":
-        from infra.cli import main as cli
+        from infra.service.cli import main as cli
 
         return cli(["status", "--address", args.address])
     elif args.command == "stop":
@@ -546,7 +545,3 @@ def main(argv: list[str] | None = None) -> int:
             KVStore().clear()
         print("journal and snapshot cleared")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

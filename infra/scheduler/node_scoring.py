@@ -4,7 +4,7 @@ A policy answers one question: on which node, and which GPUs of it, does one bun
 the whole cluster as arrays (``ClusterState``) and scores every feasible node at once; the best
 score wins and ties go to the node ranked first in ``state.tie_rank``, a node order the scheduler
 draws from its seed (as the FGD simulator's random node naming does), so a seed fixes every choice.
-Gangs and constraints are handled above it (``infra.gang_placer``) by narrowing the masks of a
+Gangs and constraints are handled above it (``infra.scheduler.gang_placer``) by narrowing the masks of a
 ``Demand``.
 
 Policies: ``random``, ``pack`` (Ray PACK-like: the gang's nodes first, else the emptiest feasible
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.frag import FragModel, PodShape, TypicalPods
-from infra.resources import MILLI, ClusterState
+from infra.scheduler.frag import FragModel, PodShape, TypicalPods
+from infra.scheduler.resources import MILLI, ClusterState
 
 
 @dataclass(frozen=True)

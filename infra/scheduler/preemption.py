@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.resources import Alloc, ClusterState
+from infra.scheduler.resources import Alloc, ClusterState
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Dynamic trace replay: pods arrive and leave through ``Scheduler.submit`` / ``release``.
 
-The static protocol of ``infra.trace`` asks only where each pod goes, on a cluster that never
+The static protocol of ``infra.replay.trace`` asks only where each pod goes, on a cluster that never
 empties. Here the trace's times drive the scheduler itself, queue included: a pod is submitted at
 its ``creation_time`` (priority from its QoS class), waits in the queue when it does not fit,
 may preempt lower classes (a preempted pod starts again from scratch when it is placed again),
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from infra.frag import TypicalPods
-from infra.requests import Bundle, GangRequest, RequestError
-from infra.resources import MILLI, Cluster
+from infra.replay.trace import Pod, read_pods
 from infra.scheduler import EventKind, Scheduler
-from infra.trace import Pod, read_pods
+from infra.scheduler.frag import TypicalPods
+from infra.scheduler.requests import Bundle, GangRequest, RequestError
+from infra.scheduler.resources import MILLI, Cluster
 
 PRIORITY_OF_QOS = {"BE": 0, "Burstable": 1, "LS": 2, "Guaranteed": 3}
 """Priority class of each QoS of the openb trace (best effort lowest)."""

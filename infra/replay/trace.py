@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from infra.frag import FragModel, PodShape, TypicalPods
-from infra.node_scoring import Demand, Policy
-from infra.resources import MILLI, Alloc, ClusterState
+from infra.scheduler.frag import FragModel, PodShape, TypicalPods
+from infra.scheduler.node_scoring import Demand, Policy
+from infra.scheduler.resources import MILLI, Alloc, ClusterState
 
 CURVE_POINTS = 131
 """Arrival percentages 0..130 at which curves are reported."""

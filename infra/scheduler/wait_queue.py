@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 from sortedcontainers import SortedList
 
-from infra.requests import Bundle
-from infra.resources import ClusterState
+from infra.scheduler.requests import Bundle
+from infra.scheduler.resources import ClusterState
 
 
 class WaitQueue:
