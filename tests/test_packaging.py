@@ -41,13 +41,25 @@ def test_environment_yml_matches_pyproject():
     assert not differing, f"version specifiers differ (pyproject, environment.yml): {differing}"
 
 
-def test_packages_import():
-    import infra
-    import policies
-    import sims
-    import vla_rl
+def test_every_module_imports():
+    """Every module of the five packages imports (a move or rename that left a stale import fails here)."""
+    import importlib
+    import pkgutil
 
-    assert all(m.__name__ for m in (infra, policies, sims, vla_rl))
+    failed = {}
+    count = 0
+    for package in ("infra", "policies", "rlcore", "sims", "vla_rl"):
+        root = importlib.import_module(package)
+        for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
+            if info.name.endswith("__main__"):
+                continue
+            count += 1
+            try:
+                importlib.import_module(info.name)
+            except Exception as err:  # report every broken module, not only the first
+                failed[info.name] = f"{type(err).__name__}: {err}"
+    assert count > 50, f"only {count} modules found: the package discovery is broken"
+    assert not failed, f"modules that do not import: {failed}"
 
 
 def test_ci_runs_the_readme_test_command():
