@@ -36,6 +36,8 @@ from rlcore.config import (
 from vla_rl.fleet.config import FleetConfig, validate_fleet
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_POLICY = "vla"
+"""The model of a config whose ``policy`` section names none."""
 
 
 @dataclass
@@ -286,7 +288,7 @@ def policy_from_dict(data: dict[str, Any] | None, path: str = "policy") -> Any:
     """Build the policy's own config dataclass from ``{"name": ..., <its fields>}``."""
     models = _policy_models()
     data = dict(data or {})
-    name = data.pop("name", "vla")
+    name = data.pop("name", DEFAULT_POLICY)
     if name not in models:
         raise ConfigError(f"{path}.name={name!r} is not a known model; valid: {', '.join(sorted(models))}")
     cfg = from_dict(models[name], data, path)

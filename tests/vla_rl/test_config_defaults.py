@@ -1,0 +1,71 @@
+"""One source of defaults: a YAML under configs/ names only what differs from the dataclasses
+(training configs) or from its base config (the recipe's stage sections)."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from infra.common.typed_config import merge
+from vla_rl.config import CONFIG_DIR, DEFAULT_POLICY, TrainConfig, _policy_models, read_yaml, to_dict
+from vla_rl.recipe import RecipeConfig
+
+_TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)}
+_RECIPE_KEYS = {f.name for f in dataclasses.fields(RecipeConfig)}
+TRAINING = sorted(p.name for p in CONFIG_DIR.glob("*.yaml") if set(read_yaml(p)) <= _TRAIN_KEYS)
+RECIPES = sorted(p.name for p in CONFIG_DIR.glob("*.yaml")
+                 if set(read_yaml(p)) <= _RECIPE_KEYS and not set(read_yaml(p)) <= _TRAIN_KEYS)
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, list | tuple) else value
+
+
+def repeated_defaults(data: dict, defaults: dict, prefix: str = "") -> list[str]:
+    """Dotted ``key=value`` of every leaf of ``data`` equal to the same path in ``defaults``."""
+    out = []
+    for key, value in data.items():
+        if key not in defaults:
+            continue
+        default = defaults[key]
+        if isinstance(value, dict) and isinstance(default, dict):
+            out += repeated_defaults(value, default, f"{prefix}{key}.")
+        elif _plain(value) == _plain(default):
+            out.append(f"{prefix}{key}={value!r}")
+    return out
+
+
+def train_defaults(policy_name: str | None) -> dict:
+    """The dataclass defaults as a config dict, with the named policy's own defaults."""
+    out = to_dict(TrainConfig())
+    out["policy"] = {"name": DEFAULT_POLICY, **to_dict(_policy_models()[policy_name or DEFAULT_POLICY]())}
+    return out
+
+
+def test_the_check_finds_a_repeated_default():
+    data = {"env": {"num_envs": to_dict(TrainConfig())["env"]["num_envs"] + 1, "render": True}, "algo": "ppo"}
+    assert repeated_defaults(data, train_defaults(None)) == ["env.render=True", "algo='ppo'"]
+
+
+def test_the_yaml_lists_cover_every_config():
+    names = {p.name for p in CONFIG_DIR.glob("*.yaml")} - {"language_dev.yaml"}  # templates, not a config
+    assert names == set(TRAINING) | set(RECIPES)
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_training_yaml_names_only_what_differs(name):
+    data = read_yaml(CONFIG_DIR / name)
+    repeats = repeated_defaults(data, train_defaults(data.get("policy", {}).get("name")))
+    assert not repeats, f"configs/{name} repeats dataclass defaults: {repeats}; delete them from the YAML"
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_yaml_names_only_what_differs(name):
+    data = read_yaml(CONFIG_DIR / name)
+    repeats = repeated_defaults({k: v for k, v in data.items() if k not in ("sft", "rl")}, to_dict(RecipeConfig()))
+    base_name = data.get("base", RecipeConfig.base)
+    base = read_yaml(Path(base_name) if Path(base_name).is_file() else CONFIG_DIR / base_name)
+    stage_defaults = merge(train_defaults(base.get("policy", {}).get("name")), base)
+    for stage in ("sft", "rl"):
+        repeats += repeated_defaults(data.get(stage, {}), stage_defaults, f"{stage}.")
+    assert not repeats, f"configs/{name} repeats what its defaults or base already say: {repeats}"
