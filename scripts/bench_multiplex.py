@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from infra.llm.real_bench import RealBenchConfig, run_real
+from infra.llm.sim.real_bench import RealBenchConfig, run_real
 from infra.llm.sim.report import BenchConfig, run_simulated
 
 
@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--router-requests", type=int, default=d.router_requests)
     ap.add_argument("--router-rate", type=float, default=d.router_rate, help="requests per second (Poisson)")
     ap.add_argument("--json", type=Path, default=None, help="write machine/config/results here")
-    real = ap.add_argument_group("--real: the same comparison measured on a local Ray cluster (infra.llm.real_bench)")
+    real = ap.add_argument_group("--real: the same comparison measured on a local Ray cluster (infra.llm.sim.real_bench)")
     r = RealBenchConfig()
     real.add_argument("--real", action="store_true", help="run the jobs on the elastic pool of the running system")
     real.add_argument("--real-compute", action="store_true",

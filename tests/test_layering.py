@@ -1,6 +1,11 @@
-"""The layering of docs/ARCHITECTURE.md: infra knows nothing of robots, sims nothing of networks,
-policies nothing of simulators, and rlcore (the RL math both trainers share) of nothing in the project.
-An import pointing the wrong way is a design bug."""
+"""The layering of docs/ARCHITECTURE.md. An import pointing the wrong way is a design bug.
+
+- infra/ knows nothing of robots, sims/ nothing of networks, policies/ nothing of simulators, and
+  rlcore/ (the RL math both trainers share) nothing of the project;
+- the scheduler core (``infra.scheduler``) is engine-free: no Ray, no service, no LLM jobs;
+- the shared plumbing (``infra.common``) imports nothing of the project;
+- production code never imports the LLM simulator (``infra.llm.sim``) or a benchmark.
+"""
 
 import ast
 from pathlib import Path
@@ -8,30 +13,80 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = {
-    "sims": {"policies", "vla_rl", "infra"},
-    "policies": {"sims", "vla_rl", "infra"},
-    "infra": {"sims", "policies", "vla_rl"},
-    "rlcore": {"sims", "policies", "vla_rl", "infra"},
-}
+PACKAGES = ("sims", "policies", "vla_rl", "infra", "rlcore")
+SIMULATION_OR_BENCH = ("infra.llm.sim", "policies.benchmark", "scripts")
+"""Modules only benchmarks, scripts and tests may import."""
+
+RULES: list[tuple[str, tuple[str, ...], str]] = [
+    ("sims", ("policies", "vla_rl", "infra"), "simulators know nothing of networks or training"),
+    ("policies", ("sims", "vla_rl", "infra"), "networks know nothing of simulators"),
+    ("infra", ("sims", "policies", "vla_rl"), "infra knows nothing of robots"),
+    ("rlcore", ("sims", "policies", "vla_rl", "infra"), "the shared RL math imports nothing of the project"),
+    ("infra.scheduler", ("ray", "infra.service", "infra.ray_cluster", "infra.replay", "infra.llm"),
+     "the scheduler core is engine-free and knows no jobs"),
+    ("infra.common", PACKAGES, "shared plumbing imports nothing of the project"),
+]
 
 
-def _imported_top_level_modules(path: Path) -> set[str]:
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of every absolute import of ``path`` (``from a.b import c`` gives ``a.b`` and ``a.b.c``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_no_import_points_the_wrong_way(package):
-    offenders = []
-    for path in sorted((ROOT / package).rglob("*.py")):
-        bad = _imported_top_level_modules(path) & FORBIDDEN[package]
-        if bad:
-            offenders.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
-    assert not offenders, f"{package}/ must not import {sorted(FORBIDDEN[package])}: " + "; ".join(offenders)
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(root: Path) -> list[str]:
+    """Every module under ``root``'s packages that breaks a rule, one line per module and rule."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            module = module_name(path, root)
+            imports = imported_modules(path)
+            rules = [(forbidden, reason) for source, forbidden, reason in RULES if _within(module, source)]
+            if not any(_within(module, s) for s in SIMULATION_OR_BENCH):
+                rules.append((SIMULATION_OR_BENCH, "production never imports simulators or benchmarks"))
+            for forbidden, reason in rules:
+                bad = sorted(n for n in imports if any(_within(n, f) for f in forbidden))
+                if bad:
+                    found.append(f"{module} imports {', '.join(bad)} ({reason})")
+    return found
+
+
+def test_no_import_points_the_wrong_way():
+    found = violations(ROOT)
+    assert not found, "imports that break docs/ARCHITECTURE.md's layering:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("path", "line", "reason"), [
+    ("infra/scheduler/planted.py", "from infra.llm.services import RolloutService", "engine-free"),
+    ("infra/scheduler/planted.py", "import ray", "engine-free"),
+    ("infra/llm/planted.py", "from infra.llm.sim.workload import JobProfile", "never imports simulators"),
+    ("vla_rl/planted.py", "from policies.benchmark import main", "never imports simulators or benchmarks"),
+    ("infra/common/planted.py", "from infra.scheduler import Cluster", "plumbing imports nothing"),
+    ("sims/planted.py", "import policies", "simulators know nothing of networks"),
+])
+def test_a_planted_violation_is_found(tmp_path, path, line, reason):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "infra" / "scheduler" / "core.py").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "infra" / "scheduler" / "core.py").write_text("import heapq\n")  # a clean neighbour
+    planted = tmp_path / path
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text(line + "\n")
+    found = violations(tmp_path)
+    assert len(found) == 1 and found[0].startswith(module_name(planted, tmp_path) + " imports") and reason in found[0], found

@@ -22,8 +22,8 @@ What the simulation's request-level model (``infra.llm.sim.services``) describes
   that already hold the job's weights listed first so that ties keep the weights where they are.
 
 Device work is real (the tiny model's generate and GRPO update on the slot's host); with a
-:class:`Emulation` each call then holds its lease until the workload's duration has passed
-(:mod:`infra.llm.emulator`): those figures are "emulated compute".
+:class:`CallEmulation` (the benchmark's ``infra.llm.sim.emulator.Emulation``) each call then holds its
+lease until the workload's duration has passed: those figures are "emulated compute".
 """
 
 from __future__ import annotations
@@ -37,15 +37,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from infra.llm.emulator import IterationWork, swap_s
 from infra.llm.handles import LocalHandle
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobServices
 from infra.llm.router import InstanceLoad, Router, load_router
 from infra.llm.services import RewardService, RolloutService, TrainerService
-from infra.llm.sim.workload import Hardware, JobProfile
 
 _POOLS = itertools.count()
 """Numbers the pools of this process, so that their gang names never collide."""
@@ -335,25 +333,18 @@ class PoolConfig:
         load_router(self.router)
 
 
-@dataclass(frozen=True)
-class Emulation:
-    """Emulated compute of one job: its iterations' work, its profile's swap costs, the time scale."""
+class CallEmulation(Protocol):
+    """Emulated compute of one job (the benchmark's ``infra.llm.sim.emulator.Emulation``): per iteration,
+    the device time each call holds its lease for, in workload seconds, and the wall seconds per workload
+    second. The pool only reads it, so production code never imports the simulator."""
 
-    work: list[IterationWork]
+    work: list[Any]
+    """Per iteration: ``turns`` (each with ``prompt_tokens``, ``sequences``, ``prefill_s``, ``decode_s``,
+    ``stall_s``), ``train_s`` and ``reward_s``."""
     rollout_swap_s: float
     trainer_swap_s: float
     scale: float
-    """Wall seconds per workload second."""
-    chunk_s: float = 10.0
-    """Longest device hold of one generate request, in workload seconds: a turn's decoding is sent as
-    requests of at most this much, each queued EDF again on the same slot (its KV cache is there), so a
-    job with an earlier deadline waits for one chunk, not for another job's whole rollout."""
-
-    @classmethod
-    def of(cls, profile: JobProfile, hw: Hardware, work: list[IterationWork], scale: float,
-           chunk_s: float = 10.0) -> Emulation:
-        """The emulation of ``profile``'s ``work`` on ``hw`` at ``scale``."""
-        return cls(work, swap_s(profile, hw, "rollout"), swap_s(profile, hw, "trainer"), scale, chunk_s)
+    chunk_s: float
 
 
 @dataclass
@@ -362,7 +353,7 @@ class _JobState:
     rollout_homes: list[int]
     trainer_home: int
     pace_s: float
-    emulation: Emulation | None
+    emulation: CallEmulation | None
     start: float = field(default_factory=time.time)
     iteration: int = 0
     scored: bool = True
@@ -384,7 +375,7 @@ class _JobState:
             self.iteration += 1
             self.pace_s = max(1e-6, (record.end - self.start - self.waited_s) / self.iteration)
 
-    def work(self) -> IterationWork | None:
+    def work(self) -> Any | None:
         if self.emulation is None:
             return None
         return self.emulation.work[min(self.iteration, len(self.emulation.work) - 1)]
@@ -427,7 +418,7 @@ class ElasticPool:
         self._lock = threading.Lock()
 
     def job_services(self, job: str, *, pace_s: float, demand: tuple[float, float] = (1.0, 1.0),
-                     emulation: Emulation | None = None) -> JobServices:
+                     emulation: CallEmulation | None = None) -> JobServices:
         """Choose ``job``'s homes and return its services (handles for ``infra.llm.rlvr.run_job``).
 
         ``demand``: the job's expected share of time generating and training when alone (profiled

@@ -143,7 +143,7 @@ def test_router_chooses_on_the_slots_reports() -> None:
 def scheduler_client():
     import ray
 
-    from infra.llm.real_bench import start_cluster
+    from infra.llm.sim.real_bench import start_cluster
 
     client = start_cluster(gpus=4)
     yield client
@@ -153,7 +153,7 @@ def scheduler_client():
 @pytest.mark.timeout(300)
 def test_elastic_pool_jobs_match_alone_runs_never_overlap_and_return_every_lease(scheduler_client) -> None:
     from infra.llm.elastic import ElasticPool, PoolConfig
-    from infra.llm.real_bench import TINY, RealBenchConfig, held_gpu_seconds
+    from infra.llm.sim.real_bench import TINY, RealBenchConfig, held_gpu_seconds
 
     bench = RealBenchConfig(jobs=3, iterations=2)
     cfgs = [bench.job_config(f"j{i}", i) for i in range(3)]

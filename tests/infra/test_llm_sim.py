@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 
-from infra.llm.emulator import job_work
 from infra.llm.router import (
     EngineCost,
     InstanceLoad,
@@ -15,6 +14,7 @@ from infra.llm.router import (
     RoundRobin,
     load_router,
 )
+from infra.llm.sim.emulator import job_work
 from infra.llm.sim.phased import dedicated_placement, multiplexed_placement, simulate_group
 from infra.llm.sim.report import BenchConfig, run_simulated
 from infra.llm.sim.routing import RouterWorkload, simulate_routing

@@ -121,7 +121,7 @@ def extra_turns(p: JobProfile, rng: np.random.Generator, n: int) -> np.ndarray:
 @dataclass(frozen=True)
 class BatchDraws:
     """One iteration's batch of a job, per sequence, as the running pool's compute emulator draws it
-    (:func:`draw_batch`; ``infra.llm.emulator`` sums it into device calls). Columns are turns."""
+    (:func:`draw_batch`; ``infra.llm.sim.emulator`` sums it into device calls). Columns are turns."""
 
     n_turns: np.ndarray
     """``[n]`` turns of each sequence (>= 1)."""

@@ -15,7 +15,7 @@ GPUs (loopback), with the cluster's scheduler service:
 
 Each job is :func:`infra.llm.rlvr.run_job` on a tiny model, for real. With ``emulate`` (the default)
 every generate and train call also holds its GPU for the workload's duration
-(:mod:`infra.llm.emulator`, figures labelled "emulated compute"); without it the run is the
+(:mod:`infra.llm.sim.emulator`, figures labelled "emulated compute"); without it the run is the
 real tiny-model compute alone (CPU contention included). GPU-time held is read from the
 scheduler's event log (lease gangs placed -> released); slowdown = a job's wall time in the
 elastic run / in the dedicated run.
@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from infra.llm.elastic import ElasticPool, Emulation, PoolConfig
-from infra.llm.emulator import job_work, pace_s
+from infra.llm.elastic import ElasticPool, PoolConfig
 from infra.llm.grpo import llm_grpo_config
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobResult, RLVRConfig, run_job
 from infra.llm.router import EngineCost, load_router
+from infra.llm.sim.emulator import Emulation, job_work, pace_s
 from infra.llm.sim.routing import RouterWorkload, simulate_routing
 from infra.llm.sim.services import DrawSource, HomeRule, ServicePool, simulate_services
 from infra.llm.sim.workload import Hardware, JobProfile, mixed_workload

@@ -10,7 +10,7 @@ Figures measured this way are labelled "emulated compute".
 The durations follow the workload of :mod:`infra.llm.sim.workload` (``JobProfile``: long-tailed
 turn lengths, multi-turn agents with tool stalls, CPU reward times) and the cost model of
 ``Hardware``, at the granularity the real services run: one turn of a job's batch on one instance
-(sent in pieces, see ``infra.llm.elastic.Emulation.chunk_s``), one train request per update. Per turn, continuous batching of sequences
+(sent in pieces, see ``Emulation.chunk_s``), one train request per update. Per turn, continuous batching of sequences
 of lengths ``L_i`` takes ``max(L) * decode_step_s + decode_s_per_seq * sum(L)`` plus the prefill of
 the turn's new tokens; the next turn starts when the slowest tool call of the sequences that go
 on returns (a stall that holds no GPU). Every duration is multiplied by ``time_scale``, so that a
@@ -91,3 +91,24 @@ def swap_s(p: JobProfile, hw: Hardware, service: str) -> float:
     if service == "rollout":
         return 2 * p.params / hw.pcie_bytes_per_s
     return 2 * 16 * p.params / p.gpus / hw.pcie_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Emulated compute of one job: its iterations' work, its profile's swap costs, the time scale."""
+
+    work: list[IterationWork]
+    rollout_swap_s: float
+    trainer_swap_s: float
+    scale: float
+    """Wall seconds per workload second."""
+    chunk_s: float = 10.0
+    """Longest device hold of one generate request, in workload seconds: a turn's decoding is sent as
+    requests of at most this much, each queued EDF again on the same slot (its KV cache is there), so a
+    job with an earlier deadline waits for one chunk, not for another job's whole rollout."""
+
+    @classmethod
+    def of(cls, profile: JobProfile, hw: Hardware, work: list[IterationWork], scale: float,
+           chunk_s: float = 10.0) -> Emulation:
+        """The emulation of ``profile``'s ``work`` on ``hw`` at ``scale``."""
+        return cls(work, swap_s(profile, hw, "rollout"), swap_s(profile, hw, "trainer"), scale, chunk_s)
