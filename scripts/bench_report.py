@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from infra.common.files import write_atomic
+
 _PACKAGES = ("numpy", "torch", "mujoco", "jax", "ray", "tensordict", "gymnasium", "stable-baselines3")
 
 
@@ -60,7 +62,5 @@ def write_report(path: str | Path, config: dict[str, Any], results: dict[str, An
     report = {"machine": machine_info(), "config": config, "results": results}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(report, indent=2, default=str).encode())
     return report

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from infra.common.files import atomic_path
 from infra.replay.dynamic import read_timed_pods, replay_dynamic
 from infra.replay.trace import VARIANTS, ReplayResult, arrival_sequence, make_variant, read_pods, replay
 from infra.scheduler import node_scoring
@@ -102,9 +102,8 @@ def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".png.tmp")
-    fig.savefig(tmp, dpi=120, format="png")
-    os.replace(tmp, path)  # atomic: a reader never sees half a plot
+    with atomic_path(path) as tmp:  # a reader never sees half a plot
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
+from infra.common.files import write_atomic
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
 from rlcore.config import (
     AT_LEAST_1,
@@ -582,6 +583,4 @@ def diff_configs(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list
 
 def save_yaml(data: dict[str, Any], path: Path) -> None:
     """Write a config dict as YAML atomically (temp file + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False).encode())

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from infra.common.files import atomic_path, write_atomic
 from vla_rl.config import LogConfig
 
 CURVES = (
@@ -27,12 +27,6 @@ CURVES = (
     ("eval/composition/success", "eval success (composition, test)"),
     ("eval/return", "eval return"),
 )
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 class RunLog:
@@ -104,7 +98,7 @@ class RunLog:
         writer = csv.DictWriter(out, fieldnames=columns)
         writer.writeheader()
         writer.writerows(self.rows)
-        _atomic_bytes(self.run_dir / "metrics.csv", out.getvalue().encode())
+        write_atomic(self.run_dir / "metrics.csv", out.getvalue().encode())
 
     def plot(self) -> Path:
         """Draw the learning curves (return and success against the budget's unit) to ``curves.png``."""
@@ -134,7 +128,7 @@ class RunLog:
         fig.savefig(buf, format="png", dpi=100)
         plt.close(fig)
         path = self.run_dir / "curves.png"
-        _atomic_bytes(path, buf.getvalue())
+        write_atomic(path, buf.getvalue())
         return path
 
     def video_due(self, evaluation: int, last: bool) -> bool:
@@ -154,13 +148,12 @@ class RunLog:
         import imageio.v2 as iio
 
         path = self.run_dir / "videos" / f"{name}.{self.cfg.video_format}"
-        tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
         big = [upscale(f) for f in frames]
-        if self.cfg.video_format == "gif":
-            iio.mimwrite(tmp, big, duration=1000 / fps, loop=0)
-        else:
-            iio.mimwrite(tmp, big, fps=fps, macro_block_size=16)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            if self.cfg.video_format == "gif":
+                iio.mimwrite(tmp, big, duration=1000 / fps, loop=0)
+            else:
+                iio.mimwrite(tmp, big, fps=fps, macro_block_size=16)
         if self.wandb_run is not None:
             import wandb
 

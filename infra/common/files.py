@@ -1,7 +1,8 @@
 """Files that are whole or absent: written atomically, read back verified.
 
 A sealed file is ``magic | sha256(data) | data``. :func:`write_atomic` writes a temporary file in
-the target's directory (named ``<name>.<random>.tmp``), flushes it to disk and renames it over the
+the target's directory (named ``.<stem>.<random>.tmp<suffix>``; :func:`atomic_path` gives such a path to
+writers that want a file name), flushes it to disk and renames it over the
 target (``os.replace``), so a process killed while writing leaves the previous file intact;
 :func:`unseal` checks the header and the digest, so a truncated or corrupted file is refused
 instead of read. The trainers' checkpoints (``vla_rl.checkpoint``, ``infra.llm.checkpoint``) are
@@ -10,9 +11,11 @@ sealed files with their own magic and their own error messages.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 DIGEST_BYTES = 32
@@ -46,15 +49,25 @@ def unseal(blob: bytes, magic: bytes) -> bytes:
     return blob[header:]
 
 
-def write_atomic(path: Path, blob: bytes) -> None:
-    """Write ``blob`` to ``path`` through a flushed temporary file renamed into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that wants a file name (a plot, a video); renamed
+    over ``path`` when the block ends without error, removed otherwise. The suffix is kept, so
+    writers that pick the format from it still do."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, blob: bytes) -> None:
+    """Write ``blob`` to ``path`` through a flushed temporary file renamed into place."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())

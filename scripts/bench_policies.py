@@ -1,6 +1,6 @@
 """Parameter counts and forward / forward+backward times of the policies on this machine.
 
-Run: ``python -m policies.benchmark [--batch 256] [--threads 2] [--json PATH]``.
+Run: ``python scripts/bench_policies.py [--batch 256] [--threads 2] [--json PATH]``.
 
 "forward" is ``act`` (sampling, no gradient), as in a rollout; "forward+backward" is
 ``evaluate`` plus a PPO-shaped loss and ``backward``, as in one minibatch of an update
@@ -14,16 +14,14 @@ The language encoder is replaced by a random stand-in here: MiniLM never runs pe
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from bench_report import write_report
 from tensordict import TensorDict
 
 from policies.base import ActorCritic
@@ -105,17 +103,6 @@ def parameter_breakdown(policy: ActorCritic) -> dict[str, int]:
     return {name: sum(p.numel() for p in child.parameters()) for name, child in policy.named_children()}
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256, help="observations per call")
@@ -138,20 +125,9 @@ def main() -> None:
             flush=True,
         )
     if args.json:
-        report = {
-            "machine": {
-                "cores": os.cpu_count(),
-                "cpu": _cpu_model(),
-                "torch": torch.__version__,
-                "threads": args.threads,
-            },
-            "config": {"batch": args.batch, "repeats": args.repeats, "load_average_1min": os.getloadavg()[0]},
-            "results": {"per_policy": results, "params_by_module": breakdown},
-        }
-        directory = os.path.dirname(os.path.abspath(args.json))
-        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as tmp:
-            json.dump(report, tmp, indent=2)
-        os.replace(tmp.name, args.json)
+        write_report(args.json, {"batch": args.batch, "repeats": args.repeats, "threads": args.threads,
+                                 "load_average_1min": os.getloadavg()[0]},
+                     {"per_policy": results, "params_by_module": breakdown})
 
 
 if __name__ == "__main__":
