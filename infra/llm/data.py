@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from infra.llm.tasks import Example
+from infra.llm.verifiable_tasks import Example
 
 FORMATS = (".jsonl", ".json", ".parquet")
 
@@ -100,7 +100,7 @@ def load_examples(path: str, cfg: DataConfig) -> list[Example]:
 
 
 class FileSource:
-    """A :class:`~infra.llm.tasks.PromptSource` over a user's examples: training draws with replacement
+    """A :class:`~infra.llm.verifiable_tasks.PromptSource` over a user's examples: training draws with replacement
     from ``train``, greedy accuracy on ``held_out``."""
 
     def __init__(self, train: list[Example], held_out: list[Example]) -> None:

@@ -1,6 +1,6 @@
 """The elastic service pool: LLM function calls of many RLVR jobs on GPUs leased from the scheduler.
 
-What the simulation's request-level model (``infra.llm.sim.services``) describes, on Ray:
+What the simulation's request-level model (``infra.llm.sim.service_pool``) describes, on Ray:
 
 - *Slots* are long-lived service processes (Ray actors placed by the cluster's scheduler service
   as one CPU gang). Each hosts a :class:`~infra.llm.services.RolloutService` and a

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from infra.llm.model import ModelConfig, TinyCausalLM, sample_next
-from infra.llm.tasks import EOS, PAD, decode, encode
+from infra.llm.verifiable_tasks import EOS, PAD, decode, encode
 
 
 @runtime_checkable
@@ -83,7 +83,7 @@ class CharCodec:
         return decode(ids)[0]
 
     def save(self, path: Path) -> None:
-        """Nothing to write: the vocabulary is fixed in :mod:`infra.llm.tasks`."""
+        """Nothing to write: the vocabulary is fixed in :mod:`infra.llm.verifiable_tasks`."""
 
 
 class HFCodec:

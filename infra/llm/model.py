@@ -30,7 +30,7 @@ class ModelConfig:
 
     ``kind="hf"`` loads ``AutoModelForCausalLM`` and ``AutoTokenizer`` from ``path`` (see
     :mod:`infra.llm.lm`); ``kind="char"`` builds :class:`TinyCausalLM` from the size fields below
-    (the CPU demo; its tokenizer is the character vocabulary of :mod:`infra.llm.tasks`).
+    (the CPU demo; its tokenizer is the character vocabulary of :mod:`infra.llm.verifiable_tasks`).
     """
 
     kind: str = "hf"

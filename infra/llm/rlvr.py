@@ -29,13 +29,13 @@ import torch
 from infra.common.files import write_atomic
 from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.data import DataConfig, load_file_source
-from infra.llm.grpo import check_grpo, llm_grpo_config
+from infra.llm.grpo_trainer import check_grpo, llm_grpo_config
 from infra.llm.handles import LocalHandle, ServiceHandle
 from infra.llm.lm import Codec, HFCausalLM, build_model, check_model, load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, resolve_reward
 from infra.llm.services import RewardService, RolloutService, TrainerService
-from infra.llm.tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
+from infra.llm.verifiable_tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
 from rlcore.config import GRPOConfig
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class RLVRConfig:
     trainer crash then fails the job with an error."""
     data: DataConfig = field(default_factory=DataConfig)
     """A user's prompts and reference answers (JSONL or parquet); empty ``path``: the built-in ``task``."""
-    reward: str = "infra.llm.tasks:exact_match"
+    reward: str = "infra.llm.verifiable_tasks:exact_match"
     """The reward, ``module:function`` with signature ``(prompt, completion, answer) -> float``; it runs
     in a worker process, and a call that raises or outlives ``reward_timeout_s`` scores 0 and is counted."""
     reward_timeout_s: float = 10.0

@@ -28,7 +28,7 @@ import torch
 from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.engine import GenerationEngine, load_engine
-from infra.llm.grpo import GRPOTrainer
+from infra.llm.grpo_trainer import GRPOTrainer
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, RewardRunner
 from rlcore.config import GRPOConfig

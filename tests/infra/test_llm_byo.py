@@ -12,7 +12,7 @@ import torch
 from infra.common.typed_config import apply_overrides
 from infra.llm.data import DataConfig, load_examples
 from infra.llm.engine import left_pad, load_engine
-from infra.llm.grpo import GRPOTrainer, llm_grpo_config
+from infra.llm.grpo_trainer import GRPOTrainer, llm_grpo_config
 from infra.llm.lm import build_model, load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardRunner, resolve_reward

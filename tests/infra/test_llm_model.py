@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from infra.llm.engine import load_engine
-from infra.llm.grpo import GRPOTrainer, llm_grpo_config
+from infra.llm.grpo_trainer import GRPOTrainer, llm_grpo_config
 from infra.llm.lm import CharCodec
 from infra.llm.model import ModelConfig, TinyCausalLM, sequence_logprobs
-from infra.llm.tasks import EOS, PAD, VOCAB_SIZE, decode, encode, exact_match, load_task
+from infra.llm.verifiable_tasks import EOS, PAD, VOCAB_SIZE, decode, encode, exact_match, load_task
 
 torch.set_num_threads(1)
 

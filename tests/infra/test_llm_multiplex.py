@@ -7,13 +7,13 @@ import threading
 import pytest
 import torch
 
-from infra.llm.grpo import llm_grpo_config
+from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.handles import LocalHandle
 from infra.llm.model import ModelConfig
 from infra.llm.multiplex import GPUGroup, JobRefused, LLMJobSpec, Multiplexer
 from infra.llm.rlvr import RLVRConfig, local_services, run_job
 from infra.llm.services import RewardService, RolloutService, TrainerService
-from infra.llm.tasks import VOCAB_SIZE
+from infra.llm.verifiable_tasks import VOCAB_SIZE
 
 torch.set_num_threads(1)
 

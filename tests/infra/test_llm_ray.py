@@ -7,13 +7,13 @@ import itertools
 import pytest
 import torch
 
-from infra.llm.grpo import llm_grpo_config
+from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.model import ModelConfig
 from infra.llm.multiplex import LLMJobSpec, Multiplexer
 from infra.llm.rlvr import JobServices, RLVRConfig, run_job
 from infra.llm.router import EngineCost, PrefillDecodeAware
 from infra.llm.service_plane import group_request, place_services
-from infra.llm.tasks import VOCAB_SIZE
+from infra.llm.verifiable_tasks import VOCAB_SIZE
 from infra.scheduler import GPU, Cluster, Node, RequestError, Scheduler
 
 SMALL = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)

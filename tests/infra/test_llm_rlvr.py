@@ -9,7 +9,7 @@ import torch
 from infra.common.typed_config import ConfigError, apply_overrides
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import RLVRConfig, local_services, run_job, write_outputs
-from infra.llm.tasks import VOCAB_SIZE
+from infra.llm.verifiable_tasks import VOCAB_SIZE
 
 torch.set_num_threads(2)
 

@@ -18,7 +18,7 @@ from infra.llm.sim.emulator import job_work
 from infra.llm.sim.phased import dedicated_placement, multiplexed_placement, simulate_group
 from infra.llm.sim.report import BenchConfig, run_simulated
 from infra.llm.sim.routing import RouterWorkload, simulate_routing
-from infra.llm.sim.services import DrawSource, HomeRule, ServicePool, home_nodes, simulate_services
+from infra.llm.sim.service_pool import DrawSource, HomeRule, ServicePool, home_nodes, simulate_services
 from infra.llm.sim.sizing import dedicated_service_jct, size_service_pool
 from infra.llm.sim.workload import Hardware, JobProfile, draw_batch, mixed_workload
 

@@ -16,10 +16,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from infra.llm.grpo import llm_grpo_config  # noqa: E402
+from infra.llm.grpo_trainer import llm_grpo_config  # noqa: E402
 from infra.llm.model import ModelConfig  # noqa: E402
 from infra.llm.rlvr import RLVRConfig, run_rlvr  # noqa: E402
-from infra.llm.tasks import VOCAB_SIZE  # noqa: E402
+from infra.llm.verifiable_tasks import VOCAB_SIZE  # noqa: E402
 from infra.ray_cluster.realize import start_local_cluster  # noqa: E402
 from infra.scheduler import GPU, Cluster, EventKind, Node  # noqa: E402
 from infra.service.actor import NAMESPACE, SERVICE_NAME, HandleState  # noqa: E402

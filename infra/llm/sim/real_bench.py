@@ -8,7 +8,7 @@ GPUs (loopback), with the cluster's scheduler service:
 2. *elastic*: the same jobs (same draws) share a pool of rollout and trainer slots
    (:mod:`infra.llm.elastic`) that lease GPUs per call and hand them back after ``keep_alive_s``
    idle, requests queued earliest deadline first, each job's state only on its home slots;
-3. the simulation (``infra.llm.sim.services.simulate_services``) of the same jobs, pool and
+3. the simulation (``infra.llm.sim.service_pool.simulate_services``) of the same jobs, pool and
    keep-alive, with the start-up time the dedicated run measured for one lease, the emulator's own
    draws and the options that model the running pool (:data:`RUNNING_POOL`: turn-synchronous
    rollouts, homes by demand, one trainer slot per job, hand-back when a job ends, holds from placement).
@@ -32,15 +32,15 @@ from typing import Any
 import torch
 
 from infra.llm.elastic import ElasticPool, PoolConfig
-from infra.llm.grpo import llm_grpo_config
+from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobResult, RLVRConfig, run_job
 from infra.llm.router import EngineCost, load_router
 from infra.llm.sim.emulator import Emulation, job_work, pace_s
 from infra.llm.sim.routing import RouterWorkload, simulate_routing
-from infra.llm.sim.services import DrawSource, HomeRule, ServicePool, simulate_services
+from infra.llm.sim.service_pool import DrawSource, HomeRule, ServicePool, simulate_services
 from infra.llm.sim.workload import Hardware, JobProfile, mixed_workload
-from infra.llm.tasks import VOCAB_SIZE
+from infra.llm.verifiable_tasks import VOCAB_SIZE
 
 RUNNING_POOL: dict[str, Any] = {"turn_sync": True, "homes": HomeRule.DEMAND, "trainer_home_nodes": 1,
                                  "release_on_finish": True, "held_from_ready": True, "draws": DrawSource.EMULATOR}
@@ -146,16 +146,16 @@ def start_cluster(gpus: int) -> Any:
 def held_gpu_seconds(client: Any, prefix: str, since: int) -> tuple[float, int]:
     """GPU-time held by the lease gangs named ``prefix-...`` from the scheduler's events after ``since``
     (placed -> released, per GPU); also the number of leases."""
-    from infra.scheduler import EventKind
+    from infra.scheduler import PoolEventKind
 
     placed: dict[str, float] = {}
     held, n = 0.0, 0
     for e in client.events(since, 1_000_000):
         if not e.gang.startswith(prefix) or e.gang.endswith("-slots"):
             continue
-        if e.kind is EventKind.PLACED:
+        if e.kind is PoolEventKind.PLACED:
             placed[e.gang] = e.time
-        elif e.kind is EventKind.RELEASED and e.gang in placed:
+        elif e.kind is PoolEventKind.RELEASED and e.gang in placed:
             held += e.time - placed.pop(e.gang)
             n += 1
     if placed:

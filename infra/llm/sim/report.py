@@ -16,7 +16,7 @@ import numpy as np
 from infra.llm.router import EngineCost, load_router
 from infra.llm.sim.phased import PlacementResult, dedicated_placement, multiplexed_placement
 from infra.llm.sim.routing import RouterWorkload, simulate_routing
-from infra.llm.sim.services import ServicePool, simulate_services
+from infra.llm.sim.service_pool import ServicePool, simulate_services
 from infra.llm.sim.sizing import PoolSizing, dedicated_service_jct, estimate_pace, size_service_pool
 from infra.llm.sim.workload import Hardware, JobProfile, mixed_workload
 

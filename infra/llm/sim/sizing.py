@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from infra.llm.sim.services import ServicePool, ServiceResult, simulate_services
+from infra.llm.sim.service_pool import ServicePool, ServiceResult, simulate_services
 from infra.llm.sim.workload import Hardware, JobProfile
 
 

@@ -4,7 +4,7 @@ The jobs share a rollout service of single-GPU instances behind a router and a t
 GPU gangs; each generation request (one turn of one sequence) and each train step is scheduled on
 its own, on instances of the nodes holding the job's weights, swapping weights in from host memory
 when an instance switches job. :class:`ServiceSim` is the event loop, one method per
-:class:`EventKind`; :func:`simulate_services` validates the inputs and runs it.
+:class:`PoolEventKind`; :func:`simulate_services` validates the inputs and runs it.
 
 Billing: GPUs held x time held (a static pool: from the first arrival to the last job's end; an
 elastic pool: each GPU while taken), and the GPU-time charged (what the jobs' functions occupied,
@@ -145,7 +145,7 @@ class ServiceResult:
     holds: list[tuple[str, int, float, float]] = field(default_factory=list)
 
 
-class EventKind(IntEnum):
+class PoolEventKind(IntEnum):
     """Events of :class:`ServiceSim`. Each event carries two integers ``(a, b)``, named per kind."""
 
     CHUNK_END = 0
@@ -312,7 +312,7 @@ def home_nodes(
 
 class ServiceSim:
     """The event loop of :func:`simulate_services`: the pool's instances, gangs and queues, and one
-    handler per :class:`EventKind`. Inputs are validated by :func:`simulate_services`."""
+    handler per :class:`PoolEventKind`. Inputs are validated by :func:`simulate_services`."""
 
     def __init__(
         self,
@@ -351,7 +351,7 @@ class ServiceSim:
         self.peak = self.held_now
         homes_by_job = {j.p.name: tuple(sorted({self.inst[i].node for i in j.homes})) for j in self.jobs}
         self.res = ServiceResult({}, 0.0, 0.0, 0.0, homes=homes_by_job)
-        self.events: list[tuple[float, int, EventKind, int, int]] = []
+        self.events: list[tuple[float, int, PoolEventKind, int, int]] = []
         self.counter = 0  # event sequence number: ties at one time keep the order of pushing
         self.loads = 0  # weight loads so far: a load id tells a KV cache whether its weights are still there
         self.queues: list[list[int]] = [[] for _ in self.jobs]  # sequences waiting for an instance, per job
@@ -363,7 +363,7 @@ class ServiceSim:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def push(self, t: float, kind: EventKind, a: int, b: int = 0) -> None:
+    def push(self, t: float, kind: PoolEventKind, a: int, b: int = 0) -> None:
         self.counter += 1
         heapq.heappush(self.events, (t, self.counter, kind, a, b))
 
@@ -428,7 +428,7 @@ class ServiceSim:
             x.ready_at = self.t + pool.provision_s
             x.held_since = x.ready_at if pool.held_from_ready else self.t
             job.charged += pool.provision_s
-            self.push(x.ready_at, EventKind.INSTANCE_READY, i)
+            self.push(x.ready_at, PoolEventKind.INSTANCE_READY, i)
         if not x.holds(j, job.version):
             if j not in x.resident and len(x.resident) >= pool.max_resident:
                 victim = next(k for k in x.resident if not x.seqs.get(k))
@@ -483,7 +483,7 @@ class ServiceSim:
             x.current = None
             if self.elastic and x.held_since is not None:
                 x.idle_token += 1
-                self.push(t + self.pool.keep_alive_s, EventKind.INSTANCE_IDLE, i, x.idle_token)
+                self.push(t + self.pool.keep_alive_s, PoolEventKind.INSTANCE_IDLE, i, x.idle_token)
             return
         j = busy[x.rr % len(busy)]
         x.rr += 1
@@ -505,7 +505,7 @@ class ServiceSim:
         if self.trace:
             resident = tuple(self.jobs[k].p.name for k in x.resident)
             self.res.chunks.append((i, job.p.name, t, t + dt, len(ids), x.n, resident))
-        self.push(t + dt, EventKind.CHUNK_END, i)
+        self.push(t + dt, PoolEventKind.CHUNK_END, i)
 
     def start_rollout(self, j: int) -> None:
         """Job ``j``'s next iteration: every sequence requests its first turn."""
@@ -538,7 +538,7 @@ class ServiceSim:
             gang.free, gang.last = False, j
             job.charged += gpus * dt
             job.swapped += gpus * swap
-            self.push(t + dt, EventKind.TRAIN_END, g, j)
+            self.push(t + dt, PoolEventKind.TRAIN_END, g, j)
 
     # ------------------------------------------------------------------ event handlers
 
@@ -574,14 +574,14 @@ class ServiceSim:
                 job.going_on.append(s)
                 job.stall_s = max(job.stall_s, float(job.tool_s[s, turn]))
             else:
-                self.push(self.t + float(job.tool_s[s, turn]), EventKind.TURN_REQUEST, j, s)
+                self.push(self.t + float(job.tool_s[s, turn]), PoolEventKind.TURN_REQUEST, j, s)
         else:
             job.done += 1
             if job.done == job.p.batch:
-                self.push(self.t + job.reward_s, EventKind.ROLLOUT_DONE, j)
+                self.push(self.t + job.reward_s, PoolEventKind.ROLLOUT_DONE, j)
         job.in_turn -= 1
         if self.pool.turn_sync and job.in_turn == 0 and job.going_on:
-            self.push(self.t + job.stall_s, EventKind.BATCH_TURN, j)
+            self.push(self.t + job.stall_s, PoolEventKind.BATCH_TURN, j)
 
     def on_turn_request(self, j: int, s: int) -> None:
         self.request(j, s)
@@ -602,7 +602,7 @@ class ServiceSim:
         gang.free = True
         if self.elastic:
             gang.token += 1
-            self.push(self.t + self.pool.keep_alive_s, EventKind.GANG_IDLE, g, gang.token)
+            self.push(self.t + self.pool.keep_alive_s, PoolEventKind.GANG_IDLE, g, gang.token)
         job = self.jobs[j]
         job.iteration += 1
         job.version += 1  # new weights: every loaded copy of the old ones is stale
@@ -653,18 +653,18 @@ class ServiceSim:
     def run(self) -> ServiceResult:
         """Handle events in time order until none is left; the result of :func:`simulate_services`."""
         handlers = {
-            EventKind.CHUNK_END: self.on_chunk_end,
-            EventKind.TURN_REQUEST: self.on_turn_request,
-            EventKind.ROLLOUT_DONE: self.on_rollout_done,
-            EventKind.TRAIN_END: self.on_train_end,
-            EventKind.ARRIVAL: self.on_arrival,
-            EventKind.INSTANCE_READY: self.on_instance_ready,
-            EventKind.INSTANCE_IDLE: self.on_instance_idle,
-            EventKind.GANG_IDLE: self.on_gang_idle,
-            EventKind.BATCH_TURN: self.on_batch_turn,
+            PoolEventKind.CHUNK_END: self.on_chunk_end,
+            PoolEventKind.TURN_REQUEST: self.on_turn_request,
+            PoolEventKind.ROLLOUT_DONE: self.on_rollout_done,
+            PoolEventKind.TRAIN_END: self.on_train_end,
+            PoolEventKind.ARRIVAL: self.on_arrival,
+            PoolEventKind.INSTANCE_READY: self.on_instance_ready,
+            PoolEventKind.INSTANCE_IDLE: self.on_instance_idle,
+            PoolEventKind.GANG_IDLE: self.on_gang_idle,
+            PoolEventKind.BATCH_TURN: self.on_batch_turn,
         }
         for j in range(len(self.jobs)):
-            self.push(self.arrive[j], EventKind.ARRIVAL, j)
+            self.push(self.arrive[j], PoolEventKind.ARRIVAL, j)
         while True:
             for i in sorted(self.kick):
                 if self.inst[i].current is None:

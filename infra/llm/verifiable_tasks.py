@@ -44,7 +44,7 @@ def decode(ids: list[int]) -> tuple[str, bool]:
 
 
 @dataclass(frozen=True)
-class Task:
+class VerifiableTask:
     """A verifiable task: ``sample`` draws prompt texts, ``solve`` recomputes the answer from one."""
 
     name: str
@@ -78,14 +78,14 @@ def _solve_sort(prompt: str) -> str:
     return "".join(sorted(prompt[2:].rstrip("=")))
 
 
-def load_task(name: str, size: int) -> Task:
+def load_task(name: str, size: int) -> VerifiableTask:
     """The task ``name`` (``add`` with ``size`` digits per operand, ``sort`` of ``size`` digits)."""
     if size < 1:
         raise ValueError(f"task size must be >= 1, got {size}.")
     if name == "add":
-        return Task("add", _sample_add(size), _solve_add, max_answer_len=size + 1)
+        return VerifiableTask("add", _sample_add(size), _solve_add, max_answer_len=size + 1)
     if name == "sort":
-        return Task("sort", _sample_sort(size), _solve_sort, max_answer_len=size)
+        return VerifiableTask("sort", _sample_sort(size), _solve_sort, max_answer_len=size)
     raise ValueError(f"unknown task {name!r}; choose one of ['add', 'sort'].")
 
 
@@ -117,7 +117,7 @@ class PromptSource(Protocol):
 class TaskSource:
     """A built-in task as a :class:`PromptSource`: fresh draws, answers recomputed from each prompt."""
 
-    def __init__(self, task: Task, seed: int) -> None:
+    def __init__(self, task: VerifiableTask, seed: int) -> None:
         self.task = task
         self.seed = seed
 
