@@ -367,20 +367,37 @@ def test_modes_collect_complete_versioned_batches(ray_session, tmp_path, mode, t
 
 
 def test_shards_use_the_socket_only_on_the_servers_node(ray_session):
-    from vla_rl.fleet.channel import RayLink, connect
+    import socket
 
-    class ServerElsewhere:  # defined here so that Ray ships the class itself to its worker
-        """A server whose socket is on another node: shards must not try to connect to it."""
+    from vla_rl.fleet.channel import RayLink, SocketLink, connect
+
+    class Server:  # defined here so that Ray ships the class itself to its worker
+        """A server that reports where its socket is."""
+
+        def __init__(self, node, path):
+            self.node, self.path = node, path
 
         def socket_address(self):
-            return "another-node", "/nonexistent.sock"
+            return self.node, self.path
 
-    server = ray.remote(ServerElsewhere).remote()
+    here = ray.get_runtime_context().get_node_id()
+    folder = tempfile.mkdtemp(dir="/tmp")  # short: Unix socket paths are limited to ~108 bytes
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.join(folder, "s.sock"))
+    listener.listen(1)
+    local = ray.remote(Server).remote(here, os.path.join(folder, "s.sock"))
+    elsewhere = ray.remote(Server).remote("another-node", "/nonexistent.sock")
     try:
-        assert isinstance(connect(server, "socket"), RayLink)
-        assert isinstance(connect(server, "ray"), RayLink)
+        link = connect(local, "socket")
+        assert isinstance(link, SocketLink)  # same node: the socket
+        link.client.sock.close()
+        assert isinstance(connect(elsewhere, "socket"), RayLink)  # never a socket on another node
+        assert isinstance(connect(local, "ray"), RayLink)  # transport=ray: Ray calls even on the same node
     finally:
-        ray.kill(server)
+        ray.kill(local)
+        ray.kill(elsewhere)
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _grpo_config(tmp_path, name, **top):
