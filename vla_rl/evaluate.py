@@ -22,6 +22,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from vla_rl.rollout import EpisodeResult, EpisodeStats, Timer, env_step
+
 
 def _frame(env: Any, obs: TensorDict) -> np.ndarray | None:
     """Environment 0's camera image ``[H, W, 3]`` (cameras side by side), or the env's own render."""
@@ -44,17 +46,6 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 EVAL_SEED_OFFSET = 7919
 """Evaluation environments use ``cfg.seed + EVAL_SEED_OFFSET``: other episodes than the run's own, fixed per run."""
-
-
-@dataclass
-class EpisodeResult:
-    """One evaluated episode: its task and instruction indices, return, length and success."""
-
-    task: int
-    instruction: int
-    ret: float
-    length: int
-    success: bool
 
 
 @torch.no_grad()
@@ -84,12 +75,10 @@ def run_episodes(
     n = env.num_envs
     quota = torch.tensor([episodes // n + (i < episodes % n) for i in range(n)])
     counted = torch.zeros(n, dtype=torch.int64)
-    ret = torch.zeros(n)
-    length = torch.zeros(n, dtype=torch.int64)
-    succeeded = torch.zeros(n, dtype=torch.bool)
-    results: list[EpisodeResult] = []
+    stats = EpisodeStats.zeros(n)
     frames: list[np.ndarray] = []
     recording = record
+    timer = Timer()
     obs = env.reset_td(seed=seed)
     start = time.perf_counter()
     env_steps = 0
@@ -101,29 +90,21 @@ def run_episodes(
             frames.append(frame)
         action = policy.act(obs.to(device), deterministic=True)["action"].cpu()
         chunk = action.unsqueeze(1) if action.dim() == 2 else action
-        for k in range(chunk.shape[1]):
-            step = env.step_td(chunk[:, k].contiguous())
+        for k in range(chunk.shape[1]):  # step by step: an episode that ends mid-chunk is followed by the next
+            step = env_step(env, chunk[:, k].contiguous(), timer)
             # Episode bookkeeping is the host's: a device env's (warp on a GPU) rewards and flags come here.
             flags = step.select("reward", "terminated", "truncated", "success").to("cpu")
+            done = flags["terminated"] | flags["truncated"]
+            stats.record(flags["reward"], flags["success"], done, 1, task, instruction, keep=counted < quota)
+            counted += done.long()
             env_steps += n
-            live = ~(flags["terminated"] | flags["truncated"])
-            ret += flags["reward"]
-            length += 1
-            succeeded |= flags["success"]
-            for i in torch.nonzero(~live).flatten().tolist():
-                if counted[i] < quota[i]:
-                    results.append(EpisodeResult(int(task[i]), int(instruction[i]), float(ret[i]), int(length[i]),
-                                           bool(succeeded[i])))
-                    counted[i] += 1
-                if i == 0 and recording:
-                    recording = False
-                    final = _frame(env, step["final_observation"])
-                    if final is not None:
-                        frames.append(final)
-            ret[~live] = 0.0
-            length[~live] = 0
-            succeeded[~live] = False
+            if recording and bool(done[0]):
+                recording = False
+                final = _frame(env, step["final_observation"])
+                if final is not None:
+                    frames.append(final)
             obs = step["observation"]
+    results = stats.finished
     elapsed = time.perf_counter() - start
     if not results:
         raise RuntimeError(f"evaluation finished no episode within {max_decisions} decisions")

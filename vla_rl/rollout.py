@@ -61,18 +61,31 @@ class Timer:
 
 
 @dataclass
+class EpisodeResult:
+    """One finished episode: its task and instruction indices (-1: unknown), return, length and success."""
+
+    task: int
+    instruction: int
+    ret: float
+    length: int
+    success: bool
+
+
+@dataclass
 class EpisodeStats:
     """Running return, length and success of each environment's current episode, and finished ones.
 
-    With ``task_names`` (more than one task) the summary also holds each task's success rate.
+    The one episode bookkeeping of training (:func:`account`) and evaluation
+    (``vla_rl.evaluate.run_episodes``). With ``task_names`` (more than one task) the summary also
+    holds each task's success rate.
     """
 
     ret: torch.Tensor
     length: torch.Tensor
     succeeded: torch.Tensor
     task_names: tuple[str, ...] = ()
-    finished: list[tuple[float, int, bool, int]] = field(default_factory=list)
-    """(return, length, success, task index or -1) of each episode finished since the last summary."""
+    finished: list[EpisodeResult] = field(default_factory=list)
+    """Each episode finished (and kept) since the last summary."""
 
     @classmethod
     def zeros(cls, num_envs: int, task_names: Sequence[str] = ()) -> EpisodeStats:
@@ -81,22 +94,25 @@ class EpisodeStats:
                    torch.zeros(num_envs, dtype=torch.bool), tuple(task_names))
 
     def record(self, reward: torch.Tensor, success: torch.Tensor, done: torch.Tensor, steps: int,
-               task: torch.Tensor | None = None) -> None:
-        """Add one decision's reward (all ``[N]``; ``task`` the task index of each env's episode);
-        close the episodes that ended."""
+               task: torch.Tensor | None = None, instruction: torch.Tensor | None = None,
+               keep: torch.Tensor | None = None) -> None:
+        """Add one decision's reward (all ``[N]``; ``task``/``instruction`` the indices of each env's
+        episode); close the episodes that ended, keeping in ``finished`` those where ``keep`` (default: all)."""
         self.ret += reward
         self.length += steps
         self.succeeded |= success
-        for i in torch.nonzero(done).flatten().tolist():
-            self.add_episode(float(self.ret[i]), int(self.length[i]), bool(self.succeeded[i]),
-                             -1 if task is None else int(task[i]))
+        closing = done if keep is None else done & keep
+        for i in torch.nonzero(closing).flatten().tolist():
+            self.finished.append(EpisodeResult(
+                -1 if task is None else int(task[i]), -1 if instruction is None else int(instruction[i]),
+                float(self.ret[i]), int(self.length[i]), bool(self.succeeded[i])))
         self.ret[done] = 0.0
         self.length[done] = 0
         self.succeeded[done] = False
 
     def add_episode(self, ret: float, length: int, success: bool, task: int = -1) -> None:
         """Count one finished episode (``task``: its index in ``task_names``, -1 unknown)."""
-        self.finished.append((ret, length, success, task))
+        self.finished.append(EpisodeResult(task, -1, ret, length, success))
 
     def pop_summary(self) -> dict[str, float]:
         """Mean return, length and success of the episodes finished since the last call, and
@@ -106,14 +122,14 @@ class EpisodeStats:
             return {}
         n = len(done)
         out = {
-            "episode_return": sum(d[0] for d in done) / n,
-            "episode_length": sum(d[1] for d in done) / n,
-            "episode_success": sum(d[2] for d in done) / n,
+            "episode_return": sum(d.ret for d in done) / n,
+            "episode_length": sum(d.length for d in done) / n,
+            "episode_success": sum(d.success for d in done) / n,
             "episodes": float(n),
         }
         if len(self.task_names) > 1:
             for index, name in enumerate(self.task_names):
-                of_task = [d[2] for d in done if d[3] == index]
+                of_task = [d.success for d in done if d.task == index]
                 if of_task:
                     out[f"episode_success/{name}"] = sum(of_task) / len(of_task)
         return out
