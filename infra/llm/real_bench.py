@@ -134,12 +134,13 @@ def start_cluster(gpus: int) -> Any:
     import ray
 
     from infra.client import connect
-    from infra.ray_backend import node_labels
+    from infra.ray_backend import LOOPBACK, node_labels, secure_local_ray
     from infra.scheduler import GPU, Node
 
     node = Node("local", cpu_milli=8000, memory_mib=16384, gpus=(GPU("H100", 81920),) * gpus)
+    secure_local_ray()
     ray.init(address="local", num_cpus=8, num_gpus=gpus, labels=node_labels(node), include_dashboard=False,
-             log_to_driver=False, _node_ip_address="127.0.0.1")  # "local": a new cluster, never another user's
+             log_to_driver=False, _node_ip_address=LOOPBACK)  # "local": a new cluster, never another user's
     return connect()
 
 
