@@ -85,9 +85,11 @@ def check_reachable(address: str | None, timeout_s: float) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:
+        why = f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else exc.strerror or repr(exc)
+        where = address if target == address else f"{address} (= {target})"
         raise ConnectionError(
-            f"no Ray cluster answers at {target} ({exc.strerror or type(exc).__name__} within {timeout_s:g} s): "
-            "pass the head's address (`--address HOST:PORT`, as `ray status` prints it) or start one (`ray start --head`)"
+            f"no Ray cluster answers at {where}: {why}; pass the head's address (`--address HOST:PORT`, "
+            "as `ray status` prints it) or start one (`ray start --head`)"
         ) from None
 
 
@@ -140,15 +142,16 @@ class SchedulerClient:
         self.timeout_s = timeout_s
         self.owner = ray.get_runtime_context().get_job_id()
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, wait_s: float = 0.0) -> Any:
         """Call the service with this client's credential; while it restarts (it is restartable),
-        retry for up to ``timeout_s``."""
+        retry for up to ``timeout_s`` (plus ``wait_s``, the time a long poll waits on purpose)."""
         import ray
 
-        end = time.monotonic() + self.timeout_s
+        limit = self.timeout_s + wait_s
+        end = time.monotonic() + limit
         while True:
             try:
-                return ray.get(getattr(self.actor, method).remote(*args, cred=self.cred), timeout=self.timeout_s)
+                return ray.get(getattr(self.actor, method).remote(*args, cred=self.cred), timeout=limit)
             except ray.exceptions.RayActorError:
                 if time.monotonic() > end:
                     raise
@@ -261,7 +264,7 @@ class GangHandle:
                     self._cond.wait(left)
                 status = self._status
             else:
-                status = self.client._call("watch", self.name, status.version, left, self.client.owner)
+                status = self.client._call("watch", self.name, status.version, left, self.client.owner, wait_s=left)
                 self._update(status)
                 status = self._status
         return status
@@ -295,7 +298,8 @@ class GangHandle:
             if not ray.is_initialized():
                 return  # the driver disconnected: never reconnect from here
             try:
-                status = self.client._call("watch", self.name, self._status.version, WATCH_S, self.client.owner)
+                status = self.client._call("watch", self.name, self._status.version, WATCH_S, self.client.owner,
+                                           wait_s=WATCH_S)
             except (KeyError, SystemExit):
                 return
             except Exception:

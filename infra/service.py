@@ -693,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "start":
         admin = token_digest(ensure_admin_token())
         start(policy=args.policy, quotas=dict(args.quota) or None, store=args.store, admin_sha256=admin)
-        print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}; admin token: {admin_token_path()}")
+        print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}; if this call started it, "
+              f"its admin token is {admin_token_path()}")
     elif args.command == "status":
         from infra.cli import main as cli
 
