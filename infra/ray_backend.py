@@ -264,7 +264,8 @@ def secure_local_ray() -> None:
     if os.environ["RAY_AUTH_MODE"] == "token" and not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         path = Path.home() / ".ray" / "auth_token"
         if path.is_file():
-            path.chmod(0o600)
+            if path.stat().st_uid == os.getuid():  # a file this user does not own is left as it is
+                path.chmod(0o600)
         else:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             write_atomic(path, secrets.token_hex(32).encode())  # Ray's own token format; mkstemp: 0600
