@@ -357,16 +357,16 @@ def ray_job_services(model: ModelConfig, *, address: str = "local", num_cpus: in
     """
     import ray
 
-    from infra.ray_cluster.realize import node_labels
+    from infra.ray_cluster.realize import LOOPBACK, node_labels, secure_local_ray
     from infra.scheduler import Node
     from infra.service.client import connect
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     started = not ray.is_initialized()
     if started and address == "local":
+        secure_local_ray()
         node = Node("local", cpu_milli=num_cpus * 1000, memory_mib=8192)
         ray.init(address="local", num_cpus=num_cpus, labels=node_labels(node), include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1")
+                 _node_ip_address=LOOPBACK)
     elif started:
         ray.init(address=address, log_to_driver=False)
     plane = place_services(connect(), model, priority=priority, tenant=tenant)

@@ -25,13 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from infra.common.files import write_atomic
 from infra.scheduler.resources import GPU, MILLI, Cluster, Node
 
 GROUP_PREFIX = "infra|"
@@ -224,7 +227,8 @@ class LocalCluster:
 
     def add(self, node: Node, object_store_mib: int = 80) -> None:
         """Start a raylet for ``node`` (a node joining)."""
-        self.nodes[node.name] = self.ray_cluster.add_node(object_store_memory=object_store_mib * 2**20, **node_args(node))
+        self.nodes[node.name] = self.ray_cluster.add_node(object_store_memory=object_store_mib * 2**20,
+                                                          node_ip_address=LOOPBACK, **node_args(node))
 
     def node_id(self, node_name: str) -> str | None:
         """Ray's node id of ``node_name`` (None once removed)."""
@@ -240,20 +244,60 @@ class LocalCluster:
         self.ray_cluster.shutdown()
 
 
+LOOPBACK = "127.0.0.1"
+"""The address every Ray node the project starts on this machine binds."""
+
+
+def secure_local_ray() -> None:
+    """Prepare this process to start a local Ray cluster: loopback only, Ray's token authentication on.
+
+    Sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` and ``RAY_AUTH_MODE=token`` unless set (an explicit
+    ``RAY_AUTH_MODE=disabled`` is obeyed), makes Ray's default token file ``~/.ray/auth_token``
+    (0600) when no token is configured (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``) and keeps it
+    0600 (Ray writes it with the umask's mode), then updates what Ray cached of both when it was
+    imported, so the call works also after ``import ray``. The GCS, raylets and workers started
+    afterwards inherit this environment and require the token; every node is also started with
+    ``LOOPBACK`` as its address, which does not depend on when ray was imported.
+    """
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if os.environ["RAY_AUTH_MODE"] == "token" and not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        path = Path.home() / ".ray" / "auth_token"
+        if path.is_file():
+            if path.stat().st_uid == os.getuid():  # a file this user does not own is left as it is
+                path.chmod(0o600)
+        else:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_atomic(path, secrets.token_hex(32).encode())  # Ray's own token format; mkstemp: 0600
+    from ray._common.utils import env_bool
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    # Ray read both at import: without these, a process that imported ray first resolves its own
+    # 127.0.0.1 to the machine's address (where the loopback GCS does not listen) and runs without token.
+    ray_constants.ENABLE_RAY_CLUSTER = env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, True)
+    Config.initialize("")  # what Ray's own ray.init does after it turns token mode on
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def start_local_cluster(cluster: Cluster, object_store_mib: int = 80, namespace: str | None = None) -> LocalCluster:
     """Start a Ray head (no CPUs: it holds no plan node) plus one raylet per node of ``cluster``, connect.
 
-    Each raylet declares ``node_args(node)``. Keep clusters small on small machines: every raylet
-    costs memory and CPU. Call ``shutdown()``.
+    Each raylet declares ``node_args(node)``; every node binds ``LOOPBACK`` and requires Ray's token
+    (``secure_local_ray``). Keep clusters small on small machines: every raylet costs memory and
+    CPU. Call ``shutdown()``.
     """
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    secure_local_ray()
     from ray.cluster_utils import Cluster as RayCluster
 
     store = object_store_mib * 1024 * 1024
-    rc = RayCluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": store})
+    rc = RayCluster(initialize_head=True,
+                    head_node_args={"num_cpus": 0, "object_store_memory": store, "node_ip_address": LOOPBACK})
     try:
-        nodes = {n.name: rc.add_node(object_store_memory=store, **node_args(n)) for n in cluster.nodes}
-        ray.init(address=rc.address, include_dashboard=False, log_to_driver=False, namespace=namespace)
+        nodes = {n.name: rc.add_node(object_store_memory=store, node_ip_address=LOOPBACK, **node_args(n))
+                 for n in cluster.nodes}
+        ray.init(address=rc.address, include_dashboard=False, log_to_driver=False, namespace=namespace,
+                 _node_ip_address=LOOPBACK)
         rc.wait_for_nodes(timeout=60)
     except Exception:
         rc.shutdown()

@@ -14,9 +14,13 @@
 * writes each verb to its journal before applying it (``infra.service.journal``), so that a restarted
   service recovers every placement and the queue, then adopts the placement groups it finds
   alive and removes the ones its plan does not hold (no double booking);
-* releases the gangs of owners (drivers) not heard from for ``owner_lease_s``.
+* releases the gangs of owners (drivers) not heard from for ``owner_lease_s``;
+* checks the credential of every call (``Credentials``): a tenant's token submits only as that
+  tenant (so spends only its quota) and releases, cancels, resizes or stops only that tenant's
+  gangs; the admin token may do everything and issues tenant tokens (``issue_token``).
 
-It listens nowhere: clients reach it as a Ray actor, through Ray's own (authenticated) channels.
+It listens nowhere: clients reach it as a Ray actor, so whoever can reach it is whoever Ray lets in
+(Ray's token authentication, when it is on); its own tokens tell tenants apart among those.
 """
 
 from __future__ import annotations
@@ -24,11 +28,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
+import json
+import os
+import secrets
+import stat
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
+from infra.common.files import write_atomic
 from infra.ray_cluster.realize import (
     BLOCKER_PREFIX,
     GROUP_PREFIX,
@@ -130,6 +141,114 @@ def make_store(spec: str):
     return KVStore() if spec == "kv" else FileStore(spec)
 
 
+TOKEN_FILE_ENV = "INFRA_SCHEDULER_TOKEN_FILE"
+"""Environment variable naming the token file a client presents (default: ``admin_token_path()``)."""
+TOKENS_KEY = b"infra-scheduler-tokens"
+"""Ray KV key of the tenant tokens' digests (JSON digest -> tenant); ``reset`` leaves it."""
+
+
+def config_dir() -> Path:
+    """``$XDG_CONFIG_HOME/infra-scheduler`` (``~/.config/infra-scheduler`` by default)."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "infra-scheduler"
+
+
+def admin_token_path() -> Path:
+    """The admin token file of this user: made by the first ``connect`` or ``service start`` here."""
+    return config_dir() / "admin.token"
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits, URL-safe text)."""
+    return secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> str:
+    """sha256 hex of ``token``: the service keeps digests, never a token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def write_token(path: Path, token: str) -> None:
+    """Write ``token`` to ``path``, readable by its owner only (0600; a directory made here is 0700)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_atomic(path, token.encode() + b"\n")  # mkstemp makes the file 0600; the rename keeps the mode
+
+
+def read_token(path: Path) -> str:
+    """The token in ``path``; a file that others may read is refused (as ssh refuses such keys)."""
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PermissionError(f"token file {path} is open to others ({stat.filemode(mode)}): run `chmod 600 {path}`")
+    token = path.read_text().strip()
+    if not token:
+        raise PermissionError(f"token file {path} is empty: ask the admin for one (`python -m infra.service.cli token issue TENANT`)")
+    return token
+
+
+def ensure_admin_token() -> str:
+    """The admin token of this user (``admin_token_path()``), made (0600) when there is none yet."""
+    path = admin_token_path()
+    if not path.exists():
+        write_token(path, new_token())
+    return read_token(path)
+
+
+class Credentials:
+    """Who presents a token: the admin (whose digest the service was started with) or a tenant.
+
+    Tenant digests are issued by the admin (``issue``) and kept in Ray's KV (``TOKENS_KEY``), so a
+    service that Ray restarts still knows them; they go with the GCS (a new head node: issue again).
+
+    Args:
+        admin_sha256: ``token_digest`` of the admin token ("" : no admin, tenant tokens only).
+    """
+
+    def __init__(self, admin_sha256: str = "") -> None:
+        self.admin_sha256 = admin_sha256
+        self._tenants: dict[str, str] | None = None
+
+    @property
+    def tenants(self) -> dict[str, str]:
+        """digest -> tenant, read from Ray's KV on first use."""
+        if self._tenants is None:
+            from ray.experimental import internal_kv
+
+            raw = internal_kv._internal_kv_get(TOKENS_KEY)
+            self._tenants = json.loads(raw) if raw else {}
+        return self._tenants
+
+    def _save(self) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(TOKENS_KEY, json.dumps(self.tenants).encode(), overwrite=True)
+
+    def who(self, cred: str) -> str | None:
+        """None for the admin, the tenant of a tenant token; ``PermissionError`` for anything else."""
+        digest = token_digest(cred) if cred else ""
+        if digest and self.admin_sha256 and secrets.compare_digest(digest, self.admin_sha256):
+            return None
+        tenant = self.tenants.get(digest) if digest else None
+        if tenant is None:
+            raise PermissionError(f"no valid scheduler credential presented: set {TOKEN_FILE_ENV} to your token file "
+                                  "(`python -m infra.service.cli token issue TENANT` makes one; the admin's is "
+                                  f"{admin_token_path()} on the machine that started the service)")
+        return tenant
+
+    def issue(self, tenant: str) -> str:
+        """A new token for ``tenant`` (its earlier tokens stay valid until ``revoke``)."""
+        token = new_token()
+        self.tenants[token_digest(token)] = tenant
+        self._save()
+        return token
+
+    def revoke(self, tenant: str) -> int:
+        """Void every token of ``tenant``; how many there were."""
+        gone = [d for d, t in self.tenants.items() if t == tenant]
+        for d in gone:
+            del self.tenants[d]
+        self._save()
+        return len(gone)
+
+
 class SchedulerService:
     """The service's state and verbs (run as the async Ray actor ``SERVICE_NAME``; see the module docstring).
 
@@ -140,12 +259,14 @@ class SchedulerService:
         poll_s: period of the node, deadline and owner checks.
         owner_lease_s: gangs of an owner silent this long are released.
         realize_timeout_s: longest wait for one placement group.
+        admin_sha256: ``token_digest`` of the admin token (see ``Credentials``).
     """
 
     def __init__(
         self, store: str = "kv", policy: str = "fgd-strand", quotas: dict[str, Quota] | None = None,
-        poll_s: float = 0.5, owner_lease_s: float = 60.0, realize_timeout_s: float = 60.0,
+        poll_s: float = 0.5, owner_lease_s: float = 60.0, realize_timeout_s: float = 60.0, admin_sha256: str = "",
     ) -> None:
+        self.credentials = Credentials(admin_sha256)
         self.journal = Journal(make_store(store))
         self.realizer = Realizer(realize_timeout_s)
         self.poll_s, self.owner_lease_s = poll_s, owner_lease_s
@@ -196,8 +317,11 @@ class SchedulerService:
                 self._errors["service"] = repr(exc)
 
     # ---------------------------------------------------------------- verbs
-    async def submit(self, req: GangRequest, owner: str = "") -> GangStatus:
-        """Validate and submit ``req`` (``RequestError`` says why it can never run; nothing is placed)."""
+    async def submit(self, req: GangRequest, owner: str = "", cred: str = "") -> GangStatus:
+        """Validate and submit ``req`` (``RequestError`` says why it can never run; nothing is placed).
+
+        ``cred`` must be the admin's token or a token of ``req.tenant`` (``PermissionError``)."""
+        self._allow(cred, "submit as", req.tenant)
         await self.start()
         async with self._lock:
             self._seen(owner)
@@ -211,48 +335,67 @@ class SchedulerService:
             await self._settle()
             return self._status(req.name)
 
-    async def release(self, name: str, reason: str = "released", owner: str = "") -> GangStatus:
-        """The gang is done (or cancelled): its groups go, the queue is served."""
+    async def release(self, name: str, reason: str = "released", owner: str = "", cred: str = "") -> GangStatus:
+        """The gang is done (or cancelled): its groups go, the queue is served (its tenant's or the admin's ``cred``)."""
         await self.start()
         async with self._lock:
+            self._allow_gang(cred, "release", name)
             self._seen(owner)
             if name in self.sched.gangs():
                 self._do("release", name, time.time(), reason)
                 await self._settle()
             return self._status(name)
 
-    async def cancel(self, name: str) -> GangStatus:
+    async def cancel(self, name: str, cred: str = "") -> GangStatus:
         """``release`` with reason ``cancelled`` (``python -m infra.service.cli cancel``)."""
-        return await self.release(name, "cancelled")
+        return await self.release(name, "cancelled", cred=cred)
 
-    async def stopped(self, name: str, owner: str = "") -> GangStatus:
+    async def stopped(self, name: str, owner: str = "", cred: str = "") -> GangStatus:
         """A draining gang has checkpointed and stopped: its groups go and it waits to run again."""
         await self.start()
         async with self._lock:
+            self._allow_gang(cred, "report stopped for", name)
             self._seen(owner)
             if name in self.sched.gangs() and self.sched.gang_state(name) is GangState.DRAINING:
                 self._do("stopped", name, time.time())
                 await self._settle()
             return self._status(name)
 
-    async def resize(self, name: str, num_bundles: int, owner: str = "") -> GangStatus:
+    async def resize(self, name: str, num_bundles: int, owner: str = "", cred: str = "") -> GangStatus:
         """Grow or shrink an elastic gang; the added bundles' groups exist when this returns."""
         await self.start()
         async with self._lock:
+            self._allow_gang(cred, "resize", name)
             self._seen(owner)
             self._do("resize", name, num_bundles, time.time())
             await self._settle()
             return self._status(name)
 
+    async def issue_token(self, tenant: str, cred: str = "") -> str:
+        """A new token for ``tenant`` (admin ``cred`` only); the service keeps only its digest."""
+        self._allow(cred, "issue tokens for", None)
+        if not tenant or not tenant.isprintable():
+            raise ValueError(f"tenant name {tenant!r} is empty or unprintable: name a tenant, e.g. `token issue alice`")
+        return self.credentials.issue(tenant)
+
+    async def revoke_tokens(self, tenant: str, cred: str = "") -> int:
+        """Void every token of ``tenant`` (admin ``cred`` only); how many there were."""
+        self._allow(cred, "revoke tokens of", None)
+        return self.credentials.revoke(tenant)
+
     # ---------------------------------------------------------------- queries
-    async def gang(self, name: str, owner: str = "") -> GangStatus:
+    async def gang(self, name: str, owner: str = "", cred: str = "") -> GangStatus:
         """The status of one gang (KeyError if never seen)."""
+        self.credentials.who(cred)  # any valid credential reads the whole cluster
         await self.start()
         self._seen(owner)
         return self._status(name)
 
-    async def watch(self, name: str, version: int = -1, timeout_s: float = 5.0, owner: str = "") -> GangStatus:
+    async def watch(
+        self, name: str, version: int = -1, timeout_s: float = 5.0, owner: str = "", cred: str = ""
+    ) -> GangStatus:
         """Wait up to ``timeout_s`` for the gang's status to move past ``version``; the status."""
+        self.credentials.who(cred)  # any valid credential reads the whole cluster
         await self.start()
         self._seen(owner)
         loop = asyncio.get_running_loop()
@@ -263,23 +406,27 @@ class SchedulerService:
                     await asyncio.wait_for(self._changed.wait(), end - loop.time())
         return self._status(name)
 
-    async def queue(self) -> list[GangStatus]:
+    async def queue(self, cred: str = "") -> list[GangStatus]:
         """Waiting gangs in service order."""
+        self.credentials.who(cred)  # any valid credential reads the whole cluster
         await self.start()
         return [self._status(n) for n in self.sched.queue]
 
-    async def gangs(self) -> list[GangStatus]:
+    async def gangs(self, cred: str = "") -> list[GangStatus]:
         """Every gang the plan holds (waiting, placed, draining)."""
+        self.credentials.who(cred)  # any valid credential reads the whole cluster
         await self.start()
         return [self._status(n) for n in self.sched.gangs()]
 
-    async def events(self, since: int = -1, limit: int = 100) -> list:
+    async def events(self, since: int = -1, limit: int = 100, cred: str = "") -> list:
         """Events with a sequence number above ``since`` (at most ``limit``, the latest)."""
+        self.credentials.who(cred)  # any valid credential reads the whole cluster
         await self.start()
         return self.sched.events_since(since)[-limit:]
 
-    async def status(self) -> ClusterStatus:
+    async def status(self, cred: str = "") -> ClusterStatus:
         """Nodes, tenants, gangs per state, reservation."""
+        self.credentials.who(cred)  # any valid credential reads the whole cluster
         await self.start()
         st, s = self.sched.state, self.sched
         nodes = tuple(
@@ -298,6 +445,21 @@ class SchedulerService:
         return ClusterStatus(nodes, tenants, counts, res, s.policy.name, self.journal.seq)
 
     # ---------------------------------------------------------------- internals
+    def _allow(self, cred: str, verb: str, tenant: str | None) -> None:
+        """Pass the admin, and a tenant acting as itself; ``PermissionError`` naming who and what otherwise.
+        ``tenant`` None: an admin-only verb."""
+        caller = self.credentials.who(cred)
+        if caller is not None and caller != tenant:
+            what = f"tenant {tenant!r}" if tenant is not None else "any tenant (admin only)"
+            raise PermissionError(f"tenant {caller!r} may not {verb} {what}: present that tenant's token or the admin's")
+
+    def _allow_gang(self, cred: str, verb: str, name: str) -> None:
+        """``_allow`` for the tenant of gang ``name``; a gang the plan no longer holds needs a valid credential only."""
+        if name in self.sched.gangs():
+            self._allow(cred, f"{verb} gang {name!r} of", self.sched.request(name).tenant)
+        else:
+            self.credentials.who(cred)
+
     def _do(self, op: str, *args: Any) -> None:
         """Journal, then apply (write-ahead)."""
         self.journal.log(op, *args)
@@ -528,8 +690,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
     if args.command == "start":
-        start(policy=args.policy, quotas=dict(args.quota) or None, store=args.store)
-        print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}")
+        admin = token_digest(ensure_admin_token())
+        start(policy=args.policy, quotas=dict(args.quota) or None, store=args.store, admin_sha256=admin)
+        print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}; if this call started it, "
+              f"its admin token is {admin_token_path()}")
     elif args.command == "status":
         from infra.service.cli import main as cli
 

@@ -1,21 +1,31 @@
-"""``python -m infra.service.cli status|queue|events|gangs|cancel NAME``: the scheduler service in tables.
+"""``python -m infra.service.cli status|queue|events|gangs|cancel NAME|token issue TENANT|token revoke TENANT``.
 
-Connects to the Ray cluster (``--address``, default ``auto``) and reads the service; it never starts
-one. Memory in GiB, CPU in cores, GPU as free/total per node.
+Connects to the Ray cluster (``--address``, default ``auto``) and reads the service in tables; it never
+starts one. Memory in GiB, CPU in cores, GPU as free/total per node. Every call presents the token of
+``--token-file`` (default: ``$INFRA_SCHEDULER_TOKEN_FILE``, else this user's admin token); ``token
+issue`` (admin only) writes a new tenant token to a 0600 file for that tenant. The whole command is
+bounded by ``--timeout``: past it, one line says what did not answer.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import threading
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from infra.scheduler.resources import MILLI
-from infra.service.actor import ClusterStatus, GangStatus
+from infra.service.actor import TOKEN_FILE_ENV, ClusterStatus, GangStatus, config_dir, write_token
 from infra.service.client import connect
+
+TIMEOUT_S = 30.0
+"""Default bound of a whole command (connecting included)."""
 
 
 def status_table(st: ClusterStatus) -> Table:
@@ -67,19 +77,72 @@ def events_table(events: list) -> Table:
     return t
 
 
+def _watchdog(timeout_s: float, address: str) -> threading.Timer:
+    """End the process with one line after ``timeout_s``: ``ray.init`` to a port that accepts but
+    never answers as Ray, or a hung service, blocks in native code where no Python timeout reaches."""
+
+    def expire() -> None:
+        print(f"error: no answer from the Ray cluster at {address} within {timeout_s:g} s: check --address "
+              "(`ray status` on the head prints it) and that the scheduler service runs, or raise --timeout",
+              file=sys.stderr, flush=True)
+        os._exit(2)
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _token(client, verb: str | None, tenant: str | None, out: str | None, console: Console) -> int:
+    """``token issue TENANT [--out FILE]`` / ``token revoke TENANT`` (admin only)."""
+    if verb not in ("issue", "revoke") or not tenant:
+        print("error: write `token issue TENANT [--out FILE]` or `token revoke TENANT`", file=sys.stderr)
+        return 2
+    if verb == "revoke":
+        console.print(f"revoked {client.revoke_tokens(tenant)} token(s) of tenant {tenant!r}")
+        return 0
+    if out is None and not re.fullmatch(r"[A-Za-z0-9_.-]+", tenant):
+        print(f"error: tenant {tenant!r} is no file name: pass --out FILE for its token", file=sys.stderr)
+        return 2
+    path = Path(out) if out else config_dir() / f"{tenant}.token"
+    write_token(path, client.issue_token(tenant))
+    console.print(f"token of tenant {tenant!r} written to {path} (0600): hand it to the tenant, "
+                  f"who sets {TOKEN_FILE_ENV}={path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.service.cli", description=__doc__)
-    parser.add_argument("command", choices=["status", "queue", "gangs", "events", "cancel"])
-    parser.add_argument("name", nargs="?", help="gang to cancel")
+    parser.add_argument("command", choices=["status", "queue", "gangs", "events", "cancel", "token"])
+    parser.add_argument("name", nargs="?", help="gang to cancel; issue or revoke after token")
+    parser.add_argument("tenant", nargs="?", help="tenant of token issue / revoke")
     parser.add_argument("--address", default="auto")
     parser.add_argument("--limit", type=int, default=30, help="events shown")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help=f"seconds the whole command may take (default {TIMEOUT_S:g})")
+    parser.add_argument("--token-file", default=None, help=f"credential to present (default ${TOKEN_FILE_ENV}, else the admin's)")
+    parser.add_argument("--out", default=None, help="file for the token of token issue (default: config dir/TENANT.token)")
     args = parser.parse_args(argv)
+    if not args.timeout > 0:
+        parser.error(f"--timeout {args.timeout} must be a positive number of seconds")
+    if args.command == "cancel" and not args.name:
+        parser.error("cancel needs the gang's name")
+    timer = _watchdog(args.timeout, args.address)
     console = Console(width=160)
     try:
-        client = connect(args.address, start_service=False)
-    except (ValueError, ConnectionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        client = connect(args.address, start_service=False, token_file=args.token_file, timeout_s=args.timeout)
+        return _run(client, args, console)
+    except (ValueError, ConnectionError, TimeoutError, PermissionError, FileNotFoundError) as exc:
+        cause = getattr(exc, "cause", None) or exc  # a refusal by the service arrives wrapped by Ray
+        print(f"error: {str(cause) or type(cause).__name__}", file=sys.stderr)
         return 2
+    finally:
+        timer.cancel()
+
+
+def _run(client, args: argparse.Namespace, console: Console) -> int:
+    """The command ``args.command`` on a connected client."""
+    if args.command == "token":
+        return _token(client, args.name, args.tenant, args.out, console)
     if args.command == "status":
         st = client.status()
         console.print(status_table(st))
@@ -93,8 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "events":
         console.print(events_table(client.events(limit=args.limit)))
     else:
-        if not args.name:
-            parser.error("cancel needs the gang's name")
         console.print(gangs_table([client.cancel(args.name)], "cancelled"))
     return 0
 

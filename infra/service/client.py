@@ -19,62 +19,139 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from infra.scheduler.requests import GangRequest, RequestError
 from infra.scheduler.resources import MILLI
-from infra.service.actor import NAMESPACE, SERVICE_NAME, ClusterStatus, GangStatus, HandleState, start
+from infra.service.actor import (
+    NAMESPACE,
+    SERVICE_NAME,
+    TOKEN_FILE_ENV,
+    ClusterStatus,
+    GangStatus,
+    HandleState,
+    admin_token_path,
+    ensure_admin_token,
+    read_token,
+    start,
+    token_digest,
+)
 
 WATCH_S = 5.0
 """Long-poll period of a handle's watcher (also its heartbeat to the service)."""
+CALL_TIMEOUT_S = 120.0
+"""Longest wait for one call to the service, retries while Ray restarts it included."""
 
 
 class GangFailed(RuntimeError):
     """The gang ended without running (timed out, cancelled, its owner gone); the message says why."""
 
 
-def connect(address: str | None = None, *, start_service: bool = True, **options: Any) -> SchedulerClient:
+def credential(token_file: str | Path | None = None) -> str:
+    """The token this process presents to the service.
+
+    ``token_file``, else the file ``$INFRA_SCHEDULER_TOKEN_FILE`` names, else this user's admin token
+    file when it exists (the user who started the service); "" when there is none (every call is
+    then refused with the fix).
+    """
+    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+    if path:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"scheduler token file {path} does not exist: write the one "
+                                    "`python -m infra.service.cli token issue TENANT` printed there, or fix the path")
+        return read_token(Path(path))
+    admin = admin_token_path()
+    return read_token(admin) if admin.is_file() else ""
+
+
+def check_reachable(address: str | None, timeout_s: float) -> None:
+    """Raise ``ConnectionError`` naming ``address`` and the fix when no process listens on the Ray
+    address it resolves to within ``timeout_s``: ``ray.init`` itself retries for minutes."""
+    from ray._private.services import canonicalize_bootstrap_address  # what ray.init resolves "auto" with
+
+    try:
+        target = canonicalize_bootstrap_address(address)
+    except Exception:  # no cluster found or a malformed address: ray.init says so at once
+        return
+    if target is None:
+        return
+    host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else exc.strerror or repr(exc)
+        where = address if target == address else f"{address} (= {target})"
+        raise ConnectionError(
+            f"no Ray cluster answers at {where}: {why}; pass the head's address (`--address HOST:PORT`, "
+            "as `ray status` prints it) or start one (`ray start --head`)"
+        ) from None
+
+
+def connect(
+    address: str | None = None, *, start_service: bool = True, token_file: str | Path | None = None,
+    timeout_s: float = CALL_TIMEOUT_S, **options: Any,
+) -> SchedulerClient:
     """The client of the cluster's scheduler service (starting it on first use when ``start_service``).
 
     Args:
         address: Ray address to connect to when this process is not connected yet.
-        start_service: start the service if it does not run (else raise ``ValueError``).
+        start_service: start the service if it does not run (else raise ``ValueError``); a service
+            started here has this user's admin token (``admin_token_path()``, made if absent).
+        token_file: the credential to present (see ``credential``).
+        timeout_s: longest wait for the cluster and for each call (``TimeoutError``/``ConnectionError``).
         options: ``SchedulerService`` options for a service started here (policy, quotas, store ...).
     """
     import ray
 
     if not ray.is_initialized():
+        check_reachable(address, timeout_s)
         ray.init(address=address, log_to_driver=False)
     try:
         actor = ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
-        ray.get(actor.start.remote())
+        ray.get(actor.start.remote(), timeout=timeout_s)
     except ValueError:
         if not start_service:
             raise ValueError("no scheduler service runs; start one with `python -m infra.service start`") from None
-        actor = start(**options)
-    return SchedulerClient(actor)
+        actor = start(admin_sha256=token_digest(ensure_admin_token()), **options)
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(f"the scheduler service did not answer within {timeout_s:g} s: see `ray status` and "
+                           "the actor's log, or restart it (`python -m infra.service stop` then `start`)") from None
+    return SchedulerClient(actor, credential(token_file), timeout_s)
 
 
 class SchedulerClient:
-    """Verbs and queries of the service (see ``infra.service.SchedulerService``)."""
+    """Verbs and queries of the service (see ``infra.service.SchedulerService``).
 
-    def __init__(self, actor: Any) -> None:
+    Args:
+        actor: the service actor.
+        cred: the token presented with every call (``credential()``).
+        timeout_s: longest wait for one call.
+    """
+
+    def __init__(self, actor: Any, cred: str = "", timeout_s: float = CALL_TIMEOUT_S) -> None:
         import ray
 
         self.actor = actor
+        self.cred = cred
+        self.timeout_s = timeout_s
         self.owner = ray.get_runtime_context().get_job_id()
 
-    def _call(self, method: str, *args: Any, timeout_s: float = 120.0) -> Any:
-        """Call the service; while it restarts (it is restartable), retry for up to ``timeout_s``."""
+    def _call(self, method: str, *args: Any, wait_s: float = 0.0) -> Any:
+        """Call the service with this client's credential; while it restarts (it is restartable),
+        retry for up to ``timeout_s`` (plus ``wait_s``, the time a long poll waits on purpose)."""
         import ray
 
-        end = time.monotonic() + timeout_s
+        limit = self.timeout_s + wait_s
+        end = time.monotonic() + limit
         while True:
             try:
-                return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout_s)
+                return ray.get(getattr(self.actor, method).remote(*args, cred=self.cred), timeout=limit)
             except ray.exceptions.RayActorError:
                 if time.monotonic() > end:
                     raise
@@ -102,6 +179,14 @@ class SchedulerClient:
     def cancel(self, name: str) -> GangStatus:
         """Cancel gang ``name``."""
         return self._call("cancel", name)
+
+    def issue_token(self, tenant: str) -> str:
+        """A new token for ``tenant`` (this client must hold the admin token)."""
+        return self._call("issue_token", tenant)
+
+    def revoke_tokens(self, tenant: str) -> int:
+        """Void every token of ``tenant`` (admin only); how many there were."""
+        return self._call("revoke_tokens", tenant)
 
     def gang(self, name: str) -> GangStatus:
         """The status of gang ``name``."""
@@ -179,7 +264,7 @@ class GangHandle:
                     self._cond.wait(left)
                 status = self._status
             else:
-                status = self.client._call("watch", self.name, status.version, left, self.client.owner)
+                status = self.client._call("watch", self.name, status.version, left, self.client.owner, wait_s=left)
                 self._update(status)
                 status = self._status
         return status
@@ -213,7 +298,8 @@ class GangHandle:
             if not ray.is_initialized():
                 return  # the driver disconnected: never reconnect from here
             try:
-                status = self.client._call("watch", self.name, self._status.version, WATCH_S, self.client.owner)
+                status = self.client._call("watch", self.name, self._status.version, WATCH_S, self.client.owner,
+                                           wait_s=WATCH_S)
             except (KeyError, SystemExit):
                 return
             except Exception:

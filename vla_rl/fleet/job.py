@@ -33,7 +33,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from infra.ray_cluster.realize import node_args, start_local_cluster
+from infra.ray_cluster.realize import LOOPBACK, node_args, secure_local_ray, start_local_cluster
 from infra.scheduler.requests import RequestError
 from infra.service.actor import HandleState
 from infra.service.client import GangBackend, GangFailed, GangHandle, connect
@@ -62,7 +62,8 @@ INLINE_OBJECTS = {"max_direct_call_object_size": 1 << 20}
 
 @contextlib.contextmanager
 def ray_cluster(fleet: FleetConfig) -> Iterator[None]:
-    """Connect to ``fleet.address``; ``local`` starts ``fleet.cluster``'s nodes here (loopback, logical GPUs).
+    """Connect to ``fleet.address``; ``local`` starts ``fleet.cluster``'s nodes here (loopback, Ray's token
+    authentication on, logical GPUs; ``infra.ray_cluster.realize.secure_local_ray``).
 
     A Ray session already open in this process is used as it is (and left open).
     """
@@ -74,10 +75,11 @@ def ray_cluster(fleet: FleetConfig) -> Iterator[None]:
     if fleet.address != "local":
         ray.init(address=fleet.address, log_to_driver=False)
     elif len(cluster.nodes) == 1:  # one raylet is enough (and cheapest) for one node
+        secure_local_ray()
         # address="local": a new instance even where /tmp/ray names another (or a dead) cluster.
         ray.init(
             address="local", **node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False,
-            _node_ip_address="127.0.0.1", _system_config=INLINE_OBJECTS,
+            _node_ip_address=LOOPBACK, _system_config=INLINE_OBJECTS,
         )
     else:
         local = start_local_cluster(cluster)

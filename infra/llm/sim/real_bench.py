@@ -133,29 +133,30 @@ def start_cluster(gpus: int) -> Any:
     """A one-node Ray cluster on loopback with ``gpus`` logical GPUs, and its scheduler service's client."""
     import ray
 
-    from infra.ray_cluster.realize import node_labels
+    from infra.ray_cluster.realize import LOOPBACK, node_labels, secure_local_ray
     from infra.scheduler import GPU, Node
     from infra.service.client import connect
 
     node = Node("local", cpu_milli=8000, memory_mib=16384, gpus=(GPU("H100", 81920),) * gpus)
+    secure_local_ray()
     ray.init(address="local", num_cpus=8, num_gpus=gpus, labels=node_labels(node), include_dashboard=False,
-             log_to_driver=False, _node_ip_address="127.0.0.1")  # "local": a new cluster, never another user's
+             log_to_driver=False, _node_ip_address=LOOPBACK)  # "local": a new cluster, never another user's
     return connect()
 
 
 def held_gpu_seconds(client: Any, prefix: str, since: int) -> tuple[float, int]:
     """GPU-time held by the lease gangs named ``prefix-...`` from the scheduler's events after ``since``
     (placed -> released, per GPU); also the number of leases."""
-    from infra.scheduler import PoolEventKind
+    from infra.scheduler import EventKind
 
     placed: dict[str, float] = {}
     held, n = 0.0, 0
     for e in client.events(since, 1_000_000):
         if not e.gang.startswith(prefix) or e.gang.endswith("-slots"):
             continue
-        if e.kind is PoolEventKind.PLACED:
+        if e.kind is EventKind.PLACED:
             placed[e.gang] = e.time
-        elif e.kind is PoolEventKind.RELEASED and e.gang in placed:
+        elif e.kind is EventKind.RELEASED and e.gang in placed:
             held += e.time - placed.pop(e.gang)
             n += 1
     if placed:
