@@ -14,6 +14,11 @@ the built-in `task` is used; without reward, exact match against the reference a
 ``ray=HOST:PORT``) on a running cluster through its scheduler service, shared with the other jobs
 there (``priority=``, ``tenant=``).
 
+The same name= again is refused while its run exists (outputs and trainer checkpoint are never
+overwritten); resume=true continues it from its checkpoint. Exit status: 0 done, 2 a config error
+(one line, nothing created), 1 the job stopped itself (non-finite rewards, loss or weights, too many
+failed reward calls, a reward that cannot be imported): one line, nothing saved over its model.
+
 Keys are the fields of infra.llm.rlvr.RLVRConfig (nested: model.d_model=64, grpo.optim.lr=3e-4, grpo.group_size=4).
 Writes runs/NAME/{config.json, metrics.csv, curve.png, summary.json, model/} (model/: the trained
 model and its tokenizer, loadable with AutoModelForCausalLM.from_pretrained).
@@ -30,7 +35,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 sys.path.append(os.getcwd())
 
 from infra.common.typed_config import apply_overrides
+from infra.llm.checkpoint import CheckpointError
+from infra.llm.reward import RewardUnavailable
 from infra.llm.rlvr import RLVRConfig, run_rlvr
+from infra.llm.services import JobStopped
 
 
 def main(argv: list[str]) -> int:
@@ -43,7 +51,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = run_rlvr(cfg)
+    try:
+        summary = run_rlvr(cfg)
+    except (JobStopped, RewardUnavailable, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -14,8 +14,9 @@ import dataclasses
 import io
 import json
 import logging
+import math
 import os
-import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -27,16 +28,18 @@ import numpy as np
 import torch
 
 from infra.common.files import write_atomic
+from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.data import DataConfig, load_file_source
 from infra.llm.grpo_trainer import check_grpo, llm_grpo_config
 from infra.llm.handles import LocalHandle, ServiceHandle
 from infra.llm.lm import Codec, HFCausalLM, build_model, check_model, load_codec
 from infra.llm.model import ModelConfig
-from infra.llm.reward import RewardBatch, resolve_reward
-from infra.llm.services import RewardService, RolloutService, TrainerService
+from infra.llm.reward import RewardBatch, check_reward
+from infra.llm.services import JobStopped, RewardService, RolloutService, TrainerService
 from infra.llm.verifiable_tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
 from rlcore.config import GRPOConfig
+from rlcore.losses import group_advantages
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,12 @@ class RLVRConfig:
     ``task``) and a verifiable reward (``reward``)."""
 
     name: str = "rlvr_sort"
-    """Run name; outputs go to ``out_dir/name``."""
+    """Run name; outputs go to ``out_dir/name``. A name whose run exists (its config, model or trainer
+    checkpoint) is refused unless ``resume``: a run's outputs and checkpoint are never overwritten."""
+    resume: bool = False
+    """Continue the run ``out_dir/name`` from its trainer checkpoint (same config; ``device``, ``threads``,
+    ``ray``, ``priority`` and ``tenant`` may differ): the remaining warm-up steps and iterations run as
+    they would have without the interruption."""
     task: str = "sort"
     """Built-in task, used when ``data.path`` is empty: ``sort`` or ``add``."""
     task_size: int = 4
@@ -98,6 +106,12 @@ class RLVRConfig:
     in a worker process, and a call that raises or outlives ``reward_timeout_s`` scores 0 and is counted."""
     reward_timeout_s: float = 10.0
     """Time limit of one reward call, in seconds."""
+    reward_import_timeout_s: float = 60.0
+    """Time limit of the reward worker's import of the reward module (at the check, and at every start
+    of the worker), apart from ``reward_timeout_s``; an import that fails or outlives it stops the job."""
+    reward_max_failed_share: float = 0.5
+    """The job stops (non-zero exit, nothing saved) once more than this share of all its reward calls so
+    far (sampled and held-out) raised, returned no finite number, or timed out; 1 never stops."""
     max_new_tokens: int = 0
     """Longest completion in tokens; 0: one more than the longest reference answer (room for EOS)."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=VOCAB_SIZE))
@@ -108,22 +122,16 @@ class RLVRConfig:
     completions per prompt, ``grpo.optim.lr=...`` and the other fields the LLM trainer implements."""
 
     def check(self) -> None:
-        """Raise ``ValueError`` naming the field and the fix when the job cannot run as configured (model
-        folder, data file, reward and lengths are all checked here, before any service starts)."""
-        for name in ("iterations", "prompts_per_iter", "warmup_batch", "eval_prompts", "eval_every", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 turns trainer checkpoints off).")
+        """Raise ``ValueError`` naming the field and the fix when the job cannot run as configured (ranges,
+        model folder, data file, reward, lengths, the rollout batch's memory and the run directory are
+        all checked here, before any service starts or any file is written)."""
+        self._check_ranges()
         check_grpo(self.grpo)
         if not (self.device in ("auto", "cpu") or self.device.split(":")[0] == "cuda"):
             raise ValueError(f"device={self.device!r}; choose auto, cpu, cuda or cuda:N.")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device={self.device!r} but torch sees no CUDA device; use device=cpu (or auto).")
-        if self.reward_timeout_s <= 0:
-            raise ValueError(f"reward_timeout_s={self.reward_timeout_s} must be > 0.")
         check_model(self.model)
-        resolve_reward(self.reward)
         inputs = job_inputs(self)
         try:
             longest = max(len(inputs.codec.encode(e.prompt)) for e in inputs.source.probe()) + inputs.max_new_tokens
@@ -135,6 +143,96 @@ class RLVRConfig:
                 f"prompts + completions need {longest} tokens but the model has {limit} positions; "
                 "shorten the prompts, lower max_new_tokens, or use a model with more positions."
             )
+        self._check_memory(longest)
+        check_reward(self.reward, self.reward_import_timeout_s)
+        self._check_run_dir()
+
+    def _check_ranges(self) -> None:
+        """Counts at least 1 (or 0), times finite and positive, the temperature finite and >= 0."""
+        for name in ("iterations", "prompts_per_iter", "warmup_batch", "eval_prompts", "eval_every", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
+        for name in ("seed", "warmup_steps", "max_new_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0.")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 turns trainer checkpoints off).")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0 (0: greedy; 1: the "
+                             "model's own distribution).")
+        for name in ("reward_timeout_s", "reward_import_timeout_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0 (a finite number of seconds).")
+        if not 0 <= self.reward_max_failed_share <= 1:  # NaN fails both comparisons
+            raise ValueError(f"reward_max_failed_share={self.reward_max_failed_share} must be in [0, 1] (1: never stop).")
+
+    def _check_memory(self, tokens: int) -> None:
+        """Refuse a batch whose KV cache and logits alone (float32) exceed the memory of the device the
+        in-process services use (on Ray the services' machines are not known here: not checked)."""
+        if self.ray:
+            return
+        batches = {f"prompts_per_iter={self.prompts_per_iter} x grpo.group_size={self.grpo.group_size}":
+                   (self.prompts_per_iter * self.grpo.group_size, self.grpo.group_size),
+                   f"eval_prompts={self.eval_prompts}": (self.eval_prompts, 1),
+                   f"warmup_batch={self.warmup_batch}": (self.warmup_batch, 1)}
+        what, (batch, per_field) = max(batches.items(), key=lambda kv: kv[1][0])
+        per_seq = sequence_bytes(self.model, tokens)
+        where, have = device_memory(self.device)
+        if batch * per_seq > have:
+            field_name = what.split("=")[0]
+            raise ValueError(
+                f"{what} = {batch} sequences of up to {tokens} tokens need at least {batch * per_seq / 2**30:.1f} GiB "
+                f"(KV cache and logits in float32) but {where} has {have / 2**30:.1f} GiB; lower {field_name} to at "
+                f"most {have // (per_seq * per_field)}.")
+
+    def _check_run_dir(self) -> None:
+        """Refuse a run name that exists unless ``resume``; with ``resume``, require its checkpoint and config."""
+        out = Path(self.out_dir) / self.name
+        spec = checkpoint_spec(self)
+        saved = ckpt.checkpoint_path(spec.dir) if spec else None
+        if not self.resume:
+            existing = [p for p in (saved, out / "config.json", out / "model") if p is not None and p.exists()]
+            if existing:
+                raise ValueError(f"run {self.name!r} already exists ({existing[0]}); pass resume=true to continue it "
+                                 "from its checkpoint, or choose another name= (a run is never overwritten).")
+            return
+        if saved is None or not saved.exists():
+            raise ValueError(f"resume=true but {saved or 'checkpoint_every=0'} holds no trainer checkpoint of run "
+                             f"{self.name!r}; start it again under another name=, or without resume.")
+        if (out / "config.json").exists():
+            before = json.loads((out / "config.json").read_text())
+            now = json.loads(json.dumps(dataclasses.asdict(self)))
+            differ = sorted(k for k in now.keys() - RESUME_MAY_CHANGE if before.get(k) != now[k])
+            if differ:
+                raise ValueError(f"resume=true but {differ} differ from {out / 'config.json'}; a run continues only "
+                                 "with its own config (start a new name= for a new one).")
+
+
+RESUME_MAY_CHANGE = frozenset({"resume", "device", "threads", "ray", "priority", "tenant"})
+"""Fields a resumed run may change: where and how fast it runs, not what it computes."""
+
+
+def sequence_bytes(model: ModelConfig, tokens: int) -> int:
+    """Bytes one generated sequence of ``tokens`` tokens holds at least: its KV cache (2 x layers x the
+    key/value width) and its logits over the vocabulary, float32 (a lower bound: activations excluded)."""
+    if model.kind == "char":
+        layers, kv_width, vocab = model.n_layers, model.d_model, model.vocab_size
+    else:
+        from transformers import AutoConfig
+
+        c = AutoConfig.from_pretrained(model.path)
+        heads = c.num_attention_heads
+        kv_width = c.hidden_size * (getattr(c, "num_key_value_heads", None) or heads) // heads
+        layers, vocab = c.num_hidden_layers, c.vocab_size
+    return tokens * (2 * layers * kv_width + vocab) * 4
+
+
+def device_memory(device: str) -> tuple[str, int]:
+    """(name, bytes) of the memory of ``device``: the GPU's for CUDA, this machine's RAM for the CPU."""
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
+    if dev.type == "cuda":
+        return f"GPU {dev}", torch.cuda.get_device_properties(dev.index or 0).total_memory
+    return "this machine", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class Slicer(Protocol):
@@ -195,7 +293,7 @@ def score(job: str, cfg: RLVRConfig, svc: JobServices, inputs: JobInputs, batch:
     """The reward of each decoded completion against its example's answer (failed calls score 0)."""
     texts = [inputs.codec.decode(c) for c in completions]
     return svc.reward.call("score", job, cfg.reward, [e.prompt for e in batch], texts, [e.answer for e in batch],
-                           cfg.reward_timeout_s)
+                           cfg.reward_timeout_s, cfg.reward_import_timeout_s)
 
 
 def greedy_accuracy(job: str, cfg: RLVRConfig, svc: JobServices, slicer: Slicer, inputs: JobInputs) -> RewardBatch:
@@ -207,14 +305,85 @@ def greedy_accuracy(job: str, cfg: RLVRConfig, svc: JobServices, slicer: Slicer,
     return score(job, cfg, svc, inputs, batch, comps)
 
 
-def _count_failures(job: str, row: dict[str, float], scored: list[RewardBatch]) -> None:
-    """Add the reward calls that failed to ``row`` and log the first failure's message."""
-    row["reward_errors"] = float(sum(b.errors for b in scored))
-    row["reward_timeouts"] = float(sum(b.timeouts for b in scored))
-    if row["reward_errors"] or row["reward_timeouts"]:
-        first = next(b.first_error for b in scored if b.first_error)
-        log.warning("job %s iteration %d: %d reward calls failed, %d timed out (scored 0); first: %s", job,
-                    int(row["iteration"]), row["reward_errors"], row["reward_timeouts"], first)
+@dataclass
+class _RewardFailures:
+    """The job's reward calls so far and how many failed; stops the job above its allowed share."""
+
+    job: str
+    max_share: float
+    calls: int = 0
+    failed: int = 0
+
+    def count(self, row: dict[str, float], scored: list[RewardBatch]) -> None:
+        """Add the failed calls of ``scored`` to ``row``, log the first failure, and raise
+        :class:`JobStopped` when more than ``max_share`` of all calls so far failed."""
+        row["reward_errors"] = float(sum(b.errors for b in scored))
+        row["reward_timeouts"] = float(sum(b.timeouts for b in scored))
+        first = next((b.first_error for b in scored if b.first_error), "")
+        if first:
+            log.warning("job %s iteration %d: %d reward calls failed, %d timed out (scored 0); first: %s", self.job,
+                        int(row["iteration"]), row["reward_errors"], row["reward_timeouts"], first)
+        self.calls += sum(len(b.scores) for b in scored)
+        self.failed += int(row["reward_errors"] + row["reward_timeouts"])
+        if self.calls and self.failed / self.calls > self.max_share:
+            raise JobStopped(f"job {self.job!r}: {self.failed} of its {self.calls} reward calls failed, more than "
+                             f"reward_max_failed_share={self.max_share}; stopped before saving (last failure of "
+                             f"iteration {int(row['iteration'])}: {first or 'see the log'}). Fix the reward, or raise "
+                             "reward_timeout_s if its calls time out.")
+
+
+def _check_rewards(job: str, it: int, rewards: list[float], cfg: RLVRConfig) -> None:
+    """Raise :class:`JobStopped` when the rewards' group advantages are not finite in float32 (the trainer's
+    precision): a reward of 1e308 (or groups spread beyond ~1e38) would make every weight NaN."""
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), cfg.grpo.group_size, cfg.grpo.std_eps)
+    if not bool(torch.isfinite(adv).all()):
+        raise JobStopped(f"job {job!r} iteration {it}: the reward returned values up to {max(map(abs, rewards)):.3g}, "
+                         "whose group advantages overflow float32 (the trainer's precision); stopped before the "
+                         "update. Scale the reward to a few units.")
+
+
+def _warm_up(job: str, cfg: RLVRConfig, svc: JobServices, slicer: Slicer, inputs: JobInputs,
+             rng: np.random.Generator, done: int) -> None:
+    """The supervised warm-up and the end of the warm-up, from the trainer's state-changing call ``done`` on
+    (the calls before it are in the resumed checkpoint: their examples are drawn, so that later draws match)."""
+    for step in range(cfg.warmup_steps):
+        batch = inputs.source.sample(rng, cfg.warmup_batch)
+        if step < done:
+            continue
+        answers = [inputs.codec.encode_answer(e.answer) for e in batch]
+        with slicer.slice(job, "train"):
+            svc.trainer.call("supervised", job, [inputs.codec.encode(e.prompt) for e in batch], answers, step)
+    if done <= cfg.warmup_steps:
+        with slicer.slice(job, "train"):
+            svc.trainer.call("finish_warmup", job, cfg.warmup_steps)
+
+
+def _iteration(job: str, cfg: RLVRConfig, svc: JobServices, slicer: Slicer, inputs: JobInputs,
+               rng: np.random.Generator, it: int) -> tuple[dict[str, float], list[RewardBatch]]:
+    """One GRPO iteration ``it`` (the greedy evaluation when due; at ``it == cfg.iterations`` only that):
+    its metrics row and every reward batch it scored."""
+    row: dict[str, float] = {"iteration": it}
+    scored = []
+    if it % cfg.eval_every == 0 or it == cfg.iterations:
+        scored.append(greedy_accuracy(job, cfg, svc, slicer, inputs))
+        row["eval_greedy_accuracy"] = float(np.mean(scored[-1].scores))
+    if it == cfg.iterations:
+        return row, scored
+    batch = [e for e in inputs.source.sample(rng, cfg.prompts_per_iter) for _ in range(cfg.grpo.group_size)]
+    prompts = [inputs.codec.encode(e.prompt) for e in batch]
+    with slicer.slice(job, "generate"):
+        comps, used_version = svc.rollout.call("generate", job, prompts, inputs.max_new_tokens, cfg.temperature,
+                                               cfg.seed * 100_003 + it)
+    scored.append(score(job, cfg, svc, inputs, batch, comps))
+    rewards = scored[-1].scores
+    _check_rewards(job, it, rewards, cfg)
+    with slicer.slice(job, "train"):
+        stats = svc.trainer.call("train", job, prompts, comps, rewards,
+                                 cfg.warmup_steps + 1 + it)  # the job's state-changing call number
+        state, version = svc.trainer.call_ref("weights", job)
+    svc.rollout.call("update_weights", job, state, version)
+    row.update(stats, mean_reward=float(np.mean(rewards)), weight_staleness=version - 1 - used_version)
+    return row, scored
 
 
 def run_job(
@@ -227,54 +396,37 @@ def run_job(
 ) -> JobResult:
     """Run one RLVR job to completion on ``svc``; returns one metrics row per iteration and its weights.
 
-    The job registers itself on the services, warms up, freezes its KL reference, then loops:
-    generate ``P * G`` completions, score them, run a GRPO update, push the weights to the rollout.
-    It unregisters from the services when it ends or fails.
+    The job registers itself on the services (with ``cfg.resume``: restored from its checkpoint, and
+    only the iterations after it run; their rows are returned), warms up, freezes its KL reference,
+    then loops: generate ``P * G`` completions, score them, run a GRPO update, push the weights to the
+    rollout. It unregisters from the services when it ends or fails.
+
+    Raises:
+        JobStopped: the rewards, loss or weights went non-finite, or more than
+            ``cfg.reward_max_failed_share`` of the reward calls failed (nothing is saved after the fault).
     """
     slicer = slicer or _NoSlicer()
     inputs = job_inputs(cfg)
-    codec = inputs.codec
     rng = np.random.default_rng(cfg.seed)
-    svc.trainer.call("register_job", job, cfg.model, cfg.grpo, cfg.seed, checkpoint_spec(cfg))
+    # resume by keyword, and only when asked: a restarted trainer's replay sets it too (TRAINER_REPLAY)
+    resume = {"resume": True} if cfg.resume else {}
+    done = svc.trainer.call("register_job", job, cfg.model, cfg.grpo, cfg.seed, checkpoint_spec(cfg), **resume)
     try:
-        for step in range(cfg.warmup_steps):
-            batch = inputs.source.sample(rng, cfg.warmup_batch)
-            answers = [codec.encode_answer(e.answer) for e in batch]
-            with slicer.slice(job, "train"):
-                svc.trainer.call("supervised", job, [codec.encode(e.prompt) for e in batch], answers, step)
-        with slicer.slice(job, "train"):
-            svc.trainer.call("finish_warmup", job, cfg.warmup_steps)
+        _warm_up(job, cfg, svc, slicer, inputs, rng, done)
         state, version = svc.trainer.call_ref("weights", job)  # on Ray: a reference, the driver never fetches it
         svc.rollout.call("register_job", job, state, version)
+        failures = _RewardFailures(job, cfg.reward_max_failed_share)
+        first = max(0, done - cfg.warmup_steps - 1)  # GRPO updates the restored trainer already holds
+        for _ in range(first):
+            inputs.source.sample(rng, cfg.prompts_per_iter)  # their prompts, drawn so that later draws match
         rows: list[dict[str, float]] = []
         start = time.monotonic()
-        for it in range(cfg.iterations + 1):
-            row: dict[str, float] = {"iteration": it}
-            scored = []
-            if it % cfg.eval_every == 0 or it == cfg.iterations:
-                scored.append(greedy_accuracy(job, cfg, svc, slicer, inputs))
-                row["eval_greedy_accuracy"] = float(np.mean(scored[-1].scores))
-            if it == cfg.iterations:
-                _count_failures(job, row, scored)
-                row["wall_s"] = time.monotonic() - start
-                rows.append(row)
-                break
-            batch = [e for e in inputs.source.sample(rng, cfg.prompts_per_iter) for _ in range(cfg.grpo.group_size)]
-            prompts = [codec.encode(e.prompt) for e in batch]
-            with slicer.slice(job, "generate"):
-                comps, used_version = svc.rollout.call("generate", job, prompts, inputs.max_new_tokens, cfg.temperature, cfg.seed * 100_003 + it)
-            scored.append(score(job, cfg, svc, inputs, batch, comps))
-            rewards = scored[-1].scores
-            with slicer.slice(job, "train"):
-                stats = svc.trainer.call("train", job, prompts, comps, rewards,
-                                         cfg.warmup_steps + 1 + it)  # the job's state-changing call number
-                state, version = svc.trainer.call_ref("weights", job)
-            svc.rollout.call("update_weights", job, state, version)
-            row.update(stats, mean_reward=float(np.mean(rewards)), weight_staleness=version - 1 - used_version,
-                       wall_s=time.monotonic() - start)
-            _count_failures(job, row, scored)
+        for it in range(first, cfg.iterations + 1):
+            row, scored = _iteration(job, cfg, svc, slicer, inputs, rng, it)
+            row["wall_s"] = time.monotonic() - start
+            failures.count(row, scored)
             rows.append(row)
-            if on_iteration:
+            if on_iteration and it < cfg.iterations:
                 on_iteration(row)
         state, version = svc.trainer.call("weights", job)
         return JobResult(rows, state, version)
@@ -311,12 +463,7 @@ def write_outputs(out: Path, cfg: RLVRConfig, rows: list[dict[str, float]]) -> d
 
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2).encode())
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "iteration", k))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=keys)
-    w.writeheader()
-    w.writerows(rows)
-    write_atomic(out / "metrics.csv", buf.getvalue().encode())
+    write_metrics(out, rows)
     train = [r for r in rows if "mean_reward" in r]
     rewards = np.array([r["mean_reward"] for r in train])
     k = max(1, min(10, len(rewards) // 5))
@@ -349,6 +496,24 @@ def write_outputs(out: Path, cfg: RLVRConfig, rows: list[dict[str, float]]) -> d
     return summary
 
 
+def write_metrics(out: Path, rows: list[dict[str, float]]) -> None:
+    """Write ``rows`` to ``out/metrics.csv`` (atomically), one column per key, ``iteration`` first."""
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "iteration", k))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(out / "metrics.csv", buf.getvalue().encode())
+
+
+def read_metrics(out: Path) -> list[dict[str, float]]:
+    """The rows of ``out/metrics.csv`` (none when absent); an empty cell is a key the row did not have."""
+    if not (out / "metrics.csv").exists():
+        return []
+    with open(out / "metrics.csv", newline="") as f:
+        return [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+
+
 @contextlib.contextmanager
 def _progress(total: int) -> Iterator[Callable[[dict[str, float]], None]]:
     from tqdm import tqdm
@@ -366,24 +531,44 @@ def _progress(total: int) -> Iterator[Callable[[dict[str, float]], None]]:
 
 
 def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
-    """Run the job of ``cfg`` (in-process, or on Ray services with ``cfg.ray``) and write its outputs."""
+    """Run the job of ``cfg`` (in-process, or on Ray services with ``cfg.ray``) and write its outputs.
+
+    ``config.json`` is written first and ``metrics.csv`` after every iteration, so a run that stops
+    keeps its rows, and ``resume=true`` continues them; the model is saved only by a job that ends.
+
+    Raises:
+        JobStopped, RewardUnavailable, CheckpointError: the job stopped; nothing was saved over its model.
+    """
     cfg.check()
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir) / cfg.name
+    out.mkdir(parents=True, exist_ok=True)
+    earlier = read_metrics(out) if cfg.resume else []
+    write_atomic(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2).encode())
+    rows: list[dict[str, float]] = []
+
+    def before(it: float) -> list[dict[str, float]]:  # the earlier run's rows that this one does not redo
+        return [r for r in earlier if r["iteration"] < it]
+
     with _progress(cfg.iterations) as progress:
+        def on_iteration(row: dict[str, float]) -> None:
+            rows.append(row)
+            write_metrics(out, before(rows[0]["iteration"]) + rows)
+            progress(row)
+
         if cfg.ray:
             from infra.llm.service_plane import ray_job_services
 
             address = "local" if cfg.ray is True or cfg.ray == "local" else str(cfg.ray)
             with ray_job_services(cfg.model, address=address, priority=cfg.priority, tenant=cfg.tenant) as svc:
-                result = run_job(cfg.name, cfg, svc, on_iteration=progress)
+                result = run_job(cfg.name, cfg, svc, on_iteration=on_iteration)
         else:
             svc = local_services(cfg)
             try:
-                result = run_job(cfg.name, cfg, svc, on_iteration=progress)
+                result = run_job(cfg.name, cfg, svc, on_iteration=on_iteration)
             finally:
                 svc.reward.call("close")
-    summary = write_outputs(out, cfg, result.rows)
+    summary = write_outputs(out, cfg, before(result.rows[0]["iteration"]) + result.rows)
     save_model(out / "model", cfg, result.weights)
     summary["out_dir"] = str(out)
     return summary
@@ -391,13 +576,29 @@ def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
 
 def save_model(path: Path, cfg: RLVRConfig, weights: dict[str, Any]) -> None:
     """Write the trained model with its tokenizer into the folder ``path`` (``save_pretrained`` for an
-    ``hf`` model: ``AutoModelForCausalLM.from_pretrained(path)`` loads it), replacing an earlier one
-    only once the new one is complete."""
+    ``hf`` model: ``AutoModelForCausalLM.from_pretrained(path)`` loads it).
+
+    The files are staged in a temporary folder next to ``path``, then each is moved in with
+    :func:`~infra.common.files.write_atomic` (written, fsynced, renamed over the old one): at every
+    moment each file of ``path`` is whole, the previous save's or this one's, and the previous model is
+    never deleted first. Files of the previous save that this one lacks are removed last.
+
+    Raises:
+        JobStopped: a weight is NaN or infinite (nothing is written).
+    """
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise JobStopped(f"the weights {bad[:3]} are not finite; the model in {path} was left as it was.")
     model = build_model(cfg.model, cfg.seed)
     model.load_state_dict(weights)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save(tmp)
-    load_codec(cfg.model).save(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged = Path(tmp)
+        model.save(staged)
+        load_codec(cfg.model).save(staged)
+        new = sorted(f.relative_to(staged) for f in staged.rglob("*") if f.is_file())
+        for rel in new:
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path / rel, (staged / rel).read_bytes())
+    for old in [f for f in path.rglob("*") if f.is_file() and f.relative_to(path) not in new]:
+        old.unlink()

@@ -11,11 +11,14 @@ placed by :mod:`infra.llm.service_plane`. Every service serves several jobs at o
 - the service logs every slice (job, function, start, end on the machine's monotonic clock), so
   tests and the multiplexer can check that slices of different jobs never overlap;
 - a failing call fails only its own job: the exception is raised to that caller, and the other
-  jobs' state is untouched.
+  jobs' state is untouched;
+- a trainer call that leaves a job's loss or weights non-finite raises :class:`JobStopped` before
+  the job's checkpoint is written, so the checkpoint on disk keeps the last finite state.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,6 +66,11 @@ class _Sliced:
     def slices(self) -> list[SliceRecord]:
         """Every slice run so far, in start order."""
         return list(self._log)
+
+
+class JobStopped(RuntimeError):
+    """A job stopped itself so that its saved work stays good: its loss, weights or rewards went
+    non-finite, or too many of its reward calls failed. Nothing was saved after the fault."""
 
 
 def _unknown_job(job: str, known: list[str]) -> KeyError:
@@ -154,16 +162,21 @@ class RewardService(_Sliced):
 
     def __init__(self) -> None:
         super().__init__()
-        self._runners: dict[tuple[str, float], RewardRunner] = {}
+        self._runners: dict[tuple[str, float, float], RewardRunner] = {}
 
     def score(
-        self, job: str, reward: str, prompts: list[str], completions: list[str], answers: list[str], timeout_s: float
+        self, job: str, reward: str, prompts: list[str], completions: list[str], answers: list[str], timeout_s: float,
+        import_timeout_s: float = 60.0,
     ) -> RewardBatch:
-        """``reward(prompt, completion, answer)`` per sample; a call that raises or times out scores 0 and is counted."""
+        """``reward(prompt, completion, answer)`` per sample; a call that raises or times out scores 0 and is counted.
+
+        Raises:
+            RewardUnavailable: the reward's worker cannot import it within ``import_timeout_s``.
+        """
         with self._slice(job, "score"):
-            key = (reward, timeout_s)
+            key = (reward, timeout_s, import_timeout_s)
             if key not in self._runners:
-                self._runners[key] = RewardRunner(reward, timeout_s)
+                self._runners[key] = RewardRunner(reward, timeout_s, import_timeout_s)
             return self._runners[key].score(prompts, completions, answers)
 
     def close(self) -> None:
@@ -186,6 +199,26 @@ class _TrainerJob:
     """State-changing calls applied: warm-up steps, the end of the warm-up, GRPO updates."""
     last: Any = None
     """Result of the last state-changing call, answered again when a crash lost its reply."""
+
+
+def _check_finite(job: str, fn: str, step: int, trainer: GRPOTrainer, result: Any) -> None:
+    """Raise :class:`JobStopped` when the call's result (a loss, or a dict of diagnostics) or any weight
+    of ``trainer`` is NaN or infinite.
+
+    The weights are summed (one read of each on its device; a NaN or infinity anywhere makes the sum
+    non-finite), far cheaper than an elementwise test: 76 ms against 1.6 s for an 85M-parameter model
+    on one CPU thread of the loaded 2-core VM. Only a non-finite sum pays for finding the bad tensors."""
+    values = result.values() if isinstance(result, dict) else [] if result is None else [result]
+    bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
+    params = dict(trainer.model.named_parameters())
+    with torch.no_grad():
+        total = float(torch.stack([p.sum() for p in params.values()]).sum())
+    if not bad and not math.isfinite(total):
+        bad = [n for n, p in params.items() if not bool(torch.isfinite(p).all())][:3] or ["the weights' sum"]
+    if bad:
+        raise JobStopped(f"job {job!r}: {fn} (state-changing call {step}) made the loss or weights non-finite "
+                         f"({bad}); it stopped before checkpointing this state (the checkpoint keeps the last finite one). "
+                         "Scale the reward to a few units, or lower grpo.optim.lr.")
 
 
 class TrainerService(_Sliced):
@@ -211,14 +244,20 @@ class TrainerService(_Sliced):
     ) -> int:
         """Create ``job``'s model from ``seed`` (host memory), or with ``resume`` restore it from its
         checkpoint; returns the job's step. A fresh registration with ``checkpoint`` writes step 0
-        there at once (replacing what the directory held).
+        there at once, into a directory that holds no checkpoint yet.
 
         Raises:
             CheckpointError: ``resume`` and the checkpoint is absent, broken or another job's, or the
-                job has no checkpoint at all (its state died with an earlier trainer).
+                job has no checkpoint at all (its state died with an earlier trainer); or a fresh
+                registration whose directory already holds a checkpoint (it is never overwritten).
         """
         if checkpoint is not None:
             checkpoint.check()
+            path = ckpt.checkpoint_path(checkpoint.dir)
+            if not resume and path.exists():
+                raise CheckpointError(f"job {job!r}: {path} already holds a trainer checkpoint, which a fresh start would "
+                                      "overwrite; resume the job from it (resume=true), or give the job another name or "
+                                      "checkpoint directory.")
         elif resume:
             raise CheckpointError(f"job {job!r} was registered without a checkpoint, so its trainer state died with the "
                                   "service; register it with checkpoint=CheckpointSpec(dir) to survive restarts.")
@@ -282,6 +321,7 @@ class TrainerService(_Sliced):
                                       f"resume the job from its checkpoint's step.")
             with self._swapped(record) as trainer:
                 record.last = apply(trainer)
+                _check_finite(job, fn, record.step, trainer, record.last)
             record.step += 1
             if record.checkpoint is not None and record.step % record.checkpoint.every == 0:
                 self._save(job, record, record.checkpoint)

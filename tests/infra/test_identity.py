@@ -20,8 +20,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from infra.service import cli  # noqa: E402
 from infra.scheduler.requests import Bundle, GangRequest  # noqa: E402
+from infra.service import cli  # noqa: E402
 from infra.service.actor import TOKEN_FILE_ENV, HandleState, read_token, write_token  # noqa: E402
 from infra.service.client import SchedulerClient, check_reachable, connect, credential  # noqa: E402
 

@@ -34,6 +34,7 @@ def _cfg(name: str, seed: int, task: str = "sort") -> RLVRConfig:
         eval_prompts=8,
         eval_every=2,
         model=SMALL,
+        checkpoint_every=0,  # the same job names run several times here; a checkpoint is never overwritten
     )
 
 

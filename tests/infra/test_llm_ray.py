@@ -21,7 +21,8 @@ SMALL = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, 
 
 def _cfg(name: str, seed: int, iterations: int = 3) -> RLVRConfig:
     return RLVRConfig(name=name, task="sort", task_size=3, seed=seed, iterations=iterations, prompts_per_iter=4,
-                      grpo=llm_grpo_config(group_size=4), warmup_steps=2, warmup_batch=8, eval_prompts=8, eval_every=100, model=SMALL)
+                      grpo=llm_grpo_config(group_size=4), warmup_steps=2, warmup_batch=8, eval_prompts=8, eval_every=100, model=SMALL,
+                      checkpoint_every=0)  # "a" runs twice here; a checkpoint is never overwritten
 
 
 def test_model_larger_than_any_gpu_is_refused_by_the_scheduler() -> None:

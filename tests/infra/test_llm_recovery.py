@@ -102,7 +102,8 @@ def test_missing_or_broken_checkpoint_is_a_one_line_error_naming_the_path(tmp_pa
     path.write_bytes(path.read_bytes()[:-100])  # truncated, as a full disk would leave it
     with pytest.raises(CheckpointError, match="truncated or corrupted") as broken:
         TrainerService().register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec, resume=True)
-    svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec)  # a fresh registration writes a new checkpoint
+    path.unlink()  # a fresh registration writes a new checkpoint, never over an existing file
+    svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec)
     with pytest.raises(CheckpointError, match="belongs to job 'j'"):
         TrainerService().register_job("k", SMALL, llm_grpo_config(group_size=4), 0, spec, resume=True)
     for err in (lost, missing, broken):
