@@ -271,9 +271,10 @@ class WarpBackend:
             torch.cuda.current_stream(self.device).wait_stream(wp.stream_to_torch(self._stream))
 
     @property
-    def graphs_captured(self) -> bool:
-        """Whether the substeps run as a captured CUDA graph (False on the CPU and before the first step)."""
-        return self._step_graph is not None
+    def graphs_captured(self) -> dict[str, bool]:
+        """Which passes run as captured CUDA graphs: ``step`` (the substeps) and ``render`` (False on
+        the CPU, and before a pass's first call)."""
+        return {"step": self._step_graph is not None, "render": self._render_graph is not None}
 
     def _graph(self, launches) -> Any:
         """``launches`` recorded as a CUDA graph (recording runs nothing).

@@ -222,14 +222,14 @@ def test_failed_graph_capture_is_an_error_naming_the_fix(monkeypatch) -> None:
     env = _warp("reach", 2, seed=4)
     env.reset_arrays()
     backend = env._backend
-    assert not backend.graphs_captured and not backend.deterministic  # fast mode by default
+    assert backend.graphs_captured == {"step": False, "render": False} and not backend.deterministic
     backend._capture = True  # what CUDA does (Warp's CPU device has no graphs to capture)
     monkeypatch.setattr(warp, "ScopedCapture", _FailingCapture)
     qpos = backend.qpos.clone()
     with pytest.raises(RuntimeError, match=r"^CUDA graph capture of mujoco_warp failed \(ValueError: Array shapes"
                                            r".*; set env.warp_uncaptured=true to step without graphs"):
         env.step_arrays(np.zeros((2, ACTION_DIM), np.float32))
-    assert not torch.equal(backend.qpos, qpos) and not backend.graphs_captured  # the eager step ran, no graph
+    assert not torch.equal(backend.qpos, qpos) and not backend.graphs_captured["step"]  # eager step ran
 
 
 def test_deterministic_mode_runs_the_dense_jacobian_and_agrees() -> None:
