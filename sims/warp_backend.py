@@ -65,9 +65,8 @@ INT32_MAX = 2**31 - 1
 #: Bytes of sort-reduce workspace per deterministic record: 40 from Warp 1.19's own size query
 #: (``wp_deterministic_sort_reduce_workspace_size``, float32 sums) plus CUB's temporary storage,
 #: 0.41 per record on the H200 (the 7,627,550,207-byte request at 1,024 worlds = 40 x 188,743,680
-#: records + 256 + 77.8 MB). Records themselves hold an int64 key and a float32 value.
+#: records + 256 + 77.8 MB). The records themselves add 12 bytes each (int64 key, float32 value).
 DET_WORKSPACE_BYTES_PER_RECORD = 40.42
-DET_RECORD_BYTES = 12
 #: Lanes per constraint group in mujoco_warp's sparse Hessian kernels (``_JTDAJ_THREADS_PER_GROUP``)
 #: and per tile of its dense contact Jacobian (``BlockDim.contact_jac_tiled``), mujoco_warp 4.0.0.
 _JTDAJ_LANES = 32
