@@ -16,10 +16,11 @@ front camera), ``results["envs_N"]`` holds
 - ``warp_setup_s``: building the env (kernel compilation at the first size, a cache load after);
 - ``warp_determinism`` (``"off"``, the default, or ``"all"`` with ``--deterministic``) and
   ``warp_graphs_captured`` (``{"step": ..., "render": ...}``: whether the substeps and the render
-  pass ran as CUDA graphs; a failed capture stops the run with its cause);
+  pass ran as CUDA graphs); a size that fails (a refused size, a failed capture) is recorded as
+  ``warp_failed`` with its error and the next size runs;
 - at the first size, ``warp_deterministic_physics_steps_per_s`` and ``warp_deterministic_env_steps_per_s``:
-  the same figures with ``env.warp_deterministic`` (what run-to-run determinism costs), or why
-  that size does not fit (``--no-det-cost`` leaves them out);
+  the same figures with ``env.warp_deterministic`` (what run-to-run determinism costs), or
+  ``warp_deterministic_failed`` with why it did not run (``--no-det-cost`` leaves them out);
 - at the sizes of ``--mjx-envs``: ``mjx_steps_per_s`` and ``mjx_compile_s``, the MJX backend's full step.
 
 After the first size, ``results["training"]`` (``scripts/bench_train_device.py``; ``--no-train``: none): VLA
@@ -107,8 +108,8 @@ def measure_determinism_cost(task: str, n: int, device: str, steps: int) -> dict
     """Physics and state-step figures with ``env.warp_deterministic``, or why ``n`` worlds do not fit."""
     try:
         row = _physics_and_step(task, n, device, steps, deterministic=True)
-    except ValueError as exc:  # the size check refuses before allocating: record it, go on
-        return {"warp_deterministic_skipped": str(exc)}
+    except (ValueError, RuntimeError) as exc:  # refused by the size check, or its capture failed: record it
+        return {"warp_deterministic_failed": f"{type(exc).__name__}: {exc}"}
     return {"warp_deterministic_physics_steps_per_s": row["physics_steps_per_s"],
             "warp_deterministic_env_steps_per_s": row["env_steps_per_s"],
             "warp_deterministic_setup_s": row["setup_s"], "warp_deterministic_graphs_captured": row["graphs_captured"]}
@@ -163,7 +164,10 @@ def main() -> None:
         if time.perf_counter() - began > args.budget_s:
             results[f"envs_{n}"] = {"skipped": f"budget of {args.budget_s:.0f} s spent"}
             continue
-        row = measure_warp(args.task, n, args.device, args.steps, args.deterministic)
+        try:
+            row = measure_warp(args.task, n, args.device, args.steps, args.deterministic)
+        except (ValueError, RuntimeError) as exc:  # a refused size or a failed capture: into the JSON, go on
+            row = {"warp_failed": f"{type(exc).__name__}: {exc}"}
         if i == 0 and not (args.no_det_cost or args.deterministic):
             row.update(measure_determinism_cost(args.task, n, args.device, args.steps))
         if str(n) in args.mjx_envs.split(","):

@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu_recipe}
 device=${RECIPE_DEVICE:-cuda:0}
-python=${PYTHON:-python}
+python=${PYTHON:-python3}  # the GPU machine's interpreter (../shared/device/README.md)
 if [[ -z ${PYTHON:-} && -x .venv/bin/python ]]; then python=.venv/bin/python; fi
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} HF_HUB_OFFLINE=1 WANDB_MODE=disabled
 "$python" scripts/check_imports.py scripts/sft_rl.py scripts/llm_rlvr.py scripts/llm_tiny_model.py || exit 3

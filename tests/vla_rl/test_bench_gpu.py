@@ -82,7 +82,7 @@ def test_prepared_wheels_cover_every_module_the_gpu_scripts_import():
 def test_bench_gpu_smoke_writes_every_figure(tmp_path):
     out = tmp_path / "bench_gpu.json"
     env = {**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "WANDB_MODE": "disabled",
-           "BENCH_TRAIN_MODES": "inprocess,colocated"}
+           "BENCH_TRAIN_MODES": "inprocess,colocated", "PYTHON": sys.executable}
     run = subprocess.run(["bash", str(ROOT / "scripts" / "bench_gpu.sh"), str(out), "--smoke"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
