@@ -30,7 +30,8 @@ began=$(date +%s)
 
 if [[ ${RECIPE_TINY:-0} == 1 ]]; then  # every stage at toy sizes: a check of the script, not a figure
   size=(demos.episodes=8 demos.num_envs=8 sft.sft.iterations=2 sft.sft.updates=2 sft.eval.every=0
-        rl.total_env_steps=192 rl.env.num_envs=4 rl.ppo.rollout_steps=24 rl.eval.every=0 test.episodes=4 test.num_envs=4)
+        rl.total_env_steps=192 rl.env.num_envs=4 rl.ppo.rollout_steps=24 rl.eval.every=0 rl.eval.episodes=4
+        rl.eval.num_envs=4 test.episodes=4 test.num_envs=4)
   llm=(iterations=2 prompts_per_iter=4 grpo.group_size=2 warmup_steps=2 warmup_batch=4 eval_prompts=4)
 else
   size=("demos.episodes=${RECIPE_DEMOS:-400}" demos.num_envs=64 "sft.sft.iterations=${RECIPE_SFT_ITERS:-300}"
