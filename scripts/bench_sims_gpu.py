@@ -14,7 +14,14 @@ front camera), ``results["envs_N"]`` holds
   uint8 ``[N, 1, 3, 64, 64]`` on the device);
 - ``warp_env_render_steps_per_s``: control steps x worlds per second of the full step with RGB;
 - ``warp_setup_s``: building the env (kernel compilation at the first size, a cache load after);
-- with ``--mjx``: ``mjx_steps_per_s`` and ``mjx_compile_s``, the MJX backend's full step.
+- ``warp_determinism`` (``"off"``, the default, or ``"all"`` with ``--deterministic``) and
+  ``warp_graphs_captured`` (``{"step": ..., "render": ...}``: whether the substeps and the render
+  pass ran as CUDA graphs); a size that fails (a refused size, a failed capture) is recorded as
+  ``warp_failed`` with its error and the next size runs;
+- at the first size, ``warp_deterministic_physics_steps_per_s`` and ``warp_deterministic_env_steps_per_s``:
+  the same figures with ``env.warp_deterministic`` (what run-to-run determinism costs), or
+  ``warp_deterministic_failed`` with why it did not run (``--no-det-cost`` leaves them out);
+- at the sizes of ``--mjx-envs``: ``mjx_steps_per_s`` and ``mjx_compile_s``, the MJX backend's full step.
 
 After the first size, ``results["training"]`` (``scripts/bench_train_device.py``; ``--no-train``: none): VLA
 PPO env-steps/s of the default job at ``--train-envs`` environments, in process (batch sims on the
@@ -34,6 +41,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -63,27 +71,48 @@ def _rate(fn, calls: int, device: torch.device | None) -> float:
     return calls / (time.perf_counter() - start)
 
 
-def measure_warp(task: str, n: int, device: str, steps: int) -> dict[str, float]:
-    """The Warp backend's figures for ``n`` worlds on ``device`` (see the module docstring)."""
+def _physics_and_step(task: str, n: int, device: str, steps: int, deterministic: bool) -> dict[str, Any]:
+    """Physics substeps x worlds/s and control steps x worlds/s of ``n`` worlds, state observations."""
     start = time.perf_counter()
-    env = make_vec_env(task, n, seed=0, backend="warp", warp_device=device)
+    env = make_vec_env(task, n, seed=0, backend="warp", warp_device=device, warp_deterministic=deterministic)
     env.reset_arrays(seed=0)
     setup = time.perf_counter() - start
-    dev = env.device
+    dev, backend, frame_skip = env.device, env._backend, env.config.frame_skip
     actions = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (4, n, ACTION_DIM)), dtype=torch.float32,
                               device=dev)
     k = iter(range(1 << 30))
-    backend, frame_skip = env._backend, env.config.frame_skip
     ctrl = env._control(actions[0])
-    out = {"warp_setup_s": setup,
-           "warp_physics_steps_per_s": _rate(lambda: backend.step(ctrl), steps, dev) * n * frame_skip,
-           "warp_env_steps_per_s": _rate(lambda: env.step_arrays(actions[next(k) % 4]), steps, dev) * n}
-    env = backend = None  # free the first env before building the second
-    env = make_vec_env(task, n, seed=0, backend="warp", warp_device=device, render=RenderConfig())
+    return {"setup_s": setup, "physics_steps_per_s": _rate(lambda: backend.step(ctrl), steps, dev) * n * frame_skip,
+            "env_steps_per_s": _rate(lambda: env.step_arrays(actions[next(k) % 4]), steps, dev) * n,
+            "determinism": "all" if backend.deterministic else "off", "graphs_captured": backend.graphs_captured}
+
+
+def measure_warp(task: str, n: int, device: str, steps: int, deterministic: bool = False) -> dict[str, Any]:
+    """The Warp backend's figures for ``n`` worlds on ``device`` (see the module docstring)."""
+    out = {f"warp_{k}": v for k, v in _physics_and_step(task, n, device, steps, deterministic).items()}
+    env = make_vec_env(task, n, seed=0, backend="warp", warp_device=device, render=RenderConfig(),
+                       warp_deterministic=deterministic)
     env.reset_arrays(seed=0)
+    dev = env.device
+    actions = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (4, n, ACTION_DIM)), dtype=torch.float32,
+                              device=dev)
+    k = iter(range(1 << 30))
     out["warp_frames_per_s"] = _rate(env._backend.render, steps, dev) * n
     out["warp_env_render_steps_per_s"] = _rate(lambda: env.step_arrays(actions[next(k) % 4]), steps, dev) * n
+    out["warp_graphs_captured"] = {"step": out["warp_graphs_captured"]["step"] and env._backend.graphs_captured["step"],
+                                   "render": env._backend.graphs_captured["render"]}
     return out
+
+
+def measure_determinism_cost(task: str, n: int, device: str, steps: int) -> dict[str, Any]:
+    """Physics and state-step figures with ``env.warp_deterministic``, or why ``n`` worlds do not fit."""
+    try:
+        row = _physics_and_step(task, n, device, steps, deterministic=True)
+    except (ValueError, RuntimeError) as exc:  # refused by the size check, or its capture failed: record it
+        return {"warp_deterministic_failed": f"{type(exc).__name__}: {exc}"}
+    return {"warp_deterministic_physics_steps_per_s": row["physics_steps_per_s"],
+            "warp_deterministic_env_steps_per_s": row["env_steps_per_s"],
+            "warp_deterministic_setup_s": row["setup_s"], "warp_deterministic_graphs_captured": row["graphs_captured"]}
 
 
 def measure_mjx(task: str, n: int, steps: int) -> dict[str, float]:
@@ -104,18 +133,23 @@ def main() -> None:
     parser.add_argument("--device", default="cuda:0", help='Warp device: "cuda:N", or "cpu" to exercise the script')
     parser.add_argument("--envs", default="1024,2048,4096,8192", help="comma-separated numbers of worlds")
     parser.add_argument("--steps", type=int, default=20, help="timed calls per figure")
-    parser.add_argument("--mjx", action="store_true", help="also time the MJX backend (JAX on the same GPU)")
+    parser.add_argument("--mjx-envs", default="", help="comma-separated sizes at which to time MJX too (JAX, same GPU)")
+    parser.add_argument("--deterministic", action="store_true", help="run every figure with env.warp_deterministic")
+    parser.add_argument("--no-det-cost", action="store_true",
+                        help="leave out the deterministic figures at the first size")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip the sizes left after this long")
     parser.add_argument("--no-train", action="store_true", help="leave out the training figures")
     parser.add_argument("--train-envs", type=int, default=1024, help="environments of the training job")
     parser.add_argument("--train-steps", type=int, default=16, help="PPO rollout steps per iteration")
     parser.add_argument("--train-iterations", type=int, default=3, help="PPO iterations per mode (first: warm-up)")
     parser.add_argument("--train-fleet", action="store_true", help="also pipelined vs co-located on Ray, if installed")
+    parser.add_argument("--train-modes", default="inprocess,colocated",
+                        help="training modes (inprocess: batch sims + EGL frames; colocated: warp on the device)")
     parser.add_argument("--smoke", action="store_true",
                         help="toy sizes on Warp's CPU device: exercises every part of the script, measures nothing")
     args = parser.parse_args()
     if args.smoke:
-        args.device, args.envs, args.steps, args.mjx = "cpu", "4", 2, False
+        args.device, args.envs, args.steps, args.mjx_envs, args.no_det_cost = "cpu", "4", 2, "", True
         args.train_envs, args.train_steps, args.train_iterations, args.train_fleet = 4, 4, 2, False
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit(f"--device {args.device}: torch sees no GPU here; pass --device cpu to exercise the script")
@@ -123,22 +157,29 @@ def main() -> None:
     began = time.perf_counter()
     config = {k: v for k, v in vars(args).items() if k != "json"}
     config.update(frame_skip=EnvConfig().frame_skip, image="64x64 RGB, front camera",
-                  versions={p: importlib.metadata.version(p) for p in ("mujoco-warp", "warp-lang")})
+                  versions={p: importlib.metadata.version(p) for p in ("mujoco-warp", "warp-lang")},
+                  determinism="all" if args.deterministic else "off")
     results: dict = {}
     for i, n in enumerate(int(x) for x in args.envs.split(",")):
         if time.perf_counter() - began > args.budget_s:
             results[f"envs_{n}"] = {"skipped": f"budget of {args.budget_s:.0f} s spent"}
             continue
-        row = measure_warp(args.task, n, args.device, args.steps)
-        if args.mjx:
+        try:
+            row = measure_warp(args.task, n, args.device, args.steps, args.deterministic)
+        except (ValueError, RuntimeError) as exc:  # a refused size or a failed capture: into the JSON, go on
+            row = {"warp_failed": f"{type(exc).__name__}: {exc}"}
+        if i == 0 and not (args.no_det_cost or args.deterministic):
+            row.update(measure_determinism_cost(args.task, n, args.device, args.steps))
+        if str(n) in args.mjx_envs.split(","):
             row.update(measure_mjx(args.task, n, max(2, args.steps // 4)))
         results[f"envs_{n}"] = row
-        print(n, {k: round(v, 1) for k, v in row.items()}, flush=True)
+        print(n, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
         # Training right after the first size: its kernels are compiled by then, and the budget
         # (or the shell's hard stop) can only cut larger simulator sizes, never the training figures.
         if i == 0 and not args.no_train:
             results["training"] = measure_training(args.device, args.train_envs, args.train_steps,
-                                                   args.train_iterations, fleet=args.train_fleet)
+                                                   args.train_iterations, fleet=args.train_fleet,
+                                                   modes=tuple(args.train_modes.split(",")))
             print("training", {k: v for k, v in results["training"].items() if not isinstance(v, dict)}, flush=True)
         results["wall_s"] = time.perf_counter() - began
         write_report(args.json, config, results)

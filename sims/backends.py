@@ -261,11 +261,12 @@ class MjxBackend:
 
 def make_backend(name: str, model: mujoco.MjModel, num_envs: int, frame_skip: int,
                  num_threads: int | None = None, *, warp_device: str = "auto", render: Any = None,
-                 colour_geoms: np.ndarray | None = None) -> Any:
+                 colour_geoms: np.ndarray | None = None, warp_deterministic: bool = False,
+                 warp_uncaptured: bool = False) -> Any:
     """Create backend ``name`` ("batch", "mjx" or "warp").
 
-    ``warp_device``, ``render`` (a :class:`sims.render.RenderConfig`) and ``colour_geoms`` are the
-    Warp backend's, which renders its own frames.
+    ``warp_device``, ``render`` (a :class:`sims.render.RenderConfig`), ``colour_geoms``,
+    ``warp_deterministic`` and ``warp_uncaptured`` are the Warp backend's, which renders its own frames.
 
     Raises:
         ValueError: an unknown name (the message lists the valid ones), or ``"mjx-warp"``, removed.
@@ -277,7 +278,8 @@ def make_backend(name: str, model: mujoco.MjModel, num_envs: int, frame_skip: in
     if name == "warp":
         from sims.warp_backend import WarpBackend
 
-        return WarpBackend(model, num_envs, frame_skip, warp_device, render=render, colour_geoms=colour_geoms)
+        return WarpBackend(model, num_envs, frame_skip, warp_device, render=render, colour_geoms=colour_geoms,
+                           deterministic=warp_deterministic, uncaptured=warp_uncaptured)
     if name == "mjx-warp":
         raise ValueError(MJX_WARP_REMOVED)
     raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")

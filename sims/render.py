@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -89,6 +90,24 @@ def project_points(cam_pos: np.ndarray, cam_mat: np.ndarray, fovy_deg: float, as
     return uv
 
 
+#: What the batch renderer does on NVIDIA's EGL driver (measured on an H200, 64x64 RGB): about 377
+#: frames/s, where Mesa's llvmpipe on 2 CPU cores does 16k; the Warp backend's ray tracer renders
+#: 425k env steps/s with frames at 8,192 worlds on the same GPU.
+NVIDIA_EGL_WARNING = (
+    "MuJoCo's EGL renderer on NVIDIA's driver ({vendor}) draws about 377 frames/s (Mesa on 2 CPU cores: "
+    "16k); on a GPU render with env.backend=warp (sims: backend='warp'), which ray-traces every world at once")
+
+
+def _gl_vendor() -> str:
+    """The current GL context's vendor string (``GL_VENDOR``), or "" if it cannot be read."""
+    try:
+        from OpenGL import GL
+
+        return (GL.glGetString(GL.GL_VENDOR) or b"").decode(errors="replace")
+    except Exception:  # no PyOpenGL or no entry point: the check is advice, rendering still works
+        return ""
+
+
 class _Worker:
     """One GL context with its own model copy (for per-episode colours), data and scene."""
 
@@ -102,6 +121,7 @@ class _Worker:
         self.rows = max(1, min(1024 // config.height, -(-config.tile_frames // self.cols)))
         self.gl = GLContext(self.cols * config.width, self.rows * config.height)
         self.gl.make_current()
+        self.vendor = _gl_vendor()
         self.context = mujoco.MjrContext(self.model, mujoco.mjtFontScale.mjFONTSCALE_150)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
         self.scene = mujoco.MjvScene(self.model, maxgeom=self.model.ngeom + 10)
@@ -202,6 +222,10 @@ class BatchRenderer:
         self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="sims-render")
         self.num_contexts = n
         self._on_every_thread(self._worker)  # each context is created in the thread that uses it
+        #: GL vendor of the contexts ("Mesa" on CPUs, "NVIDIA Corporation" on NVIDIA's EGL driver).
+        self.gl_vendor = self._workers[0].vendor
+        if "NVIDIA" in self.gl_vendor:
+            warnings.warn(NVIDIA_EGL_WARNING.format(vendor=self.gl_vendor), RuntimeWarning, stacklevel=2)
 
     def _on_every_thread(self, fn) -> None:
         """Run ``fn`` once in each worker thread (a barrier keeps the calls on distinct threads)."""

@@ -47,6 +47,11 @@ class EnvConfig:
             Warp on ``warp_device``, rendering on the device too).
         warp_device: the Warp backend's device: ``"cpu"``, ``"cuda:N"``, or ``"auto"`` (the first
             GPU Warp finds, else the CPU). Observations come as torch tensors on it.
+        warp_deterministic: the Warp backend runs mujoco_warp's ``DeterminismType.ALL`` (run-to-run
+            identical results on a GPU, at a cost in speed and memory; at most about 4,300 worlds of
+            the suite, checked before allocation). Off by default.
+        warp_uncaptured: on CUDA, step the Warp backend without CUDA graphs (about 100x slower);
+            otherwise a failed graph capture is an error.
         group_size: consecutive groups of this many environments share every episode's initial
             state (layout, colours, instruction), as GRPO needs; 1 for independent environments.
         env_offset: global index of this set's first environment, when a fleet of shards splits
@@ -77,6 +82,8 @@ class EnvConfig:
     render: RenderConfig | None = None
     backend: str = "batch"
     warp_device: str = "auto"
+    warp_deterministic: bool = False
+    warp_uncaptured: bool = False
     group_size: int = 1
     env_offset: int = 0
     num_threads: int | None = None
@@ -145,7 +152,9 @@ class SimVectorEnv(gym.vector.VectorEnv):
         self._instruction_index = {s: i for i, s in enumerate(self.instructions)}
         self._backend = make_backend(config.backend, self.model, self.num_envs, config.frame_skip,
                                      config.num_threads, warp_device=config.warp_device, render=config.render,
-                                     colour_geoms=self.layout.colour_geoms)
+                                     colour_geoms=self.layout.colour_geoms,
+                                     warp_deterministic=config.warp_deterministic,
+                                     warp_uncaptured=config.warp_uncaptured)
         xp = self._backend.xp
         self._ax = ax = self._backend.ax
         #: Where observations live: None for numpy on the host, else the torch device of the tensors.

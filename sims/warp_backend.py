@@ -12,15 +12,24 @@ Frames come from mujoco_warp's batched ray tracer (``create_render_context``, ``
 (``put_model(batch_sizes={"geom_rgba": N})``) and each episode writes its colours into its row.
 The packed BGRA pixels are reordered on the device into uint8 ``[N, cams, 3, H, W]``.
 
-On CUDA the ``frame_skip`` substeps and the render pass are captured once as CUDA graphs (when
-Warp's memory pool is on), and Warp's stream is ordered against torch's current stream at every
-hand-over (event waits), so the two libraries never race on a shared array.
+On CUDA the ``frame_skip`` substeps and the render pass are captured once as CUDA graphs, and
+Warp's stream is ordered against torch's current stream at every hand-over (event waits), so the
+two libraries never race on a shared array. A capture that fails is an error (uncaptured stepping
+is about 100x slower on the suite) unless ``uncaptured=True`` asks for eager launches.
+
+Determinism is opt-in (``deterministic=True``, ``env.warp_deterministic``): it turns on mujoco_warp's
+``DeterminismType.ALL``, whose run-to-run reductions record every floating-point atomic update
+and sort the records after each kernel. :func:`plan_buffers` sizes those records (and the
+contact and constraint buffers) before anything is allocated and :meth:`BufferPlan.check`
+refuses, in one line, a number of worlds that Warp cannot hold.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import math
 from typing import Any
 
 import mujoco
@@ -48,6 +57,85 @@ SOLVER_TOLERANCE = 1e-10
 #: hold garbage and the worlds turn NaN. The backend zeroes them. (mujoco_warp 4.0.0.)
 _UNINITIALISED = ("cM", "cqLD", "crhs", "cx", "cMa", "cqfrc_smooth", "cqacc_smooth", "cqacc_warmstart", "cqacc",
                   "cqfrc_constraint")
+
+
+#: Largest extent of one dimension of a Warp array (a signed 32-bit int); Warp's deterministic
+#: record buffers are one-dimensional, and so is the byte workspace that sorts them.
+INT32_MAX = 2**31 - 1
+#: Bytes of sort-reduce workspace per deterministic record: 40 from Warp 1.19's own size query
+#: (``wp_deterministic_sort_reduce_workspace_size``, float32 sums) plus CUB's temporary storage,
+#: 0.41 per record on the H200 (the 7,627,550,207-byte request at 1,024 worlds = 40 x 188,743,680
+#: records + 256 + 77.8 MB). The records themselves add 12 bytes each (int64 key, float32 value).
+DET_WORKSPACE_BYTES_PER_RECORD = 40.42
+#: Lanes per constraint group in mujoco_warp's sparse Hessian kernels (``_JTDAJ_THREADS_PER_GROUP``)
+#: and per tile of its dense contact Jacobian (``BlockDim.contact_jac_tiled``), mujoco_warp 4.0.0.
+_JTDAJ_LANES = 32
+_CONTACT_JAC_TILE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferPlan:
+    """Sizes mujoco_warp allocates for ``nworld`` worlds, computed without allocating anything.
+
+    ``contacts`` (``naconmax``) and ``constraint_rows`` (nworld x njmax) are the data's buffers;
+    ``det_records`` is the largest deterministic launch's record buffer (0 when not deterministic)
+    and ``det_workspace_bytes`` the one-dimensional byte array that sorts it.
+    """
+
+    nworld: int
+    contacts: int
+    constraint_rows: int
+    jacobian_entries: int
+    det_records: int
+    det_workspace_bytes: int
+    det_records_per_world: int
+
+    def check(self) -> None:
+        """Raise if Warp cannot allocate these buffers.
+
+        Raises:
+            ValueError: a buffer over Warp's 2^31 - 1 limit, in one line naming the buffer, the
+                largest number of worlds that fits, and the setting that avoids it.
+        """
+        if self.contacts > INT32_MAX:
+            raise ValueError(f"{self.nworld} Warp worlds need {self.contacts} contact slots (over 2^31 - 1): "
+                             f"use at most {INT32_MAX // (self.contacts // self.nworld)} worlds or a smaller nconmax")
+        if self.det_records and max(self.det_records, self.det_workspace_bytes) > INT32_MAX:
+            fits = int(INT32_MAX / (self.det_records_per_world * DET_WORKSPACE_BYTES_PER_RECORD))
+            raise ValueError(
+                f"deterministic Warp at {self.nworld} worlds needs {self.det_records} atomic records and a "
+                f"{self.det_workspace_bytes}-byte sort workspace (Warp's limit: 2^31 - 1): set "
+                f"env.warp_deterministic=false (the default) or use at most {fits} worlds")
+
+
+def plan_buffers(nv: int, nworld: int, nconmax: int = 48, njmax: int = 192, deterministic: bool = False,
+                 sparse: bool = False) -> BufferPlan:
+    """What mujoco_warp 4.0.0 allocates for ``nworld`` worlds of a model with ``nv`` dofs.
+
+    With determinism, the largest record buffer is a kernel's threads x its records per thread.
+    The sparse-Jacobian Hessian (``_JTDACJ_sparse``, ``_update_gradient_h_incremental_sparse``)
+    gives each of 32 lanes per constraint group room for every row of its group times its share of
+    the whole nv(nv+1)/2 triangle: at least nworld x 32 x njmax x ceil(nv(nv+1)/2 / 32) records
+    (184,320 per world for the suite; exact when the groups divide njmax), however few dofs a row
+    touches. The dense path's largest is the tiled contact Jacobian: 32 lanes x ceil(nv_pad / 32)
+    tiles per world, njmax records each (12,288 per world for the suite).
+
+    Args:
+        nv: degrees of freedom of the model; nworld: worlds; nconmax, njmax: contacts and
+            constraint rows per world; deterministic: ``DeterminismType.ALL``; sparse: whether
+            mujoco_warp uses the sparse Jacobian (it does above 32 dofs unless told otherwise).
+    """
+    nv_pad = -(-nv // 16) * 16  # mujoco_warp's TILE_SIZE_JTDAJ (16) above 32 dofs
+    per_world = 0
+    if deterministic and sparse:
+        per_world = _JTDAJ_LANES * njmax * -(-(nv * (nv + 1) // 2) // _JTDAJ_LANES)
+    elif deterministic:
+        per_world = _CONTACT_JAC_TILE * -(-nv_pad // _CONTACT_JAC_TILE) * njmax
+    records = nworld * per_world
+    return BufferPlan(nworld=nworld, contacts=nworld * nconmax, constraint_rows=nworld * njmax,
+                      jacobian_entries=nworld * njmax * nv_pad, det_records=records,
+                      det_workspace_bytes=math.ceil(records * DET_WORKSPACE_BYTES_PER_RECORD),
+                      det_records_per_world=per_world)
 
 
 def resolve_device(device: str) -> str:
@@ -97,14 +185,32 @@ class WarpBackend:
 
     def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, device: str = "auto",
                  render: RenderConfig | None = None, colour_geoms: np.ndarray | None = None,
-                 nconmax: int = NCONMAX, njmax: int = NJMAX, deterministic: bool = True):
+                 nconmax: int = NCONMAX, njmax: int = NJMAX, deterministic: bool = False,
+                 uncaptured: bool = False):
         """Args: model; num_envs worlds; frame_skip substeps per step; device ("cpu", "cuda:N" or
         "auto"); render: what to render (None: no renderer); colour_geoms: ids of the geoms whose
         colour each episode sets; nconmax, njmax: contacts and constraint rows per world;
-        deterministic: mujoco_warp's deterministic contact order and reductions (GPU; the CPU
-        device runs serially and is deterministic anyway)."""
+        deterministic: mujoco_warp's ``DeterminismType.ALL`` (run-to-run identical on a GPU; the
+        CPU device runs serially and is deterministic anyway), on the dense Jacobian, whose
+        deterministic records are 15x fewer than the sparse one's (:func:`plan_buffers`);
+        uncaptured: on CUDA, step with eager launches instead of CUDA graphs (slow; for drivers
+        without graph support).
+
+        Raises:
+            ValueError: buffers for ``num_envs`` worlds that Warp cannot allocate
+                (:meth:`BufferPlan.check`), or CUDA graphs impossible (Warp's memory pool off).
+        """
         import mujoco_warp as mjw
         import warp as wp
+        from mujoco_warp._src.io import is_sparse  # mujoco_warp's own rule (sparse above 32 dofs)
+
+        if deterministic:  # a copy: the caller's model keeps its Jacobian
+            model = copy.copy(model)
+            model.opt.jacobian = mujoco.mjtJacobian.mjJAC_DENSE
+        self.buffer_plan = plan_buffers(model.nv, num_envs, nconmax, njmax, deterministic,
+                                        sparse=is_sparse(model))
+        self.buffer_plan.check()
+        self.deterministic = deterministic
 
         self._wp, self._mjw = wp, mjw
         self.renders = render is not None
@@ -146,7 +252,10 @@ class WarpBackend:
         # CUDA graphs of the substeps and of the render pass, captured after their first eager
         # call (which loads the kernels) from a real episode state.
         self._step_graph = self._render_graph = None
-        self._capture = self._cuda and wp.is_mempool_enabled(self.wp_device)
+        self._capture = self._cuda and not uncaptured
+        if self._capture and not wp.is_mempool_enabled(self.wp_device):
+            raise ValueError(f"CUDA graphs need Warp's memory pool on {name}, which is off: call "
+                             "wp.set_mempool_enabled(device, True) or set env.warp_uncaptured=true (about 100x slower)")
 
     # ----------------------------------------------------------------------------- streams
     @contextlib.contextmanager
@@ -160,18 +269,27 @@ class WarpBackend:
         if self._cuda:
             torch.cuda.current_stream(self.device).wait_stream(wp.stream_to_torch(self._stream))
 
+    @property
+    def graphs_captured(self) -> dict[str, bool]:
+        """Which passes run as captured CUDA graphs: ``step`` (the substeps) and ``render`` (False on
+        the CPU, and before a pass's first call)."""
+        return {"step": self._step_graph is not None, "render": self._render_graph is not None}
+
     def _graph(self, launches) -> Any:
-        """``launches`` recorded as a CUDA graph (recording runs nothing), or None if capture fails."""
+        """``launches`` recorded as a CUDA graph (recording runs nothing).
+
+        Raises:
+            RuntimeError: the capture failed; running on uncaptured costs about 100x, so this is
+                no fallback: the message names the cause and the settings that avoid it.
+        """
         try:
             with self._wp.ScopedCapture() as capture:
                 launches()
-            return capture.graph
-        except Exception as exc:  # a driver or call without graph support: eager launches work everywhere
-            import warnings
-
-            warnings.warn(f"CUDA graph capture failed ({exc}); mujoco_warp runs uncaptured", stacklevel=3)
-            self._capture = False
-            return None
+        except Exception as exc:
+            hint = "set env.warp_deterministic=false, or " if self.deterministic else ""
+            raise RuntimeError(f"CUDA graph capture of mujoco_warp failed ({type(exc).__name__}: {exc}); {hint}"
+                               "set env.warp_uncaptured=true to step without graphs (about 100x slower)") from exc
+        return capture.graph
 
     def _substeps(self) -> None:
         for _ in range(self.frame_skip):

@@ -67,6 +67,12 @@ class EnvConfig:
     warp_device: str = "auto"
     """Device of ``backend=warp``: ``cpu`` (Warp's CPU device, for tests), ``cuda:N``, or ``auto`` (the
     first GPU if there is one, else the CPU)."""
+    warp_deterministic: bool = False
+    """``backend=warp``: run-to-run identical physics on a GPU (mujoco_warp's ``DeterminismType.ALL`` on
+    the dense Jacobian; slower, and at most about 4,300 suite worlds, checked before allocation)."""
+    warp_uncaptured: bool = False
+    """``backend=warp`` on CUDA: step without CUDA graphs (about 100x slower); otherwise a failed graph
+    capture is an error."""
     vectorization: Literal["sync", "async"] = "sync"
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None

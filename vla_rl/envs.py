@@ -237,7 +237,8 @@ def make_env(
 
         kwargs: dict[str, Any] = {"seed": seed, "split": split, "backend": cfg.backend}
         if cfg.backend == "warp":
-            kwargs["warp_device"] = cfg.warp_device
+            kwargs.update(warp_device=cfg.warp_device, warp_deterministic=cfg.warp_deterministic,
+                          warp_uncaptured=cfg.warp_uncaptured)
         if cfg.render:
             kwargs["render"] = sims.RenderConfig(
                 height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras), depth=cfg.depth,

@@ -159,3 +159,20 @@ def test_frames_do_not_depend_on_how_the_environments_are_split() -> None:
         split = [parts[0].step(a[:13])[0], parts[1].step(a[13:])[0]]
     for env in (whole, *parts):
         env.close()
+
+
+def test_nvidia_egl_steers_to_the_warp_renderer(monkeypatch) -> None:
+    import warnings
+
+    import sims.render as R
+    from sims import scene as S
+
+    model = S.build_model()[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Mesa here: no advice
+        assert "NVIDIA" not in R.BatchRenderer(model, RenderConfig(num_contexts=1)).gl_vendor
+    monkeypatch.setattr(R, "_gl_vendor", lambda: "NVIDIA Corporation")
+    with pytest.warns(RuntimeWarning, match=r"NVIDIA's driver \(NVIDIA Corporation\) draws about 377 frames/s.*"
+                                            r"env.backend=warp"):
+        renderer = R.BatchRenderer(model, RenderConfig(num_contexts=1))
+    assert renderer.gl_vendor == "NVIDIA Corporation"

@@ -165,6 +165,83 @@ def test_removed_and_unknown_backends_name_the_fix() -> None:
         _warp_device("cuda:7")
 
 
+SUITE_NV = 43  # dofs of the suite scene (asserted below)
+
+
+def test_buffer_plan_sizes_8192_worlds_without_allocating() -> None:
+    from sims.warp_backend import INT32_MAX, plan_buffers
+
+    assert sims.scene.build_model()[0].nv == SUITE_NV
+    # The shipped setting (deterministic on the sparse Jacobian) at 1,024 worlds: the sort workspace
+    # Warp asked for on the H200, 7,627,550,207 bytes, from 188,743,680 records.
+    shipped = plan_buffers(SUITE_NV, 1024, deterministic=True, sparse=True)
+    assert shipped.det_records == 1024 * 32 * 192 * 30 == 188_743_680
+    assert abs(shipped.det_workspace_bytes - 7_627_550_207) / 7_627_550_207 < 1e-3
+    with pytest.raises(ValueError, match=r"env.warp_deterministic=false .* at most 288 worlds"):
+        shipped.check()
+    # Fast mode (the default) at 8,192 worlds: no records, contacts and rows well inside Warp's limits.
+    fast = plan_buffers(SUITE_NV, 8192)
+    fast.check()
+    assert (fast.det_records, fast.contacts, fast.constraint_rows) == (0, 8192 * 48, 8192 * 192)
+    # Deterministic on the dense Jacobian: 15x fewer records; 1,024 worlds fit, 8,192 do not.
+    plan_buffers(SUITE_NV, 1024, deterministic=True).check()
+    dense = plan_buffers(SUITE_NV, 8192, deterministic=True)
+    assert dense.det_records == 8192 * 12288 and dense.det_workspace_bytes > INT32_MAX
+    with pytest.raises(ValueError, match=r"^deterministic Warp at 8192 worlds .* at most 4323 worlds$"):
+        dense.check()
+    with pytest.raises(ValueError, match="contact slots"):
+        plan_buffers(SUITE_NV, 2**26).check()
+
+
+def test_warp_refuses_oversized_deterministic_worlds_before_allocating(monkeypatch) -> None:
+    import mujoco_warp
+
+    def allocate(*args, **kwargs):
+        raise AssertionError("mujoco_warp allocated before the size check")
+
+    monkeypatch.setattr(mujoco_warp, "put_model", allocate)
+    monkeypatch.setattr(mujoco_warp, "make_data", allocate)
+    with pytest.raises(ValueError, match=r"^deterministic Warp at 8192 worlds"):
+        make_vec_env("suite", 8192, backend="warp", warp_device="cpu", warp_deterministic=True)
+
+
+class _FailingCapture:
+    """``wp.ScopedCapture`` failing as it did on the H200 with the sparse deterministic records."""
+
+    def __enter__(self):
+        raise ValueError("Array shapes must not exceed the maximum representable value of a signed 32-bit "
+                         "integer, got 7627550207 in dimension 0")
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+def test_failed_graph_capture_is_an_error_naming_the_fix(monkeypatch) -> None:
+    import warp
+
+    env = _warp("reach", 2, seed=4)
+    env.reset_arrays()
+    backend = env._backend
+    assert backend.graphs_captured == {"step": False, "render": False} and not backend.deterministic
+    backend._capture = True  # what CUDA does (Warp's CPU device has no graphs to capture)
+    monkeypatch.setattr(warp, "ScopedCapture", _FailingCapture)
+    qpos = backend.qpos.clone()
+    with pytest.raises(RuntimeError, match=r"^CUDA graph capture of mujoco_warp failed \(ValueError: Array shapes"
+                                           r".*; set env.warp_uncaptured=true to step without graphs"):
+        env.step_arrays(np.zeros((2, ACTION_DIM), np.float32))
+    assert not torch.equal(backend.qpos, qpos) and not backend.graphs_captured["step"]  # eager step ran
+
+
+def test_deterministic_mode_runs_the_dense_jacobian_and_agrees() -> None:
+    actions = np.random.default_rng(3).uniform(-1, 1, (4, 2, ACTION_DIM)).astype(np.float32)
+    det = _warp("suite", 2, seed=7, warp_deterministic=True)
+    assert det._backend.deterministic and not det._backend.m.is_sparse
+    assert det.model.opt.jacobian != 0  # the env's own model keeps its Jacobian setting
+    fast, slow = _trace(_warp("suite", 2, seed=7), actions), _trace(det, actions)
+    for x, y in zip(fast, slow):
+        np.testing.assert_allclose(y["state"], x["state"], atol=STATE_TOL)
+
+
 def _warp_device(name: str):
     return make_vec_env("reach", 2, backend="warp", warp_device=name)
 

@@ -1,11 +1,14 @@
-"""The prepared GPU benchmark runs end to end on Warp's CPU device, through the code a GPU would run."""
+"""The prepared GPU scripts: their package check names every module their code imports (and the GPU
+machine gets a wheel for each), and the benchmark runs end to end on Warp's CPU device."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_train_device  # noqa: E402
+import check_imports  # noqa: E402
 
 from policies import encoders  # noqa: E402
 
@@ -40,10 +44,45 @@ def test_without_minilm_the_instructions_get_stand_in_embeddings(monkeypatch):
     assert torch.allclose(emb.norm(dim=-1), torch.ones(len(table)))
 
 
+GPU_SCRIPTS = [ROOT / "scripts" / name for name in ("bench_sims_gpu.py", "sft_rl.py", "llm_rlvr.py")]
+#: What the GPU machine's python3 has (../shared/device/README.md), as import names.
+GPU_MACHINE_HAS = {"torch", "jax", "numpy", "scipy", "yaml", "tqdm", "rich", "matplotlib", "onnx", "onnxruntime",
+                   "transformers", "safetensors", "pyarrow", "imageio", "absl", "etils"}
+# ../shared/device/ beside the main checkout (one level further up from a worktree under wt/)
+PREPARE = next((p for p in (ROOT.parent / "shared/device/prepare.sh", ROOT.parent.parent / "shared/device/prepare.sh")
+                if p.is_file()), ROOT.parent / "shared/device/prepare.sh")
+
+
+def test_package_check_follows_imports_into_the_project(monkeypatch, capsys):
+    needed = check_imports.required_modules(GPU_SCRIPTS[:1])
+    # imageio_ffmpeg is imported by the demonstrations' reader, which the trainer imports: the module
+    # whose absence stopped bench_gpu.sh's training part on the H200 after its simulator part.
+    assert "vla_rl/demos/reader.py" in needed["imageio_ffmpeg"]
+    assert {"mujoco", "mujoco_warp", "warp", "tensordict", "gymnasium", "torch", "yaml"} <= set(needed)
+    assert not {"ray", "wandb", "os", "sims", "vla_rl", "bench_report"} & set(needed)  # optional, stdlib, own
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else real(name))
+    assert check_imports.main([str(GPU_SCRIPTS[0])]) == 1
+    assert "missing Python modules: imageio_ffmpeg (imported by vla_rl/demos/" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not PREPARE.is_file(), reason="../shared/device/prepare.sh is not beside this checkout")
+def test_prepared_wheels_cover_every_module_the_gpu_scripts_import():
+    text = PREPARE.read_text()
+    dists = {d.lower() for d in re.findall(r"([A-Za-z][\w.-]*)==\$\(v ", text)}
+    dists |= {"pyvers", "farama-notifications", "pyopengl", "glfw", "trimesh"} & set(text.lower().split())
+    shipped = {module for module, owners in importlib.metadata.packages_distributions().items()
+               if {o.lower() for o in owners} & dists}
+    needed = set(check_imports.required_modules(GPU_SCRIPTS))
+    assert {"imageio_ffmpeg", "sortedcontainers", "mujoco_warp", "warp"} <= shipped
+    assert needed - shipped - GPU_MACHINE_HAS == set()
+
+
 @pytest.mark.slow  # ~30 s on 2 cores: two tiny VLA jobs and the warp env, each built once
 def test_bench_gpu_smoke_writes_every_figure(tmp_path):
     out = tmp_path / "bench_gpu.json"
-    env = {**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "WANDB_MODE": "disabled"}
+    env = {**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "WANDB_MODE": "disabled",
+           "BENCH_TRAIN_MODES": "inprocess,colocated", "PYTHON": sys.executable}
     run = subprocess.run(["bash", str(ROOT / "scripts" / "bench_gpu.sh"), str(out), "--smoke"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -52,9 +91,12 @@ def test_bench_gpu_smoke_writes_every_figure(tmp_path):
     sims_row = report["results"]["envs_4"]
     for key in ("warp_physics_steps_per_s", "warp_env_steps_per_s", "warp_frames_per_s", "warp_env_render_steps_per_s"):
         assert sims_row[key] > 0, key
+    # What ran: the fast mode, and no CUDA graphs on Warp's CPU device.
+    assert sims_row["warp_determinism"] == report["config"]["determinism"] == "off"
+    assert sims_row["warp_graphs_captured"] == {"step": False, "render": False}
     training = report["results"]["training"]
     for mode in ("inprocess", "colocated"):
         assert training[mode]["env_steps_per_s"] > 0 and training[mode]["iterations_measured"] == 1, training[mode]
     assert math.isclose(training["ratio_colocated_vs_inprocess"],
                         training["colocated"]["env_steps_per_s"] / training["inprocess"]["env_steps_per_s"])
-    assert "skipped" in training["pipelined_vs_colocated"]
+    assert "skipped" in training["pipelined_vs_colocated"] and training["warp_determinism"] == "off"

