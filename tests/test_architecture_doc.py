@@ -9,8 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 PACKAGES = ("infra", "vla_rl", "sims", "policies", "rlcore")
-NAME = re.compile(r"(?<![/\w.])(?:%s)(?:\.[A-Za-z_]\w*)++(?<!\.md)" % "|".join(PACKAGES))
-PATH = re.compile(r"(?<![\w/])(?:%s|scripts|tests|configs|docs)/[\w./-]*\.(?:py|md|yaml|sh)\b" % "|".join(PACKAGES))
+_ALTERNATIVES = "|".join(PACKAGES)
+NAME = re.compile(rf"(?<![/\w.])(?:{_ALTERNATIVES})(?:\.[A-Za-z_]\w*)++(?<!\.md)")
+PATH = re.compile(rf"(?<![\w/])(?:{_ALTERNATIVES}|scripts|tests|configs|docs)/[\w./-]*\.(?:py|md|yaml|sh)\b")
 CLASS_ATTR = re.compile(r"`([A-Z][A-Za-z0-9]+)(?:\.([a-z_]\w*))?[(`]")
 """A backquoted class (``GangBackend``) or method (``GangBackend.start_actor``) cited without its module."""
 
