@@ -36,7 +36,6 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,7 +46,7 @@ import numpy as np
 import torch
 from bench_report import write_report
 
-from vla_rl.config import CONFIG_DIR, TrainConfig, load_config
+from vla_rl.config import CONFIG_DIR, load_config
 from vla_rl.trainer import Trainer
 
 TASK = "HalfCheetah-v5"
@@ -144,30 +143,7 @@ def iteration_split(config: Path, iterations: int, out_dir: Path) -> dict[str, f
     out["env_steps_per_iteration"] = (rows[-1]["env_steps"] - warmup["env_steps"]) / len(rows)
     out["steps_per_s"] = out["env_steps_per_iteration"] / out["total_s"]
     out["update_fraction"] = out["update_s"] / out["total_s"]
-    if out["render_s"] == 0.0 and cfg.env.kind == "sims" and cfg.env.render:
-        # The env exposes no timers: split "simulate" by stepping the same actions with rendering on and off.
-        share = render_share(cfg, steps=cfg.ppo.rollout_steps)
-        out["render_s"] = out["simulate_s"] * share
-        out["simulate_s"] -= out["render_s"]
-        out["render_split"] = "estimated: share of env.step time that rendering adds, measured with rendering on/off"
     return out
-
-
-def render_share(cfg: TrainConfig, steps: int) -> float:
-    """Fraction of a rendering env's step time spent rendering (same ``[steps, num_envs, 4]`` actions, on and off)."""
-    from vla_rl.envs import make_env
-
-    seconds = {}
-    actions = torch.rand(steps, cfg.env.num_envs, 4) * 2 - 1
-    for render in (True, False):
-        env = make_env(replace(cfg.env, render=render), seed=cfg.seed)
-        env.reset_td(seed=cfg.seed)
-        start = time.perf_counter()
-        for a in actions:
-            env.step_td(a)
-        seconds[render] = time.perf_counter() - start
-        env.close()
-    return max(0.0, 1.0 - seconds[False] / seconds[True])
 
 
 def command(learner: str, seed: int, steps: int, out_dir: Path) -> list[str]:
