@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates or reuses the project's virtual environment and installs what is missing.
-#   - system libraries for headless rendering (EGL + Mesa) via apt when root on Debian/Ubuntu;
-#     otherwise prints the apt command to run;
+#   - system libraries via apt when root on Debian/Ubuntu (otherwise it prints the apt command to run):
+#     EGL + Mesa for headless rendering, and FFmpeg's shared libraries, which torchcodec loads when
+#     the tests run LeRobot's own dataset loader (docs/demos.md);
 #   - the CPU build of torch when there is no NVIDIA GPU (a plain `torch` would pull a multi-GB CUDA build);
 #   - the project itself, editable, with the dev extras.
 # Re-running is cheap: a stamp keyed on pyproject.toml skips pip when nothing changed.
@@ -16,21 +17,21 @@ say() { printf '[setup] %s\n' "$*"; }
 
 ensure_system_libraries() {
     local missing=()
-    for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri; do
+    for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri ffmpeg; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     [ "${#missing[@]}" -eq 0 ] && return 0
     if ! command -v apt-get >/dev/null 2>&1; then
-        say "headless rendering needs EGL + Mesa (${missing[*]}); install them with your system's package manager."
+        say "headless rendering and LeRobot's tests need ${missing[*]}; install them with your system's package manager."
         return 0
     fi
     if [ "$(id -u)" -eq 0 ]; then
-        say "installing ${missing[*]} (headless rendering)"
+        say "installing ${missing[*]} (headless rendering, LeRobot's video decoding)"
         DEBIAN_FRONTEND=noninteractive apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     else
-        say "headless rendering needs: sudo apt-get install -y ${missing[*]}"
-        say "continuing; tests and jobs that render will fail until they are installed."
+        say "headless rendering and LeRobot's tests need: sudo apt-get install -y ${missing[*]}"
+        say "continuing; tests and jobs that render or decode with LeRobot will fail until they are installed."
     fi
 }
 

@@ -2,10 +2,14 @@
 DART labels, failures dropped, one-line errors on bad input; and, in a separate virtual environment
 with LeRobot's dataset code, LeRobot reading what we write and us reading what LeRobot writes (slow)."""
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from infra.common.files import write_atomic
 from sims import tasks as T
 from sims.vec_env import SimVectorEnv
 from vla_rl.demos import CollectConfig, DatasetError, DemoDataset, LeRobotWriter, collect
@@ -222,8 +227,28 @@ def test_bad_arguments(recorded, tmp_path):
 
 
 # ----------------------------------------------------------------------------- LeRobot's own loader
-LEROBOT_PYTHON = Path(os.environ.get("LEROBOT_PYTHON", "/tmp/lerobot-venv/bin/python"))
+# LeRobot cannot sit beside this project's packages (docs/demos.md, "Checked against LeRobot"), so the
+# tests make it a virtual environment of its own on first use and reuse it while its key holds.
+LEROBOT_VENV = Path(os.environ.get("LEROBOT_VENV", Path(__file__).resolve().parents[2] / ".venv-lerobot"))
+# torchcodec 0.13.0 is the newest build on PyPI that links the CPU torch alone (0.14 on need CUDA torch's
+# libraries); torchvision is whichever release matches the pinned torch.
+LEROBOT_REQUIREMENTS = ("lerobot-dataset==0.4.4", "torchcodec==0.13.0", "torchvision")
+# 2.5x its time on a 2-core machine under load; with the rest of the first test it stays under pytest's
+# faulthandler_timeout (720 s), which would end the whole run.
+LEROBOT_INSTALL_TIMEOUT_S = 480
 _IMPORT = """
+import torch
+try:
+    import torchvision
+except RuntimeError as e:
+    # PyPI's torchvision is built against CUDA torch: beside the CPU torch its compiled ops do not load,
+    # and its import then fails declaring fake kernels for two of them. LeRobot's dataset code calls no
+    # torchvision op, so declaring their schemas (without kernels) lets the pure-Python part import.
+    if "torchvision::nms does not exist" not in str(e):
+        raise
+    for op in ("nms", "qnms"):
+        torch.library.define(f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    import torchvision
 try:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 except ImportError:
@@ -259,21 +284,149 @@ ds.finalize()
 """
 
 
-def _run_lerobot(script: str, *args: Path) -> None:
-    if not LEROBOT_PYTHON.is_file():
-        pytest.skip(f"no LeRobot virtual environment at {LEROBOT_PYTHON} (set LEROBOT_PYTHON); docs/demos.md says how "
-                    "to make one: lerobot and lerobot-dataset cannot be installed beside this project's packages")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+def _subprocess_env() -> dict[str, str]:
+    """This environment without the PYTHON* variables, which would point the other interpreter at our packages."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1]
+
+
+def _required() -> bool:
+    """Whether a LeRobot environment that cannot be made fails the tests (CI, which sets CI=true) or skips them."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def _registry_reachable() -> bool:
+    """Whether pip can fetch LeRobot's dataset wheel (about 200 KB): a registry out of reach skips, a failing
+    install fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--timeout", "20", "--retries", "1",
+               "-d", tmp, LEROBOT_REQUIREMENTS[0]]
+        try:
+            return subprocess.run(cmd, env=_subprocess_env(), capture_output=True, timeout=120).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+
+def _make_lerobot_venv(venv: Path) -> None:
+    """A fresh virtual environment at ``venv`` with LeRobot's dataset code on this interpreter's own torch build
+    (a constraint, so pip takes the CPU wheel where we run on one and never pulls a CUDA torch)."""
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    constraints = venv / "constraints.txt"
+    constraints.write_text(f"torch=={torch.__version__}\n")
+    cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+           "-c", str(constraints), "torch", *LEROBOT_REQUIREMENTS]
+    try:
+        proc = subprocess.run(cmd, env=_subprocess_env(), capture_output=True, text=True,
+                              timeout=LEROBOT_INSTALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"installing LeRobot into {venv} took over {LEROBOT_INSTALL_TIMEOUT_S} s (a slow registry?); "
+                    "rerun: pip's cache keeps what it downloaded", pytrace=False)
+    if proc.returncode != 0:
+        pytest.fail(f"pip could not install {' '.join(LEROBOT_REQUIREMENTS)} into {venv}: "
+                    f"{_last_line(proc.stderr)}", pytrace=False)
+
+
+def _check_lerobot_imports(python: Path) -> None:
+    """LeRobot's dataset code and torchcodec's decoder import, or one line says what is missing."""
+    script = _IMPORT + "from torchcodec.decoders import VideoDecoder\n"
+    proc = subprocess.run([str(python), "-c", script], env=_subprocess_env(), capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode == 0:
+        return
+    if "libavutil" in proc.stderr:
+        pytest.fail("torchcodec finds no FFmpeg shared libraries: apt-get install ffmpeg (make setup does it when "
+                    "run as root)", pytrace=False)
+    pytest.fail(f"LeRobot does not import in {python}: {_last_line(proc.stderr)}; delete "
+                f"{python.parent.parent} to make it anew", pytrace=False)
+
+
+def _lerobot_venv_python(venv: Path) -> Path:
+    """The interpreter of LeRobot's virtual environment at ``venv``: made when missing (a few minutes), reused
+    while Python, torch and ``LEROBOT_REQUIREMENTS`` stay the same."""
+    python, stamp = venv / "bin" / "python", venv / ".lerobot-stamp"
+    key = hashlib.sha256(repr((sys.version_info[:2], torch.__version__, LEROBOT_REQUIREMENTS)).encode()).hexdigest()
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    # One maker at a time (two sessions sharing LEROBOT_VENV); the holder's steps all have timeouts.
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        make = not (stamp.is_file() and stamp.read_text() == key)
+        if make:
+            if not _registry_reachable():
+                reason = (f"pip cannot reach the package registry to install {LEROBOT_REQUIREMENTS[0]} into "
+                          f"{venv}; LeRobot's cross-check needs it once")
+                if _required():
+                    pytest.fail(reason, pytrace=False)
+                pytest.skip(reason)
+            _make_lerobot_venv(venv)
+        _check_lerobot_imports(python)
+        if make:  # the stamp says complete and working
+            write_atomic(stamp, key.encode())
+    return python
+
+
+@pytest.fixture(scope="session")
+def lerobot_python() -> Path:
+    """LeRobot's interpreter for the session (``LEROBOT_VENV``, default ``.venv-lerobot`` in the checkout)."""
+    return _lerobot_venv_python(LEROBOT_VENV)
+
+
+def _run_lerobot(python: Path, script: str, *args: Path) -> None:
+    env = _subprocess_env()
     env.update(HF_HUB_OFFLINE="1", HF_LEROBOT_HOME=str(args[0].parent / "hf"))
-    proc = subprocess.run([str(LEROBOT_PYTHON), "-c", script, *map(str, args)], env=env, capture_output=True,
+    proc = subprocess.run([str(python), "-c", script, *map(str, args)], env=env, capture_output=True,
                           text=True, timeout=300, cwd=args[0].parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.fixture
+def venv_steps(monkeypatch):
+    """Stands in for pip and the import check: records which steps ran instead of installing (seconds, no network)."""
+    steps = []
+
+    def probe() -> bool:
+        steps.append("probe")
+        return True
+
+    def make(venv: Path) -> None:
+        steps.append("make")
+        venv.mkdir(exist_ok=True)
+
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "_registry_reachable", probe)
+    monkeypatch.setattr(module, "_make_lerobot_venv", make)
+    monkeypatch.setattr(module, "_check_lerobot_imports", lambda python: steps.append("check"))
+    return steps
+
+
+def test_lerobot_venv_made_once_and_remade_when_its_requirements_change(venv_steps, monkeypatch, tmp_path):
+    venv = tmp_path / "lerobot"
+    assert _lerobot_venv_python(venv) == venv / "bin" / "python"
+    assert venv_steps == ["probe", "make", "check"]
+    _lerobot_venv_python(venv)
+    assert venv_steps[3:] == ["check"]  # reused: only the imports are checked
+    monkeypatch.setattr(sys.modules[__name__], "LEROBOT_REQUIREMENTS", (*LEROBOT_REQUIREMENTS, "extra==1"))
+    _lerobot_venv_python(venv)
+    assert venv_steps[4:] == ["probe", "make", "check"]
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_lerobot_venv_without_registry_fails_in_ci_and_skips_elsewhere(venv_steps, monkeypatch, tmp_path, ci):
+    monkeypatch.setattr(sys.modules[__name__], "_registry_reachable", lambda: False)
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(pytest.fail.Exception if ci else pytest.skip.Exception, match="cannot reach the package"):
+        _lerobot_venv_python(tmp_path / "lerobot")
+    assert venv_steps == [] and not (tmp_path / "lerobot" / ".lerobot-stamp").exists()
+
+
 @pytest.mark.slow
-def test_lerobot_loads_our_dataset(recorded, tmp_path):
+@pytest.mark.timeout(LEROBOT_INSTALL_TIMEOUT_S + 200)  # the first of the two makes LeRobot's environment
+def test_lerobot_loads_our_dataset(lerobot_python, recorded, tmp_path):
     root, info, _ = recorded
-    _run_lerobot(_READ, root, tmp_path / "lerobot.npz")
+    _run_lerobot(lerobot_python, _READ, root, tmp_path / "lerobot.npz")
     got = np.load(tmp_path / "lerobot.npz")
     ours = DemoDataset(root, action_chunk=3)
     assert (int(got["length"]), int(got["episodes"])) == (info["total_frames"], info["total_episodes"])
@@ -288,8 +441,9 @@ def test_lerobot_loads_our_dataset(recorded, tmp_path):
 
 
 @pytest.mark.slow
-def test_reader_loads_a_dataset_lerobot_wrote(tmp_path):
-    _run_lerobot(_WRITE, tmp_path / "made")
+@pytest.mark.timeout(LEROBOT_INSTALL_TIMEOUT_S + 200)
+def test_reader_loads_a_dataset_lerobot_wrote(lerobot_python, tmp_path):
+    _run_lerobot(lerobot_python, _WRITE, tmp_path / "made")
     ds = DemoDataset(tmp_path / "made", action_chunk=2)
     assert ds.instructions == ["task 0", "task 1"] and len(ds) == 7 + 8 + 9 and ds.num_episodes == 3
     assert ds.data["action"][:, 0].tolist() == [10.0 * e + t for e in range(3) for t in range(7 + e)]
