@@ -337,7 +337,8 @@ _TIE_SCALE = 1e6
 
 SCARCITY_POINTS = 50
 """The most FGD score points a GPU model's scarcity takes off a model-flexible pod's placement
-(chosen among 20, 50 and 100 on the development seeds 100-102; evaluated on seeds 42-51)."""
+(20, 50 and 100 tried on the development seeds 100-102 of gpuspec33 with the openb mix: 20 was 0.1-0.2
+points better there but cannot outweigh a 23-point FGD preference for a scarce node; see docs/scheduler.md)."""
 
 
 class StrandingFGDPolicy(FGDPolicy):
