@@ -1,14 +1,14 @@
 """Merge ``replay_trace.py --json`` reports of one workload run on disjoint seed ranges into one table.
 
     python scripts/merge_replays.py --out docs/figures/scheduler_gpuspec/summary.json \
-        gpuspec33=docs/figures/scheduler_gpuspec/gpuspec33_openb_s42-44.json,docs/figures/scheduler_gpuspec/... \
+        gpuspec33=runs/a_s42-44.json:fgd-strand=old,runs/b_s42-44.json,runs/b_s45-51.json \
         default=docs/figures/scheduler_variants/default.json
 
 Each argument is ``WORKLOAD=REPORT[,REPORT...]``; a policy's figures in the reports of one workload
 are pooled over their seeds (the reports' seed lists must not overlap for a policy). A report may
-be prefixed ``LABEL:`` to rename its policies (``old:path.json`` reports ``fgd-strand`` as
-``old:fgd-strand``). Writes, per workload and policy, the mean and the (population) std of the
-allocation % at 100 % arrived over all seeds and the seeds used, and prints the table as Markdown.
+end in ``:POLICY=NAME`` to list that policy under another name (the same policy measured with
+older code). Writes, per workload and policy, the mean and the (population) std of the allocation
+% at 100 % arrived over all seeds and the seeds used, and prints the table as Markdown.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ def merge(reports: list[str]) -> dict[str, dict[str, object]]:
     parts: dict[str, list[tuple[float, float, int]]] = {}
     seeds: dict[str, list[int]] = {}
     for spec in reports:
-        label, _, path = spec.rpartition(":")
+        path, _, rename = spec.partition(":")
+        old, _, new = rename.partition("=")
         report = json.loads(Path(path).read_text())
         for policy, r in report["results"].items():
-            name = f"{label}:{policy}" if label else policy
+            name = new if rename and policy == old else policy
             run = report["config"]["seeds"]
             if set(run) & set(seeds.get(name, [])):
                 raise ValueError(f"{path}: seeds {sorted(set(run) & set(seeds[name]))} of {name} appear twice.")
@@ -57,6 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workloads", nargs="+", help="WORKLOAD=[LABEL:]REPORT[,[LABEL:]REPORT...]")
     ap.add_argument("--out", type=Path, required=True, help="summary JSON to write")
+    ap.add_argument("--baseline", default="fgd", help="policy the others are compared with (mean and worst gap)")
     args = ap.parse_args()
     table: dict[str, dict[str, object]] = {}
     for item in args.workloads:
@@ -74,6 +76,11 @@ def main() -> None:
             for p in policies
         ]
         print(f"| {workload} | " + " | ".join(cells) + " |")
+    gaps = {p: [t[p]["alloc_pct_at_100_mean"] - t[args.baseline]["alloc_pct_at_100_mean"]
+                for t in table.values() if p in t and args.baseline in t] for p in policies if p != args.baseline}
+    for p, g in gaps.items():
+        if g:
+            print(f"{p} - {args.baseline}: mean {sum(g) / len(g):+.2f} points over {len(g)} workloads, worst {min(g):+.2f}")
     write_report(args.out, {"workloads": {w: item for w, item in zip(table, args.workloads)}}, table)
     print(f"wrote {args.out}")
 

@@ -79,3 +79,14 @@ def test_generator_writes_the_share_seeded(trace_dir, tmp_path, mix):
         assert all("|" not in s for s in specs[33]) and max(set(specs[33]), key=specs[33].count) == "G2"
     else:  # the FGD authors' production mix: T4 first, some specs allow several models
         assert max(set(specs[33]), key=specs[33].count) == "T4" and any("|" in s for s in specs[33])
+
+
+def test_merged_seed_ranges_give_the_figures_of_all_seeds():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from merge_replays import pool
+
+    rng = np.random.default_rng(0)
+    chunks = [rng.normal(95, 0.3, n) for n in (3, 3, 4)]
+    mean, std = pool([(c.mean(), c.std(), c.size) for c in chunks])
+    both = np.concatenate(chunks)
+    assert mean == pytest.approx(both.mean()) and std == pytest.approx(both.std())
