@@ -335,23 +335,28 @@ class FGDPolicy(Policy):
 _TIE_SCALE = 1e6
 """Puts FGD's integer score above any stranding increase (bounded by a node's GPU milli, < 500 GPUs)."""
 
-PRESSURE_POINTS = 20
-"""The most FGD score points the model pressure takes off (chosen among 4, 10, 20 and 100 on the
-development seeds 100-102 of gpuspec:0.33; evaluated on seeds 42-51)."""
+SCARCITY_POINTS = 50
+"""The most FGD score points a GPU model's scarcity takes off a model-flexible pod's placement
+(20, 50 and 100 tried on the development seeds 100-102 of gpuspec33 with the openb mix: 20 was 0.1-0.2
+points better there but cannot outweigh a 23-point FGD preference for a scarce node; see docs/scheduler.md)."""
 
 
 class StrandingFGDPolicy(FGDPolicy):
-    """This project's policy: FGD, with GPU-model scarcity for unconstrained pods, and among the
+    """This project's policy: FGD, with GPU-model scarcity for model-flexible pods, and among the
     equally scored best placements the one that strands the least GPU capacity for lack of CPU.
 
-    **Model pressure.** Pods restricted to some GPU models can only use those; when an unconstrained
-    pod takes a scarce model's last free GPUs while another model still has room, a constrained
-    pod fails later. FGD does not see it: a constrained shape is rare, so it is outside the
-    typical pods. The policy counts the constrained demand per model in the requests it sees
-    (``c_m``, milli-GPU, split evenly over a request's allowed models) and, for a pod with no
-    model restriction, rates each model by ``c_m / free_m`` (its constrained demand per free
-    milli-GPU now); a node's model loses ``floor(PRESSURE_POINTS * pressure / max pressure)``
-    points of FGD's 0-100 integer score. With no constrained pods seen it changes nothing.
+    **Model scarcity.** Pods restricted to some GPU models can only use those; when a pod that
+    could run elsewhere takes a scarce model's last free GPUs, a constrained pod fails later. FGD
+    does not see it: a constrained shape is rare, so it is outside the typical pods. The policy
+    estimates each model's *expected future constrained demand* from the requests seen so far, as
+    FGD estimates the workload from its typical pods: of all milli-GPU requested, a share ``s_m``
+    was restricted to model ``m`` (a request allowed several models counts evenly for each), so
+    of the ``F`` milli-GPU still free in the cluster, ``s_m * F`` is expected to come restricted
+    to ``m``. Its scarcity is ``rho_m = s_m * F / free_m``: at 1 or above, constrained pods alone
+    are expected to use up what ``m`` has left. A pod that may use more than one model (any model,
+    or several) loses ``floor(SCARCITY_POINTS * min(1, rho_m))`` points of FGD's 0-100 integer
+    score on a node of model ``m``; pods restricted to one model and CPU-only pods are scored as by
+    FGD. With no constrained pods seen it changes nothing.
 
     **Stranding.** FGD counts free GPU as fragment when a typical pod cannot use it, looking at
     CPU only through each typical pod's exact request, one placement at a time. Nodes with many
@@ -365,7 +370,7 @@ class StrandingFGDPolicy(FGDPolicy):
     the node's free CPU cannot feed at the workload's usual ratio. FGD's integer score (one point
     is about 40 milli-GPU of expected fragment) ties on many nodes; this policy breaks those ties
     by the smallest increase of ``stranded`` (then, like FGD, by the seed's node order), and never
-    overrides a difference in the (pressure-adjusted) score. That order matters: adding the
+    overrides a difference in the (scarcity-adjusted) score. That order matters: adding the
     stranding increase to FGD's fragmentation instead gains more when GPU pods are small, but
     sends CPU-heavy pods to the CPU-rich nodes that the workload's large multi-GPU pods need (with
     30% multi-GPU pods it lost about 1 point to FGD at 100% arrived), because FGD's expected
@@ -380,32 +385,32 @@ class StrandingFGDPolicy(FGDPolicy):
     def __init__(self, typical: TypicalPods | None = None) -> None:
         super().__init__(typical)
         self._constrained: dict[int, float] = {}
+        self._requested = 0.0
 
     def choose(self, state, d, rng):
-        if d.models and d.num_gpu:
+        milli = d.num_gpu * d.gpu_milli
+        self._requested += milli
+        if d.models and milli:
             ids = [i for i, m in enumerate(state.model_names) if m in d.models]
             for i in ids:
-                self._constrained[i] = self._constrained.get(i, 0.0) + d.num_gpu * d.gpu_milli / len(ids)
+                self._constrained[i] = self._constrained.get(i, 0.0) + milli / len(ids)
         return super().choose(state, d, rng)
 
-    def pressure_points(self, state: ClusterState, d: Demand, nodes: np.ndarray) -> np.ndarray:
-        """``[C]`` score points the candidates' GPU models lose (0 for constrained or CPU-only pods)."""
-        if d.models or not d.num_gpu or not self._constrained:
+    def scarcity_points(self, state: ClusterState, d: Demand, nodes: np.ndarray) -> np.ndarray:
+        """``[C]`` score points the candidates' GPU models lose (0 for single-model or CPU-only pods)."""
+        if len(d.models) == 1 or not d.num_gpu or not self._constrained:
             return np.zeros(nodes.size)
         nm = len(state.model_names)
         live = state.gpu_exists & state.alive[:, None]
         free = np.bincount(state.gpu_model[live], weights=state.gpu_free[live], minlength=nm)
-        want = np.zeros(nm)
+        share = np.zeros(nm)
         for i, milli in self._constrained.items():
-            want[i] = milli
-        pressure = want / np.maximum(free, 1.0)
-        top = pressure.max()
-        if top <= 0:
-            return np.zeros(nodes.size)
-        return np.floor(PRESSURE_POINTS * pressure[np.maximum(state.gpu_model[nodes, 0], 0)] / top)
+            share[i] = milli / self._requested
+        rho = share * free.sum() / np.maximum(free, 1.0)
+        return np.floor(SCARCITY_POINTS * np.minimum(rho, 1.0)[np.maximum(state.gpu_model[nodes, 0], 0)])
 
     def rank(self, state, d, nodes, delta):
-        score = self.score(delta) - self.pressure_points(state, d, nodes)
+        score = self.score(delta) - self.scarcity_points(state, d, nodes)
         r = self.model(state).cpu_per_gpu_milli
         if r <= 0:
             return score
@@ -414,7 +419,7 @@ class StrandingFGDPolicy(FGDPolicy):
         before = np.maximum(0.0, r * gpu_free - cpu_free)
         after = np.maximum(0.0, r * (gpu_free - d.num_gpu * d.gpu_milli) - (cpu_free - d.cpu))
         stranded = np.round((after - before) / r)  # whole milli-GPU: equal increases still tie
-        # Lexicographic: the pressure-adjusted FGD score first, then the smaller stranding increase.
+        # Lexicographic: the scarcity-adjusted FGD score first, then the smaller stranding increase.
         return score * _TIE_SCALE - stranded
 
 
