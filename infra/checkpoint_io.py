@@ -34,8 +34,8 @@ from infra.sealed_file import DigestMismatch, NotSealed, seal, unseal, write_ato
 
 FORMAT = 3
 MAGIC = b"CKPT3\n"
-LEGACY_MAGICS = (b"VLARLCKPT1\n", b"LLMTRAINERCKPT1\n")
-"""Headers of format-2 checkpoints: a sha256 and a ``torch.save`` pickle follow."""
+LEGACY_MAGICS = {b"VLARLCKPT1\n": "vla_rl", b"LLMTRAINERCKPT1\n": "llm_trainer"}
+"""Headers of format-2 checkpoints (a sha256 and a ``torch.save`` pickle follow) and their kinds."""
 CONVERTER = "python scripts/convert_checkpoint.py"
 _LENGTH = struct.Struct("<Q")
 _CODEC = Codec()
@@ -77,7 +77,7 @@ def loads(blob: bytes, kind: str, source: str, fix: str) -> dict[str, Any]:
         CheckpointError: a format-2 pickle (with the converter's command), not a checkpoint, corrupt,
             of another kind, or holding something the format does not allow.
     """
-    if blob.startswith(LEGACY_MAGICS):
+    if blob.startswith(tuple(LEGACY_MAGICS)):
         raise CheckpointError(f"{source} is a format-2 checkpoint (a pickle, which can run code when loaded), this code "
                               f"reads format {FORMAT}; if you trust the file, convert it once: {CONVERTER} {source}")
     try:

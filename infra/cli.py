@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         tenants = tenants_table(st)
         if tenants is not None:
             console.print(tenants)
+        for problem in st.problems:  # journal damage skipped at start, replay and background errors
+            console.print(f"[bold red]problem:[/] {problem}", highlight=False)
     elif args.command == "queue":
         console.print(gangs_table(client.queue(), "queue (service order)"))
     elif args.command == "gangs":

@@ -10,7 +10,7 @@ starts with ``$``:
   ``$float`` (nan, inf), ``$bytes``, ``$array`` (numpy: dtype, shape, base64 of the bytes),
   ``$np`` (numpy scalars), ``$counter`` (``collections.Counter``), ``$count`` (``itertools.count``),
   ``$rng`` (a numpy ``Generator``: its bit generator's state);
-* ``$enum``, ``$obj`` (the attributes of an instance) and ``$fn`` for the classes and functions
+* ``$enum``, ``$ntuple`` (a named tuple), ``$obj`` (the attributes of an instance) and ``$fn`` for the classes and functions
   the :class:`Codec` names, and ``$tensor`` (a key into tensors stored elsewhere, when the caller
   passes a tensor table, and the strides of a tensor not laid out contiguously);
 * ``$ref``: the n-th mutable value met before (lists, dicts, sets, arrays, objects), so that two
@@ -135,6 +135,9 @@ class _Encoder:
             return int(v)
         if isinstance(v, float):
             return float(v) if math.isfinite(v) else {"$float": repr(float(v))}
+        if isinstance(v, tuple) and hasattr(type(v), "_fields"):  # a NamedTuple: rebuilt by its constructor
+            self._ok(type(v), at)
+            return {"$ntuple": [_name(type(v)), [self.run(x, f"{at}[{i}]") for i, x in enumerate(v)]]}
         if isinstance(v, tuple) and type(v) is tuple:
             return {"$tuple": [self.run(x, f"{at}[{i}]") for i, x in enumerate(v)]}
         if isinstance(v, frozenset):
@@ -208,6 +211,12 @@ class _Decoder:
 
     def _tuple(self, a: list) -> tuple:
         return tuple(self.run(x) for x in a)
+
+    def _ntuple(self, a: list) -> tuple:
+        cls = self.codec.allowed(a[0])
+        if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+            raise DataError(f"{a[0]!r} is not a named tuple")
+        return cls(*(self.run(x) for x in a[1]))
 
     def _frozenset(self, a: list) -> frozenset:
         return frozenset(self.run(x) for x in a)

@@ -2,7 +2,7 @@
 
 A sealed file is ``magic | sha256(data) | data``. :func:`write_atomic` writes a temporary file in
 the target's directory (named ``<name>.<random>.tmp``), flushes it to disk and renames it over the
-target (``os.replace``), so a process killed while writing leaves the previous file intact;
+target (``os.replace``) and fsyncs the directory, so a process killed while writing leaves the previous file intact;
 :func:`unseal` checks the header and the digest, so a truncated or corrupted file is refused
 instead of read. The trainers' checkpoints (``vla_rl.checkpoint``, ``infra.llm.checkpoint``) are
 sealed files with their own magic and their own error messages.
@@ -58,3 +58,13 @@ def write_atomic(path: Path, blob: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush ``directory``'s entries to disk, so that a rename in it survives a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
