@@ -95,7 +95,8 @@ def loads(blob: bytes, kind: str, source: str, fix: str) -> dict[str, Any]:
             raise CheckpointError(f"{source} is a {header.get('kind')!r} checkpoint, not a {kind!r} one; pass a "
                                   f"checkpoint that a {kind} run wrote")
         payload = _CODEC.decode(header["payload"], tensors)
-    except (struct.error, ValueError, KeyError, AttributeError, SafetensorError, DataError) as exc:
+    except (struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError,
+            SafetensorError) as exc:
         # the digest matched, so the writer itself wrote this: a crafted or foreign file
         raise CheckpointError(f"{source} has a valid seal but its contents are not a format-{FORMAT} checkpoint "
                               f"({type(exc).__name__}: {exc}); it was not written by this project's trainers") from None

@@ -76,7 +76,7 @@ def decode_records(data: bytes, where: str = "journal") -> tuple[list[dict[str, 
         if m is not None and int(m[1], 16) == zlib.crc32(m[2]):
             try:
                 doc = json.loads(m[2])
-            except ValueError:
+            except (ValueError, RecursionError):
                 doc = None
         if isinstance(doc, dict):
             out.append(doc)
@@ -255,6 +255,6 @@ class Journal:
                 if set(doc) != set(keys) or not isinstance(doc["seq"], int):
                     raise DataError(f"fields {sorted(doc)}, expected {sorted(keys)}")
                 out.append({k: doc[k] if k in ("seq", "op") else self.codec.decode(doc[k]) for k in keys})
-            except (DataError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
                 self.damage.append(f"{where}: skipped record {doc.get('seq')!r}: {exc}")
         return out

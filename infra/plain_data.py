@@ -42,6 +42,9 @@ _BIT_GENERATORS = {"PCG64": np.random.PCG64, "MT19937": np.random.MT19937, "Phil
                    "SFC64": np.random.SFC64}
 
 
+_ATOMS = frozenset({str, int, bool, float, type(None)})
+
+
 class DataError(ValueError):
     """A value cannot be written as plain data, or a document names something the codec does not allow."""
 
@@ -62,9 +65,13 @@ class Codec:
     classes: tuple[type, ...] = ()
     functions: tuple[Callable[..., Any], ...] = ()
     _by_name: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _allowed: frozenset[Any] = field(init=False, repr=False, compare=False)
+    _objects: frozenset[type] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {_name(c): c for c in (*self.classes, *self.functions)})
+        object.__setattr__(self, "_allowed", frozenset((*self.classes, *self.functions)))
+        object.__setattr__(self, "_objects", frozenset(c for c in self.classes if not issubclass(c, (Enum, tuple))))
 
     def encode(self, value: Any, tensors: dict[str, Any] | None = None) -> Any:
         """``value`` as JSON-able data; tensors go into ``tensors`` (key -> CPU tensor) when given.
@@ -124,6 +131,11 @@ class _Encoder:
         self.codec, self.tensors, self.memo = codec, tensors, {}
 
     def run(self, v: Any, at: str) -> Any:
+        if type(v) in _ATOMS:  # the common case first: a snapshot is mostly these
+            return v if type(v) is not float or math.isfinite(v) else {"$float": repr(v)}
+        if type(v) in self.codec._objects and id(v) not in self.memo:  # next most common: skip the type tests
+            self.memo[id(v)] = (len(self.memo), v)
+            return self._object(v, at)
         if isinstance(v, np.generic):  # before float: np.float64 is a float too, and must stay one
             return {"$np": [v.dtype.str, self.run(v.item(), at)]}
         if isinstance(v, Enum):
@@ -178,9 +190,14 @@ class _Encoder:
             self.tensors[key] = v
             return {"$tensor": [key, _strides(v)]}
         self._ok(type(v), at)
+        return self._object(v, at)
+
+    def _object(self, v: Any, at: str) -> dict[str, Any]:
         return {"$obj": [_name(type(v)), {k: self.run(x, f"{at}/{k}") for k, x in _attributes(v).items()}]}
 
     def _ok(self, cls: Any, at: str) -> None:
+        if cls in self.codec._allowed:
+            return
         if _name(cls) not in self.codec._by_name:
             raise DataError(f"{at or 'the value'} is a {_name(cls)}, which is not plain data here (store tensors, "
                             "arrays, numbers, strings, lists and dicts)")
