@@ -302,10 +302,12 @@ class SchedulerService:
 
     async def events(self, since: int = -1, limit: int = 100) -> list:
         """Events with a sequence number above ``since`` (at most ``limit``, the latest); with ``since`` < 0 the
-        service's problems come first, as ``service_problem`` events of sequence number -1."""
+        service's problems come first (besides the limit), as ``service_problem`` events of sequence number -1."""
         await self.start()
-        problems = [Event(-1, EventKind.SERVICE_PROBLEM, "", t, {"problem": p}) for t, p in self._problem_list()]
-        return ([*problems, *self.sched.events_since(since)] if since < 0 else self.sched.events_since(since))[-limit:]
+        events = self.sched.events_since(since)[-limit:]
+        if since >= 0:
+            return events
+        return [*(Event(-1, EventKind.SERVICE_PROBLEM, "", t, {"problem": p}) for t, p in self._problem_list()), *events]
 
     async def status(self) -> ClusterStatus:
         """Nodes, tenants, gangs per state, reservation."""
