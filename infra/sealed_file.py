@@ -2,10 +2,11 @@
 
 A sealed file is ``magic | sha256(data) | data``. :func:`write_atomic` writes a temporary file in
 the target's directory (named ``<name>.<random>.tmp``), flushes it to disk and renames it over the
-target (``os.replace``) and fsyncs the directory, so a process killed while writing leaves the previous file intact;
-:func:`unseal` checks the header and the digest, so a truncated or corrupted file is refused
-instead of read. The trainers' checkpoints (``vla_rl.checkpoint``, ``infra.llm.checkpoint``) are
-sealed files with their own magic and their own error messages.
+target (``os.replace``) and fsyncs the directory, so a process killed while writing (or a power
+loss after) leaves the previous file intact; :func:`unseal` checks the header and the digest, so a
+truncated or corrupted file is refused instead of read. The trainers' checkpoints
+(``infra.checkpoint_io``) are sealed files; the scheduler's journal snapshot is written with
+:func:`write_atomic`.
 """
 
 from __future__ import annotations
