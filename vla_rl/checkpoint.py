@@ -1,18 +1,16 @@
 """Checkpoints: everything a run needs to continue bit-identically, written atomically.
 
-A checkpoint file is ``MAGIC | sha256(payload) | payload`` where the payload is a ``torch.save``
-of a dict with the model, the optimiser and learning-rate state, the RNG states (torch, numpy,
-python, environment), step counters, the trainer's carried observation and the config. Writes go
-to a temporary file in the same directory and are renamed into place, so a crash never leaves a
-half-written checkpoint under the final name; reads verify the digest, so a truncated or
-corrupted file raises :class:`CheckpointError` instead of silently starting fresh.
-
-Checkpoints are pickles: load only files you trust.
+A checkpoint is an :mod:`infra.common.checkpoint_io` file of kind ``vla_rl`` holding a dict with the
+model, the optimiser and learning-rate state, the RNG states (torch, numpy, python, environment),
+step counters, the trainer's carried observation and the config. Writes go to a temporary file in
+the same directory and are renamed into place, so a crash never leaves a half-written checkpoint
+under the final name; reads verify the digest, so a truncated or corrupted file raises
+:class:`CheckpointError` instead of silently starting fresh. Files hold tensors and plain data
+only: loading one runs no code from it (format-2 pickles are refused with the converter's command).
 """
 
 from __future__ import annotations
 
-import io
 import random
 from pathlib import Path
 from typing import Any
@@ -20,15 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from infra.common.files import DigestMismatch, NotSealed, seal, unseal, write_atomic
+from infra import checkpoint_io
+from infra.common.checkpoint_io import CheckpointError
+from infra.common.files import write_atomic
 
-MAGIC = b"VLARLCKPT1\n"
-FORMAT_VERSION = 2  # 2: algorithm state under 'algorithm', obs_spec and action_dim
+KIND = "vla_rl"
 LATEST = "latest.pt"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, corrupt, or does not match the run that wants to load it."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -79,9 +74,7 @@ def save_checkpoint(payload: dict[str, Any], directory: Path, iteration: int, ke
         The path of the numbered checkpoint.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    torch.save({"format_version": FORMAT_VERSION, **payload}, buf)
-    blob = seal(MAGIC, buf.getvalue())
+    blob = checkpoint_io.dumps(payload, KIND)
     path = directory / f"iter_{iteration:06d}.pt"
     for target in (path, directory / LATEST):
         write_atomic(target, blob)
@@ -95,7 +88,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read and verify a checkpoint file (or the ``latest.pt`` of a ``checkpoints/`` or run directory).
 
     Raises:
-        CheckpointError: The file is missing, not a checkpoint, truncated or corrupted, or of another version.
+        CheckpointError: The file is missing, not a checkpoint, truncated or corrupted, or of another format.
     """
     path = Path(path)
     if path.is_dir():
@@ -104,17 +97,5 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"no checkpoint at {path}; train first (scripts/train.py) or pass the path of an existing .pt file"
         )
-    try:
-        data = unseal(path.read_bytes(), MAGIC)
-    except NotSealed:
-        raise CheckpointError(f"{path} is not a vla_rl checkpoint (bad header); was it written by scripts/train.py?") from None
-    except DigestMismatch:
-        raise CheckpointError(
-            f"{path} is corrupt or truncated (checksum mismatch); resume from an older iter_*.pt in "
-            f"{path.parent} or delete the run directory to start over"
-        ) from None
-    payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    version = payload.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has checkpoint format {version}, this code reads format {FORMAT_VERSION}")
-    return payload
+    fix = f"resume from an older iter_*.pt in {path.parent} or delete the run directory to start over"
+    return checkpoint_io.load(path, KIND, fix)

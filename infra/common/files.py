@@ -3,10 +3,11 @@
 A sealed file is ``magic | sha256(data) | data``. :func:`write_atomic` writes a temporary file in
 the target's directory (named ``.<stem>.<random>.tmp<suffix>``; :func:`atomic_path` gives such a path to
 writers that want a file name), flushes it to disk and renames it over the
-target (``os.replace``), so a process killed while writing leaves the previous file intact;
-:func:`unseal` checks the header and the digest, so a truncated or corrupted file is refused
-instead of read. The trainers' checkpoints (``vla_rl.checkpoint``, ``infra.llm.checkpoint``) are
-sealed files with their own magic and their own error messages.
+target (``os.replace``) and fsyncs the directory, so a process killed while writing (or a power
+loss after) leaves the previous file intact; :func:`unseal` checks the header and the digest, so a
+truncated or corrupted file is refused instead of read. The trainers' checkpoints
+(``infra.common.checkpoint_io``) are sealed files; the scheduler's journal snapshot is written with
+:func:`write_atomic`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
 
 
 def write_atomic(path: Path, blob: bytes) -> None:
@@ -71,3 +73,12 @@ def write_atomic(path: Path, blob: bytes) -> None:
         f.write(blob)
         f.flush()
         os.fsync(f.fileno())
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush ``directory``'s entries to disk, so that a rename in it survives a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

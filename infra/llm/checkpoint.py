@@ -1,7 +1,7 @@
 """Trainer checkpoints of LLM jobs: everything a job's trainer needs to continue bit for bit.
 
-One file per job, ``<dir>/trainer.ckpt``, laid out as ``MAGIC | sha256(payload) | payload`` where the
-payload is a ``torch.save`` of the job name, its step (state-changing calls applied: supervised
+One file per job, ``<dir>/trainer.ckpt``, an :mod:`infra.common.checkpoint_io` file of kind ``llm_trainer``
+holding the job name, its step (state-changing calls applied: supervised
 steps, the end of the warm-up, GRPO updates), its weight version, the model, the frozen reference
 and the optimiser state dicts, the trainer's minibatch generator and the job's torch RNG state
 (dropout), and the result of the last call (so a call whose reply was lost in a crash is answered,
@@ -9,7 +9,7 @@ not applied twice). The same payload serves the character model and Hugging Face
 ``nn.Module`` state dicts (an HF model is exported for users with ``save_pretrained`` by the job,
 separately).
 
-The file is sealed (:mod:`infra.common.files`): written to a temporary file in the same directory,
+The file is sealed: written to a temporary file in the same directory,
 flushed to disk and renamed over the previous checkpoint, so a trainer killed while writing leaves
 the previous checkpoint intact; reads verify the digest, so a truncated or corrupted file raises
 :class:`CheckpointError` instead of the job silently starting again from its seed.
@@ -18,12 +18,12 @@ Cost: one write holds model + reference + Adam moments, 16 bytes per parameter i
 342k-parameter character model: 5.5 MB, a few milliseconds on local disk); a 1B-parameter model
 writes 16 GB per checkpoint, so large models set ``CheckpointSpec.every`` above 1.
 
-Checkpoints are pickles: load only files you trust.
+Files hold tensors and plain data only: loading one runs no code from it (format-2 pickles are
+refused with the converter's command).
 """
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +31,11 @@ from typing import Any
 
 import torch
 
-from infra.common.files import DigestMismatch, NotSealed, seal, unseal, write_atomic
+from infra import checkpoint_io
+from infra.common.checkpoint_io import CheckpointError
 
-MAGIC = b"LLMTRAINERCKPT1\n"
+KIND = "llm_trainer"
 FILENAME = "trainer.ckpt"
-
-
-class CheckpointError(RuntimeError):
-    """A job's checkpoint is missing, corrupt, or belongs to another job."""
 
 
 @dataclass(frozen=True)
@@ -80,10 +77,7 @@ def checkpoint_path(directory: str | Path) -> Path:
 
 def save(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    write_atomic(path, seal(MAGIC, buf.getvalue()))
+    checkpoint_io.save(path, payload, KIND)
 
 
 def load(path: Path, job: str) -> dict[str, Any]:
@@ -95,12 +89,8 @@ def load(path: Path, job: str) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"job {job!r} expects a trainer checkpoint at {path} and there is none; restore the file, "
                               "or register the job with resume=False to start it again from its seed.")
-    try:
-        data = unseal(path.read_bytes(), MAGIC)
-    except (NotSealed, DigestMismatch) as e:
-        raise CheckpointError(f"trainer checkpoint {path} of job {job!r} is truncated or corrupted ({e}); restore it "
-                              "from a copy, or register the job with resume=False to start from its seed.") from None
-    payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    payload = checkpoint_io.load(path, KIND, f"restore job {job!r}'s trainer checkpoint from a copy, or register the "
+                                 "job with resume=False to start from its seed.")
     if payload.get("job") != job:
         raise CheckpointError(f"trainer checkpoint {path} belongs to job {payload.get('job')!r}, not {job!r}; give each "
                               "job its own checkpoint directory.")

@@ -75,6 +75,8 @@ class EventKind(StrEnum):
     NODE_LOST = "node_lost"
     NODE_RESTORED = "node_restored"
     EVICTED_BY_NODE_LOSS = "evicted_by_node_loss"
+    SERVICE_PROBLEM = "service_problem"
+    """Not the plan's: the service's journal damage, replay and background errors (``seq`` -1)."""
 
 
 class GangState(StrEnum):

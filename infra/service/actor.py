@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.common.files import write_atomic
+from infra.common.plain_data import Codec
 from infra.ray_cluster.realize import (
     BLOCKER_PREFIX,
     GROUP_PREFIX,
@@ -48,10 +49,10 @@ from infra.ray_cluster.realize import (
     discover_nodes,
     parse_group_name,
 )
-from infra.scheduler import EventKind, GangRequest, GangState, Placement, Scheduler
+from infra.scheduler import Event, EventKind, GangRequest, GangState, Placement, Scheduler
 from infra.scheduler.quota import Quota
 from infra.scheduler.resources import Cluster
-from infra.service.journal import FileStore, Journal, KVStore
+from infra.service.journal import SCHEDULER_CLASSES, FileStore, Journal, KVStore
 
 SERVICE_NAME = "infra-scheduler"
 """Name of the service actor."""
@@ -76,6 +77,10 @@ class HandleState(StrEnum):
     @property
     def terminal(self) -> bool:
         return self in (HandleState.FINISHED, HandleState.TIMED_OUT, HandleState.CANCELLED, HandleState.FAILED)
+
+
+JOURNAL_CODEC = Codec(classes=(*SCHEDULER_CLASSES, HandleState), functions=(time.time,))
+"""What the service's journal may hold: the scheduler's classes, the terminal states, the clock."""
 
 
 @dataclass(frozen=True)
@@ -134,11 +139,20 @@ class ClusterStatus:
     reservation: str | None
     policy: str
     journal_seq: int
+    problems: tuple[str, ...] = ()
+    """Journal damage skipped at the last start, verbs that failed on replay, the background loop's last error."""
 
 
-def make_store(spec: str):
-    """``kv`` (Ray's GCS) or a directory path."""
-    return KVStore() if spec == "kv" else FileStore(spec)
+def make_store(spec: str) -> FileStore | KVStore:
+    """``session`` (``infra-scheduler/`` in Ray's session directory on this node), ``kv`` (Ray's GCS) or a directory."""
+    if spec == "kv":
+        return KVStore()
+    if spec == "session":
+        import ray
+
+        # the session directory of the node this process runs on; no public API names it
+        spec = str(Path(ray._private.worker.global_worker.node.get_session_dir_path()) / SERVICE_NAME)
+    return FileStore(spec)
 
 
 TOKEN_FILE_ENV = "INFRA_SCHEDULER_TOKEN_FILE"
@@ -253,7 +267,7 @@ class SchedulerService:
     """The service's state and verbs (run as the async Ray actor ``SERVICE_NAME``; see the module docstring).
 
     Args:
-        store: ``kv`` or a directory for the journal and snapshots.
+        store: ``session`` (under Ray's session directory), ``kv`` or a directory for the journal and snapshots.
         policy: placement policy of a new plan.
         quotas: GPU quota per tenant of a new plan (None: no quotas).
         poll_s: period of the node, deadline and owner checks.
@@ -263,11 +277,11 @@ class SchedulerService:
     """
 
     def __init__(
-        self, store: str = "kv", policy: str = "fgd-strand", quotas: dict[str, Quota] | None = None,
+        self, store: str = "session", policy: str = "fgd-strand", quotas: dict[str, Quota] | None = None,
         poll_s: float = 0.5, owner_lease_s: float = 60.0, realize_timeout_s: float = 60.0, admin_sha256: str = "",
     ) -> None:
         self.credentials = Credentials(admin_sha256)
-        self.journal = Journal(make_store(store))
+        self.journal = Journal(make_store(store), JOURNAL_CODEC)
         self.realizer = Realizer(realize_timeout_s)
         self.poll_s, self.owner_lease_s = poll_s, owner_lease_s
         state, ops = self.journal.recover()
@@ -275,9 +289,8 @@ class SchedulerService:
             sched = Scheduler(Cluster(()), policy=policy, quotas=quotas, clock=time.time, max_events=MAX_EVENTS)
             state = (sched, {}, {}, -1)
         self.sched, self.terminal, self.owner_of, self._seen_event = state
-        for op, args in ops:
-            with contextlib.suppress(Exception):  # the verb failed the same way when it was first applied
-                self._apply(op, *args)
+        self.problems: list[tuple[float, str]] = [(time.time(), d) for d in self.journal.damage]
+        self._replay(ops)
         self._versions: dict[str, int] = {}
         self._last: dict[str, GangStatus] = {}
         self._owners_seen: dict[str, float] = {}
@@ -285,6 +298,18 @@ class SchedulerService:
         self._lock: asyncio.Lock | None = None
         self._changed: asyncio.Condition | None = None
         self._task: asyncio.Task | None = None
+
+    def _replay(self, ops: list[tuple[int, str, tuple]]) -> None:
+        """Apply the journal's records; a verb that fails where it did not fail live is a problem, not a secret."""
+        failed_live = {args[0] for _, op, args in ops if op == "failed"}
+        for seq, op, args in ops:
+            if op == "failed":
+                continue
+            try:
+                self._apply(op, *args)
+            except Exception as exc:
+                if seq not in failed_live:
+                    self.problems.append((time.time(), f"journal record {seq} ({op}) failed on replay: {exc!r}"))
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> bool:
@@ -313,8 +338,8 @@ class SchedulerService:
                         self._do("tick", now)
                     self._expire_owners(now)
                     await self._settle()
-            except Exception as exc:  # keep serving; the error shows in status reasons
-                self._errors["service"] = repr(exc)
+            except Exception as exc:  # keep serving; the error shows in status problems and events
+                self._errors["service"] = f"background loop at {time.strftime('%H:%M:%S')}: {exc!r}"
 
     # ---------------------------------------------------------------- verbs
     async def submit(self, req: GangRequest, owner: str = "", cred: str = "") -> GangStatus:
@@ -419,10 +444,14 @@ class SchedulerService:
         return [self._status(n) for n in self.sched.gangs()]
 
     async def events(self, since: int = -1, limit: int = 100, cred: str = "") -> list:
-        """Events with a sequence number above ``since`` (at most ``limit``, the latest)."""
+        """Events with a sequence number above ``since`` (at most ``limit``, the latest); with ``since`` < 0 the
+        service's problems come first (besides the limit), as ``service_problem`` events of sequence number -1."""
         self.credentials.who(cred)  # any valid credential reads the whole cluster
         await self.start()
-        return self.sched.events_since(since)[-limit:]
+        events = self.sched.events_since(since)[-limit:]
+        if since >= 0:
+            return events
+        return [*(Event(-1, EventKind.SERVICE_PROBLEM, "", t, {"problem": p}) for t, p in self._problem_list()), *events]
 
     async def status(self, cred: str = "") -> ClusterStatus:
         """Nodes, tenants, gangs per state, reservation."""
@@ -442,7 +471,8 @@ class SchedulerService:
             state = self._status(name).state.value
             counts[state] = counts.get(state, 0) + 1
         res = s.reservation.gang if s.reservation else None
-        return ClusterStatus(nodes, tenants, counts, res, s.policy.name, self.journal.seq)
+        return ClusterStatus(nodes, tenants, counts, res, s.policy.name, self.journal.seq,
+                             tuple(p for _, p in self._problem_list()))
 
     # ---------------------------------------------------------------- internals
     def _allow(self, cred: str, verb: str, tenant: str | None) -> None:
@@ -460,10 +490,19 @@ class SchedulerService:
         else:
             self.credentials.who(cred)
 
+    def _problem_list(self) -> list[tuple[float, str]]:
+        """(time, text) of the problems at start and the background loop's last error."""
+        loop = self._errors.get("service")
+        return [*self.problems, *([(time.time(), loop)] if loop else [])]
+
     def _do(self, op: str, *args: Any) -> None:
-        """Journal, then apply (write-ahead)."""
-        self.journal.log(op, *args)
-        self._apply(op, *args)
+        """Journal, then apply (write-ahead); a verb that fails is journaled as failed, so replay expects it."""
+        seq = self.journal.log(op, *args)
+        try:
+            self._apply(op, *args)
+        except Exception:
+            self.journal.log("failed", seq)
+            raise
         if self.journal.due():
             self.journal.snapshot((self.sched, self.terminal, self.owner_of, self._seen_event))
 
@@ -686,7 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
     parser.add_argument("--policy", default="fgd-strand")
     parser.add_argument("--quota", action="append", type=_parse_quota, default=[], help="TENANT=GPUS[:BORROW_GPUS]")
-    parser.add_argument("--store", default="kv", help="kv (Ray's GCS, default) or a directory")
+    parser.add_argument("--store", default="session",
+                        help="session (Ray's session directory on the head node, default), kv (Ray's GCS) or a directory")
     args = parser.parse_args(argv)
     ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
     if args.command == "start":
@@ -705,7 +745,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=True)
-        if args.store == "kv":
-            KVStore().clear()
-        print("journal and snapshot cleared")
+        make_store(args.store).clear()
+        print(f"journal and snapshot cleared ({args.store})")
     return 0

@@ -149,6 +149,8 @@ def _run(client, args: argparse.Namespace, console: Console) -> int:
         tenants = tenants_table(st)
         if tenants is not None:
             console.print(tenants)
+        for problem in st.problems:  # journal damage skipped at start, replay and background errors
+            console.print(f"[bold red]problem:[/] {problem}", highlight=False)
     elif args.command == "queue":
         console.print(gangs_table(client.queue(), "queue (service order)"))
     elif args.command == "gangs":

@@ -2,12 +2,13 @@
 snapshot and the records after it, ignoring a record torn by a crash mid-write (no Ray needed)."""
 
 import contextlib
+import os
 
 import numpy as np
 import pytest
 
 from infra.scheduler import GPU, Bundle, GangRequest, Node, RequestError, SameNode
-from infra.service.actor import SchedulerService
+from infra.service.actor import JOURNAL_CODEC, SchedulerService
 from infra.service.journal import FileStore, Journal, decode_records, encode_record
 
 
@@ -63,27 +64,28 @@ def test_a_torn_record_at_the_end_is_ignored(tmp_path):
     _drive(live, np.random.default_rng(5), 40)
     want = _plan(live)
     with open(tmp_path / "journal.log", "ab") as f:  # a crash in the middle of the next append
-        f.write(encode_record(b"x" * 100)[:57])
+        f.write(encode_record({"seq": 10**6, "op": "tick", "args": []})[:30])
     assert _plan(SchedulerService(store=str(tmp_path))) == want
 
 
-def test_records_decode_up_to_the_first_corrupt_one():
-    data = encode_record(b"one") + encode_record(b"two")
-    assert decode_records(data) == [b"one", b"two"]
+def test_records_decode_around_a_corrupt_one():
+    data = encode_record({"n": 1}) + encode_record({"n": 2}) + encode_record({"n": 3})
+    assert decode_records(data) == ([{"n": 1}, {"n": 2}, {"n": 3}], [])
     broken = bytearray(data)
-    broken[-1] ^= 0xFF
-    assert decode_records(bytes(broken)) == [b"one"]
+    broken[len(data) // 2] ^= 0x01
+    docs, damage = decode_records(bytes(broken))
+    assert docs == [{"n": 1}, {"n": 3}] and len(damage) == 1 and "offset 17" in damage[0]
 
 
 def test_snapshot_replaces_the_records_before_it(tmp_path):
-    j = Journal(FileStore(tmp_path), snapshot_every=2)
+    j = Journal(FileStore(tmp_path), JOURNAL_CODEC, snapshot_every=2)
     for i in range(3):
         j.log("op", i)
     j.snapshot({"state": 3})
     j.log("op", 3)
-    again = Journal(FileStore(tmp_path))
+    again = Journal(FileStore(tmp_path), JOURNAL_CODEC)
     state, ops = again.recover()
-    assert state == {"state": 3} and ops == [("op", (3,))] and again.seq == 4
+    assert state == {"state": 3} and ops == [(4, "op", (3,))] and again.seq == 4
 
 
 def test_replay_in_another_process_with_another_hash_seed(tmp_path):
@@ -119,3 +121,151 @@ def test_the_gangs_of_a_silent_owner_are_released(tmp_path):
     assert svc.sched.gangs() == ["kept"]
     state, why = svc.terminal["orphan"]
     assert state is HandleState.FAILED and "owner gone silent" in why
+
+
+# ---------------------------------------------------------------- damage (issue 36): recover, report, never run code
+def _six_records(store) -> SchedulerService:
+    """A node and five one-GPU gangs: six journal records, no snapshot."""
+    svc = SchedulerService(store=str(store))
+    svc._do("add_node", Node("n0", 64000, 65536, (GPU("L4"),) * 8), 0.0)
+    for k in range(5):
+        svc._do("submit", GangRequest(f"g{k}", (Bundle(1000, 1024, gpus=1),)), "owner", 1.0 + k)
+    return svc
+
+
+def _status(svc: SchedulerService):
+    """``status()`` and ``events()`` without Ray: node discovery and group adoption stubbed out."""
+    import asyncio
+
+    svc._follow_nodes = svc._adopt_groups = lambda: None
+    return asyncio.run(_status_and_events(svc))
+
+
+async def _status_and_events(svc):
+    return await svc.status(), await svc.events()
+
+
+def test_a_flipped_byte_in_a_middle_record_loses_that_record_only_and_says_so(tmp_path):
+    _six_records(tmp_path)
+    path = tmp_path / "journal.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    third = bytearray(lines[2])
+    third[len(third) // 2] ^= 0x04
+    lines[2] = bytes(third)
+    path.write_bytes(b"\n".join(lines))
+    again = SchedulerService(store=str(tmp_path))
+    assert again.sched.gangs() == ["g0", "g2", "g3", "g4"]  # record 3 submitted g1
+    st, events = _status(again)
+    assert len(st.problems) == 1 and "checksum or format mismatch" in st.problems[0]
+    assert [e.detail["problem"] for e in events if e.kind.value == "service_problem"] == list(st.problems)
+
+
+def test_zeros_appended_keep_every_record_and_the_next_appends(tmp_path):
+    _six_records(tmp_path)
+    with open(tmp_path / "journal.jsonl", "ab") as f:
+        f.write(bytes(4096))
+    again = SchedulerService(store=str(tmp_path))
+    assert again.sched.gangs() == [f"g{k}" for k in range(5)]
+    assert again.problems and "4096 unreadable bytes" in again.problems[0][1] and "zeros" in again.problems[0][1]
+    again._do("submit", GangRequest("after", (Bundle(1000, 1024, gpus=1),)), "owner", 9.0)
+    assert "after" in SchedulerService(store=str(tmp_path)).sched.gangs()  # not glued to the zeros
+
+
+def test_a_garbage_snapshot_starts_the_service_with_the_records_after_it(tmp_path):
+    svc = _six_records(tmp_path)
+    svc.journal.snapshot((svc.sched, svc.terminal, svc.owner_of, svc._seen_event))
+    svc._do("submit", GangRequest("late", (Bundle(1000, 1024),)), "owner", 9.0)
+    (tmp_path / "snapshot.json").write_bytes(np.random.default_rng(0).bytes(3000))
+    again = SchedulerService(store=str(tmp_path))  # used to die in __init__
+    st, _ = _status(again)
+    assert any("snapshot unreadable" in p for p in st.problems)
+    assert any("record 7 (submit) failed on replay" in p for p in st.problems)  # no node: named, not swallowed
+
+
+def test_empty_and_zero_records_are_refused():
+    import zlib
+
+    assert zlib.crc32(b"") == 0  # why an all-zero length+crc header used to pass
+    docs, damage = decode_records(b"00000000 \n" + bytes(8) + b"\n" + b"00000000 {}x\n")
+    assert docs == [] and len(damage) == 3
+
+
+@pytest.mark.parametrize("planted", ["pickle", "function", "class"])
+def test_a_crafted_record_with_a_valid_checksum_runs_no_code(tmp_path, planted):
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    _six_records(tmp_path)
+    if planted == "pickle":  # the old record format, checksummed the old way
+        import struct
+        import zlib
+
+        body = pickle.dumps((7, "tick", (Boom(),)))
+        line = struct.pack("<II", len(body), zlib.crc32(body)) + body
+    else:
+        args = ({"$fn": "os.system"} if planted == "function"
+                else {"$obj": ["subprocess.Popen", {"args": f"touch {marker}"}]})
+        line = encode_record({"seq": 7, "op": "tick", "args": {"$tuple": [args]}})
+    with open(tmp_path / "journal.jsonl", "ab") as f:
+        f.write(line)
+    again = SchedulerService(store=str(tmp_path))
+    assert not marker.exists()
+    assert again.sched.gangs() == [f"g{k}" for k in range(5)] and len(again.problems) == 1
+
+
+def test_a_verb_that_fails_on_replay_only_is_reported(tmp_path):
+    svc = _six_records(tmp_path)
+    svc.journal.log("release", "never-submitted", 7.0, "released")  # fails on replay, was never applied live
+    again = SchedulerService(store=str(tmp_path))
+    assert [p for _, p in again.problems] and "record 7 (release) failed on replay" in again.problems[0][1]
+    assert not SchedulerService(store=str(_drive_and_return(tmp_path / "clean"))).problems  # refusals live: quiet
+
+
+def _drive_and_return(store):
+    _drive(SchedulerService(store=str(store)), np.random.default_rng(3), 100)
+    return store
+
+
+def test_background_loop_errors_show_in_status(tmp_path):
+    import asyncio
+
+    svc = _six_records(tmp_path)
+    svc.poll_s = 0.01
+    svc._follow_nodes = svc._adopt_groups = lambda: None
+
+    async def run():
+        await svc.start()
+        svc._expire_owners = lambda now: (_ for _ in ()).throw(RuntimeError("boom"))
+        for _ in range(200):  # bounded: 2 s at most
+            await asyncio.sleep(0.01)
+            if svc._errors.get("service"):
+                break
+        svc._task.cancel()
+        return await svc.status()
+
+    st = asyncio.run(run())
+    assert any("background loop" in p and "boom" in p for p in st.problems)
+
+
+def test_reset_clears_the_directory_it_names(tmp_path, monkeypatch):
+    import ray
+
+    from infra import service
+
+    _six_records(tmp_path)
+    (tmp_path / "snapshot.pkl").write_bytes(b"old format")
+    monkeypatch.setattr(ray, "init", lambda **kw: None)
+    monkeypatch.setattr(ray, "get_actor", lambda *a, **kw: (_ for _ in ()).throw(ValueError("no service")))
+    assert service.main(["reset", "--store", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.jsonl"] and not (tmp_path / "journal.jsonl").read_bytes()
+    assert SchedulerService(store=str(tmp_path)).sched.gangs() == []
+
+
+def test_an_old_pickle_journal_is_reported_not_read(tmp_path):
+    (tmp_path / "journal.log").write_bytes(b"\x05\x00\x00\x00old")
+    assert "earlier pickle format" in SchedulerService(store=str(tmp_path)).problems[0][1]

@@ -100,7 +100,7 @@ def test_missing_or_broken_checkpoint_is_a_one_line_error_naming_the_path(tmp_pa
     svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec)
     path = ckpt.checkpoint_path(spec.dir)
     path.write_bytes(path.read_bytes()[:-100])  # truncated, as a full disk would leave it
-    with pytest.raises(CheckpointError, match="truncated or corrupted") as broken:
+    with pytest.raises(CheckpointError, match="corrupt or truncated") as broken:
         TrainerService().register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec, resume=True)
     path.unlink()  # a fresh registration writes a new checkpoint, never over an existing file
     svc.register_job("j", SMALL, llm_grpo_config(group_size=4), 0, spec)

@@ -1,8 +1,12 @@
 """Checkpoints: an interrupted-and-resumed run equals an uninterrupted one; bad checkpoints fail loudly."""
 
+import io
+import os
+
 import pytest
 import torch
 
+from infra.common.files import seal
 from vla_rl.checkpoint import CheckpointError, load_checkpoint
 from vla_rl.config import build_config
 from vla_rl.trainer import Trainer
@@ -69,3 +73,45 @@ def test_corrupt_truncated_and_mismatched_checkpoints_raise(tmp_path):
     latest.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="bad header"):
         load_checkpoint(latest)
+
+
+class _Boom:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling runs a shell command
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _format_2(payload: dict) -> bytes:
+    """``payload`` as the format-2 file the earlier code wrote (a sealed ``torch.save`` pickle)."""
+    buf = io.BytesIO()
+    torch.save({"format_version": 2, **payload}, buf)
+    return seal(b"VLARLCKPT1\n", buf.getvalue())
+
+
+def test_eval_script_refuses_a_crafted_checkpoint_and_runs_nothing(tmp_path, script, capsys):
+    marker = tmp_path / "ran"
+    latest = tmp_path / "run" / "checkpoints" / "latest.pt"
+    latest.parent.mkdir(parents=True)
+    latest.write_bytes(_format_2({"config": {}, "policy": _Boom(marker)}))
+    assert script("eval").main(["--checkpoint", str(tmp_path / "run"), "--device", "cpu"]) == 2
+    assert not marker.exists()
+    err = capsys.readouterr().err
+    assert f"python scripts/convert_checkpoint.py {latest}" in err and err.count("\n") == 1
+
+
+def test_a_converted_format_2_checkpoint_resumes(tmp_path, script):
+    cfg = _config(tmp_path, total_env_steps=64)
+    Trainer(cfg).train()
+    latest = tmp_path / "pend" / "checkpoints" / "latest.pt"
+    want = load_checkpoint(latest)
+    latest.write_bytes(_format_2(want))
+    with pytest.raises(CheckpointError, match="format-2 checkpoint"):
+        Trainer(_config(tmp_path, total_env_steps=128), resume=True)
+    assert script("convert_checkpoint").main([str(latest)]) == 0
+    assert (latest.parent / "latest.pt.format2").is_file()
+    resumed = Trainer(_config(tmp_path, total_env_steps=128), resume=True)
+    assert resumed.iteration == 1
+    assert all(torch.equal(v, resumed.policy.state_dict()[k]) for k, v in want["policy"].items())
+    assert script("convert_checkpoint").main([str(latest)]) == 2  # already format 3

@@ -118,7 +118,7 @@ def test_export_script_writes_a_file(run_dir, tmp_path, capsys, script):
 
 def test_checkpoint_without_obs_spec_is_refused(run_dir, tmp_path):
     payload = load_checkpoint(run_dir)
-    del payload["obs_spec"], payload["format_version"]
+    del payload["obs_spec"]
     save_checkpoint(payload, tmp_path, iteration=1)
     with pytest.raises(CheckpointError, match="checkpoint predates obs_spec; re-save it"):
         load_policy(tmp_path)

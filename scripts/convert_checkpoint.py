@@ -1,0 +1,69 @@
+"""Convert a format-2 checkpoint (a pickle) of this project to format 3 (safetensors and JSON).
+
+    python scripts/convert_checkpoint.py PATH [--out OUT]
+
+Format-2 files are ``torch.save`` pickles, and unpickling runs whatever the file names: this
+script is the one place in the project that unpickles a checkpoint, and it trusts the file. Run
+it only on checkpoints you (or someone you trust) wrote. Without ``--out`` it converts in place and
+keeps the original as ``PATH.format2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from infra import checkpoint_io
+from infra.common.files import DigestMismatch, NotSealed, unseal
+
+KINDS = checkpoint_io.LEGACY_MAGICS
+
+
+def convert(path: Path, out: Path, keep: Path | None = None) -> str:
+    """Write the format-2 checkpoint ``path`` to ``out`` in format 3 (a copy of ``path`` to ``keep`` first,
+    when given); returns its kind.
+
+    Raises:
+        CheckpointError: ``path`` is not an intact format-2 checkpoint.
+    """
+    blob = path.read_bytes()
+    magic = next((m for m in KINDS if blob.startswith(m)), None)
+    if magic is None:
+        raise checkpoint_io.CheckpointError(f"{path} is not a format-2 checkpoint of this project (no known header)")
+    try:
+        data = unseal(blob, magic)
+    except (NotSealed, DigestMismatch):
+        raise checkpoint_io.CheckpointError(f"{path} is corrupt or truncated (checksum mismatch); nothing converted") from None
+    # The user asked for this file to be trusted: the only pickle load in the project.
+    payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)  # nosec B614: trusted by the user who runs this
+    if keep is not None:
+        shutil.copy2(path, keep)
+    payload.pop("format_version", None)  # format 2's version field: format 3 keeps it in the file header
+    checkpoint_io.save(out, payload, KINDS[magic])
+    return KINDS[magic]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/convert_checkpoint.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", type=Path, help="a format-2 checkpoint file (latest.pt, iter_*.pt, trainer.ckpt)")
+    parser.add_argument("--out", type=Path, help="where to write format 3 (default: in place, original kept as .format2)")
+    args = parser.parse_args(argv)
+    out = args.out or args.path
+    try:
+        keep = args.path.with_name(args.path.name + ".format2") if args.out is None else None
+        kind = convert(args.path, out, keep)
+    except (OSError, checkpoint_io.CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {kind} checkpoint {out} (format {checkpoint_io.FORMAT})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
