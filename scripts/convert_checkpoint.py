@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from infra import checkpoint_io
+from infra.common import checkpoint_io
 from infra.common.files import DigestMismatch, NotSealed, unseal
 
 KINDS = checkpoint_io.LEGACY_MAGICS

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from infra import checkpoint_io
+from infra.common import checkpoint_io
 from infra.common.checkpoint_io import CheckpointError
 from infra.common.files import write_atomic
 

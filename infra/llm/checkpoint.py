@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from infra import checkpoint_io
+from infra.common import checkpoint_io
 from infra.common.checkpoint_io import CheckpointError
 
 KIND = "llm_trainer"

@@ -29,7 +29,10 @@ from typing import Any, Protocol
 
 from sortedcontainers import SortedList
 
-from infra import (
+from infra.common.files import fsync_dir, write_atomic
+from infra.common.plain_data import Codec, DataError, classes_of
+from infra.scheduler import (
+    core,
     frag,
     gang_placer,
     node_scoring,
@@ -38,14 +41,11 @@ from infra import (
     requests,
     reservation,
     resources,
-    scheduler,
     wait_queue,
 )
-from infra.common.files import fsync_dir, write_atomic
-from infra.common.plain_data import Codec, DataError, classes_of
 
 SCHEDULER_CLASSES = (*classes_of([frag, gang_placer, node_scoring, preemption, quota, requests, reservation, resources,
-                                  scheduler, wait_queue]), SortedList)
+                                  core, wait_queue]), SortedList)
 """Classes a journal may rebuild: those of the scheduler core's modules (pure computation, no I/O) and the
 sorted list of its wait queue."""
 _LINE = re.compile(rb"([0-9a-f]{8}) (\{.*\})")

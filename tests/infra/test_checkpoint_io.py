@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from infra import checkpoint_io
+from infra.common import checkpoint_io
 from infra.common.checkpoint_io import MAGIC, CheckpointError
 from infra.common.files import seal
 

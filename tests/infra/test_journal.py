@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from infra.scheduler import GPU, Bundle, GangRequest, Node, RequestError, SameNode
-from infra.service.actor import JOURNAL_CODEC, SchedulerService
+from infra.service.actor import JOURNAL_CODEC, Credentials, SchedulerService, token_digest
 from infra.service.journal import FileStore, Journal, decode_records, encode_record
+
+ADMIN = "journal-tests-admin-token"
+"""The admin credential of the services these tests read (status and events need one)."""
 
 
 def _plan(svc: SchedulerService):
@@ -138,11 +141,12 @@ def _status(svc: SchedulerService):
     import asyncio
 
     svc._follow_nodes = svc._adopt_groups = lambda: None
+    svc.credentials = Credentials(token_digest(ADMIN))
     return asyncio.run(_status_and_events(svc))
 
 
 async def _status_and_events(svc):
-    return await svc.status(), await svc.events()
+    return await svc.status(cred=ADMIN), await svc.events(cred=ADMIN)
 
 
 def test_a_flipped_byte_in_a_middle_record_loses_that_record_only_and_says_so(tmp_path):
@@ -235,6 +239,7 @@ def test_background_loop_errors_show_in_status(tmp_path):
     import asyncio
 
     svc = _six_records(tmp_path)
+    svc.credentials = Credentials(token_digest(ADMIN))
     svc.poll_s = 0.01
     svc._follow_nodes = svc._adopt_groups = lambda: None
 
@@ -246,7 +251,7 @@ def test_background_loop_errors_show_in_status(tmp_path):
             if svc._errors.get("service"):
                 break
         svc._task.cancel()
-        return await svc.status()
+        return await svc.status(cred=ADMIN)
 
     st = asyncio.run(run())
     assert any("background loop" in p and "boom" in p for p in st.problems)
@@ -255,7 +260,7 @@ def test_background_loop_errors_show_in_status(tmp_path):
 def test_reset_clears_the_directory_it_names(tmp_path, monkeypatch):
     import ray
 
-    from infra import service
+    from infra.service import actor as service
 
     _six_records(tmp_path)
     (tmp_path / "snapshot.pkl").write_bytes(b"old format")
