@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_halfcheetah  # noqa: E402
 from bench_report import write_report  # noqa: E402
 
-DOCS = (ROOT / "README.md", ROOT / "docs" / "training.md")
+DOCS = (ROOT / "docs" / "results.md", ROOT / "docs" / "training.md")
 COMMAND = re.compile(r"python scripts/bench_halfcheetah\.py[^`\n#]*")
 
 
