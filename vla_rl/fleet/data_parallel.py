@@ -84,8 +84,8 @@ class RankActor:
 
         cfg, world = self.cfg, self.cfg.fleet.num_gpus
         device = resolve_device(cfg.device)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        if device.type == "cuda":  # Ray shows the rank only its own GPU: cuda:0 unless named
+            torch.cuda.set_device(device.index or 0)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=world,
                                 timeout=COLLECTIVE_TIMEOUT)
