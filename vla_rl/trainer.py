@@ -223,7 +223,8 @@ class Trainer:
         self.sync.check_equal(self.policy)
         timer.add("update", time.perf_counter() - update_start)
         self.iteration += 1
-        self.env_steps += self.sync.total(experience.env_steps)
+        env_steps = self.sync.total(experience.env_steps)  # every rank's
+        self.env_steps += env_steps
         elapsed = time.perf_counter() - start
         metrics |= self.stats.pop_summary()
         metrics |= experience.metrics
@@ -233,7 +234,7 @@ class Trainer:
             "iteration": float(self.iteration),
             "env_steps": float(self.env_steps),
             "lr": lr,
-            "steps_per_s": experience.env_steps / elapsed,
+            "steps_per_s": env_steps / elapsed,
             "samples_per_s": experience.batch.batch_size[0] / elapsed,
             "time/iteration": elapsed,
         }
