@@ -7,7 +7,7 @@ default, :data:`LOCAL`) every method is the identity, so in-process training is 
 - broadcasts rank 0's weights at the start and gives every rank its own sampling RNG stream;
 - averages each minibatch's gradients, and the statistics its decisions read (the KL of the early
   stop and of the adaptive learning rate), in one all-reduce, so every rank takes the same step;
-- gathers the float observations of every rank's batch for the observation normaliser;
+- gathers every rank's batch of observations (camera frames excepted) for the observation normaliser;
 - agrees on when to stop, and gathers each rank's own state (environments, RNG, episode counters,
   reward normaliser) into rank 0's checkpoint, which every rank resumes from.
 
@@ -89,16 +89,17 @@ class GradientSync:
             grad.copy_(part.view_as(grad))
         return {k: part.reshape(()) for k, part in zip(keys, parts[len(grads):], strict=True)}
 
-    def gather_floats(self, obs: TensorDictBase) -> TensorDictBase:
-        """Every rank's floating-point entries of ``obs`` ``[B]``, concatenated in rank order: ``[R * B]``.
+    def gather_obs(self, obs: TensorDictBase) -> TensorDictBase:
+        """Every rank's non-image entries of ``obs`` ``[B]``, concatenated in rank order: ``[R * B]``.
 
-        What the observation normaliser reads (images and indices stay behind); every rank's ``B`` must be equal.
+        What the observation normalisers read (proprioception, state, indices); uint8 camera frames stay
+        behind. Every rank's ``B`` must be equal.
         """
         if self.world_size == 1:
             return obs
         out = {}
         for key, value in obs.items(include_nested=True, leaves_only=True):
-            if value.is_floating_point():
+            if value.dtype != torch.uint8:
                 parts = [torch.empty_like(value) for _ in range(self.world_size)]
                 dist.all_gather(parts, value.contiguous())
                 out[key] = torch.cat(parts)

@@ -219,7 +219,7 @@ class Trainer:
         metrics = self.algorithm.update(experience.batch)
         # Statistics move only after the update, so the update saw the ones used at collection;
         # data-parallel ranks merge every rank's batch, so their statistics stay equal too.
-        self.policy.update_normalization(self.sync.gather_floats(experience.batch["obs"]))
+        self.policy.update_normalization(self.sync.gather_obs(experience.batch["obs"]))
         self.sync.check_equal(self.policy)
         timer.add("update", time.perf_counter() - update_start)
         self.iteration += 1
