@@ -19,6 +19,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from vla_rl.config import TrainConfig
+from vla_rl.distributed import LOCAL, GradientSync
 from vla_rl.rollout import EpisodeStats, Timer
 
 
@@ -51,6 +52,7 @@ class Setup:
         instructions: The training environments' instruction table (``instruction`` indexes it).
         reference: A frozen copy of the policy ``init_from`` loaded (``None`` without one), for
             penalties toward it.
+        sync: The ranks of a data-parallel job the update averages its gradients over (one: :data:`LOCAL`).
     """
 
     policy: nn.Module
@@ -60,6 +62,7 @@ class Setup:
     num_envs: int
     instructions: list[str]
     reference: nn.Module | None = None
+    sync: GradientSync = LOCAL
 
 
 @dataclass(frozen=True)

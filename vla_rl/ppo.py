@@ -26,6 +26,7 @@ from rlcore.config import OptimConfig
 from rlcore.losses import surrogate_loss
 from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.config import TrainConfig
+from vla_rl.distributed import LOCAL, GradientSync
 from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, account
 
 
@@ -125,13 +126,17 @@ class ClippedUpdate:
     With a ``reference`` policy and ``cfg.ref_kl_coef > 0`` the loss adds that weight times
     KL(pi || reference), in closed form per state. The epochs read the observations as
     ``policy.prepare_update_batch`` returns them, the reference too: a policy that keeps its perception
-    frozen shares it with the reference, the checkpoint both were loaded from.
+    frozen shares it with the reference, the checkpoint both were loaded from. With data-parallel
+    ranks (``sync``) each step's gradients and statistics are averaged over them before the step, so the
+    early stop, the KL-adaptive rate and the weights are the same on every rank.
     """
 
     def __init__(
-        self, policy: nn.Module, cfg: OptimConfig, weights: LossWeights, reference: nn.Module | None = None
+        self, policy: nn.Module, cfg: OptimConfig, weights: LossWeights, reference: nn.Module | None = None,
+        sync: GradientSync = LOCAL,
     ) -> None:
         self.policy = policy
+        self.sync = sync
         self.cfg = cfg
         self.weights = weights
         self.reference = reference if cfg.ref_kl_coef > 0 else None
@@ -192,9 +197,11 @@ class ClippedUpdate:
                     stats["value_loss"] = v_loss.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                stats |= {"policy_loss": pg_loss.detach(), "entropy": entropy_loss.detach()}
+                stats = self.sync.reduce_grads(self.params, stats)  # every rank's mean: one step for all
                 grad_norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 self.optimizer.step()
-                stats |= {"policy_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), "grad_norm": grad_norm}
+                stats["grad_norm"] = grad_norm
                 for key, val in stats.items():
                     totals[key] = totals[key] + val if key in totals else val.clone()
                 steps += 1
@@ -234,7 +241,7 @@ class PPO(Algorithm):
         self.cfg = cfg.ppo
         self.device = setup.device
         weights = LossWeights(vf_coef=self.cfg.vf_coef, clip_value=self.cfg.clip_value, norm_adv=self.cfg.norm_adv)
-        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, weights, setup.reference)
+        self.updater = ClippedUpdate(setup.policy, self.cfg.optim, weights, setup.reference, setup.sync)
         self.policy = setup.policy
         self.reward_scaler = RewardScaler(setup.num_envs, self.cfg.gamma) if self.cfg.normalize_reward else None
         self.critic_only = False  # this iteration trains only the critic (warm-up after init_from)

@@ -20,6 +20,7 @@ import random
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from vla_rl.config import (
     to_dict,
 )
 from vla_rl.device import resolve_device
+from vla_rl.distributed import LOCAL, GradientSync
 from vla_rl.envs import make_env
 from vla_rl.evaluate import EVAL_SEED_OFFSET, evaluate_policy
 from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
@@ -87,18 +89,23 @@ class Trainer:
         resume: Continue from the run directory's latest checkpoint (an error if there is none).
         collector: Where training experience comes from (see :class:`vla_rl.rollout.LocalCollector`);
             ``None`` steps the configured environment in this process.
+        sync: This process's rank of a data-parallel job (:mod:`vla_rl.distributed`); ``None``: the only one.
+            Rank 0 evaluates and writes the run directory; rank r logs its own metrics to ``rank<r>/`` in it.
 
     Raises:
         vla_rl.checkpoint.CheckpointError: ``resume`` without a usable checkpoint, a checkpoint whose
             config differs from ``cfg``, or a run directory that already holds checkpoints without ``resume``.
     """
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False, collector: Any = None) -> None:
+    def __init__(self, cfg: TrainConfig, resume: bool = False, collector: Any = None,
+                 sync: GradientSync | None = None) -> None:
         self.cfg = cfg
+        self.sync = sync or LOCAL
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.config_dict = to_dict(cfg)
-        ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
+        if self.sync.is_writer:
+            ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
         state = self._read_resume_state() if resume else None
         if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
             raise ckpt.CheckpointError(
@@ -123,21 +130,26 @@ class Trainer:
         self.policy = policies.make_policy(cfg.policy, first_obs, action_dim).to(self.device)
         self.policy.set_instructions(list(collector.instructions))
         reference = self._init_from(cfg.init_from) if cfg.init_from else None
+        self.sync.start(self.policy, cfg.seed)
         self.budget = algorithm_class(cfg.algo).budget(cfg)
-        self.algorithm = make_algorithm(cfg, Setup(self.policy, self.device, first_obs, action_dim,
-                                                   collector.num_envs, list(collector.instructions), reference))
+        self.algorithm = make_algorithm(cfg, Setup(self.policy, self.device, first_obs, action_dim, collector.num_envs,
+                                                   list(collector.instructions), reference, self.sync))
         self.stats = EpisodeStats.zeros(collector.num_envs, collector.task_names)
         self.iteration = 0
         self.env_steps = 0
         self.wall_before = 0.0  # wall seconds of earlier sessions of this run
         self.eval_envs: dict[str, Any] = {}
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_yaml(self.config_dict, self.run_dir / "config.yaml")
+        log_dir, log_cfg = self.run_dir, cfg.log
+        if self.sync.is_writer:
+            save_yaml(self.config_dict, self.run_dir / "config.yaml")
+        else:  # a data-parallel rank's own episodes, beside rank 0's run (no wandb run, no progress bar)
+            log_dir, log_cfg = self.run_dir / f"rank{self.sync.rank}", replace(cfg.log, wandb="disabled", progress=False)
         if state is not None:
             self._restore(state)
         self.log = RunLog(
-            self.run_dir, cfg.log, self.budget.total, self.config_dict,
-            wandb_id=state.get("wandb_id") if state else None, unit=self.budget.unit,
+            log_dir, log_cfg, self.budget.total, self.config_dict,
+            wandb_id=state.get("wandb_id") if state and self.sync.is_writer else None, unit=self.budget.unit,
         )
         self.log.load_rows(self.iteration)
 
@@ -152,7 +164,7 @@ class Trainer:
         """
         stop = StopRequest()
         try:
-            if self.cfg.eval.at_start and self.iteration == 0 and not self.log.rows:
+            if self.cfg.eval.at_start and self.iteration == 0 and not self.log.rows and self.sync.is_writer:
                 self.log.log({"iteration": 0.0, "env_steps": 0.0, **self.evaluate(record=False),
                               "wall_time": self.wall_time()})
             with stop:
@@ -163,6 +175,8 @@ class Trainer:
         summary = self.summary()
         if stop.signal is not None:
             return {**summary, "stopped_by": stop.signal}
+        if not self.sync.is_writer:
+            return summary
         tmp = self.run_dir / ".summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))
         tmp.replace(self.run_dir / "summary.json")
@@ -174,12 +188,16 @@ class Trainer:
         while self.budget.done(self.env_steps, self.iteration) < 1.0:
             metrics = self.step()
             done = self.budget.done(self.env_steps, self.iteration) >= 1.0
-            if cfg.eval.every and (self.iteration % cfg.eval.every == 0 or done):
+            if cfg.eval.every and (self.iteration % cfg.eval.every == 0 or done) and self.sync.is_writer:
                 evaluation = self.evaluate(record=cfg.log.video)
                 metrics |= evaluation
                 held = evaluation.get("eval/validation/success", evaluation.get("eval/train/success"))
                 if cfg.stop_success is not None and held is not None and held >= cfg.stop_success:
                     done = True
+            # Data-parallel ranks stop together: rank 0's evaluation, or a SIGTERM to any rank, stops all.
+            done, stopping = self.sync.any(done, stop.signal is not None)
+            if stopping and stop.signal is None:
+                stop.signal = "SIGTERM"  # another rank's: this one checkpoints and stops with it
             metrics["wall_time"] = self.wall_time()
             self.log.log(metrics)
             if done or stop.signal is not None or self.iteration % cfg.checkpoint_every == 0:
@@ -199,11 +217,14 @@ class Trainer:
         experience = self.algorithm.collect(self.collector, self.stats, self.iteration, timer)
         update_start = time.perf_counter()
         metrics = self.algorithm.update(experience.batch)
-        # Statistics move only after the update, so the update saw the ones used at collection.
-        self.policy.update_normalization(experience.batch["obs"])
+        # Statistics move only after the update, so the update saw the ones used at collection;
+        # data-parallel ranks merge every rank's batch, so their statistics stay equal too.
+        self.policy.update_normalization(self.sync.gather_obs(experience.batch["obs"]))
+        self.sync.check_equal(self.policy)
         timer.add("update", time.perf_counter() - update_start)
         self.iteration += 1
-        self.env_steps += experience.env_steps
+        env_steps = self.sync.total(experience.env_steps)  # every rank's
+        self.env_steps += env_steps
         elapsed = time.perf_counter() - start
         metrics |= self.stats.pop_summary()
         metrics |= experience.metrics
@@ -213,7 +234,7 @@ class Trainer:
             "iteration": float(self.iteration),
             "env_steps": float(self.env_steps),
             "lr": lr,
-            "steps_per_s": experience.env_steps / elapsed,
+            "steps_per_s": env_steps / elapsed,
             "samples_per_s": experience.batch.batch_size[0] / elapsed,
             "time/iteration": elapsed,
         }
@@ -262,7 +283,17 @@ class Trainer:
     # ----------------------------------------------------------------------------------- checkpoints
 
     def save(self) -> Path:
-        """Write a checkpoint of the current state (atomically); returns its path."""
+        """Write a checkpoint of the current state (atomically); returns its path.
+
+        Data-parallel ranks call this together: rank 0 writes every rank's own state (``RANK_KEYS``) with the
+        shared one; the other ranks write nothing.
+        """
+        local = {
+            "algorithm": self.algorithm.state_dict(),
+            "rng": ckpt.rng_state(),
+            "collector": self.collector.get_state(),
+            "episode_stats": self.stats.state_dict(),
+        }
         payload = {
             "config": self.config_dict,
             "iteration": self.iteration,
@@ -271,13 +302,11 @@ class Trainer:
             "policy": self.policy.state_dict(),
             "obs_spec": self.obs_spec,
             "action_dim": self.action_dim,
-            "algorithm": self.algorithm.state_dict(),
-            "rng": ckpt.rng_state(),
-            "collector": self.collector.get_state(),
-            "episode_stats": self.stats.state_dict(),
+            **self.sync.gather_state(local),
             "wandb_id": self.log.wandb_id,
         }
-        return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration)
+        path = self.ckpt_dir / ckpt.LATEST
+        return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration) if self.sync.is_writer else path
 
     def _init_from(self, path: str) -> torch.nn.Module | None:
         """Load the policy of checkpoint ``path`` into ours; returns a frozen copy when a penalty needs it.
@@ -322,15 +351,16 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> None:
         try:
             self.policy.load_state_dict(state["policy"])
-        except RuntimeError as exc:
-            raise ckpt.CheckpointError(f"checkpoint weights do not fit the configured policy: {exc}") from exc
-        self.algorithm.load_state_dict(state["algorithm"])
+            local = self.sync.local_state(state)
+        except (RuntimeError, ValueError) as exc:
+            raise ckpt.CheckpointError(f"checkpoint does not fit this run: {exc}") from exc
+        self.algorithm.load_state_dict(local["algorithm"])
         self.iteration = int(state["iteration"])
         self.env_steps = int(state["env_steps"])
         self.wall_before = float(state["wall_time"])
-        self.stats.load_state_dict(state["episode_stats"])
-        self.collector.set_state(state["collector"], reset_seed=self.cfg.seed + self.iteration)
-        ckpt.set_rng_state(state["rng"])
+        self.stats.load_state_dict(local["episode_stats"])
+        self.collector.set_state(local["collector"], reset_seed=self.cfg.seed + self.iteration)
+        ckpt.set_rng_state(local["rng"])
 
     # --------------------------------------------------------------------------------------- summary
 

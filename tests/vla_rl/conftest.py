@@ -1,6 +1,9 @@
 """Small threads for the shared CI machine, and a bounded wait for conditions other processes make true."""
 
+import contextlib
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +24,26 @@ def _eventually(condition, timeout_s: float = 60.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def _processes(title: str) -> list[int]:
+    """Pids of this test process's descendants (Ray's workers among them) whose title starts with ``title``."""
+    parent, titles = {}, {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):  # not a process, or one that ended while we looked
+            pid = int(entry.name)
+            parent[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            titles[pid] = (entry / "cmdline").read_bytes()
+    mine = {os.getpid()}
+    for _ in range(8):  # the depth of the process tree below this one (raylet, then its workers)
+        mine |= {pid for pid, ppid in parent.items() if ppid in mine}
+    return [pid for pid in mine if titles.get(pid, b"").startswith(title.encode())]
+
+
+@pytest.fixture
+def processes():
+    """``processes(title)``: pids of this test process's descendants (Ray's workers) whose title starts with ``title``."""
+    return _processes
 
 
 @pytest.fixture

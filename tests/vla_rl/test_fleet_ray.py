@@ -6,7 +6,6 @@ always shut down; every wait is bounded.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import shutil
@@ -65,7 +64,8 @@ def ray_session():
         ray.shutdown()
 
 
-def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(ray_session, tmp_path, capsys, eventually):
+def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(ray_session, tmp_path, capsys, eventually,
+                                                                                  processes):
     # run_job shares the service with this module's other fleets; none runs now.
     assert not ray_session.gangs()
     local = Trainer(_config(tmp_path, "local"))
@@ -80,7 +80,7 @@ def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(
         # SIGKILL, as the OOM killer would; found in the process table, so this thread makes no Ray call.
         try:
             if eventually(lambda: latest.exists() and load_checkpoint(latest)["iteration"] >= 2, 180):
-                (trainer,) = _processes("ray::TrainerActor")
+                (trainer,) = processes("ray::TrainerActor")
                 os.kill(trainer, signal.SIGKILL)
                 killed.append(True)
         except Exception as exc:  # reported by the assertion below
@@ -98,20 +98,6 @@ def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(
     got = load_checkpoint(latest)["policy"]
     for key, value in want.items():
         assert torch.equal(got[key], value), f"{key} differs between in-process and Ray"
-
-
-def _processes(title):
-    """Pids of this test process's descendants (Ray's workers among them) whose title starts with ``title``."""
-    parent, titles = {}, {}
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError):  # not a process, or one that ended while we looked
-            pid = int(entry.name)
-            parent[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            titles[pid] = (entry / "cmdline").read_bytes()
-    mine = {os.getpid()}
-    for _ in range(8):  # the depth of the process tree below this one (raylet, then its workers)
-        mine |= {pid for pid, ppid in parent.items() if ppid in mine}
-    return [pid for pid in mine if titles.get(pid, b"").startswith(title.encode())]
 
 
 _STALE_ADDRESS_CHILD = """

@@ -20,8 +20,8 @@ from infra.common.typed_config import ConfigError
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig
 
-Mode = Literal["inprocess", "colocated", "disaggregated", "pipelined"]
-MODES: tuple[str, ...] = ("inprocess", "colocated", "disaggregated", "pipelined")
+Mode = Literal["inprocess", "colocated", "disaggregated", "pipelined", "data_parallel"]
+MODES: tuple[str, ...] = ("inprocess", "colocated", "disaggregated", "pipelined", "data_parallel")
 
 
 @dataclass
@@ -102,8 +102,10 @@ class FleetConfig:
 
     mode: Mode = "inprocess"
     """``inprocess`` (no Ray), ``colocated`` (all components share GPU(s)), ``disaggregated`` (simulators
-    and inference on some GPUs, trainer on others) or ``pipelined`` (co-located placement with each
-    shard's envs split into ``stages`` whose simulation overlaps the inference of the others)."""
+    and inference on some GPUs, trainer on others), ``pipelined`` (co-located placement with each
+    shard's envs split into ``stages`` whose simulation overlaps the inference of the others) or
+    ``data_parallel`` (``num_gpus`` ranks, each a whole trainer with its own simulators on one GPU,
+    averaging gradients with ``torch.distributed``)."""
     address: str = "local"
     """Ray cluster: ``local`` starts one on this machine with ``cluster``'s nodes (logical GPUs), a new
     one even where ``/tmp/ray`` names another (``ray start``'s, or a dead one's); or an address such
@@ -111,6 +113,9 @@ class FleetConfig:
     scheduler service (``infra.service``), shared with every other job there."""
     shards: int = 2
     """Simulator shards; each holds ``env.num_envs / shards`` environments."""
+    num_gpus: int = 2
+    """``data_parallel`` only: ranks, one GPU each (placed as ``trainer``); each holds ``env.num_envs / num_gpus``
+    environments."""
     stages: int = 2
     """Pipeline stages per shard (``pipelined`` only; must divide the envs of a shard)."""
     offload: bool = False
@@ -124,7 +129,7 @@ class FleetConfig:
     inference: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0))
     """Placement of the inference server."""
     trainer: ComponentPlacement = field(default_factory=lambda: ComponentPlacement(cpus=1.0, memory_mib=4096))
-    """Placement of the trainer."""
+    """Placement of the trainer (in ``data_parallel`` mode: of every rank)."""
     server: InferenceSettings = field(default_factory=InferenceSettings)
     """Batching of the inference server."""
     sync: SyncSettings = field(default_factory=SyncSettings)
@@ -153,6 +158,7 @@ MODE_GPU_DEFAULTS: dict[str, dict[str, float]] = {
     "colocated": {"shard": 0.3, "inference": 0.3, "trainer": 0.4},
     "pipelined": {"shard": 0.3, "inference": 0.3, "trainer": 0.4},
     "disaggregated": {"shard": 0.5, "inference": 0.5, "trainer": 1.0},
+    "data_parallel": {"shard": 0.0, "inference": 0.0, "trainer": 1.0},
 }
 
 
@@ -208,6 +214,22 @@ def _check_grpo(cfg: TrainConfig, per_shard: int) -> None:
                           "(env.num_envs / fleet.shards), so that no group straddles two shards")
 
 
+def _check_data_parallel(cfg: TrainConfig) -> None:
+    """``data_parallel``: PPO, synchronous, equal environments per rank, one whole GPU per rank."""
+    fleet = cfg.fleet
+    if cfg.algo != "ppo":
+        raise ConfigError(f"fleet.mode=data_parallel trains PPO (its ranks' batches are equal in size); use "
+                          f"fleet.mode=colocated or disaggregated for algo={cfg.algo}")
+    if fleet.num_gpus < 1 or cfg.env.num_envs % fleet.num_gpus:
+        raise ConfigError(f"fleet.num_gpus={fleet.num_gpus} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
+                          "(each rank holds the same number of environments)")
+    if fleet.sync.mode != "sync":
+        raise ConfigError("fleet.mode=data_parallel averages gradients every step; drop fleet.sync.mode=async")
+    if fleet.trainer.gpu not in (None, 1):
+        raise ConfigError(f"fleet.trainer.gpu={fleet.trainer.gpu}: data_parallel gives every rank one whole GPU; "
+                          "drop it (or use colocated to share GPUs)")
+
+
 def validate_fleet(cfg: TrainConfig) -> None:
     """Check the ``fleet`` section against the run config; raise ``ConfigError`` naming the fix.
 
@@ -220,18 +242,20 @@ def validate_fleet(cfg: TrainConfig) -> None:
         return
     if cfg.algo not in ("ppo", "grpo"):
         raise ConfigError(f"fleet.mode={fleet.mode} runs PPO and GRPO; use fleet.mode=inprocess for algo={cfg.algo}")
-    if fleet.shards < 1 or cfg.env.num_envs % fleet.shards:
+    if fleet.mode == "data_parallel":
+        _check_data_parallel(cfg)  # each rank simulates on its own GPU: warp on CUDA is its purpose
+    elif fleet.shards < 1 or cfg.env.num_envs % fleet.shards:
         raise ConfigError(
             f"fleet.shards={fleet.shards} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
             "(each shard holds the same number of environments)"
         )
-    if cfg.env.kind == "sims" and cfg.env.backend == "warp" and cfg.env.warp_device != "cpu":
+    elif cfg.env.kind == "sims" and cfg.env.backend == "warp" and cfg.env.warp_device != "cpu":
         # Shards and the server exchange numpy arrays (a socket or Ray calls); there is no CUDA IPC path.
         raise ConfigError(
             f"env.backend=warp with env.warp_device={cfg.env.warp_device} and fleet.mode={fleet.mode}: the fleet's "
             "shards hand observations to the inference server through host memory, which a GPU's tensors cannot "
             "take; train in one process to keep the data on the GPU (fleet.mode=inprocess device=cuda:N "
-            "env.warp_device=cuda:N), or set env.warp_device=cpu"
+            "env.warp_device=cuda:N, or fleet.mode=data_parallel: one such process per GPU), or set env.warp_device=cpu"
         )
     per_shard = cfg.env.num_envs // fleet.shards
     if cfg.algo == "grpo":

@@ -13,7 +13,8 @@ queue, and when it is placed again the whole fleet starts on the new placement a
 resumes exactly from its checkpoint. A trainer stopped by force (grace over) resumes from its
 latest checkpoint. A trainer actor that dies by itself is restarted on the same fleet (up to
 ``fleet.max_restarts``), after the shards and the server are restarted (its rollouts would hold
-them; :meth:`Fleet.restart_data_plane`). Shards and the server that die restart on their own
+them; :meth:`Fleet.restart_data_plane`). A data-parallel job (:mod:`vla_rl.fleet.data_parallel`)
+is supervised the same way: its ranks together play the trainer's part. Shards and the server that die restart on their own
 (Ray ``max_restarts``) and the collector recovers the iteration (see :mod:`vla_rl.fleet.collector`).
 """
 
@@ -41,6 +42,7 @@ from vla_rl.algorithm import algorithm_class
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError
 from vla_rl.fleet.config import FleetConfig
+from vla_rl.fleet.data_parallel import DataParallelFleet
 from vla_rl.fleet.inference import InferenceServer
 from vla_rl.fleet.job_gang import JobLayout, PlacementError, cluster_of, job_request
 from vla_rl.fleet.worker import RolloutWorker
@@ -194,6 +196,19 @@ class Fleet:
             self.layout.bundle("trainer"), trainer_cls, cfg, resume, self.workers, self.server, os.getcwd(),
         )
 
+    def train_once(self, cfg: Any, resume: bool, attempt: int, relay: NoticeRelay) -> dict[str, Any] | None:
+        """One trainer actor to its end: its summary, or None if it died (by itself or by a forced stop)."""
+        trainer = self.start_trainer(cfg, resume, attempt)
+        try:
+            relay.arm(*ray.get(trainer.where.remote()))
+            return ray.get(trainer.train.remote())
+        except RayActorError as exc:
+            if getattr(exc, "actor_init_failed", False) and not relay.noticed.is_set():
+                raise  # a bug or a bad config, not a crash: restarting would fail the same way
+            return None
+        finally:
+            relay.disarm()
+
     def restart_data_plane(self, timeout_s: float) -> None:
         """Restart the shards and the server (Ray starts each again) after the trainer died.
 
@@ -252,8 +267,9 @@ def submit_job(cfg: Any, name: str | None = None) -> tuple[GangHandle, JobLayout
 
 
 def start_fleet(cfg: Any, name: str | None = None, gang: GangHandle | None = None,
-                layout: JobLayout | None = None) -> Fleet:
-    """Wait until the job's gang is placed, then start its inference server and shards (the trainer comes later).
+                layout: JobLayout | None = None) -> Fleet | DataParallelFleet:
+    """Wait until the job's gang is placed, then start its inference server and shards (the trainer comes later;
+    a data-parallel job starts its ranks in each :meth:`DataParallelFleet.train_once`).
 
     Args:
         cfg: the run config.
@@ -271,6 +287,8 @@ def start_fleet(cfg: Any, name: str | None = None, gang: GangHandle | None = Non
     except (GangFailed, TimeoutError) as exc:
         raise PlacementError(str(exc)) from exc
     backend = GangBackend(gang, restart=False)
+    if fleet.mode == "data_parallel":
+        return DataParallelFleet(gang, backend, layout)
     timeout = None if fleet.server.timeout_ms is None else fleet.server.timeout_ms / 1000
     server_name = f"{gang.name}:inference:{uuid.uuid4().hex[:8]}"  # unique, even while a killed one is torn down
     server_cls = ray.remote(
@@ -291,20 +309,6 @@ def start_fleet(cfg: Any, name: str | None = None, gang: GangHandle | None = Non
         for k in range(fleet.shards)
     ]
     return Fleet(gang, backend, layout, workers, server)
-
-
-def _train_once(fleet: Fleet, cfg: Any, resume: bool, attempt: int, relay: NoticeRelay) -> dict[str, Any] | None:
-    """One trainer actor to its end: its summary, or None if it died (by itself or by a forced stop)."""
-    trainer = fleet.start_trainer(cfg, resume, attempt)
-    try:
-        relay.arm(*ray.get(trainer.where.remote()))
-        return ray.get(trainer.train.remote())
-    except RayActorError as exc:
-        if getattr(exc, "actor_init_failed", False) and not relay.noticed.is_set():
-            raise  # a bug or a bad config, not a crash: restarting would fail the same way
-        return None
-    finally:
-        relay.disarm()
 
 
 def run_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
@@ -336,7 +340,7 @@ def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay
         fleet = start_fleet(cfg, gang=gang, layout=layout)
         epoch = fleet.placement.epoch
         while True:
-            summary = _train_once(fleet, cfg, resume or latest.exists(), attempt, relay)
+            summary = fleet.train_once(cfg, resume or latest.exists(), attempt, relay)
             attempt += 1
             if summary is not None and "stopped_by" not in summary:
                 fleet.stop()
@@ -350,7 +354,8 @@ def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay
             deaths += 1
             if deaths > cfg.fleet.max_restarts:
                 raise FleetError(f"the trainer died more than fleet.max_restarts={cfg.fleet.max_restarts} times")
-            print(f"trainer actor died (attempt {attempt}); resuming from {latest}", flush=True)
+            print(f"{'a rank' if cfg.fleet.mode == 'data_parallel' else 'trainer'} actor died (attempt {attempt}); "
+                  f"resuming from {latest}", flush=True)
             fleet.restart_data_plane(cfg.fleet.collect_timeout_s)
         fleet.stop()
         if gang.refresh().state is HandleState.DRAINING:

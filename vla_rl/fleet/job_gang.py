@@ -1,6 +1,7 @@
 """The training job as one gang request of infra's scheduler, per placement mode.
 
-Bundle order: shards ``0 .. S-1``, then the inference server (``S``), then the trainer (``S + 1``).
+Bundle order: shards ``0 .. S-1``, then the inference server (``S``), then the trainer (``S + 1``);
+in ``data_parallel`` mode ranks ``0 .. N-1`` (``fleet.num_gpus``), one whole GPU each.
 
 =================  ================================================================================
 mode               constraints between bundles
@@ -8,6 +9,7 @@ mode               constraints between bundles
 ``colocated``      every GPU-using bundle on one GPU (``SameGPU``), CPU-only ones on its node
 ``pipelined``      as ``colocated`` (the overlap comes from the shards' stages, not the placement)
 ``disaggregated``  shards and inference share a GPU; the trainer takes whole GPUs of its own
+``data_parallel``  none: every rank takes one whole GPU, on any node (NCCL or gloo joins them)
 =================  ================================================================================
 
 A component pinned in the config (``node``, ``gpu_ids``) adds a ``PinGPUs``. What cannot be placed
@@ -45,7 +47,7 @@ class JobLayout:
 
     Attributes:
         gang: the request submitted to the scheduler.
-        roles: per bundle, ``("shard", k)``, ``("inference", 0)`` or ``("trainer", 0)``.
+        roles: per bundle, ``("shard", k)``, ``("inference", 0)``, ``("trainer", 0)`` or ``("rank", r)``.
     """
 
     gang: GangRequest
@@ -98,12 +100,18 @@ def job_request(fleet: FleetConfig, name: str) -> JobLayout:
         PlacementError: ``fleet.mode`` is ``inprocess`` (nothing to place).
     """
     if fleet.mode == "inprocess":
-        raise PlacementError("fleet.mode=inprocess places nothing; pick colocated, disaggregated or pipelined")
+        raise PlacementError("fleet.mode=inprocess places nothing; pick colocated, disaggregated, pipelined or data_parallel")
     comps = resolved_placement(fleet)
-    roles = [("shard", k) for k in range(fleet.shards)] + [("inference", 0), ("trainer", 0)]
-    bundles = tuple(_bundle(comps[role], f"{role}{k if role == 'shard' else ''}") for role, k in roles)
+    if fleet.mode == "data_parallel":  # every rank is a whole trainer, placed as fleet.trainer
+        roles = [("rank", r) for r in range(fleet.num_gpus)]
+        comps["rank"] = comps["trainer"]
+    else:
+        roles = [("shard", k) for k in range(fleet.shards)] + [("inference", 0), ("trainer", 0)]
+    bundles = tuple(_bundle(comps[role], f"{role}{k if role in ('shard', 'rank') else ''}") for role, k in roles)
     everything = list(range(len(bundles)))
-    if fleet.mode == "disaggregated":
+    if fleet.mode == "data_parallel":
+        constraints: list = []
+    elif fleet.mode == "disaggregated":
         constraints = _share_constraints(bundles, everything[:-1])
     else:
         constraints = _share_constraints(bundles, everything)
