@@ -45,8 +45,8 @@ def _config(tmp_path, name, **overrides):
 @pytest.fixture(scope="module")
 def ray_session():
     """One Ray node with 4 logical GPUs and this module's scheduler service."""
-    from infra.service.client import connect
     from infra.ray_cluster.realize import node_args
+    from infra.service.client import connect
     from vla_rl.fleet.config import ClusterSpec
     from vla_rl.fleet.job_gang import cluster_of
 
