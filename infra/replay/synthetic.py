@@ -60,6 +60,7 @@ def node_rows(num_nodes: int, rng: np.random.Generator) -> list[dict[str, object
     """``num_nodes`` node rows, each type's count in proportion to its share (at least one each)."""
     shares = np.array([t[4] for t in NODE_TYPES])
     counts = np.maximum(1, np.round(shares / shares.sum() * num_nodes)).astype(int)
+    counts[0] += num_nodes - counts.sum()  # rounding: the most common type takes up the difference
     types = [t for t, c in zip(NODE_TYPES, counts) for _ in range(c)]
     rng.shuffle(types)
     return [{"sn": f"synth-node-{i:04d}", "cpu_milli": cpu, "memory_mib": mem, "gpu": gpus, "model": model}
