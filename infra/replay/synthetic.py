@@ -9,7 +9,7 @@ trace, so every reader of that trace (``read_pods``, ``read_timed_pods``, ``Clus
 ``scripts/replay_trace.py --pods/--nodes``) takes them unchanged. The mix follows the openb trace's
 published shape in round numbers: node types of seven GPU models (G2 the most GPUs, then T4), about
 13 % CPU-only pods, 38 % GPU-sharing pods (a fraction of one GPU), 1 % multi-GPU pods (2, 4 or 8),
-a few hundred distinct request shapes, QoS classes BE/LS/Burstable/Guaranteed, arrivals over
+a few dozen request shapes, QoS classes BE/LS/Burstable/Guaranteed, arrivals over
 150 days with heavy-tailed runtimes. Unlike the default openb pod list, ``spec_share`` of the GPU
 pods carry a ``gpu_spec`` (one model or several, ``|``-separated). No row of the real trace is used.
 """
@@ -41,8 +41,16 @@ NODE_TYPES: tuple[tuple[int, int, int, str, float], ...] = (
 
 SHARING_MILLI = (810, 470, 320, 650, 230, 460, 590, 160, 550, 220, 370)
 """GPU fractions (milli) of GPU-sharing pods."""
-CPU_MILLI = (3152, 11300, 8000, 11908, 4000, 11400, 12500, 12000, 32000, 16000, 2000, 6000)
-MEM_MIB = (5600, 49152, 30517, 47104, 48128, 57344, 24576, 64512, 16384, 12288)
+REQUESTS: dict[str, tuple[tuple[int, int, float], ...]] = {
+    "cpu": ((12500, 57344, 0.35), (32000, 49152, 0.27), (8000, 30517, 0.16), (15400, 51200, 0.12),
+            (16500, 51200, 0.1)),
+    "sharing": ((3152, 5600, 0.4), (11908, 47104, 0.22), (8000, 30517, 0.17), (4000, 22888, 0.07),
+                (4000, 15258, 0.07), (4152, 10600, 0.07)),
+    "whole": ((11300, 49152, 0.3), (11400, 48128, 0.2), (3152, 5600, 0.17), (18708, 64512, 0.1),
+              (9810, 41560, 0.08), (12000, 24576, 0.06), (32000, 131072, 0.05), (6000, 12288, 0.04)),
+}
+"""``(cpu_milli, memory_mib, weight)`` requests of CPU-only, GPU-sharing and one-whole-GPU pods: as in
+openb, a few shapes make most pods (CPU and memory go together)."""
 SPECS = ("T4", "P100", "G2", "G3", "V100M16|V100M32", "P100|T4", "G2|T4|V100M16|V100M32")
 """``gpu_spec`` values of constrained GPU pods: single models and openb-like model sets."""
 QOS = (("LS", 0.57), ("BE", 0.417), ("Burstable", 0.012), ("Guaranteed", 0.001))
@@ -73,7 +81,9 @@ def pod_row(i: int, arrival: int, spec_share: float, rng: np.random.Generator) -
     num_gpu, milli = (0, 0) if kind < 0.13 else (1, int(rng.choice(SHARING_MILLI))) if kind < 0.51 else (1, 1000)
     if kind > 0.99:
         num_gpu = int(rng.choice((2, 4, 8), p=(0.2, 0.2, 0.6)))
-    cpu, mem = int(rng.choice(CPU_MILLI)), int(rng.choice(MEM_MIB))
+    table = REQUESTS["cpu" if not num_gpu else "sharing" if milli < 1000 else "whole"]
+    weights = np.array([w for *_, w in table])
+    cpu, mem, _ = table[int(rng.choice(len(table), p=weights / weights.sum()))]
     if num_gpu > 1:  # openb's multi-GPU pods ask for 8-15 cores and 32-40 GiB per GPU
         cpu, mem = num_gpu * int(rng.choice((8000, 11000, 15000))), num_gpu * int(rng.choice((32768, 40960)))
     spec = str(rng.choice(SPECS)) if num_gpu and rng.random() < spec_share else ""
