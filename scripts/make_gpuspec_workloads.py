@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import sys
 from collections.abc import Callable
@@ -101,7 +102,8 @@ def constrain(
     """
     for row in rows:
         row["gpu_spec"] = ""
-    if mix == "cluster":
+    if mix == "cluster":  # the input's own specs are cleared first, as for the openb mix
+        pods = [dataclasses.replace(p, models=frozenset()) for p in pods]
         pods = {p.name: p for p in make_variant(pods, "gpuspec", fraction, gpu_models, seed)}
         for row in rows:
             row["gpu_spec"] = "|".join(sorted(pods[row["name"]].models))
