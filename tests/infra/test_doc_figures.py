@@ -1,5 +1,5 @@
-"""The scheduler figures README.md and docs/scheduler.md quote equal the committed JSONs they cite
-(as printed: rounded to the digits shown). Needs no trace: the JSONs are in docs/figures/."""
+"""The scheduler figures README.md, docs/results.md and docs/scheduler.md quote equal the committed JSONs
+they cite (as printed: rounded to the digits shown). Needs no trace: the JSONs are in docs/figures/."""
 
 import json
 import re
@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+RESULTS = (ROOT / "docs" / "results.md").read_text()
 SCHEDULER = (ROOT / "docs" / "scheduler.md").read_text()
 FIGURES = ROOT / "docs" / "figures"
 NUMBER = r"[-+]?\d[\d,]*\.?\d*"
@@ -93,8 +94,18 @@ def test_constrained_workload_table_equals_the_summary_json():
             assert delta_printed(r["fgd-strand@c933b0c"][key], r["fgd"][key], numbers(before)[2]), workload
 
 
-def test_readme_scheduler_table_equals_the_json_and_the_scheduler_page():
-    rows = {r[0].split(" ")[0]: r[1:] for r in table(README, "| policy | alloc % at 100 % arrived (FGD simulator)")}
+def test_readme_headline_equals_the_json():
+    row = next(line for line in README.splitlines() if "alloc % at 100 % arrival" in line)
+    default = results("scheduler_variants/default.json")
+    ours, fgd = re.search(r"`fgd-strand` (\S+) vs FGD (\S+);", row).groups()
+    assert printed(default["fgd-strand"]["alloc_pct_at_100_mean"], ours)
+    assert printed(default["fgd"]["alloc_pct_at_100_mean"], fgd)
+    submit = re.search(r"`submit` p99 .*\| (\S+) ms \|", README).group(1)
+    assert printed(results("bench/bench_scheduler_quiet.json")["fill"]["submit_latency_p99_ms"], submit)
+
+
+def test_results_scheduler_table_equals_the_json_and_the_scheduler_page():
+    rows = {r[0].split(" ")[0]: r[1:] for r in table(RESULTS, "| policy | alloc % at 100 % arrived (FGD simulator)")}
     assert list(rows) == ["random", "bestfit", "fgd", "fgd-strand"]
     default = results("scheduler_variants/default.json")
     for policy in ("fgd", "fgd-strand"):
@@ -113,13 +124,13 @@ def test_readme_scheduler_table_equals_the_json_and_the_scheduler_page():
         check_mean_std(page[policy][3], default[policy], "alloc_pct_at_130")
 
 
-def test_readme_variant_gains_equal_the_summary_json():
+def test_results_variant_gains_equal_the_summary_json():
     summary = results("scheduler_gpuspec/summary.json")
     key = "alloc_pct_at_100_mean"
     means = {w: (r["fgd-strand"][key], r["fgd"][key]) for w, r in summary.items()}
     sentence = re.search(r"more GPU\s+sharing (\S+), CPU-heavy (\S+), multi-GPU (\S+), GPU-model constraints on .*?"
-                         r"theirs,\s+(\S+); (\S+) on average over\s+the nine workloads", README, re.S)
-    assert sentence, "README's sentence of the variant gains changed: update the test with it"
+                         r"theirs,\s+(\S+); (\S+) on average over\s+the nine workloads", RESULTS, re.S)
+    assert sentence, "docs/results.md's sentence of the variant gains changed: update the test with it"
     share, cpu, multi, specs, mean = (g.rstrip(",") for g in sentence.groups())
     shown = dict(zip(("gpushare:0.8", "cpuheavy:0.3", "multigpu:0.3"), (share, cpu, multi)))
     shown.update({f"gpuspec{pct}": g for pct, g in zip(("05", "10", "20", "25", "33"), specs.split("/"))})
@@ -130,11 +141,11 @@ def test_readme_variant_gains_equal_the_summary_json():
     assert len(means) == 9 and (printed(float(raw), mean) or printed(float(as_printed), mean)), mean
 
 
-@pytest.mark.parametrize("text", [README, SCHEDULER], ids=["README", "scheduler.md"])
+@pytest.mark.parametrize("text", [RESULTS, SCHEDULER], ids=["results.md", "scheduler.md"])
 def test_latency_figures_equal_their_jsons(text):
     bench = results("bench/bench_scheduler_quiet.json")
     replay = results("bench/replay_latency_1523_nodes_seed42.json")
-    if text is README:
+    if text is RESULTS:
         quoted = re.search(r"p50 (\S+) ms, p99\s+\*\*(\S+) ms\*\* \(FGD (\S+) ms;", text).groups()
         submit, release, dynamic = re.search(
             r"inflated fill p99 \*\*(\S+) ms\*\*.*?p99 \*\*(\S+) ms\*\*.*?departures \*\*(\S+) s\*\*", text, re.S
