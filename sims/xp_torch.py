@@ -83,6 +83,7 @@ class TorchNamespace:
     tanh = staticmethod(torch.tanh)
     sqrt = staticmethod(torch.sqrt)
     arctan2 = staticmethod(torch.atan2)
+    linalg = torch.linalg
     abs = staticmethod(torch.abs)
     isfinite = staticmethod(torch.isfinite)
 

@@ -26,7 +26,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from sims.libero.suites import SETUP_HINT, cache_dir, parse_task_id
+from sims.libero.suites import cache_dir, parse_task_id, setup_hint
 
 # Panda joint servos (N m / rad, N m s / rad): stiff enough to hold a 5 cm step within a control
 # period; torque limits are LIBERO's motor ranges (80 N m, 12 N m for the wrist joints).
@@ -98,8 +98,8 @@ def load_task(task_id: str, cache: str | Path | None = None) -> LiberoTask:
     folder = cache_dir(cache) / suite / str(index)
     meta_path = folder / "task.json"
     if not meta_path.is_file():
-        raise FileNotFoundError(f"LIBERO task {suite}/{index} is not in the cache {cache_dir(cache)}; {SETUP_HINT} "
-                                f"--tasks {suite}/{index}")
+        raise FileNotFoundError(f"LIBERO task {suite}/{index} is not in the cache {cache_dir(cache)}; "
+                                f"{setup_hint(f'{suite}/{index}')}")
     meta = json.loads(meta_path.read_text())
     with np.load(folder / "init_states.npz") as f:
         states = f["states"]

@@ -9,7 +9,11 @@ from pathlib import Path
 LIBERO_SUITE = {"spatial": "libero_spatial", "object": "libero_object", "goal": "libero_goal", "10": "libero_10"}
 SUITES = tuple(LIBERO_SUITE)
 TASKS_PER_SUITE = 10
-SETUP_HINT = "run `python scripts/setup_libero.py` (or `make setup`)"
+
+
+def setup_hint(task_ids: str = "") -> str:
+    """The command that installs the toolchain and exports ``task_ids`` (all 40 when empty)."""
+    return "run python scripts/setup_libero.py" + (f" --tasks {task_ids}" if task_ids else " (or make setup)")
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> Path:
