@@ -140,12 +140,12 @@ class LiberoSim:
         return self.goal.success(self.kinematics())
 
     def proprio(self) -> dict[str, Any]:
-        """LIBERO's proprioception (see the module docstring), arrays [N, ...]."""
+        """LIBERO's proprioception (see the module docstring), fresh arrays [N, ...] (no views)."""
         xp, lay = self.ax, self.layout
         q, v = self.backend.qpos, self.backend.qvel
         wxyz = self._f["xquat"][:, lay.hand_body]
         xyzw = xp.concatenate([wxyz[:, 1:], wxyz[:, :1]], axis=1)
-        eef_pos = self._f["site_xpos"][:, lay.eef_site]
+        eef_pos = xp.asarray(self._f["site_xpos"][:, lay.eef_site], copy=True)  # not a view of live data
         fingers = q[:, lay.finger_qpos]
         state = xp.concatenate([eef_pos, quat_to_axis_angle(xp, xyzw), fingers], axis=1)
         return {"joint_pos": q[:, lay.arm_qpos], "joint_vel": v[:, lay.arm_dof], "eef_pos": eef_pos,

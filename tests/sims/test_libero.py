@@ -1,6 +1,6 @@
 """LIBERO on the project's backends: cached tasks load, start from LIBERO's fixed initial states,
 render both cameras, read LIBERO's proprioception; the goal predicates on hand-placed states; the
-batched Panda controller reaches a commanded pose; bad ids and a missing asset package fail with
+batched Panda controller reaches a commanded pose; the Spatial expert places the bowl; bad ids and a missing asset package fail with
 one line naming the fix.
 
 The session fixture exports one task per suite into the cache (installing the export toolchain
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from sims.libero.controller import PandaController
+from sims.libero.expert import SpatialExpert, run_episodes
 from sims.libero.install import check_toolchain, ensure_tasks
 from sims.libero.predicates import GoalPredicates, Kinematics
 from sims.libero.scene import load_task
@@ -178,3 +179,11 @@ def test_controller_reaches_commanded_pose(sims_by_task):
     # No rotation was commanded: the hand keeps its orientation (|dot| of unit quaternions ~ 1).
     assert np.abs((end["eef_quat"] * start["eef_quat"]).sum(1)).min() > 0.999
     assert end["gripper_qpos"][:, 0].max() < 0.01, "the fingers closed"
+
+
+def test_spatial_expert_places_the_bowl_on_the_plate(sims_by_task):
+    sim = sims_by_task["spatial/0"]
+    success = run_episodes(sim, np.array([0, 1]))
+    assert success.tolist() == [True, True]
+    with pytest.raises(ValueError, match="not a pick-and-place"):
+        SpatialExpert(sims_by_task["goal/0"])
