@@ -79,8 +79,8 @@ class LiberoSim:
         self.state_index = np.zeros(num_envs, np.int64)
 
     # ------------------------------------------------------------------ physics
-    def _forward(self) -> None:
-        """Make poses and contact sensors describe the current state."""
+    def forward(self) -> None:
+        """Make poses and contact sensors describe the current state (after writing ``qpos`` by hand)."""
         if self.backend_name == "batch":
             self.backend.batch.forward()
         else:
@@ -110,12 +110,17 @@ class LiberoSim:
         self.backend.set_state(ids, qpos, np.zeros((len(ids), m.nmocap, 3)), ctrl)
         self.backend.qvel[ids] = self.ax.asarray(qvel) if self.ax is not np else qvel
         self.state_index[ids] = state_index
-        self._forward()
+        self.forward()
 
     def step(self, ctrl: Any) -> None:
         """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps), then forward."""
         self.backend.step(ctrl)
-        self._forward()
+        self.forward()
+
+    def current_ctrl(self) -> Any:
+        """A copy of the controls last applied, [N, nu]: stepping it holds every servo target."""
+        ctrl = self.backend._ctrl
+        return ctrl.copy() if isinstance(ctrl, np.ndarray) else ctrl.clone()
 
     # ------------------------------------------------------------------ reading
     def field(self, name: str) -> Any:

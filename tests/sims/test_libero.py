@@ -56,6 +56,8 @@ def test_task_loads_starts_from_libero_states_and_renders(sims_by_task, task_id)
     sim = sims_by_task[task_id]
     task = sim.task
     assert task.instruction and task.goal and task.init_states.shape == (50, 1 + sim.model.nq + sim.model.nv)
+    with pytest.raises(ValueError, match=r"outside 0..49"):
+        sim.reset(np.array([3, 50]))
     sim.reset(np.array([3, 7]))
     np.testing.assert_array_equal(sim.qpos, task.init_states[[3, 7], 1:1 + sim.model.nq])
     assert not sim.success().any(), "LIBERO's initial states do not satisfy the goal"
@@ -73,7 +75,7 @@ def test_task_loads_starts_from_libero_states_and_renders(sims_by_task, task_id)
     assert not np.array_equal(rgb[0, 0], rgb[0, 1])
     # Holding still (servos at the initial angles) keeps the scene at rest.
     start = sim.proprio()["eef_pos"].copy()
-    ctrl = np.array(sim.backend._ctrl)
+    ctrl = sim.current_ctrl()
     for _ in range(4):
         sim.step(ctrl)
     assert np.abs(sim.proprio()["eef_pos"] - start).max() < 2e-3
@@ -95,9 +97,8 @@ def _place_free_body(sim: LiberoSim, body: str, pos: np.ndarray) -> None:
 
 
 def _settle(sim: LiberoSim, steps: int = 6) -> None:
-    sim.step(np.array(sim.backend._ctrl))  # the sensors then see the contacts of the settled pose
-    for _ in range(steps - 1):
-        sim.step(np.array(sim.backend._ctrl))
+    for _ in range(steps):  # holding still: the bowl comes to rest and the sensors see its contacts
+        sim.step(sim.current_ctrl())
 
 
 def test_on_object_true_and_false(sims_by_task):
@@ -111,7 +112,7 @@ def test_on_object_true_and_false(sims_by_task):
     assert sim.success()[0] and not sim.success()[1], "bowl resting on the plate: On true; untouched: false"
     sim.reset(np.array([0, 0]))
     _place_free_body(sim, bowl, plate_pos + np.array([0.0, 0.0, 0.30]))  # above the plate, not touching
-    sim.step(np.array(sim.backend._ctrl))
+    sim.step(sim.current_ctrl())
     assert not sim.success()[0], "a bowl in the air above the plate is not on it"
     sim.reset(np.array([0, 0]))
     _place_free_body(sim, bowl, plate_pos + np.array([0.10, 0.0, 0.03]))  # beside the plate
@@ -126,11 +127,11 @@ def test_in_region_true_and_false(sims_by_task):
     sim.reset(np.array([0, 0]))
     site = sim.field("site_xpos")[0, sim.model.site(region["site"]).id].copy()
     _place_free_body(sim, obj["body"], site + np.array([0.0, 0.0, 0.02]))
-    sim.step(np.array(sim.backend._ctrl))
+    sim.step(sim.current_ctrl())
     result = sim.success()
     assert result[0] and not result[1], "an object at the basket's centre is in it; the untouched one is not"
     _place_free_body(sim, obj["body"], site + np.array([0.3, 0.0, 0.02]))
-    sim._forward()
+    sim.forward()
     assert not sim.success()[0]
 
 
@@ -147,7 +148,7 @@ def test_open_close_turnon_true_and_false(sims_by_task):
     assert pred["predicate"] == "open" and op == "<"
     sim.reset(np.array([0, 0]))
     sim.qpos[0, adr] = value - 0.05  # pulled out past LIBERO's open threshold
-    sim._forward()
+    sim.forward()
     assert sim.success().tolist() == [True, False]
 
     goals = [_joint_goal("close", adr, ">", -0.005), _joint_goal("turnon", adr, ">=", 0.5),
