@@ -3,8 +3,8 @@ render both cameras, read LIBERO's proprioception; the goal predicates on hand-p
 batched Panda controller reaches a commanded pose; the Spatial expert places the bowl; bad ids and a missing asset package fail with
 one line naming the fix.
 
-The session fixture exports one task per suite into the cache (installing the export toolchain
-on a fresh machine: about 2 minutes and 1.3 GB once; each task about 15-30 s on 2 loaded cores).
+The module fixture exports one task per suite into the cache if it is missing (installing the
+export toolchain on a fresh machine: 80 s and 1.6 GB once; a task about 4 CPU-seconds).
 """
 
 from __future__ import annotations
