@@ -4,7 +4,12 @@
 #     EGL + Mesa for headless rendering, and FFmpeg's shared libraries, which torchcodec loads when
 #     the tests run LeRobot's own dataset loader (docs/demos.md);
 #   - the CPU build of torch when there is no NVIDIA GPU (a plain `torch` would pull a multi-GB CUDA build);
-#   - the project itself, editable, with the dev extras.
+#   - the project itself, editable, with the dev extras;
+#   - with LIBERO=1, LIBERO (scripts/setup_libero.py): its export toolchain into
+#     ~/.cache/vla-rl/libero/toolchain (pip --no-deps --target: robosuite 1.4.0 never enters the
+#     project's environment) and the 40 tasks of Spatial, Object, Goal and 10 exported once into the
+#     cache (about 4 CPU-seconds a task). Off by default: the LIBERO tests export the four tasks
+#     they use themselves, and `make train` does not need LIBERO.
 # Re-running is cheap: a stamp keyed on pyproject.toml skips pip when nothing changed.
 set -euo pipefail
 
@@ -60,7 +65,15 @@ ensure_packages() {
     echo "$want" >"$stamp"
 }
 
+ensure_libero() {
+    [ "${LIBERO:-0}" = "1" ] || return 0
+    # Cheap when everything is cached (a file check per task); a failure leaves the rest usable.
+    "$venv/bin/python" "$root/scripts/setup_libero.py" \
+        || say "LIBERO setup failed; LIBERO tests fail until python scripts/setup_libero.py succeeds"
+}
+
 ensure_system_libraries
 ensure_venv
 ensure_packages
+ensure_libero
 say "environment ready: $venv"

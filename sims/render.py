@@ -49,8 +49,11 @@ class RenderConfig:
 
     Attributes:
         width, height: frame size in pixels.
-        cameras: camera names, from ``sims.scene.CAMERAS`` ("front", "wrist").
+        cameras: camera names of the model (the gantry scene's are ``sims.scene.CAMERAS``:
+            "front", "wrist"; a LIBERO scene's "agentview", "robot0_eye_in_hand").
         depth: also return linear depth in metres.
+        textures: the Warp ray tracer samples the model's textures (LIBERO's scenes are textured;
+            the gantry scene has none). MuJoCo's OpenGL renderer always draws them.
         num_contexts: GL contexts (worker threads); None: one per CPU core.
         tile_frames: frames per readback (tiles of one offscreen buffer), at most what fits in 1024x1024.
     """
@@ -61,16 +64,22 @@ class RenderConfig:
     depth: bool = False
     num_contexts: int | None = None
     tile_frames: int = 16
+    textures: bool = False
 
-    def validate(self) -> None:
-        """Raise ValueError naming a bad field and the valid values."""
-        unknown = [c for c in self.cameras if c not in S.CAMERAS]
+    def validate(self, cameras: tuple[str, ...] = S.CAMERAS) -> None:
+        """Raise ValueError naming a bad field and the valid values (``cameras``: the model's)."""
+        unknown = [c for c in self.cameras if c not in cameras]
         if unknown or not self.cameras:
-            raise ValueError(f"unknown cameras {unknown or self.cameras}; valid cameras: {S.CAMERAS}")
+            raise ValueError(f"unknown cameras {unknown or self.cameras}; valid cameras: {cameras}")
         if not (8 <= self.width <= 1024 and 8 <= self.height <= 1024):
             raise ValueError(f"frame size {self.width}x{self.height}; width and height must be in [8, 1024]")
         if self.tile_frames < 1 or (self.num_contexts is not None and self.num_contexts < 1):
             raise ValueError("tile_frames and num_contexts must be at least 1")
+
+
+def camera_names(model: mujoco.MjModel) -> tuple[str, ...]:
+    """The names of the model's cameras, in id order."""
+    return tuple(model.camera(i).name for i in range(model.ncam))
 
 
 def project_points(cam_pos: np.ndarray, cam_mat: np.ndarray, fovy_deg: float, aspect: float,
@@ -212,7 +221,7 @@ class BatchRenderer:
     def __init__(self, model: mujoco.MjModel, config: RenderConfig | None = None):
         """Create ``config.num_contexts`` GL contexts, each in its own worker thread."""
         self.config = config or RenderConfig()
-        self.config.validate()
+        self.config.validate(camera_names(model))
         os.environ.setdefault("MUJOCO_GL", "egl")
         n = self.config.num_contexts or os.cpu_count() or 1
         self._local = threading.local()

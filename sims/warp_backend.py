@@ -36,7 +36,7 @@ import mujoco
 import numpy as np
 import torch
 
-from sims.render import RenderConfig
+from sims.render import RenderConfig, camera_names
 from sims.xp_torch import TorchNamespace
 
 #: Contacts and constraint rows allocated per world. The suite's scripted experts peak at 19
@@ -368,7 +368,7 @@ class WarpBackend:
 
     # ----------------------------------------------------------------------------- rendering
     def _init_renderer(self, model: mujoco.MjModel, config: RenderConfig, colour_geoms: np.ndarray | None) -> None:
-        config.validate()
+        config.validate(camera_names(model))
         self.render_config = config
         self._colour_geoms = torch.as_tensor(np.asarray(colour_geoms if colour_geoms is not None else []),
                                              device=self.device, dtype=torch.int64)
@@ -378,7 +378,7 @@ class WarpBackend:
             # Geom groups 0-2 are what MuJoCo's default visual option shows (colliders sit in group 3).
             self._rc = self._mjw.create_render_context(
                 model, nworld=self.num_envs, cam_res=(config.width, config.height), render_rgb=True,
-                render_depth=config.depth, use_textures=False, use_shadows=False,
+                render_depth=config.depth, use_textures=config.textures, use_shadows=False,
                 enabled_geom_groups=[0, 1, 2], cam_active=list(config.cameras))
         self._rgba = self._wp.to_torch(self.m.geom_rgba)  # [N, ngeom, 4]
         n, hw = self.num_envs, config.width * config.height

@@ -82,6 +82,8 @@ class TorchNamespace:
     # ------------------------------------------------------------------ elementwise and reductions
     tanh = staticmethod(torch.tanh)
     sqrt = staticmethod(torch.sqrt)
+    arctan2 = staticmethod(torch.atan2)
+    linalg = torch.linalg
     abs = staticmethod(torch.abs)
     isfinite = staticmethod(torch.isfinite)
 

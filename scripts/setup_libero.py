@@ -1,0 +1,46 @@
+"""Install LIBERO's export toolchain and build the four suites' tasks into the cache (once).
+
+    python scripts/setup_libero.py                      # all 40 tasks of Spatial, Object, Goal, 10
+    python scripts/setup_libero.py --tasks spatial/0 10/3 --cache /tmp/libero
+    python scripts/setup_libero.py --reinstall          # reinstall the toolchain first
+
+Training never imports robosuite or libero: it loads what this writes (see docs/sims.md, LIBERO).
+Prints one JSON line: tasks exported, seconds, cache size in MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sims.libero.install import ensure_tasks, ensure_toolchain, folder_size
+from sims.libero.suites import all_task_ids, cache_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", default=None, help="cache folder (default $VLA_RL_LIBERO_CACHE or ~/.cache/vla-rl/libero)")
+    parser.add_argument("--tasks", nargs="+", default=None, help="task ids like spatial/0 (default: all 40)")
+    parser.add_argument("--reinstall", action="store_true", help="reinstall the export toolchain")
+    args = parser.parse_args()
+    root = cache_dir(args.cache)
+    try:
+        if args.reinstall:
+            ensure_toolchain(root, reinstall=True)
+        result = ensure_tasks(args.tasks or all_task_ids(), root)
+    except (ValueError, RuntimeError) as err:
+        sys.exit(f"setup_libero: {err}")
+    tasks = [p for p in root.glob("*/*/task.json")]
+    print(json.dumps({"cache": str(root), "exported": len(result["exported"]), "seconds": result["seconds"],
+                      "tasks_cached": len(tasks),
+                      "tasks_mb": round(sum(folder_size(p.parent) for p in tasks) / 2**20, 1),
+                      "assets_mb": round(folder_size(root / "assets") / 2**20, 1) if (root / "assets").exists() else 0,
+                      "toolchain_mb": round(folder_size(root / "toolchain") / 2**20, 1)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""A cached LIBERO task as a MuJoCo model the project's backends run (no robosuite, no libero).
+
+:func:`load_task` reads ``<cache>/<suite>/<index>/`` (written by :mod:`sims.libero.export`);
+:func:`build_model` compiles its MJCF with two changes to LIBERO's model, both made with
+``mujoco.MjSpec`` at load time:
+
+- **Joint servos instead of OSC torques.** LIBERO drives the Panda's seven torque motors with
+  robosuite's operational-space controller, recomputed on the host at every 2 ms substep (mass
+  matrix, Jacobian, bias forces). Batched and on a GPU that is a host round trip per substep.
+  Here the motors become position servos (``kp``/``kv`` below, LIBERO's torque limits kept as
+  force limits) on gravity-compensated links, so the 20 Hz controller
+  (:mod:`sims.libero.controller`) only sets joint targets and the physics runs 25 substeps alone.
+- **Contact sensors for the goal.** LIBERO's ``On``/``In`` test contact between two objects'
+  geoms; neither ``mujoco.batch`` nor the predicates should walk contact lists, so each pair the
+  goal needs becomes a ``contact`` sensor (``subtree1``/``subtree2`` = the objects' root bodies,
+  ``data="found"``): ``sensordata`` holds 1 where they touch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from sims.libero.suites import cache_dir, parse_task_id, setup_hint
+
+# Panda joint servos (N m / rad, N m s / rad): stiff enough to hold a 5 cm step within a control
+# period; torque limits are LIBERO's motor ranges (80 N m, 12 N m for the wrist joints).
+ARM_KP = (4500.0, 4500.0, 3500.0, 3500.0, 2000.0, 2000.0, 2000.0)
+ARM_KV = (450.0, 450.0, 350.0, 350.0, 200.0, 200.0, 200.0)
+CAMERAS = ("agentview", "robot0_eye_in_hand")
+HAND_BODY = "robot0_right_hand"  # robosuite's eef body: LIBERO's robot0_eef_quat is its orientation
+
+
+@dataclass(frozen=True)
+class LiberoTask:
+    """One cached LIBERO task.
+
+    Attributes:
+        task_id: ``"suite/index"``.
+        name: LIBERO's task name; instruction: the BDDL's ``:language``; benchmark_language: the
+            benchmark's ``task.language`` (the name in words, what LIBERO's evaluation scripts use).
+        goal: the goal predicates with resolved arguments (see :mod:`sims.libero.export`).
+        robot: joint, actuator, site and camera names and LIBERO's controller settings.
+        init_states: float64 ``[S, 1 + nq + nv]``: LIBERO's fixed initial states (time, qpos, qvel).
+        model_path: the MJCF file.
+    """
+
+    task_id: str
+    name: str
+    instruction: str
+    goal: list[dict[str, Any]]
+    robot: dict[str, Any]
+    init_states: np.ndarray
+    model_path: Path
+    benchmark_language: str = ""
+    control_freq: float = 20.0
+
+
+@dataclass(frozen=True)
+class LiberoLayout:
+    """Addresses into the compiled model.
+
+    Attributes:
+        arm_qpos, arm_dof: qpos / qvel addresses of the seven arm joints, [7].
+        arm_joint: their joint ids [7]; finger_qpos, finger_dof: the two finger joints, [2].
+        arm_act, gripper_act: actuator ids, [7] and [2].
+        eef_site: the grip site (LIBERO's ``robot0_eef_pos``); hand_body: ``robot0_right_hand``.
+        contact_sensor: sensordata address of each goal contact pair ``(body_a, body_b)``.
+        frame_skip: physics substeps per control step (LIBERO: 25 x 2 ms = 20 Hz).
+    """
+
+    arm_qpos: np.ndarray
+    arm_dof: np.ndarray
+    arm_joint: np.ndarray
+    finger_qpos: np.ndarray
+    finger_dof: np.ndarray
+    arm_act: np.ndarray
+    gripper_act: np.ndarray
+    eef_site: int
+    hand_body: int
+    frame_skip: int
+    contact_sensor: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def load_task(task_id: str, cache: str | Path | None = None) -> LiberoTask:
+    """Read cached task ``task_id`` (``"spatial/0"``).
+
+    Raises:
+        ValueError: an unknown suite or task id.
+        FileNotFoundError: the task is not cached (the message names the setup command).
+    """
+    suite, index = parse_task_id(task_id)
+    folder = cache_dir(cache) / suite / str(index)
+    meta_path = folder / "task.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"LIBERO task {suite}/{index} is not in the cache {cache_dir(cache)}; "
+                                f"{setup_hint(f'{suite}/{index}')}")
+    meta = json.loads(meta_path.read_text())
+    with np.load(folder / "init_states.npz") as f:
+        states = f["states"]
+    return LiberoTask(task_id=f"{suite}/{index}", name=meta["name"], instruction=meta["instruction"],
+                      goal=meta["goal"], robot=meta["robot"], init_states=states, model_path=folder / "model.xml",
+                      benchmark_language=meta.get("benchmark_language", ""),
+                      control_freq=float(meta["robot"]["control_freq"]))
+
+
+def contact_pairs(goal: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The ``(body, body)`` pairs whose contact the goal's ``On``/``In`` predicates read."""
+    pairs = []
+    for pred in goal:
+        if pred["predicate"] not in ("on", "in"):
+            continue
+        a, b = pred["entities"]
+        if b["kind"] == "body" and a["kind"] == "body":
+            pairs.append((b["body"], a["body"]))
+        elif b["kind"] == "site" and b["parent_body"] is not None and a["kind"] == "body" and pred["predicate"] == "on":
+            pairs.append((b["parent_body"], a["body"]))
+    return list(dict.fromkeys(pairs))
+
+
+def _servo_arm(spec: mujoco.MjSpec, robot: dict[str, Any]) -> None:
+    """Turn the arm's torque motors into position servos on gravity-compensated links."""
+    for name, kp, kv in zip(robot["arm_actuators"], ARM_KP, ARM_KV):
+        act = spec.actuator(name)
+        limit = np.abs(act.ctrlrange).max()
+        joint = spec.joint(act.target)
+        act.set_to_position(kp=kp, kv=kv)
+        act.ctrllimited, act.ctrlrange = True, joint.range
+        act.forcelimited, act.forcerange = True, [-limit, limit]
+    for body in spec.bodies:
+        if body.name.startswith(("robot0_", "gripper0_")):
+            body.gravcomp = 1.0
+
+
+def build_model(task: LiberoTask) -> tuple[mujoco.MjModel, LiberoLayout]:
+    """Compile the task's scene with joint servos and goal contact sensors (see module docstring)."""
+    spec = mujoco.MjSpec.from_file(str(task.model_path))
+    _servo_arm(spec, task.robot)
+    pairs = contact_pairs(task.goal)
+    for a, b in pairs:
+        spec.add_sensor(name=f"contact:{a}:{b}", type=mujoco.mjtSensor.mjSENS_CONTACT,
+                        objtype=mujoco.mjtObj.mjOBJ_XBODY, objname=a, reftype=mujoco.mjtObj.mjOBJ_XBODY,
+                        refname=b, intprm=[1, 0, 1])  # data="found", reduce="none", num=1
+    model = spec.compile()
+    robot = task.robot
+    arm = np.array([model.joint(j).id for j in robot["arm_joints"]])
+    fingers = np.array([model.joint(j).id for j in robot["gripper_joints"]])
+    layout = LiberoLayout(
+        arm_qpos=model.jnt_qposadr[arm].copy(), arm_dof=model.jnt_dofadr[arm].copy(), arm_joint=arm,
+        finger_qpos=model.jnt_qposadr[fingers].copy(), finger_dof=model.jnt_dofadr[fingers].copy(),
+        arm_act=np.array([model.actuator(a).id for a in robot["arm_actuators"]]),
+        gripper_act=np.array([model.actuator(f"gripper0_gripper_{j.removeprefix('gripper0_')}").id
+                              for j in robot["gripper_joints"]]),
+        eef_site=model.site(robot["eef_site"]).id, hand_body=model.body(HAND_BODY).id,
+        frame_skip=round(1.0 / (task.control_freq * model.opt.timestep)),
+        contact_sensor={p: int(model.sensor_adr[model.sensor(f"contact:{p[0]}:{p[1]}").id]) for p in pairs})
+    return model, layout

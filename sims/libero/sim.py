@@ -1,0 +1,196 @@
+"""A batch of simulations of one cached LIBERO task on the batch or the warp backend.
+
+``LiberoSim(task, num_envs, backend="batch" | "warp", render=RenderConfig(...))`` starts each
+simulation from one of LIBERO's fixed initial states, steps joint-servo controls at 20 Hz
+(25 substeps of 2 ms), and reads what LIBERO's observation holds:
+
+- proprioception (:meth:`proprio`), LIBERO's keys: ``joint_pos`` / ``joint_vel`` [N, 7],
+  ``eef_pos`` [N, 3] (the grip site), ``eef_quat`` [N, 4] (x, y, z, w: robosuite's order, of the
+  hand body), ``gripper_qpos`` / ``gripper_qvel`` [N, 2], and ``state`` [N, 8] = eef position,
+  eef axis-angle, gripper positions (the 8-d state LIBERO policies such as OpenVLA-OFT read);
+- frames (:meth:`render`): uint8 [N, cams, 3, H, W] of ``agentview`` and ``robot0_eye_in_hand``
+  (MuJoCo's OpenGL renderer on EGL for ``batch``; Warp's ray tracer, textured, for ``warp``);
+- the goal (:meth:`success`, :meth:`predicates`).
+
+Arrays are numpy for ``batch`` and torch on the Warp device for ``warp`` (``sim.ax``).
+Derived quantities (body and site poses, contact sensors) are recomputed after every reset and
+step (one ``forward`` per control step), so they describe the current state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sims.backends import BatchBackend
+from sims.libero.predicates import GoalPredicates, Kinematics
+from sims.libero.scene import CAMERAS, LiberoTask, build_model
+from sims.render import BatchRenderer, RenderConfig
+
+_FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "sensordata")
+# LIBERO scenes touch at up to ~90 contacts (the gantry scene's warp limits are 48 / 192).
+WARP_NCONMAX, WARP_NJMAX = 256, 1024
+
+
+def libero_render_config(size: int = 128, cameras: tuple[str, ...] = CAMERAS, **kw: Any) -> RenderConfig:
+    """A :class:`RenderConfig` of LIBERO's two cameras at ``size`` x ``size``, textures on."""
+    return RenderConfig(width=size, height=size, cameras=cameras, textures=True, **kw)
+
+
+class _NoColours:
+    """Scene addresses for :class:`BatchRenderer`: LIBERO recolours nothing per episode."""
+
+    colour_geoms = np.zeros(0, np.int64)
+
+
+class LiberoSim:
+    """``num_envs`` simulations of one LIBERO task (see the module docstring)."""
+
+    def __init__(self, task: LiberoTask, num_envs: int, *, backend: str = "batch", render: RenderConfig | None = None,
+                 warp_device: str = "auto", num_threads: int | None = None):
+        """Args: task (:func:`sims.libero.scene.load_task`); num_envs; backend ("batch" or "warp");
+        render: frames to produce (None: none); warp_device; num_threads (batch; None: all CPUs).
+
+        Raises:
+            ValueError: an unknown backend.
+        """
+        if backend not in ("batch", "warp"):
+            raise ValueError(f"unknown backend {backend!r} for LIBERO; valid backends: batch, warp")
+        self.task, self.num_envs, self.backend_name = task, num_envs, backend
+        self.model, self.layout = build_model(task)
+        self.goal = GoalPredicates(task.goal, self.model, self.layout.contact_sensor)
+        self.render_config = render
+        self.renderer = None
+        if backend == "batch":
+            self.backend = BatchBackend(self.model, num_envs, self.layout.frame_skip, num_threads)
+            self._f = {name: self.backend.batch.bind(name) for name in _FIELDS}
+            if render is not None:
+                self.renderer = BatchRenderer(self.model, render)
+        else:
+            import warp as wp
+
+            from sims.warp_backend import WarpBackend
+
+            self.backend = WarpBackend(self.model, num_envs, self.layout.frame_skip, warp_device, render=render,
+                                       nconmax=WARP_NCONMAX, njmax=WARP_NJMAX)
+            self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in _FIELDS}
+        self.ax = self.backend.ax
+        self.state_index = np.zeros(num_envs, np.int64)
+
+    # ------------------------------------------------------------------ physics
+    def forward(self) -> None:
+        """Make poses and contact sensors describe the current state (after writing ``qpos`` by hand)."""
+        if self.backend_name == "batch":
+            self.backend.batch.forward()
+        else:
+            with self.backend._on_warp():
+                self.backend._mjw.forward(self.backend.m, self.backend.d)
+
+    def reset(self, state_index: np.ndarray, ids: np.ndarray | None = None) -> None:
+        """Start simulations ``ids`` (default all) from LIBERO's fixed initial states ``state_index``.
+
+        Each arm servo targets the joint's initial angle and the gripper is commanded open (LIBERO's
+        first action is what moves it).
+
+        Raises:
+            ValueError: a state index outside the task's initial states.
+        """
+        ids = np.arange(self.num_envs) if ids is None else np.asarray(ids)
+        state_index = np.broadcast_to(np.asarray(state_index, np.int64), ids.shape)
+        count = len(self.task.init_states)
+        if (state_index < 0).any() or (state_index >= count).any():
+            raise ValueError(f"initial state indices {state_index.tolist()} outside 0..{count - 1} of {self.task.task_id}")
+        m, lay = self.model, self.layout
+        states = self.task.init_states[state_index]
+        qpos, qvel = states[:, 1:1 + m.nq], states[:, 1 + m.nq:1 + m.nq + m.nv]
+        ctrl = np.zeros((len(ids), m.nu))
+        ctrl[:, lay.arm_act] = qpos[:, lay.arm_qpos]
+        ctrl[:, lay.gripper_act] = gripper_ctrl(np.full(len(ids), -1.0))
+        self.backend.set_state(ids, qpos, np.zeros((len(ids), m.nmocap, 3)), ctrl)
+        self.backend.qvel[ids] = self.ax.asarray(qvel) if self.ax is not np else qvel
+        self.state_index[ids] = state_index
+        self.forward()
+
+    def step(self, ctrl: Any) -> None:
+        """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps), then forward."""
+        self.backend.step(ctrl)
+        self.forward()
+
+    def current_ctrl(self) -> Any:
+        """A copy of the controls last applied, [N, nu]: stepping it holds every servo target."""
+        ctrl = self.backend._ctrl
+        return ctrl.copy() if isinstance(ctrl, np.ndarray) else ctrl.clone()
+
+    # ------------------------------------------------------------------ reading
+    def field(self, name: str) -> Any:
+        """A derived array of every simulation: one of ``xpos``, ``xquat``, ``xanchor``, ``xaxis``,
+        ``site_xpos``, ``site_xmat``, ``sensordata`` ([N, ...], numpy or torch)."""
+        return self._f[name]
+
+    @property
+    def qpos(self) -> Any:
+        return self.backend.qpos
+
+    @property
+    def qvel(self) -> Any:
+        return self.backend.qvel
+
+    def kinematics(self) -> Kinematics:
+        return Kinematics(xpos=self._f["xpos"], site_xpos=self._f["site_xpos"], site_xmat=self._f["site_xmat"],
+                          qpos=self.backend.qpos, sensordata=self._f["sensordata"])
+
+    def success(self) -> Any:
+        """Whether each simulation's goal holds, bool [N]."""
+        return self.goal.success(self.kinematics())
+
+    def proprio(self) -> dict[str, Any]:
+        """LIBERO's proprioception (see the module docstring), fresh arrays [N, ...] (no views)."""
+        xp, lay = self.ax, self.layout
+        q, v = self.backend.qpos, self.backend.qvel
+        wxyz = self._f["xquat"][:, lay.hand_body]
+        xyzw = xp.concatenate([wxyz[:, 1:], wxyz[:, :1]], axis=1)
+        eef_pos = xp.asarray(self._f["site_xpos"][:, lay.eef_site], copy=True)  # not a view of live data
+        fingers = q[:, lay.finger_qpos]
+        state = xp.concatenate([eef_pos, quat_to_axis_angle(xp, xyzw), fingers], axis=1)
+        return {"joint_pos": q[:, lay.arm_qpos], "joint_vel": v[:, lay.arm_dof], "eef_pos": eef_pos,
+                "eef_quat": xyzw, "gripper_qpos": fingers, "gripper_qvel": v[:, lay.finger_dof], "state": state}
+
+    def render(self) -> Any:
+        """Frames of every simulation at the current state, uint8 [N, cams, 3, H, W].
+
+        Raises:
+            RuntimeError: the sim was built without ``render``.
+        """
+        if self.render_config is None:
+            raise RuntimeError("this LiberoSim renders nothing: build it with render=libero_render_config()")
+        if self.renderer is not None:
+            return self.renderer.render(self.backend.qpos, self.backend.mocap_pos, np.zeros((self.num_envs, 0, 4)),
+                                        _NoColours())["rgb"]
+        return self.backend.render()["rgb"]
+
+    def close(self) -> None:
+        if self.renderer is not None:
+            self.renderer.close()
+            self.renderer = None
+
+
+def gripper_ctrl(g: Any) -> Any:
+    """Finger servo targets [n, 2] for gripper commands ``g`` [n] in [-1 (open), 1 (closed)]."""
+    opening = 0.02 * (1.0 - g)  # 0.04 m per finger open, 0 closed (the actuators' ranges)
+    return np.stack([opening, -opening], axis=-1) if isinstance(g, np.ndarray) else _torch_stack(opening)
+
+
+def _torch_stack(opening: Any) -> Any:
+    import torch
+
+    return torch.stack([opening, -opening], dim=-1)
+
+
+def quat_to_axis_angle(xp: Any, xyzw: Any) -> Any:
+    """Axis-angle [n, 3] of unit quaternions ``xyzw`` [n, 4] (robosuite's ``quat2axisangle``)."""
+    vec = xyzw[:, :3]
+    norm = xp.sqrt((vec * vec).sum(1))
+    angle = 2.0 * xp.arctan2(norm, xyzw[:, 3])
+    scale = xp.where(norm > 1e-9, angle / xp.clip(norm, 1e-9, None), 0.0 * norm)
+    return vec * scale[:, None]
