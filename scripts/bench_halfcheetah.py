@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 from bench_ppo import last_episodes_mean
-from bench_report import write_report
+from bench_report import output_path, write_report
 
 from vla_rl.config import CONFIG_DIR, load_config
 
@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", default=",".join(map(str, sorted(os.sched_getaffinity(0)))),
                         help="cores to pin runs to, one run per core at a time (default: all usable)")
     parser.add_argument("--steps", type=int, default=None, help="env steps per run (default: the config's, 1M)")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs/bench_halfcheetah"), help="run directories")
-    parser.add_argument("--json", type=Path, default=None, help="write {machine, config, results} here")
+    parser.add_argument("--out-dir", type=output_path, default=Path("runs/bench_halfcheetah"), help="run directories")
+    parser.add_argument("--json", type=output_path, default=None, help="write {machine, config, results} here")
     args = parser.parse_args(argv)
     learners = args.learners.split(",")
     if not set(learners) <= {"ours", "sb3"}:

@@ -26,7 +26,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 import numpy as np
 import torch
-from bench_report import write_report
+from bench_report import output_path, write_report
 
 from vla_rl.config import CONFIG_DIR, load_config
 from vla_rl.trainer import Trainer
@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-config", type=Path, default=CONFIG_DIR / "default.yaml",
                         help="job whose PPO iteration is timed per phase (default: the VLA reach job)")
     parser.add_argument("--split-iterations", type=int, default=3, help="iterations timed (0: skip)")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs/bench_ppo"), help="our runs' directory")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument("--out-dir", type=output_path, default=Path("runs/bench_ppo"), help="our runs' directory")
+    parser.add_argument("--json", type=output_path, default=None, help="write the figures as JSON")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                         help="combine the HalfCheetah seeds of these reports into --json (runs nothing)")
     args = parser.parse_args(argv)

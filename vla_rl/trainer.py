@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import policies
+from infra.sealed_file import unwritable
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
 from vla_rl.config import (
@@ -41,6 +42,7 @@ from vla_rl.config import (
 from vla_rl.device import resolve_device
 from vla_rl.envs import make_env
 from vla_rl.evaluate import EVAL_SEED_OFFSET, evaluate_policy
+from vla_rl.memory import check_run_memory
 from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
 from vla_rl.runlog import RunLog
 
@@ -49,6 +51,20 @@ def unfinished(cfg: TrainConfig) -> bool:
     """Whether ``cfg``'s run directory holds a run that stopped before its end (checkpoints, no summary)."""
     run_dir = Path(cfg.out_dir) / cfg.run_name
     return (run_dir / "checkpoints" / ckpt.LATEST).exists() and not (run_dir / "summary.json").exists()
+
+
+def preflight(cfg: TrainConfig, envs_here: bool = True) -> None:
+    """What a run needs of this machine, checked before anything is built: a writable run directory and,
+    when its environments and rollout buffer live in this process (``envs_here``), the memory they take.
+
+    Raises:
+        ConfigError: ``out_dir`` cannot be written, or ``env.num_envs`` needs more memory than is available.
+    """
+    why = unwritable(Path(cfg.out_dir) / cfg.run_name)
+    if why:
+        raise ConfigError(f"out_dir={cfg.out_dir!r}: {why}; set out_dir= to a writable directory")
+    if envs_here:
+        check_run_memory(cfg)
 
 
 class StopRequest:
@@ -94,6 +110,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, collector: Any = None) -> None:
+        preflight(cfg, envs_here=collector is None)
         self.cfg = cfg
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -286,11 +303,17 @@ class Trainer:
             vla_rl.checkpoint.CheckpointError: the checkpoint is unusable or its policy does not fit ours.
         """
         state = ckpt.load_checkpoint(path)
-        try:
-            self.policy.load_state_dict(state["policy"])
-        except RuntimeError as exc:
+        theirs, ours = state["config"].get("policy", {}).get("name"), self.config_dict["policy"]["name"]
+        if theirs != ours:
             raise ckpt.CheckpointError(
-                f"init_from={path}: its policy does not fit the configured one ({exc}); use the same policy section"
+                f"init_from={path} holds a {theirs!r} policy and this run's policy.name={ours!r}: init_from "
+                f"loads weights into the same model; give a checkpoint of a {ours!r} run, or policy.name={theirs}"
+            )
+        try:
+            self.policy.load_weights(state["policy"])
+        except ValueError as exc:
+            raise ckpt.CheckpointError(
+                f"init_from={path}: {exc}; use the policy section of the run that wrote it (its config.yaml)"
             ) from exc
         if self.cfg.init_log_std is not None:
             with torch.no_grad():
@@ -321,9 +344,9 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         try:
-            self.policy.load_state_dict(state["policy"])
-        except RuntimeError as exc:
-            raise ckpt.CheckpointError(f"checkpoint weights do not fit the configured policy: {exc}") from exc
+            self.policy.load_weights(state["policy"])
+        except ValueError as exc:
+            raise ckpt.CheckpointError(f"the checkpoint's weights do not fit the configured policy: {exc}") from exc
         self.algorithm.load_state_dict(state["algorithm"])
         self.iteration = int(state["iteration"])
         self.env_steps = int(state["env_steps"])
