@@ -12,6 +12,7 @@ Reading and checking dicts and overrides is :mod:`infra.typed_config`'s, shared 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
@@ -267,12 +268,35 @@ class TrainConfig:
         return f"{task}-{self.algo}-{model}-s{self.seed}"
 
 
-# Keys that may differ between a checkpoint's config and a resumed run's config.
+# Keys that may differ between a checkpoint's config and a resumed run's config (out_dir and name: a run
+# directory moved or renamed resumes where it now is).
 RESUMABLE_KEYS = frozenset(
-    {"total_env_steps", "stop_success", "checkpoint_every", "torch_threads", "device", "fleet.address"}
+    {"total_env_steps", "stop_success", "checkpoint_every", "torch_threads", "device", "fleet.address",
+     "out_dir", "name"}
     | {"eval." + f.name for f in dataclasses.fields(EvalConfig)}
     | {"log." + f.name for f in dataclasses.fields(LogConfig)}
 )
+
+
+INPUT_PATH_KEYS = ("init_from", "sft.dataset", "distill.teacher")
+"""Config keys naming files a run reads; inside ``out_dir`` (a recipe's demos/ and sft/), they move with it."""
+
+
+def run_relative(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a nested dict, as in ``config.yaml``) with each of :data:`INPUT_PATH_KEYS` that lies inside its
+    ``out_dir`` written as ``<out_dir>/REST``: two configs of one run directory, before and after it was moved,
+    then compare equal."""
+    out = copy.deepcopy(config)
+    root = Path(config.get("out_dir") or ".").absolute()
+    for key in INPUT_PATH_KEYS:
+        *sections, leaf = key.split(".")
+        node = out
+        for part in sections:
+            node = node.get(part) or {}
+        value = node.get(leaf)
+        if value and Path(value).absolute().is_relative_to(root):
+            node[leaf] = f"<out_dir>/{Path(value).absolute().relative_to(root).as_posix()}"
+    return out
 
 
 def _policy_models() -> dict[str, type]:

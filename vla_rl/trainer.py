@@ -36,6 +36,7 @@ from vla_rl.config import (
     TrainConfig,
     algo_optim,
     diff_configs,
+    run_relative,
     save_yaml,
     to_dict,
 )
@@ -65,6 +66,23 @@ def preflight(cfg: TrainConfig, envs_here: bool = True) -> None:
         raise ConfigError(f"out_dir={cfg.out_dir!r}: {why}; set out_dir= to a writable directory")
     if envs_here:
         check_run_memory(cfg)
+
+
+def _read_init_from(path: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint ``init_from`` names, read before anything is built and checked to hold the model ``config``
+    (a run's config dict) configures.
+
+    Raises:
+        vla_rl.checkpoint.CheckpointError: the checkpoint is unusable or holds another model.
+    """
+    state = ckpt.load_checkpoint(path)
+    theirs, ours = state["config"].get("policy", {}).get("name"), config["policy"]["name"]
+    if theirs != ours:
+        raise ckpt.CheckpointError(
+            f"init_from={path} holds a {theirs!r} policy and this run's policy.name={ours!r}: init_from loads "
+            f"weights into the same model; give a checkpoint of a {ours!r} run, or policy.name={theirs}"
+        )
+    return state
 
 
 class StopRequest:
@@ -117,6 +135,7 @@ class Trainer:
         self.config_dict = to_dict(cfg)
         ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
         state = self._read_resume_state() if resume else None
+        initial = _read_init_from(cfg.init_from, self.config_dict) if cfg.init_from else None
         if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
             raise ckpt.CheckpointError(
                 f"{self.run_dir} already holds checkpoints; pass --resume to continue it, or name=OTHER for a new run"
@@ -139,7 +158,7 @@ class Trainer:
         self.action_dim = action_dim
         self.policy = policies.make_policy(cfg.policy, first_obs, action_dim).to(self.device)
         self.policy.set_instructions(list(collector.instructions))
-        reference = self._init_from(cfg.init_from) if cfg.init_from else None
+        reference = self._init_from(cfg.init_from, initial) if initial is not None else None
         self.budget = algorithm_class(cfg.algo).budget(cfg)
         self.algorithm = make_algorithm(cfg, Setup(self.policy, self.device, first_obs, action_dim,
                                                    collector.num_envs, list(collector.instructions), reference))
@@ -296,19 +315,13 @@ class Trainer:
         }
         return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration)
 
-    def _init_from(self, path: str) -> torch.nn.Module | None:
-        """Load the policy of checkpoint ``path`` into ours; returns a frozen copy when a penalty needs it.
+    def _init_from(self, path: str, state: dict[str, Any]) -> torch.nn.Module | None:
+        """Load the policy of checkpoint ``state`` (read from ``path``) into ours; returns a frozen copy when a
+        penalty needs it.
 
         Raises:
-            vla_rl.checkpoint.CheckpointError: the checkpoint is unusable or its policy does not fit ours.
+            vla_rl.checkpoint.CheckpointError: its policy does not fit ours.
         """
-        state = ckpt.load_checkpoint(path)
-        theirs, ours = state["config"].get("policy", {}).get("name"), self.config_dict["policy"]["name"]
-        if theirs != ours:
-            raise ckpt.CheckpointError(
-                f"init_from={path} holds a {theirs!r} policy and this run's policy.name={ours!r}: init_from "
-                f"loads weights into the same model; give a checkpoint of a {ours!r} run, or policy.name={theirs}"
-            )
         try:
             self.policy.load_weights(state["policy"])
         except ValueError as exc:
@@ -333,7 +346,8 @@ class Trainer:
                 "or drop --resume to start a new run"
             )
         state = ckpt.load_checkpoint(path)
-        changed = [k for k in diff_configs(state["config"], self.config_dict) if k not in RESUMABLE_KEYS]
+        before, now = run_relative(state["config"]), run_relative(self.config_dict)
+        changed = [k for k in diff_configs(before, now) if k not in RESUMABLE_KEYS]
         if changed:
             details = ", ".join(f"{k}: {_get(state['config'], k)!r} -> {_get(self.config_dict, k)!r}" for k in changed)
             raise ckpt.CheckpointError(
