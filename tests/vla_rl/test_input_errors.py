@@ -102,7 +102,7 @@ def test_memory_estimate_counts_envs_frames_and_buffer_and_names_what_fits():
     cfg = load_config(None, ["env.num_envs=1000"])
     need, fixed = estimate_run(cfg)
     frame = 3 * 64 * 64
-    assert fixed == 2 * 32 * (200 * 1024 + 150 * 1024 + frame) + 2 * 32 * 20 * 1024  # two eval splits x 32 envs
+    assert fixed == 2 * 32 * (220 * 1024 + 150 * 1024 + frame)  # two evaluation splits x 32 environments
     assert need.buffer == cfg.ppo.rollout_steps * 1000 * (frame + 512)
     assert need.envs > 1000 * 200_000 and need.frames > 1000 * frame
     check_run_memory(cfg, available=need.total)  # exactly enough: fine
