@@ -329,7 +329,7 @@ def test_replay_inflate_out_of_range_is_refused(tmp_path, script, capsys, inflat
     (NODES, PODS.replace("p0,1000,1024,1", "p0,1000,1024,-3"), "pods.csv:2: num_gpu=-3 must be at least 0"),
     (NODES.replace("2,T4", "2,"), PODS, "nodes.csv:2: gpu=2 but no model"),
     (NODES.replace(",2,T4", ""), PODS, "nodes.csv:2: the row has no value for ['gpu', 'model']"),
-])
+], ids=["cpu_milli=abc", "num_gpu=-3", "gpus without model", "short row"])
 def test_replay_row_errors_name_the_file_and_row(tmp_path, script, capsys, nodes, pods, message):
     assert _replay(tmp_path, script, nodes, pods) == 2
     assert message in _one_line(capsys.readouterr().err)
@@ -339,7 +339,9 @@ def test_replay_runs_on_good_files(tmp_path, script):
     assert _replay(tmp_path, script, NODES, PODS, "--inflate", "1.3") == 0
 
 
-@pytest.mark.parametrize(("pods", "inflate"), [(PODS, math.nan), (PODS.replace(",1,500,", ",0,0,").replace(",1,1000,", ",0,0,"), 1.3)])
+@pytest.mark.parametrize(("pods", "inflate"), [
+    (PODS, math.nan), (PODS.replace(",1,500,", ",0,0,").replace(",1,1000,", ",0,0,"), 1.3),
+], ids=["inflate nan", "no GPU pods"])
 def test_arrival_sequence_refuses_what_would_never_end(tmp_path, pods, inflate):
     (tmp_path / "pods.csv").write_text(pods)
     code = ("from infra.trace import read_pods, arrival_sequence\n"
