@@ -126,6 +126,24 @@ class ActorCritic(nn.Module):
     actor_module_names: tuple[str, ...]
     """Submodules the actor uses (``head`` included): what :meth:`actor` holds and exports."""
 
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load a ``state_dict`` whose keys and shapes are exactly this policy's (nothing is loaded otherwise).
+
+        Raises:
+            ValueError: One line: how many keys are missing, unexpected or of another shape, with the
+                first of each (``load_state_dict``'s own message lists every key, hundreds of lines).
+        """
+        own = self.state_dict()
+        missing = [k for k in own if k not in weights]
+        unexpected = [k for k in weights if k not in own]
+        reshaped = [f"{k} {list(weights[k].shape)} vs {list(own[k].shape)}" for k in own
+                    if k in weights and weights[k].shape != own[k].shape]
+        problems = [f"{len(keys)} {what} (first: {keys[0]})" for what, keys in
+                    (("missing", missing), ("unexpected", unexpected), ("of another shape", reshaped)) if keys]
+        if problems:
+            raise ValueError(f"the weights do not fit this {type(self).__name__}: {'; '.join(problems)}")
+        self.load_state_dict(weights)
+
     def actor_inputs(self, obs: TensorDictBase) -> tuple[torch.Tensor, ...]:
         """The actor's input tensors from an observation batch (default: the keys of ``actor_input_names``)."""
         return tuple(obs_entry(obs, k) for k in self.actor_input_names)

@@ -8,6 +8,7 @@ implement by name.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,19 +94,39 @@ GRPO_RANGES: dict[str, Range] = {
 """Valid range of every numeric field of :class:`GRPOConfig` (dotted keys)."""
 
 
-def out_of_range(section: Any, ranges: dict[str, Range], prefix: str = "") -> str | None:
-    """The message for the first field of ``section`` (dotted keys of ``ranges``) outside its range, or ``None``.
+DEFAULT_RANGE = NON_NEGATIVE
+"""The range of a number no entry of ``ranges`` names: finite and >= 0. A count, a size, a rate, a time or a
+coefficient is never negative nor NaN; a field that may be negative says so with its own entry."""
 
-    ``None`` values (optional fields left unset) are not checked; tuples are checked element by element.
+
+def _numbers(section: Any, key: str = "") -> Any:
+    """``(dotted key, where, value)`` of every number of a dataclass ``section`` and its nested sections;
+    ``where`` indexes tuple elements (``hidden_sizes[1]``). Booleans, strings and mappings are skipped."""
+    for f in dataclasses.fields(section):
+        path, value = f"{key}{f.name}", getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _numbers(value, path + ".")
+        elif isinstance(value, tuple):
+            yield from ((path, f"{path}[{i}]", v) for i, v in enumerate(value) if _is_number(v))
+        elif _is_number(value):
+            yield path, path, value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def out_of_range(section: Any, ranges: dict[str, Range], prefix: str = "") -> str | None:
+    """The message for the first number of ``section`` outside its range, or ``None``.
+
+    Every number of the dataclass ``section`` is checked, nested sections and tuple elements included: against
+    its dotted key's entry in ``ranges``, else against :data:`DEFAULT_RANGE` (finite, >= 0), so a field added
+    later is covered without an entry. ``None`` values (optional fields left unset) are not checked.
     """
-    for key, valid in ranges.items():
-        value: Any = section
-        for part in key.split("."):
-            value = getattr(value, part, None)
-        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else [(key, value)]
-        for where, item in items:
-            if item is not None and not valid.contains(item):
-                return f"{prefix}{where}={item!r} {valid}"
+    for key, where, value in _numbers(section):
+        valid = ranges.get(key, DEFAULT_RANGE)
+        if not valid.contains(value):
+            return f"{prefix}{where}={value!r} {valid}"
     return None
 
 

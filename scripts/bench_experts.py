@@ -17,7 +17,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 
-from bench_report import write_report
+from bench_report import output_path, write_report
 from tqdm import tqdm
 
 from sims.experts import run_expert
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1_000_003)
     parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES)
-    parser.add_argument("--json", type=Path, help="write {machine, config, results}")
+    parser.add_argument("--json", type=output_path, help="write {machine, config, results}")
     args = parser.parse_args()
     if args.episodes < args.num_envs or args.episodes % args.num_envs:
         parser.error(f"--episodes {args.episodes} must be a positive multiple of --num-envs {args.num_envs}")

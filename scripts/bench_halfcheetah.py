@@ -44,7 +44,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 import numpy as np
 import torch
-from bench_report import write_report
+from bench_report import output_path, write_report
 
 from vla_rl.config import CONFIG_DIR, load_config
 from vla_rl.trainer import Trainer
@@ -275,8 +275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--split-config", type=Path, default=CONFIG_DIR / "default.yaml",
                         help="job whose PPO iteration --split-iterations times (default: the VLA reach job)")
     parser.add_argument("--split-iterations", type=int, default=0, help="iterations timed per phase (0: none)")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs/bench_halfcheetah"), help="run directories")
-    parser.add_argument("--json", type=Path, default=None, help="write {machine, config, results} here")
+    parser.add_argument("--out-dir", type=output_path, default=Path("runs/bench_halfcheetah"), help="run directories")
+    parser.add_argument("--json", type=output_path, default=None, help="write {machine, config, results} here")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                         help="combine the seeds of these reports into --json (runs nothing)")
     args = parser.parse_args(argv)

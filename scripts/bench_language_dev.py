@@ -23,7 +23,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 import yaml
-from bench_report import machine_info
+from bench_report import machine_info, output_path
 from tqdm import tqdm
 
 from vla_rl.evaluate import evaluate_checkpoint, wilson_interval
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
     parser.add_argument("--phrasings", type=Path, default=DEFAULT_PHRASINGS, help="YAML: task -> templates")
     parser.add_argument("--episodes", type=int, default=128, help="validation episodes per task")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument("--json", type=output_path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
     phrasings = yaml.safe_load(args.phrasings.read_text())
     if not isinstance(phrasings, dict) or not all(isinstance(v, list) and v for v in phrasings.values()):
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {"machine": machine_info(), "config": {"checkpoint": str(args.checkpoint), "phrasings": phrasings,
                                                      "episodes_per_task": args.episodes, "split": "validation"},
                "results": {**overall, "tasks": tasks}}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench_report import write_report
+from bench_report import output_path, write_report
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--router-instances", type=int, default=d.router_instances)
     ap.add_argument("--router-requests", type=int, default=d.router_requests)
     ap.add_argument("--router-rate", type=float, default=d.router_rate, help="requests per second (Poisson)")
-    ap.add_argument("--json", type=Path, default=None, help="write machine/config/results here")
+    ap.add_argument("--json", type=output_path, default=None, help="write machine/config/results here")
     real = ap.add_argument_group("--real: the same comparison measured on a local Ray cluster (infra.llm.sim.real_bench)")
     r = RealBenchConfig()
     real.add_argument("--real", action="store_true", help="run the jobs on the elastic pool of the running system")

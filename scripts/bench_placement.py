@@ -34,7 +34,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from bench_report import write_report
+from bench_report import output_path, write_report
 
 from vla_rl.config import TrainConfig, load_config
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="repeat all modes this many times, interleaved, and report medians (load drifts)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
-    parser.add_argument("--json", type=Path, default=None, help="write machine/config/results as JSON")
+    parser.add_argument("--json", type=output_path, default=None, help="write machine/config/results as JSON")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

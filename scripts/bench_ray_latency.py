@@ -25,14 +25,13 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import ray
-from bench_report import write_report
+from bench_report import output_path, write_report
 
 from vla_rl.fleet.channel import SocketClient, SocketServer
 
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-ms", type=float, default=12.0, help="CPU work before each call (a shard's step)")
     parser.add_argument("--shards", type=int, default=2, help="callers batched together")
     parser.add_argument("--envs", type=int, default=32, help="observations per call (64x64 RGB)")
-    parser.add_argument("--json", type=Path, default=None, help="write machine/config/results as JSON")
+    parser.add_argument("--json", type=output_path, default=None, help="write machine/config/results as JSON")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.shards < 1 or args.envs < 1 or args.work_ms < 0:
         parser.error("--calls, --shards and --envs must be >= 1 and --work-ms >= 0")

@@ -7,6 +7,7 @@ and its unit. Scripts import it as a sibling module (``from bench_report import 
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -15,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from infra.common.files import write_atomic
+from infra.common.files import unwritable, write_atomic
 
 _PACKAGES = ("numpy", "torch", "mujoco", "jax", "ray", "tensordict", "gymnasium", "stable-baselines3")
 
@@ -55,6 +56,15 @@ def machine_info() -> dict[str, Any]:
         "load_average_at_start": list(os.getloadavg()),
         "packages": versions,
     }
+
+
+def output_path(text: str) -> Path:
+    """``argparse`` type of an output file or folder: refused when the arguments are parsed, before any
+    work, if it cannot be written there (missing parent folders are fine: the writer creates them)."""
+    why = unwritable(text)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {why}; give a writable path")
+    return Path(text)
 
 
 def write_report(path: str | Path, config: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:

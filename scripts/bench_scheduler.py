@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_report import write_report
+from bench_report import output_path, write_report
 
 from infra.replay.dynamic import read_timed_pods, replay_dynamic
 from infra.replay.trace import arrival_sequence, read_pods
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--releases", type=int, default=500)
     parser.add_argument("--speedups", type=float, nargs="+", default=[1.0, 50000.0])
     parser.add_argument("--only", choices=["fill", "release", "dynamic"], nargs="+", default=["fill", "release", "dynamic"])
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=output_path, default=None)
     args = parser.parse_args(argv)
     if not args.pods.is_file() or not args.nodes.is_file():
         parser.error(f"trace files not found ({args.pods}, {args.nodes}); pass --pods and --nodes")

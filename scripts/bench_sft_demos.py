@@ -23,7 +23,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-from bench_report import machine_info
+from bench_report import machine_info, output_path
 
 from vla_rl.config import ConfigError
 from vla_rl.recipe import load_recipe, run_recipe
@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None, help="recipe YAML (default: configs/suite_sft_rl.yaml)")
     parser.add_argument("--episodes", type=int, nargs="+", required=True, help="demonstration counts")
-    parser.add_argument("--json", type=Path, required=True, help="where to write the points")
-    parser.add_argument("--png", type=Path, help="where to draw the curve (paraphrase split)")
+    parser.add_argument("--json", type=output_path, required=True, help="where to write the points")
+    parser.add_argument("--png", type=output_path, help="where to draw the curve (paraphrase split)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted recipe overrides")
     args = parser.parse_intermixed_args(argv)
     try:

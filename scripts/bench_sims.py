@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gymnasium as gym
 import mujoco
 import numpy as np
-from bench_report import write_report
+from bench_report import output_path, write_report
 from bench_sims_gpu import measure_warp
 from rich.console import Console
 from rich.table import Table
@@ -189,7 +189,7 @@ def render_sweep(n: int, seconds: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", type=Path, help="write the figures here (atomically)")
+    parser.add_argument("--json", type=output_path, help="write the figures here (atomically)")
     parser.add_argument("--task", default="reach", choices=[*sims.TASK_NAMES, "suite"])
     parser.add_argument("--envs", type=int, default=256)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import torch
-from bench_report import write_report
+from bench_report import output_path, write_report
 from bench_train_device import measure_training
 
 from sims.render import RenderConfig
@@ -128,7 +128,7 @@ def measure_mjx(task: str, n: int, steps: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", type=Path, required=True, help="write the figures here (after every size)")
+    parser.add_argument("--json", type=output_path, required=True, help="write the figures here (after every size)")
     parser.add_argument("--task", default="suite")
     parser.add_argument("--device", default="cuda:0", help='Warp device: "cuda:N", or "cpu" to exercise the script')
     parser.add_argument("--envs", default="1024,2048,4096,8192", help="comma-separated numbers of worlds")

@@ -18,6 +18,9 @@ from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
+
+from bench_report import output_path
 
 import sims
 from sims.scene import CAMERAS
@@ -29,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, choices=[*sims.TASK_NAMES, "suite"])
     parser.add_argument("--episodes", required=True, type=int, help="episodes to keep")
-    parser.add_argument("--out", required=True, type=Path, help="dataset folder to create (new or empty)")
+    parser.add_argument("--out", required=True, type=output_path, help="dataset folder to create (new or empty)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="base seed of the training episodes")
     parser.add_argument("--noise", type=float, default=defaults.noise, metavar="SIGMA",
                         help="std of Gaussian noise on the executed actions; labels stay the expert's (default 0)")

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when l
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
-from bench_report import machine_info
+from bench_report import machine_info, output_path
 
 from sims.tasks import SPLITS
 from vla_rl.checkpoint import CheckpointError
@@ -77,12 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=None, help="episodes (default: the run's eval.episodes)")
     parser.add_argument("--num-envs", type=int, default=None, help="parallel environments")
     parser.add_argument("--seed", type=int, default=None, help="reset seed (default: the run's evaluation seed)")
-    parser.add_argument("--video", type=Path, default=None, help="write env 0's first episode (.mp4 or .gif)")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument("--video", type=output_path, default=None, help="write env 0's first episode (.mp4 or .gif)")
+    parser.add_argument("--json", type=output_path, default=None, help="write the figures as JSON")
     parser.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N (default: cpu)")
     args = parser.parse_args(argv)
-    if args.episodes is not None and args.episodes < 1:
-        parser.error("--episodes must be at least 1")
+    for flag, value in (("--episodes", args.episodes), ("--num-envs", args.num_envs)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} {value}: must be at least 1 (omit it for the run's eval setting)")
     try:
         templates = _templates(args)
         result = evaluate_checkpoint(args.checkpoint, args.split, args.episodes, args.num_envs, args.seed,
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.video and result.frames:
         import imageio.v2 as iio
 
+        args.video.parent.mkdir(parents=True, exist_ok=True)
         iio.mimwrite(args.video, [upscale(f) for f in result.frames],
                      **({"fps": 20} if args.video.suffix == ".mp4" else {"duration": 50}))
         print(f"video: {args.video}")
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                        "num_envs": args.num_envs or cfg.eval.num_envs, "device": args.device},
             "results": report | {"steps_per_s": result.steps_per_s},
         }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 

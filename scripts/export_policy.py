@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
+
+from bench_report import output_path
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
@@ -24,11 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
     parser.add_argument("--format", choices=EXPORT_FORMATS, default="onnx")
-    parser.add_argument("--out", required=True, type=Path, help="file to write (.onnx or .pt)")
+    parser.add_argument("--out", required=True, type=output_path, help="file to write (.onnx or .pt)")
     parser.add_argument("--device", default="cpu", help="device to trace on: cpu, cuda or cuda:N (default: cpu)")
     args = parser.parse_args(argv)
     try:
         policy = load_policy(args.checkpoint, device=args.device)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         path = policy.export(args.out, format=args.format)
     except (CheckpointError, ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
+
+from bench_report import output_path
 
 from vla_rl.recipe_table import per_task_table, plot_per_task, summary
 
@@ -21,20 +24,23 @@ from vla_rl.recipe_table import per_task_table, plot_per_task, summary
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="scripts/sft_rl.py --json files, one per seed")
-    ap.add_argument("--md", help="write the per-task table (markdown) here")
-    ap.add_argument("--png", help="write the per-task bar chart (paraphrase split) here")
-    ap.add_argument("--json", help="write the seed summary here")
+    ap.add_argument("--md", type=output_path, help="write the per-task table (markdown) here")
+    ap.add_argument("--png", type=output_path, help="write the per-task bar chart (paraphrase split) here")
+    ap.add_argument("--json", type=output_path, help="write the seed summary here")
     args = ap.parse_args()
     runs = [json.loads(Path(p).read_text()) for p in args.results]
     table, stats = per_task_table(runs), summary(runs)
     print(table)
     print(json.dumps(stats, indent=2))
+    for out in (args.md, args.png, args.json):
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
     if args.md:
-        Path(args.md).write_text(table + "\n")
+        args.md.write_text(table + "\n")
     if args.png:
         plot_per_task(runs, "paraphrase", args.png)
     if args.json:
-        Path(args.json).write_text(json.dumps(stats, indent=2) + "\n")
+        args.json.write_text(json.dumps(stats, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 
 import imageio.v2 as imageio
 import numpy as np
+from bench_report import output_path
 from tqdm import tqdm
 
 import sims
@@ -35,7 +37,7 @@ CONTROL_FPS = 25  # one frame per control step of 40 ms: real time
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, choices=[*sims.TASK_NAMES, "suite"])
-    parser.add_argument("--out", required=True, type=Path, help="a .mp4 or .gif path")
+    parser.add_argument("--out", required=True, type=output_path, help="a .mp4 or .gif path")
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--size", type=int, default=256, help="frame width and height, pixels")
     parser.add_argument("--camera", default="front", choices=CAMERAS)

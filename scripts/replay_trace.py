@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
+
 import numpy as np
-from bench_report import write_report
+from bench_report import output_path, write_report
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -136,7 +139,12 @@ def run_dynamic(args: argparse.Namespace) -> None:
         console.print(f"wrote {args.json}")
 
 
-def main() -> None:
+MAX_INFLATE = 10.0
+"""Largest ``--inflate``: the curves stop at 130 % arrived, and each unit of inflation is another cluster's worth of pods."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and replay; returns the exit status (2, with a one-line message, on a bad input file)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pods", required=True, type=Path, help="pod list CSV (openb columns)")
     ap.add_argument(
@@ -158,25 +166,36 @@ def main() -> None:
         default=1,
         help="time each decision N times and keep the fastest (filters waits for a core on a busy machine)",
     )
-    ap.add_argument("--json", type=Path, help="write figures here (and a PNG plot beside it)")
+    ap.add_argument("--json", type=output_path, help="write figures here (and a PNG plot beside it)")
     ap.add_argument("--expected", type=Path, help="reference CSV of the FGD simulator to compare with")
     ap.add_argument("--dynamic", action="store_true",
                     help="replay arrivals and departures with the trace's times through Scheduler.submit/release")
     ap.add_argument("--speedup", type=float, nargs="+", default=[1.0],
                     help="--dynamic: arrivals this many times faster (runtimes kept), one replay each")
     ap.add_argument("--timeout", type=float, default=None, help="--dynamic: pods waiting longer fail (seconds)")
-    args = ap.parse_args()
-    if args.dynamic:
-        run_dynamic(args)
-        return
+    args = ap.parse_args(argv)
+    if not 1.0 <= args.inflate <= MAX_INFLATE:  # also refuses NaN, which made the copy loop endless
+        ap.error(f"--inflate {args.inflate}: must be in [1, {MAX_INFLATE:g}] (1.3 replays 130% of the GPU capacity)")
+    if not all(0 < x < float("inf") for x in args.speedup) or not (args.timeout is None or 0 < args.timeout < float("inf")):
+        ap.error(f"--speedup {args.speedup} and --timeout {args.timeout} must be finite numbers > 0")
+    if args.latency_repeats < 1:
+        ap.error(f"--latency-repeats {args.latency_repeats}: must be >= 1")
+    try:
+        if args.dynamic:
+            run_dynamic(args)
+        else:
+            run_static(ap, args)
+    except (OSError, ValueError) as exc:  # input files: RowError names the file and line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_static(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The FGD simulator's protocol: every policy and seed on the inflated arrival sequence."""
     names = [p for p in args.policies.split(",") if p]
     for name in names:
         node_scoring.load(name)  # fail early with the list of valid names
-    if args.latency_repeats < 1:
-        ap.error(f"--latency-repeats {args.latency_repeats}: must be >= 1")
-    if args.inflate < 1.0:
-        ap.error(f"--inflate {args.inflate}: must be >= 1.0 (1.3 replays 130% of the GPU capacity)")
-
     console = Console(width=160)
     state = ClusterState(Cluster.from_csv(args.nodes))
     pods = read_pods(args.pods)
@@ -269,4 +288,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,7 +23,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-from bench_report import machine_info
+from bench_report import machine_info, output_path
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the recipe, print and write its figures; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None, help="recipe YAML (default: configs/suite_sft_rl.yaml)")
-    parser.add_argument("--json", type=Path, required=True, help="where to write the figures")
+    parser.add_argument("--json", type=output_path, required=True, help="where to write the figures")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted recipe overrides")
     args = parser.parse_intermixed_args(argv)
     try:

@@ -12,6 +12,7 @@ Reading and checking dicts and overrides is :mod:`infra.common.typed_config`'s, 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
@@ -34,7 +35,7 @@ from rlcore.config import (
     Range,
     out_of_range,
 )
-from vla_rl.fleet.config import FleetConfig, validate_fleet
+from vla_rl.fleet.config import FLEET_RANGES, FleetConfig, validate_fleet
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_POLICY = "vla"
@@ -276,12 +277,35 @@ class TrainConfig:
         return f"{task}-{self.algo}-{model}-s{self.seed}"
 
 
-# Keys that may differ between a checkpoint's config and a resumed run's config.
+# Keys that may differ between a checkpoint's config and a resumed run's config (out_dir and name: a run
+# directory moved or renamed resumes where it now is).
 RESUMABLE_KEYS = frozenset(
-    {"total_env_steps", "stop_success", "checkpoint_every", "torch_threads", "device", "fleet.address"}
+    {"total_env_steps", "stop_success", "checkpoint_every", "torch_threads", "device", "fleet.address",
+     "out_dir", "name"}
     | {"eval." + f.name for f in dataclasses.fields(EvalConfig)}
     | {"log." + f.name for f in dataclasses.fields(LogConfig)}
 )
+
+
+INPUT_PATH_KEYS = ("init_from", "sft.dataset", "distill.teacher")
+"""Config keys naming files a run reads; inside ``out_dir`` (a recipe's demos/ and sft/), they move with it."""
+
+
+def run_relative(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a nested dict, as in ``config.yaml``) with each of :data:`INPUT_PATH_KEYS` that lies inside its
+    ``out_dir`` written as ``<out_dir>/REST``: two configs of one run directory, before and after it was moved,
+    then compare equal."""
+    out = copy.deepcopy(config)
+    root = Path(config.get("out_dir") or ".").absolute()
+    for key in INPUT_PATH_KEYS:
+        *sections, leaf = key.split(".")
+        node = out
+        for part in sections:
+            node = node.get(part) or {}
+        value = node.get(leaf)
+        if value and Path(value).absolute().is_relative_to(root):
+            node[leaf] = f"<out_dir>/{Path(value).absolute().relative_to(root).as_posix()}"
+    return out
 
 
 def _policy_models() -> dict[str, type]:
@@ -350,13 +374,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return build_config(data)
 
 
-def build_config(data: dict[str, Any]) -> TrainConfig:
-    """Validate a nested dict (as in ``config.yaml``) into a :class:`TrainConfig`."""
+def build_config(data: dict[str, Any], check_files: bool = True) -> TrainConfig:
+    """Validate a nested dict (as in ``config.yaml``) into a :class:`TrainConfig`.
+
+    ``check_files=False`` skips only the checks that the files it reads exist (``sft.dataset``, ``init_from``):
+    a recipe validates its later stages before the earlier ones write them.
+    """
     data = dict(data)
     policy = data.pop("policy", None)  # its dataclass depends on its ``name``: built apart
     cfg = from_dict(TrainConfig, data)
     cfg.policy = policy_from_dict(policy)
-    validate(cfg)
+    validate(cfg, check_files)
     return cfg
 
 
@@ -374,10 +402,11 @@ RANGES: dict[str, Range] = {
     "sft.token_dropout": Range(0, 0.9),
     **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill", "sft") for key, r in OPTIM_RANGES.items()},
     "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
-    "log.video_every": AT_LEAST_1,
+    "log.video_every": AT_LEAST_1, **{f"fleet.{key}": r for key, r in FLEET_RANGES.items()},
 }
-"""Valid range of every numeric field of :class:`TrainConfig` except ``fleet`` (checked by ``validate_fleet``);
-``None`` values (optional fields left unset) are not checked. Tuples are checked element by element."""
+"""Valid range of every numeric field of :class:`TrainConfig` (the policy's: :data:`POLICY_RANGES`);
+``None`` values (optional fields left unset) are not checked. Tuples are checked element by element, and a
+number no entry names must be finite and >= 0 (``rlcore.config.DEFAULT_RANGE``)."""
 POLICY_RANGES: dict[str, Range] = {
     "hidden_sizes": AT_LEAST_1, "trunk_sizes": AT_LEAST_1, "critic_hidden_sizes": AT_LEAST_1,
     "conv_channels": AT_LEAST_1, "obs_clip": NON_NEGATIVE, "image_size": Range(8, 1024), "patch_size": AT_LEAST_1,
@@ -391,14 +420,14 @@ SIMS_FLAT_KEYS = ("proprio", "state")
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Check every value's range and the cross-field consistency, without modifying ``cfg``.
+def validate(cfg: TrainConfig, check_files: bool = True) -> None:
+    """Check every value's range and the cross-field consistency (and, with ``check_files``, that the files
+    the run reads exist), without modifying ``cfg``.
 
     Raises:
         ConfigError: The first bad value found, naming its key and the valid range or the fix.
     """
-    _check_ranges(cfg, RANGES)
-    _check_ranges(cfg.policy, POLICY_RANGES, "policy.")
+    _check_ranges(cfg, RANGES | {f"policy.{key}": r for key, r in POLICY_RANGES.items()})
     if not cfg.out_dir or "/" in cfg.name or cfg.name in (".", ".."):
         raise ConfigError(f"name={cfg.name!r}, out_dir={cfg.out_dir!r}: out_dir must be set and name one directory name")
     if not _DEVICE.fullmatch(cfg.device):
@@ -422,6 +451,8 @@ def validate(cfg: TrainConfig) -> None:
     _check_algo(cfg)
     _check_policy(cfg)
     validate_fleet(cfg)
+    if check_files:
+        _check_files(cfg)
 
 
 def _check_ranges(section: Any, ranges: dict[str, Range], prefix: str = "") -> None:
@@ -496,9 +527,6 @@ def _check_algo(cfg: TrainConfig) -> None:
             "algo=sft needs sft.dataset=DIR, a LeRobot v3.0 dataset, e.g. "
             "python scripts/collect_demos.py --task reach --episodes 200 --out demos/reach, then sft.dataset=demos/reach"
         )
-    if cfg.algo == "sft" and not Path(cfg.sft.dataset, "meta", "info.json").is_file():
-        raise ConfigError(f"sft.dataset={cfg.sft.dataset!r} holds no meta/info.json; give the folder of a LeRobot "
-                          "v3.0 dataset (scripts/collect_demos.py writes one)")
     if cfg.algo == "ppo" and cfg.ppo.task_adv_norm and cfg.env.kind != "sims":
         raise ConfigError("ppo.task_adv_norm normalises advantages per sims task (the task observation); env.kind="
                           f"{cfg.env.kind!r} has no tasks: set ppo.task_adv_norm=false")
@@ -512,8 +540,6 @@ def _check_algo(cfg: TrainConfig) -> None:
                           "init_from=CHECKPOINT, or policy.head.init_log_std for a fresh policy")
     if cfg.init_log_std is not None and getattr(getattr(cfg.policy, "head", None), "kind", "") != "gaussian":
         raise ConfigError(f"init_log_std={cfg.init_log_std} needs a Gaussian action head (policy.head.kind=gaussian)")
-    if cfg.init_from and not Path(cfg.init_from).exists():
-        raise ConfigError(f"init_from={cfg.init_from!r} does not exist; give a checkpoint .pt or a run directory")
     if cfg.algo == "grpo":
         if cfg.env.kind != "sims":
             raise ConfigError("algo=grpo needs env.kind=sims (groups of G environments sharing an initial state)")
@@ -521,6 +547,15 @@ def _check_algo(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"env.num_envs={cfg.env.num_envs} must be a multiple of grpo.group_size={cfg.grpo.group_size}"
             )
+
+
+def _check_files(cfg: TrainConfig) -> None:
+    """The files the run reads: the SFT dataset and the ``init_from`` checkpoint."""
+    if cfg.algo == "sft" and not Path(cfg.sft.dataset, "meta", "info.json").is_file():
+        raise ConfigError(f"sft.dataset={cfg.sft.dataset!r} holds no meta/info.json; give the folder of a LeRobot "
+                          "v3.0 dataset (scripts/collect_demos.py writes one)")
+    if cfg.init_from and not Path(cfg.init_from).exists():
+        raise ConfigError(f"init_from={cfg.init_from!r} does not exist; give a checkpoint .pt or a run directory")
 
 
 def _check_policy(cfg: TrainConfig) -> None:

@@ -78,9 +78,9 @@ def load_policy(path: str | Path, device: str = "cpu") -> DeployedPolicy:
     spec = _obs_spec(state["obs_spec"], path)
     policy = policies.make_policy(cfg.policy, {k: s.shape for k, s in spec.items()}, int(state["action_dim"]))
     try:
-        policy.load_state_dict(state["policy"])
-    except RuntimeError as exc:
-        raise CheckpointError(f"{path}: weights do not fit the policy its config describes: {exc}") from exc
+        policy.load_weights(state["policy"])
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}, the policy its config describes") from exc
     return DeployedPolicy(policy.to(target), spec, target)
 
 

@@ -39,8 +39,8 @@ def load_teacher(path: str | Path, obs: TensorDict, action_dim: int, device: tor
     cfg = build_config(state["config"])
     try:
         teacher = policies.make_policy(cfg.policy, obs, action_dim)
-        teacher.load_state_dict(state["policy"])
-    except (KeyError, ValueError, RuntimeError) as exc:
+        teacher.load_weights(state["policy"])
+    except (KeyError, ValueError) as exc:
         raise CheckpointError(f"teacher {path} does not fit this environment's observations or actions: {exc}") from exc
     teacher.eval()
     for param in teacher.parameters():

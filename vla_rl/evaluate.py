@@ -251,6 +251,7 @@ def evaluate_checkpoint(
     from vla_rl.config import build_config
     from vla_rl.device import resolve_device
     from vla_rl.envs import make_env
+    from vla_rl.memory import check_memory, estimate_envs
 
     target = resolve_device(device)
     state = load_checkpoint(path)
@@ -258,7 +259,10 @@ def evaluate_checkpoint(
     torch.set_num_threads(cfg.torch_threads)
     sims_env = cfg.env.kind == "sims"
     env_cfg = dataclasses.replace(cfg.env, task=task) if task and sims_env else cfg.env
-    n = num_envs or cfg.eval.num_envs
+    n = cfg.eval.num_envs if num_envs is None else num_envs
+    if n < 1:
+        raise ValueError(f"num_envs={n} must be at least 1 (None: the run's eval.num_envs)")
+    check_memory(estimate_envs(env_cfg, n), "num_envs", n)
     eval_seed = cfg.seed + EVAL_SEED_OFFSET
     seed = eval_seed if seed is None else seed
     env = make_env(env_cfg, seed=eval_seed, num_envs=n, split=split if sims_env else "train", video=record)
@@ -266,9 +270,9 @@ def evaluate_checkpoint(
         obs = env.reset_td(seed=eval_seed)
         policy = policies.make_policy(cfg.policy, obs, int(np.prod(env.single_action_space.shape)))
         try:
-            policy.load_state_dict(state["policy"])
-        except RuntimeError as exc:
-            raise CheckpointError(f"{path}: weights do not fit the policy its config describes: {exc}") from exc
+            policy.load_weights(state["policy"])
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: {exc}, the policy its config describes") from exc
         policy.to(target).set_instructions(list(env.instructions))
         policy.eval()
         if templates:

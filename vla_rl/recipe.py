@@ -24,19 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
+from rlcore.config import AT_LEAST_1, Range, out_of_range
 from vla_rl.config import (
     CONFIG_DIR,
-    EnvConfig,
     TrainConfig,
     build_config,
     check_task_weights,
-    policy_from_dict,
     read_yaml,
     to_dict,
 )
 from vla_rl.demos.collect import CollectConfig, collect_demos
 from vla_rl.evaluate import evaluate_checkpoint
-from vla_rl.trainer import Trainer, unfinished
+from vla_rl.trainer import Trainer, preflight, unfinished
 
 
 @dataclass
@@ -127,21 +126,37 @@ def _stage_dicts(recipe: RecipeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     return sft, rl
 
 
-def _check_stages(recipe: RecipeConfig) -> None:
-    """Validate the demonstrations' task weights and both stages before anything runs, but for the files the
-    earlier stages will write."""
-    sft, rl = _stage_dicts(recipe)
-    check_task_weights(recipe.demos.task_weights, from_dict(EnvConfig, sft.get("env", {}), "env").task,
-                       "demos.task_weights")
-    sft_without_data = merge(sft, {"sft": {"dataset": str(CONFIG_DIR)}})
-    for stage, data in (("sft", sft_without_data), ("rl", merge(rl, {"init_from": str(CONFIG_DIR)}))):
+RECIPE_RANGES: dict[str, Range] = {
+    "seed": Range(0, 2**31 - 1), "demos.episodes": AT_LEAST_1, "demos.num_envs": AT_LEAST_1,
+    "test.episodes": AT_LEAST_1, "test.num_envs": AT_LEAST_1,
+}
+"""Valid ranges of the recipe's own numbers (any other, e.g. ``demos.noise``: finite and >= 0)."""
+
+
+def stage_configs(recipe: RecipeConfig) -> dict[str, TrainConfig]:
+    """Every training stage's config of ``recipe``, validated but for the files the earlier stages will write
+    (the SFT dataset, the SFT checkpoint RL starts from).
+
+    Raises:
+        ConfigError: The first stage whose config does not validate, named.
+    """
+    out = {}
+    for stage, data in zip(("sft", "rl"), _stage_dicts(recipe)):
         try:
-            build_config(data)
+            out[stage] = build_config(data, check_files=False)
         except ConfigError as exc:
-            if stage == "sft" and "meta/info.json" in str(exc):
-                continue  # the dataset step 1 writes
             raise ConfigError(f"recipe stage {stage}: {exc}") from exc
-    _check_same_language(policy_from_dict(sft.get("policy")), policy_from_dict(rl.get("policy")))
+    return out
+
+
+def _check_stages(recipe: RecipeConfig) -> None:
+    """Validate the recipe's numbers, the demonstrations' task weights and every stage before anything runs."""
+    message = out_of_range(recipe, RECIPE_RANGES)
+    if message:
+        raise ConfigError(message)
+    configs = stage_configs(recipe)
+    check_task_weights(recipe.demos.task_weights, configs["sft"].env.task, "demos.task_weights")
+    _check_same_language(configs["sft"].policy, configs["rl"].policy)
 
 
 _LANGUAGE_FIELDS = ("language", "language_tokens", "language_heads", "language_width")
@@ -188,7 +203,10 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
     root = _root(recipe)
     walls: dict[str, float] = {}
     stages = dict(zip(("sft", "rl"), _stage_dicts(recipe)))
-    env = from_dict(EnvConfig, stages["sft"].get("env", {}), "env")
+    planned = stage_configs(recipe)
+    for stage in recipe.stages:
+        preflight(planned[stage])  # a run directory that cannot be written, or too little memory: before the demos
+    env = planned["sft"].env
     demos = root / "demos"
     if not (demos / "meta" / "info.json").exists():
         t = time.perf_counter()

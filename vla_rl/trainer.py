@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 import policies
+from infra.common.files import unwritable
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
 from vla_rl.config import (
@@ -36,6 +37,7 @@ from vla_rl.config import (
     TrainConfig,
     algo_optim,
     diff_configs,
+    run_relative,
     save_yaml,
     to_dict,
 )
@@ -43,6 +45,7 @@ from vla_rl.device import resolve_device
 from vla_rl.distributed import LOCAL, GradientSync
 from vla_rl.envs import make_env
 from vla_rl.evaluate import EVAL_SEED_OFFSET, evaluate_policy
+from vla_rl.memory import check_run_memory
 from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
 from vla_rl.runlog import RunLog
 
@@ -51,6 +54,37 @@ def unfinished(cfg: TrainConfig) -> bool:
     """Whether ``cfg``'s run directory holds a run that stopped before its end (checkpoints, no summary)."""
     run_dir = Path(cfg.out_dir) / cfg.run_name
     return (run_dir / "checkpoints" / ckpt.LATEST).exists() and not (run_dir / "summary.json").exists()
+
+
+def preflight(cfg: TrainConfig, envs_here: bool = True) -> None:
+    """What a run needs of this machine, checked before anything is built: a writable run directory and,
+    when its environments and rollout buffer live in this process (``envs_here``), the memory they take.
+
+    Raises:
+        ConfigError: ``out_dir`` cannot be written, or ``env.num_envs`` needs more memory than is available.
+    """
+    why = unwritable(Path(cfg.out_dir) / cfg.run_name)
+    if why:
+        raise ConfigError(f"out_dir={cfg.out_dir!r}: {why}; set out_dir= to a writable directory")
+    if envs_here:
+        check_run_memory(cfg)
+
+
+def _read_init_from(path: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint ``init_from`` names, read before anything is built and checked to hold the model ``config``
+    (a run's config dict) configures.
+
+    Raises:
+        vla_rl.checkpoint.CheckpointError: the checkpoint is unusable or holds another model.
+    """
+    state = ckpt.load_checkpoint(path)
+    theirs, ours = state["config"].get("policy", {}).get("name"), config["policy"]["name"]
+    if theirs != ours:
+        raise ckpt.CheckpointError(
+            f"init_from={path} holds a {theirs!r} policy and this run's policy.name={ours!r}: init_from loads "
+            f"weights into the same model; give a checkpoint of a {ours!r} run, or policy.name={theirs}"
+        )
+    return state
 
 
 class StopRequest:
@@ -99,6 +133,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, collector: Any = None,
                  sync: GradientSync | None = None) -> None:
+        preflight(cfg, envs_here=collector is None)
         self.cfg = cfg
         self.sync = sync or LOCAL
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
@@ -107,6 +142,7 @@ class Trainer:
         if self.sync.is_writer:
             ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
         state = self._read_resume_state() if resume else None
+        initial = _read_init_from(cfg.init_from, self.config_dict) if cfg.init_from else None
         if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
             raise ckpt.CheckpointError(
                 f"{self.run_dir} already holds checkpoints; pass --resume to continue it, or name=OTHER for a new run"
@@ -129,7 +165,7 @@ class Trainer:
         self.action_dim = action_dim
         self.policy = policies.make_policy(cfg.policy, first_obs, action_dim).to(self.device)
         self.policy.set_instructions(list(collector.instructions))
-        reference = self._init_from(cfg.init_from) if cfg.init_from else None
+        reference = self._init_from(cfg.init_from, initial) if initial is not None else None
         self.sync.start(self.policy, cfg.seed)
         self.budget = algorithm_class(cfg.algo).budget(cfg)
         self.algorithm = make_algorithm(cfg, Setup(self.policy, self.device, first_obs, action_dim, collector.num_envs,
@@ -308,18 +344,18 @@ class Trainer:
         path = self.ckpt_dir / ckpt.LATEST
         return ckpt.save_checkpoint(payload, self.ckpt_dir, self.iteration) if self.sync.is_writer else path
 
-    def _init_from(self, path: str) -> torch.nn.Module | None:
-        """Load the policy of checkpoint ``path`` into ours; returns a frozen copy when a penalty needs it.
+    def _init_from(self, path: str, state: dict[str, Any]) -> torch.nn.Module | None:
+        """Load the policy of checkpoint ``state`` (read from ``path``) into ours; returns a frozen copy when a
+        penalty needs it.
 
         Raises:
-            vla_rl.checkpoint.CheckpointError: the checkpoint is unusable or its policy does not fit ours.
+            vla_rl.checkpoint.CheckpointError: its policy does not fit ours.
         """
-        state = ckpt.load_checkpoint(path)
         try:
-            self.policy.load_state_dict(state["policy"])
-        except RuntimeError as exc:
+            self.policy.load_weights(state["policy"])
+        except ValueError as exc:
             raise ckpt.CheckpointError(
-                f"init_from={path}: its policy does not fit the configured one ({exc}); use the same policy section"
+                f"init_from={path}: {exc}; use the policy section of the run that wrote it (its config.yaml)"
             ) from exc
         if self.cfg.init_log_std is not None:
             with torch.no_grad():
@@ -339,7 +375,8 @@ class Trainer:
                 "or drop --resume to start a new run"
             )
         state = ckpt.load_checkpoint(path)
-        changed = [k for k in diff_configs(state["config"], self.config_dict) if k not in RESUMABLE_KEYS]
+        before, now = run_relative(state["config"]), run_relative(self.config_dict)
+        changed = [k for k in diff_configs(before, now) if k not in RESUMABLE_KEYS]
         if changed:
             details = ", ".join(f"{k}: {_get(state['config'], k)!r} -> {_get(self.config_dict, k)!r}" for k in changed)
             raise ckpt.CheckpointError(
@@ -350,10 +387,10 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         try:
-            self.policy.load_state_dict(state["policy"])
+            self.policy.load_weights(state["policy"])
             local = self.sync.local_state(state)
         except (RuntimeError, ValueError) as exc:
-            raise ckpt.CheckpointError(f"checkpoint does not fit this run: {exc}") from exc
+            raise ckpt.CheckpointError(f"the checkpoint does not fit this run: {exc}") from exc
         self.algorithm.load_state_dict(local["algorithm"])
         self.iteration = int(state["iteration"])
         self.env_steps = int(state["env_steps"])

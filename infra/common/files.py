@@ -82,3 +82,26 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def unwritable(path: str | Path) -> str | None:
+    """Why a file or directory could not be written at ``path`` (missing parents created), or ``None``.
+
+    Checked before a job starts, so that its results are never computed only to be lost at the write:
+    a small file is created and removed in the nearest directory that exists (permissions alone do not
+    tell: root may write anywhere but into ``/proc``, a read-only mount refuses everyone).
+    """
+    target = Path(path).absolute()
+    while not target.exists():
+        target = target.parent
+    if target == Path(path).absolute() and not target.is_dir():
+        target = target.parent  # an existing file, replaced: its directory must take a new file
+    if not target.is_dir():
+        return f"{target} is a file, not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=target, prefix=".write-check.")
+    except OSError as exc:
+        return f"cannot create files in {target} ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(probe)
+    return None

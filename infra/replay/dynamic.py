@@ -12,7 +12,6 @@ preemptions, and the wall time of every ``submit`` and ``release``.
 
 from __future__ import annotations
 
-import csv
 import heapq
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infra.common.csv_rows import number, read_rows
 from infra.replay.trace import Pod, read_pods
 from infra.scheduler import EventKind, Scheduler
 from infra.scheduler.frag import TypicalPods
@@ -56,19 +56,16 @@ def read_timed_pods(path: str | Path, speedup: float = 1.0) -> list[TimedPod]:
         speedup: arrivals come this many times faster (times after the first arrival divided by
             it); runtimes are kept, so the offered load grows by the same factor.
     """
-    if speedup <= 0:
-        raise ValueError(f"speedup={speedup} must be > 0.")
+    if not speedup > 0 or speedup == float("inf"):
+        raise ValueError(f"speedup={speedup} must be a finite number > 0.")
     by_name = {p.name: p for p in read_pods(path)}
     out = []
-    with Path(path).open(newline="") as f:
-        for row in csv.DictReader(f):
-            missing = {"creation_time", "deletion_time"} - set(row)
-            if missing:
-                raise ValueError(f"Pod list {path} lacks columns {sorted(missing)}: a dynamic replay needs the times.")
-            start = float(row.get("scheduled_time") or row["creation_time"])
-            runtime = max(1.0, float(row["deletion_time"]) - start)
-            prio = PRIORITY_OF_QOS.get(row.get("qos", ""), 0)
-            out.append(TimedPod(by_name[row["name"]], float(row["creation_time"]), runtime, prio))
+    for place, row in read_rows(path, {"name", "creation_time", "deletion_time"}, "Pod list", "--pods"):
+        created = number(row, "creation_time", place)
+        start = number(row, "scheduled_time", place) if row.get("scheduled_time") else created
+        runtime = max(1.0, number(row, "deletion_time", place) - start)
+        prio = PRIORITY_OF_QOS.get(row.get("qos", ""), 0)
+        out.append(TimedPod(by_name[row["name"]], created, runtime, prio))
     first = min(t.arrival for t in out)
     out = [TimedPod(t.pod, first + (t.arrival - first) / speedup, t.runtime, t.priority) for t in out]
     return sorted(out, key=lambda t: (t.arrival, t.pod.name))

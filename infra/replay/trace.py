@@ -18,13 +18,14 @@ same seed does it, so results agree in distribution (mean over seeds), not pod b
 
 from __future__ import annotations
 
-import csv
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from infra.common.csv_rows import count, read_rows
 from infra.scheduler.frag import FragModel, PodShape, TypicalPods
 from infra.scheduler.node_scoring import Demand, Policy
 from infra.scheduler.resources import MILLI, Alloc, ClusterState
@@ -60,27 +61,20 @@ class Pod:
 
 
 def read_pods(path: str | Path) -> list[Pod]:
-    """Read an openb pod list; pods are returned sorted by name."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Pod list {path} not found: pass --pods with an existing CSV file.")
-    need = {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}
+    """Read an openb pod list; pods are returned sorted by name.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file.
+        infra.common.csv_rows.RowError: A column is missing, or a row's value is not usable (named by file and line).
+    """
     pods = []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = need - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(
-                f"Pod list {path} lacks columns {sorted(missing)}; expected the openb format {sorted(need)}."
-            )
-        for row in reader:
-            num, milli = int(row["num_gpu"]), int(row["gpu_milli"])
-            if num == 0:
-                milli = 0
-            spec = frozenset(x for x in (row.get("gpu_spec") or "").split("|") if x)
-            pods.append(
-                Pod(row["name"], int(row["cpu_milli"]), int(row["memory_mib"]), num, min(milli, MILLI), spec)
-            )
+    for place, row in read_rows(path, {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}, "Pod list", "--pods"):
+        num, milli = count(row, "num_gpu", place), count(row, "gpu_milli", place)
+        if num == 0:
+            milli = 0
+        spec = frozenset(x for x in (row.get("gpu_spec") or "").split("|") if x)
+        pods.append(Pod(row["name"], count(row, "cpu_milli", place), count(row, "memory_mib", place), num,
+                        min(milli, MILLI), spec))
     if not pods:
         raise ValueError(f"Pod list {path} has no pods.")
     return sorted(pods, key=lambda p: p.name)
@@ -156,6 +150,10 @@ def make_variant(pods: list[Pod], kind: str, fraction: float, models: list[str],
 def arrival_sequence(pods: list[Pod], capacity_milli: int, inflate: float, seed: int) -> list[Pod]:
     """Shuffle ``pods`` with ``seed``, then append random copies up to (or drop random pods down to)
     ``inflate`` x capacity (step 2)."""
+    if not (math.isfinite(inflate) and inflate > 0):
+        raise ValueError(f"inflate={inflate} must be a finite number > 0 (1.3 replays 130% of the GPU capacity).")
+    if not any(p.gpu_milli for p in pods):
+        raise ValueError("the pod list has no GPU pods: there is no GPU demand to inflate; give a list with GPU pods.")
     rng = np.random.default_rng(seed)
     seq = [pods[i] for i in rng.permutation(len(pods))]
     total = sum(p.total_gpu_milli for p in pods)

@@ -12,12 +12,14 @@ nodes at once without a per-node Python loop.
 from __future__ import annotations
 
 import copy
-import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from infra.common.csv_rows import RowError, read_rows
+from infra.common.csv_rows import count as csv_count
 
 MILLI = 1000
 """Milli-units in one whole GPU."""
@@ -81,25 +83,21 @@ class Cluster:
 
     @classmethod
     def from_csv(cls, path: str | Path) -> Cluster:
-        """Read a node list with columns ``sn,cpu_milli,memory_mib,gpu,model`` (the openb format)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"Node list {path} not found: pass --nodes with an existing CSV file.")
+        """Read a node list with columns ``sn,cpu_milli,memory_mib,gpu,model`` (the openb format; a node without
+        GPUs leaves ``model`` empty).
+
+        Raises:
+            FileNotFoundError: ``path`` is not a file.
+            infra.common.csv_rows.RowError: A column is missing, or a row's value is not usable (named by file and line).
+        """
         nodes = []
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = {"sn", "cpu_milli", "memory_mib", "gpu", "model"} - set(reader.fieldnames or ())
-            if missing:
-                raise ValueError(
-                    f"Node list {path} lacks columns {sorted(missing)}; expected sn,cpu_milli,memory_mib,gpu,model."
-                )
-            for row in reader:
-                count = int(row["gpu"])
-                nodes.append(
-                    Node(
-                        row["sn"], int(row["cpu_milli"]), int(row["memory_mib"]), (GPU(row["model"]),) * count
-                    )
-                )
+        for place, row in read_rows(path, {"sn", "cpu_milli", "memory_mib", "gpu", "model"}, "Node list", "--nodes"):
+            count = csv_count(row, "gpu", place)
+            model = row["model"].strip()
+            if count and not model:
+                raise RowError(f"{place}: gpu={count} but no model; name the GPUs' model (e.g. T4) or set gpu=0.")
+            nodes.append(Node(row["sn"], csv_count(row, "cpu_milli", place, low=1),
+                              csv_count(row, "memory_mib", place, low=1), (GPU(model),) * count))
         return cls(tuple(nodes))
 
 

@@ -109,7 +109,7 @@ def test_replay_in_another_process_with_another_hash_seed(tmp_path):
     env = {**os.environ, "PYTHONHASHSEED": "1", "PYTHONPATH": root}
     subprocess.run([sys.executable, "-c", code, str(tmp_path), here], check=True, env=env, timeout=120)
     with open(tmp_path / "plan.pkl", "rb") as f:
-        assert _plan(SchedulerService(store=str(tmp_path))) == pickle.load(f)
+        assert _plan(SchedulerService(store=str(tmp_path))) == pickle.load(f)  # noqa: S301 (the file this test just wrote)
 
 
 def test_the_gangs_of_a_silent_owner_are_released(tmp_path):

@@ -167,10 +167,19 @@ def read_rows(root: Path, info: dict[str, Any], episodes: pa.Table, keys: Sequen
 
 
 def decode_mp4(path: Path) -> np.ndarray:
-    """Every frame of the video at ``path``, uint8 [F, H, W, 3] (imageio-ffmpeg's ffmpeg: H.264, AV1, ...)."""
-    frames = imageio_ffmpeg.read_frames(str(path))
-    width, height = next(frames)["size"]
-    data = b"".join(frames)
+    """Every frame of the video at ``path``, uint8 [F, H, W, 3] (imageio-ffmpeg's ffmpeg: H.264, AV1, ...).
+
+    Raises:
+        DatasetError: ffmpeg cannot read the file (truncated or damaged), in one line naming it.
+    """
+    try:
+        frames = imageio_ffmpeg.read_frames(str(path))
+        width, height = next(frames)["size"]
+        data = b"".join(frames)
+    except (OSError, RuntimeError, StopIteration) as exc:  # ffmpeg's messages run to dozens of lines
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatasetError(f"{path} cannot be decoded ({first}): the video is truncated or damaged; restore it, or "
+                           "record the dataset again (scripts/collect_demos.py)") from None
     return np.frombuffer(data, np.uint8).reshape(-1, height, width, 3)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from infra.common.typed_config import ConfigError
+from rlcore.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range
 
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig
@@ -153,6 +154,19 @@ class FleetConfig:
         return self.stages if self.mode == "pipelined" else 1
 
 
+FLEET_RANGES: dict[str, Range] = {
+    "shards": AT_LEAST_1, "stages": AT_LEAST_1, "max_restarts": NON_NEGATIVE, "collect_timeout_s": POSITIVE,
+    "priority": Range(), "grace_s": NON_NEGATIVE, "queue_timeout_s": POSITIVE,
+    "cluster.nodes": AT_LEAST_1, "cluster.cpus": AT_LEAST_1, "cluster.memory_mib": AT_LEAST_1,
+    "cluster.gpus": NON_NEGATIVE, "server.max_batch": AT_LEAST_1, "server.timeout_ms": POSITIVE,
+    "server.threads": AT_LEAST_1, "sync.max_staleness": AT_LEAST_1,
+    **{f"{c}.{k}": r for c in ("shard", "inference", "trainer")
+       for k, r in (("cpus", POSITIVE), ("memory_mib", AT_LEAST_1), ("gpu", NON_NEGATIVE), ("gpu_ids", NON_NEGATIVE))},
+}
+"""Valid range of every numeric field of :class:`FleetConfig` (dotted keys), checked by ``vla_rl.config.validate``
+in every mode; :func:`validate_fleet` checks what depends on the mode and on other fields."""
+
+
 #: GPU share of each component when the user gives none, per mode (shard share is for all shards together).
 MODE_GPU_DEFAULTS: dict[str, dict[str, float]] = {
     "colocated": {"shard": 0.3, "inference": 0.3, "trainer": 0.4},
@@ -181,11 +195,7 @@ def resolved_placement(fleet: FleetConfig) -> dict[str, ComponentPlacement]:
 
 def _check_component(name: str, comp: ComponentPlacement, cluster: ClusterSpec) -> None:
     where = f"fleet.{name}"
-    if comp.cpus <= 0 or comp.memory_mib <= 0:
-        raise ConfigError(f"{where}.cpus={comp.cpus} and {where}.memory_mib={comp.memory_mib} must be positive")
-    if comp.gpu is not None:
-        if comp.gpu < 0:
-            raise ConfigError(f"{where}.gpu={comp.gpu} must be >= 0 (0: no GPU, 0.25: a quarter of one, 2: two GPUs)")
+    if comp.gpu is not None:  # its range (>= 0) is FLEET_RANGES'
         if comp.gpu >= 1 and not float(comp.gpu).is_integer():
             raise ConfigError(
                 f"{where}.gpu={comp.gpu}: shares above one GPU must be whole GPUs; use {int(comp.gpu)} or a fraction < 1"
@@ -244,9 +254,9 @@ def validate_fleet(cfg: TrainConfig) -> None:
         raise ConfigError(f"fleet.mode={fleet.mode} runs PPO and GRPO; use fleet.mode=inprocess for algo={cfg.algo}")
     if fleet.mode == "data_parallel":
         _check_data_parallel(cfg)  # each rank simulates on its own GPU: warp on CUDA is its purpose
-    elif fleet.shards < 1 or cfg.env.num_envs % fleet.shards:
+    elif cfg.env.num_envs % fleet.shards:
         raise ConfigError(
-            f"fleet.shards={fleet.shards} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
+            f"fleet.shards={fleet.shards} must divide env.num_envs={cfg.env.num_envs} "
             "(each shard holds the same number of environments)"
         )
     elif cfg.env.kind == "sims" and cfg.env.backend == "warp" and cfg.env.warp_device != "cpu":
@@ -267,31 +277,13 @@ def validate_fleet(cfg: TrainConfig) -> None:
         )
     if fleet.offload and fleet.mode != "colocated":
         raise ConfigError(f"fleet.offload=true applies to fleet.mode=colocated only (got {fleet.mode}); drop it")
-    if fleet.sync.max_staleness < 1:
-        raise ConfigError(f"fleet.sync.max_staleness={fleet.sync.max_staleness} must be >= 1")
-    server = fleet.server
-    if server.max_batch is not None and server.max_batch < 1:
-        raise ConfigError(f"fleet.server.max_batch={server.max_batch} must be >= 1 (or null for the mode's default)")
-    if server.timeout_ms is not None and server.timeout_ms <= 0:
-        raise ConfigError(f"fleet.server.timeout_ms={server.timeout_ms} must be > 0 (or null: wait for a full batch)")
-    if server.threads < 1 or fleet.max_restarts < 0 or fleet.collect_timeout_s <= 0:
-        raise ConfigError("fleet.server.threads >= 1, fleet.max_restarts >= 0 and fleet.collect_timeout_s > 0 are required")
-    if fleet.grace_s < 0 or (fleet.queue_timeout_s is not None and fleet.queue_timeout_s <= 0):
-        raise ConfigError(
-            f"fleet.grace_s={fleet.grace_s} must be >= 0 and fleet.queue_timeout_s={fleet.queue_timeout_s} > 0 (or null)"
-        )
     if fleet.policy:
         from infra.scheduler.node_scoring import names
 
         if fleet.policy not in names():
             raise ConfigError(f"fleet.policy={fleet.policy!r} is not a placement policy; valid: {', '.join(names())}")
-    c = fleet.cluster
-    if c.nodes < 1 or c.cpus < 1 or c.memory_mib < 1 or c.gpus < 0:
-        raise ConfigError(
-            f"fleet.cluster: nodes={c.nodes}, cpus={c.cpus}, memory_mib={c.memory_mib} must be >= 1 and gpus={c.gpus} >= 0"
-        )
     for name, comp in resolved_placement(fleet).items():
-        _check_component(name, comp, c)
+        _check_component(name, comp, fleet.cluster)
     # Disaggregated: a whole-GPU trainer never shares a GPU with fractional simulators and inference.
     trainer_gpu = fleet.trainer.gpu
     if fleet.mode == "disaggregated" and trainer_gpu is not None and 0 < trainer_gpu < 1:

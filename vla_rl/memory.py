@@ -1,0 +1,129 @@
+"""Host memory a run will take, estimated from its config and checked before anything is allocated.
+
+``env.num_envs=100000000`` used to grow the process by gigabytes (environments, then frames, then the
+rollout buffer) until the machine ran out. :func:`check_run_memory` adds up what the config asks for
+and raises :class:`~infra.common.typed_config.ConfigError` with the figure and the largest ``num_envs`` that
+fits before the first environment is built. The estimate is a lower bound (the policy, the optimiser
+and Python's own overhead come on top), so a refused config would certainly not have fitted.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from infra.common.typed_config import ConfigError
+
+if TYPE_CHECKING:
+    from vla_rl.config import EnvConfig, TrainConfig
+
+SIM_BYTES_PER_ENV = 220 * 1024
+"""Host memory of one ``sims`` environment without its frames: 219 MiB per 1024 environments of the
+suite (``mujoco.batch``, RSS growth from 64 to 1088 environments, measured 2026-12-04)."""
+RENDER_BYTES_PER_ENV = 150 * 1024
+"""Renderer state per ``sims`` environment on top of its frames (the same measurement with ``render=True``
+at 64 x 64 on one camera: 366 MiB per 1024 environments)."""
+STEP_BYTES = 512
+"""Per environment and step of the rollout buffer besides the frames: proprio (13), state (42), goal
+pixels, action, log-probability, value, reward and flags, as float32 / int64, rounded up."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a run allocates, by part (lower bounds)."""
+
+    envs: int
+    """Simulator state of the training and evaluation environments."""
+    frames: int
+    """Rendered frames (and depth) the environments hold, and their renderers."""
+    buffer: int
+    """The rollout buffer: ``T x N`` observations (frames included) and decisions."""
+
+    @property
+    def total(self) -> int:
+        """All parts together."""
+        return self.envs + self.frames + self.buffer
+
+
+def frame_bytes(env: EnvConfig) -> int:
+    """Bytes of one environment's observation images: ``cams x 3 x H x W`` uint8 (+ float32 depth), 0 unrendered."""
+    if env.kind != "sims" or not env.render:
+        return 0
+    pixels = len(env.cameras) * env.image_size * env.image_size
+    return pixels * 3 + (pixels * 4 if env.depth else 0)
+
+
+def rollout_steps(cfg: TrainConfig) -> int:
+    """Steps T per environment the selected algorithm's batch holds (GRPO: the longest episode)."""
+    if cfg.algo == "grpo":
+        from sims.tasks import TASKS, resolve_tasks
+
+        return max(TASKS[name].max_steps for name in resolve_tasks(cfg.env.task))
+    return {"ppo": cfg.ppo.rollout_steps, "distill": cfg.distill.rollout_steps}.get(cfg.algo, 0)
+
+
+def estimate_envs(env: EnvConfig, num_envs: int) -> MemoryEstimate:
+    """What ``num_envs`` environments of ``env`` take, frames included (no buffer). Only ``sims`` environments
+    are counted: a gymnasium environment's size is not known before it is built."""
+    if env.kind != "sims":
+        return MemoryEstimate(0, 0, 0)
+    frame = frame_bytes(env)
+    return MemoryEstimate(num_envs * SIM_BYTES_PER_ENV, num_envs * (frame + (RENDER_BYTES_PER_ENV if frame else 0)), 0)
+
+
+def estimate_run(cfg: TrainConfig) -> tuple[MemoryEstimate, int]:
+    """What ``cfg``'s training environments, evaluation environments (one set per split) and rollout buffer take.
+
+    Returns:
+        The estimate, and the part of it that does not grow with ``env.num_envs`` (the evaluation environments).
+    """
+    train = estimate_envs(cfg.env, cfg.env.num_envs)
+    splits = len(cfg.eval.splits) if cfg.eval.every or cfg.eval.at_start else 0
+    evaluation = estimate_envs(cfg.env, splits * cfg.eval.num_envs)
+    buffer = rollout_steps(cfg) * cfg.env.num_envs * (frame_bytes(cfg.env) + STEP_BYTES) if cfg.env.kind == "sims" else 0
+    need = MemoryEstimate(train.envs + evaluation.envs, train.frames + evaluation.frames, buffer)
+    return need, evaluation.total
+
+
+def available_bytes() -> int:
+    """Memory this machine can give a new allocation now (``MemAvailable``; total physical memory elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def gib(n: float) -> str:
+    """``n`` bytes as GiB with one decimal (MiB below one GiB)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def check_memory(need: MemoryEstimate, key: str, value: int, fixed: int = 0, available: int | None = None) -> None:
+    """Raise :class:`ConfigError` when ``need`` exceeds ``available`` bytes (default: this machine's now).
+
+    Args:
+        need: The estimate, which grows in proportion to the setting ``key=value`` but for ``fixed`` bytes.
+        key, value: The setting to lower; the message gives the largest value that fits.
+        fixed: Bytes of ``need`` that do not grow with ``value``.
+        available: Bytes available (tests); ``None`` reads :func:`available_bytes`.
+    """
+    have = available_bytes() if available is None else available
+    if need.total <= have:
+        return
+    fits = max(0, (have - fixed) * value // max(1, need.total - fixed))
+    raise ConfigError(
+        f"{key}={value} needs at least {gib(need.total)} of memory (environments {gib(need.envs)}, frames "
+        f"{gib(need.frames)}, rollout buffer {gib(need.buffer)}) and this machine has {gib(have)} available: "
+        f"lower {key} to at most about {fits}"
+    )
+
+
+def check_run_memory(cfg: TrainConfig, available: int | None = None) -> None:
+    """:func:`check_memory` of a training run (``env.num_envs`` is what to lower)."""
+    need, fixed = estimate_run(cfg)
+    check_memory(need, "env.num_envs", cfg.env.num_envs, fixed, available)
