@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from bench_report import write_report
+from bench_report import output_path, write_report
 from tensordict import TensorDict
 
 from policies.base import ActorCritic
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256, help="observations per call")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per figure")
-    parser.add_argument("--json", type=str, default=None, help="write the figures to this JSON file")
+    parser.add_argument("--json", type=output_path, default=None, help="write the figures to this JSON file")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
+from bench_report import output_path
 
 from infra.common import checkpoint_io
 from infra.common.files import DigestMismatch, NotSealed, unseal
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/convert_checkpoint.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", type=Path, help="a format-2 checkpoint file (latest.pt, iter_*.pt, trainer.ckpt)")
-    parser.add_argument("--out", type=Path, help="where to write format 3 (default: in place, original kept as .format2)")
+    parser.add_argument("--out", type=output_path, help="where to write format 3 (default: in place, original kept as .format2)")
     args = parser.parse_args(argv)
     out = args.out or args.path
     try:

@@ -35,6 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: this checkout's infra
 
+from bench_report import output_path
+
 from infra.common.files import write_atomic
 from infra.replay.trace import Pod, make_variant, read_pods
 from infra.scheduler.resources import MILLI, Cluster
@@ -123,7 +125,7 @@ def main() -> None:
     ap.add_argument("--mix", choices=("cluster", "openb"), default="cluster", help="how models are drawn")
     ap.add_argument("--fractions", default=",".join(f"{f:g}" for f in FRACTIONS), help="comma list in [0, 1]")
     ap.add_argument("--seed", type=int, default=0, help="seed of the draws (each fraction adds its percent)")
-    ap.add_argument("--out", type=Path, default=Path("runs/workloads"), help="output directory")
+    ap.add_argument("--out", type=output_path, default=Path("runs/workloads"), help="output directory")
     args = ap.parse_args()
     for path in (args.pods, args.nodes):
         if not path.is_file():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_report import write_report
+from bench_report import output_path, write_report
 
 
 def pool(parts: list[tuple[float, float, int]]) -> tuple[float, float]:
@@ -57,7 +57,7 @@ def merge(reports: list[str]) -> dict[str, dict[str, object]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workloads", nargs="+", help="WORKLOAD=[LABEL:]REPORT[,[LABEL:]REPORT...]")
-    ap.add_argument("--out", type=Path, required=True, help="summary JSON to write")
+    ap.add_argument("--out", type=output_path, required=True, help="summary JSON to write")
     ap.add_argument("--baseline", default="fgd", help="policy the others are compared with (mean and worst gap)")
     args = ap.parse_args()
     table: dict[str, dict[str, object]] = {}
