@@ -4,7 +4,7 @@ What is particular to PPO, GRPO or DAgger lives in its :class:`vla_rl.algorithm.
 the trainer never branches on ``cfg.algo``.
 
 ``Trainer(cfg).train()`` runs a job described by a :class:`vla_rl.config.TrainConfig` and writes
-``runs/NAME/`` (see :mod:`vla_rl.runlog`). ``Trainer(cfg, resume=True)`` continues from
+``runs/NAME/`` (see :mod:`infra.common.runlog`). ``Trainer(cfg, resume=True)`` continues from
 ``runs/NAME/checkpoints/latest.pt`` so that the next iterates equal those of an uninterrupted
 run with the same seed (environments that cannot snapshot their state, gymnasium's
 ``AsyncVectorEnv``, are re-reset with a warning, and then the continuation is statistically but not
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import policies
+from infra.common.runlog import RunLog
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
 from vla_rl.config import (
@@ -42,7 +43,6 @@ from vla_rl.device import resolve_device
 from vla_rl.envs import make_env
 from vla_rl.evaluate import EVAL_SEED_OFFSET, evaluate_policy
 from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
-from vla_rl.runlog import RunLog
 
 
 def unfinished(cfg: TrainConfig) -> bool:

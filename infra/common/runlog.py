@@ -9,14 +9,35 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from tqdm import tqdm
 
 from infra.common.files import atomic_path, write_atomic
-from vla_rl.config import LogConfig
+
+
+@dataclass
+class LogConfig:
+    """Where and how progress is reported."""
+
+    wandb: Literal["offline", "online", "disabled"] = "offline"
+    """wandb mode: files under the run directory (``offline``), synced (``online``), or none."""
+    wandb_project: str = "vla-rl"
+    """wandb project name."""
+    progress: bool = True
+    """Show a progress bar with steps/s and success."""
+    video: bool = True
+    """Write evaluation videos (train and held-out instructions) under ``videos/``."""
+    video_every: int = 5
+    """Videos at the first evaluation, every this many evaluations after it and the last one (1: at
+    every evaluation). A gymnasium task renders environment 0 for its video; the metrics cost no
+    rendering (docs/training.md, "Evaluation cost")."""
+    video_format: Literal["mp4", "gif"] = "mp4"
+    """Video container."""
+
 
 CURVES = (
     ("episode_return", "train episode return"),
