@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import yaml
 
-from infra.common.files import write_atomic
 from infra.common.runlog import LogConfig
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
 from rlcore.config import (
@@ -566,8 +565,3 @@ def diff_configs(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list
         elif va != vb:
             out.append(path)
     return out
-
-
-def save_yaml(data: dict[str, Any], path: Path) -> None:
-    """Write a config dict as YAML atomically (temp file + rename)."""
-    write_atomic(path, yaml.safe_dump(data, sort_keys=False).encode())
