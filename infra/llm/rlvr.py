@@ -25,9 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from infra.common import runlog
 from infra.common.files import write_atomic
-from infra.common.runlog import Curves, LogConfig, Panel, RunLog
+from infra.common.runlog import CONFIG, Curves, LogConfig, Panel, RunLog, read_config
 from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.data import DataConfig, load_file_source
@@ -191,7 +190,7 @@ class RLVRConfig:
         spec = checkpoint_spec(self)
         saved = ckpt.checkpoint_path(spec.dir) if spec else None
         if not self.resume:
-            existing = [p for p in (saved, out / runlog.CONFIG, out / "model") if p is not None and p.exists()]
+            existing = [p for p in (saved, out / CONFIG, out / "model") if p is not None and p.exists()]
             if existing:
                 raise ValueError(f"run {self.name!r} already exists ({existing[0]}); pass resume=true to continue it "
                                  "from its checkpoint, or choose another name= (a run is never overwritten).")
@@ -199,12 +198,12 @@ class RLVRConfig:
         if saved is None or not saved.exists():
             raise ValueError(f"resume=true but {saved or 'checkpoint_every=0'} holds no trainer checkpoint of run "
                              f"{self.name!r}; start it again under another name=, or without resume.")
-        before = runlog.read_config(out)
+        before = read_config(out)
         if before is not None:
             now = plain_config(self)
             differ = sorted(k for k in now.keys() - RESUME_MAY_CHANGE if before.get(k) != now[k])
             if differ:
-                raise ValueError(f"resume=true but {differ} differ from {out / runlog.CONFIG}; a run continues only "
+                raise ValueError(f"resume=true but {differ} differ from {out / CONFIG}; a run continues only "
                                  "with its own config (start a new name= for a new one).")
 
 
