@@ -31,11 +31,11 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 from bench_report import machine_info, output_path
 
+from infra.common.runlog import upscale
 from sims.tasks import SPLITS
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
 from vla_rl.evaluate import evaluate_checkpoint
-from vla_rl.runlog import upscale
 
 
 def _templates(args: argparse.Namespace) -> list[str]:

@@ -20,7 +20,7 @@ overwritten); resume=true continues it from its checkpoint. Exit status: 0 done,
 failed reward calls, a reward that cannot be imported): one line, nothing saved over its model.
 
 Keys are the fields of infra.llm.rlvr.RLVRConfig (nested: model.d_model=64, grpo.optim.lr=3e-4, grpo.group_size=4).
-Writes runs/NAME/{config.json, metrics.csv, curve.png, summary.json, model/} (model/: the trained
+Writes runs/NAME/{config.yaml, metrics.csv, curves.png, summary.json, model/, checkpoints/} (model/: the trained
 model and its tokenizer, loadable with AutoModelForCausalLM.from_pretrained).
 """
 

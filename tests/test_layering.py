@@ -58,11 +58,11 @@ def violations(root: Path) -> list[str]:
         for path in sorted((root / package).rglob("*.py")):
             module = module_name(path, root)
             imports = imported_modules(path)
-            rules = [(forbidden, reason) for source, forbidden, reason in RULES if _within(module, source)]
+            rules = [rule for rule in RULES if _within(module, rule[0])]
             if not any(_within(module, s) for s in SIMULATION_OR_BENCH):
-                rules.append((SIMULATION_OR_BENCH, "production never imports simulators or benchmarks"))
-            for forbidden, reason in rules:
-                bad = sorted(n for n in imports if any(_within(n, f) for f in forbidden))
+                rules.append((module, SIMULATION_OR_BENCH, "production never imports simulators or benchmarks"))
+            for source, forbidden, reason in rules:  # a package's own modules are not "the project" of its rule
+                bad = sorted(n for n in imports if any(_within(n, f) for f in forbidden) and not _within(n, source))
                 if bad:
                     found.append(f"{module} imports {', '.join(bad)} ({reason})")
     return found
@@ -85,7 +85,9 @@ def test_a_planted_violation_is_found(tmp_path, path, line, reason):
     for package in PACKAGES:
         (tmp_path / package).mkdir()
     (tmp_path / "infra" / "scheduler" / "core.py").parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "infra" / "scheduler" / "core.py").write_text("import heapq\n")  # a clean neighbour
+    (tmp_path / "infra" / "scheduler" / "core.py").write_text("import heapq\n")  # clean neighbours
+    (tmp_path / "infra" / "common").mkdir()
+    (tmp_path / "infra" / "common" / "neighbour.py").write_text("from infra.common.files import write_atomic\n")
     planted = tmp_path / path
     planted.parent.mkdir(parents=True, exist_ok=True)
     planted.write_text(line + "\n")

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
-from infra.common.files import write_atomic
+from infra.common.runlog import LogConfig
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
 from rlcore.config import (
     AT_LEAST_1,
@@ -177,26 +177,6 @@ class SFTConfig:
     any of its frames kept, so the longest instructions (push and stack, two entities) often lose their
     last words. An earlier padding cut of the token attention did this by accident, and the recipe scored
     higher on dev phrasings with it (docs/training.md)."""
-
-
-@dataclass
-class LogConfig:
-    """Where and how progress is reported."""
-
-    wandb: Literal["offline", "online", "disabled"] = "offline"
-    """wandb mode: files under the run directory (``offline``), synced (``online``), or none."""
-    wandb_project: str = "vla-rl"
-    """wandb project name."""
-    progress: bool = True
-    """Show a progress bar with steps/s and success."""
-    video: bool = True
-    """Write evaluation videos (train and held-out instructions) under ``videos/``."""
-    video_every: int = 5
-    """Videos at the first evaluation, every this many evaluations after it and the last one (1: at
-    every evaluation). A gymnasium task renders environment 0 for its video; the metrics cost no
-    rendering (docs/training.md, "Evaluation cost")."""
-    video_format: Literal["mp4", "gif"] = "mp4"
-    """Video container."""
 
 
 @dataclass
@@ -620,8 +600,3 @@ def diff_configs(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list
         elif va != vb:
             out.append(path)
     return out
-
-
-def save_yaml(data: dict[str, Any], path: Path) -> None:
-    """Write a config dict as YAML atomically (temp file + rename)."""
-    write_atomic(path, yaml.safe_dump(data, sort_keys=False).encode())

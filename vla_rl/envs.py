@@ -147,7 +147,7 @@ class GymTensorEnv:
 
 VIDEO_SIZE = 256
 """Frame width and height of a gymnasium MuJoCo task's evaluation video (gymnasium's default, 480,
-reads back and encodes 3.5x the pixels; 256 is what ``vla_rl.runlog`` upscales smaller frames to)."""
+reads back and encodes 3.5x the pixels; 256 is what ``infra.common.runlog`` upscales smaller frames to)."""
 # Off in evaluation videos, as in sims/render.py: HalfCheetah's 480x480 frame costs 50 ms with them
 # and multisampling, 4 ms without (docs/training.md, "Evaluation cost").
 _SLOW_RENDER_FLAGS = (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX)

@@ -4,7 +4,7 @@ What is particular to PPO, GRPO or DAgger lives in its :class:`vla_rl.algorithm.
 the trainer never branches on ``cfg.algo``.
 
 ``Trainer(cfg).train()`` runs a job described by a :class:`vla_rl.config.TrainConfig` and writes
-``runs/NAME/`` (see :mod:`vla_rl.runlog`). ``Trainer(cfg, resume=True)`` continues from
+``runs/NAME/`` (see :mod:`infra.common.runlog`). ``Trainer(cfg, resume=True)`` continues from
 ``runs/NAME/checkpoints/latest.pt`` so that the next iterates equal those of an uninterrupted
 run with the same seed (environments that cannot snapshot their state, gymnasium's
 ``AsyncVectorEnv``, are re-reset with a warning, and then the continuation is statistically but not
@@ -15,7 +15,6 @@ iteration in progress, with a checkpoint; :func:`unfinished` tells a relaunch to
 from __future__ import annotations
 
 import copy
-import json
 import random
 import signal
 import threading
@@ -29,6 +28,7 @@ import torch
 
 import policies
 from infra.common.files import unwritable
+from infra.common.runlog import CONFIG, CURVES, METRICS, SUMMARY, Curves, Panel, RunLog
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
 from vla_rl.config import (
@@ -38,7 +38,6 @@ from vla_rl.config import (
     algo_optim,
     diff_configs,
     run_relative,
-    save_yaml,
     to_dict,
 )
 from vla_rl.device import resolve_device
@@ -47,13 +46,29 @@ from vla_rl.envs import make_env
 from vla_rl.evaluate import EVAL_SEED_OFFSET, evaluate_policy
 from vla_rl.memory import check_run_memory
 from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
-from vla_rl.runlog import RunLog
+
+
+def vla_curves(unit: str) -> Curves:
+    """The VLA trainer's curves: return and success (train episodes, evaluation splits) against the
+    budget's ``unit`` (``env_steps`` for RL, ``iterations`` for SFT)."""
+    x, label = ("env_steps", "environment steps") if unit == "env_steps" else ("iteration", "iterations")
+    success = (("episode_success", "train episode success"), ("eval/train/success", "eval success (train episodes)"),
+               ("eval/validation/success", "eval success (validation)"),
+               ("eval/paraphrase/success", "eval success (paraphrase, test)"),
+               ("eval/composition/success", "eval success (composition, test)"))
+    return Curves(
+        x=x, x_label=label, unit="step" if x == "env_steps" else "it",
+        panels=(Panel("return", (("episode_return", "train episode return"), ("eval/return", "eval return"))),
+                Panel("success rate", success, fraction=True)),
+        shown=(("episode_success", "episode_success"), ("episode_return", "episode_return"),
+               ("eval/validation/success", "validation")),
+    )
 
 
 def unfinished(cfg: TrainConfig) -> bool:
     """Whether ``cfg``'s run directory holds a run that stopped before its end (checkpoints, no summary)."""
     run_dir = Path(cfg.out_dir) / cfg.run_name
-    return (run_dir / "checkpoints" / ckpt.LATEST).exists() and not (run_dir / "summary.json").exists()
+    return (run_dir / "checkpoints" / ckpt.LATEST).exists() and not (run_dir / SUMMARY).exists()
 
 
 def preflight(cfg: TrainConfig, envs_here: bool = True) -> None:
@@ -177,15 +192,13 @@ class Trainer:
         self.eval_envs: dict[str, Any] = {}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log_dir, log_cfg = self.run_dir, cfg.log
-        if self.sync.is_writer:
-            save_yaml(self.config_dict, self.run_dir / "config.yaml")
-        else:  # a data-parallel rank's own episodes, beside rank 0's run (no wandb run, no progress bar)
+        if not self.sync.is_writer:  # a data-parallel rank's own episodes, beside rank 0's run (no wandb, no progress bar)
             log_dir, log_cfg = self.run_dir / f"rank{self.sync.rank}", replace(cfg.log, wandb="disabled", progress=False)
         if state is not None:
             self._restore(state)
         self.log = RunLog(
-            log_dir, log_cfg, self.budget.total, self.config_dict,
-            wandb_id=state.get("wandb_id") if state and self.sync.is_writer else None, unit=self.budget.unit,
+            log_dir, log_cfg, self.budget.total, self.config_dict, vla_curves(self.budget.unit),
+            wandb_id=state.get("wandb_id") if state and self.sync.is_writer else None,
         )
         self.log.load_rows(self.iteration)
 
@@ -213,9 +226,7 @@ class Trainer:
             return {**summary, "stopped_by": stop.signal}
         if not self.sync.is_writer:
             return summary
-        tmp = self.run_dir / ".summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(self.run_dir / "summary.json")
+        self.log.write_summary(summary)
         return summary
 
     def _loop(self, stop: StopRequest) -> None:
@@ -381,7 +392,7 @@ class Trainer:
             details = ", ".join(f"{k}: {_get(state['config'], k)!r} -> {_get(self.config_dict, k)!r}" for k in changed)
             raise ckpt.CheckpointError(
                 f"--resume: {path} was written with a different config ({details}); resume with the run's "
-                f"original settings (see {self.run_dir / 'config.yaml'}) or start a new run with name=OTHER"
+                f"original settings (see {self.run_dir / CONFIG}) or start a new run with name=OTHER"
             )
         return state
 
@@ -422,8 +433,8 @@ class Trainer:
             "time_to_90pct_s": hit["wall_time"] if hit else None,
             "steps_to_90pct": hit["env_steps"] if hit else None,
             "checkpoint": str(self.ckpt_dir / ckpt.LATEST),
-            "metrics": str(self.run_dir / "metrics.csv"),
-            "curves": str(self.run_dir / "curves.png"),
+            "metrics": str(self.run_dir / METRICS),
+            "curves": str(self.run_dir / CURVES),
             "videos": str(self.run_dir / "videos"),
         }
 

@@ -3,22 +3,20 @@
 ``run_job`` is the loop of one job against service handles (in-process objects or Ray actors),
 so the same code runs alone, on Ray, or multiplexed with other jobs (the multiplexer passes a
 ``slicer`` that grants the job its time slices on the shared GPU group). ``run_rlvr`` is what
-``scripts/llm_rlvr.py`` calls: it builds the services, runs one job, and writes the curve.
+``scripts/llm_rlvr.py`` calls: it builds the services, runs one job, and writes its run directory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
-import io
 import json
 import logging
 import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +26,7 @@ import numpy as np
 import torch
 
 from infra.common.files import write_atomic
+from infra.common.runlog import CONFIG, Curves, LogConfig, Panel, RunLog, read_config
 from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.data import DataConfig, load_file_source
@@ -191,7 +190,7 @@ class RLVRConfig:
         spec = checkpoint_spec(self)
         saved = ckpt.checkpoint_path(spec.dir) if spec else None
         if not self.resume:
-            existing = [p for p in (saved, out / "config.json", out / "model") if p is not None and p.exists()]
+            existing = [p for p in (saved, out / CONFIG, out / "model") if p is not None and p.exists()]
             if existing:
                 raise ValueError(f"run {self.name!r} already exists ({existing[0]}); pass resume=true to continue it "
                                  "from its checkpoint, or choose another name= (a run is never overwritten).")
@@ -199,13 +198,18 @@ class RLVRConfig:
         if saved is None or not saved.exists():
             raise ValueError(f"resume=true but {saved or 'checkpoint_every=0'} holds no trainer checkpoint of run "
                              f"{self.name!r}; start it again under another name=, or without resume.")
-        if (out / "config.json").exists():
-            before = json.loads((out / "config.json").read_text())
-            now = json.loads(json.dumps(dataclasses.asdict(self)))
+        before = read_config(out)
+        if before is not None:
+            now = plain_config(self)
             differ = sorted(k for k in now.keys() - RESUME_MAY_CHANGE if before.get(k) != now[k])
             if differ:
-                raise ValueError(f"resume=true but {differ} differ from {out / 'config.json'}; a run continues only "
+                raise ValueError(f"resume=true but {differ} differ from {out / CONFIG}; a run continues only "
                                  "with its own config (start a new name= for a new one).")
+
+
+def plain_config(cfg: RLVRConfig) -> dict[str, Any]:
+    """``cfg`` as plain YAML types (tuples become lists), the form written to the run's ``config.yaml``."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
 RESUME_MAY_CHANGE = frozenset({"resume", "device", "threads", "ray", "priority", "tenant"})
@@ -453,108 +457,65 @@ def local_services(cfg: RLVRConfig) -> JobServices:
 # ---------------------------------------------------------------- outputs
 
 
-def write_outputs(out: Path, cfg: RLVRConfig, rows: list[dict[str, float]]) -> dict[str, float]:
-    """Write config.json, metrics.csv, curve.png and summary.json under ``out``; returns the summary
-    (reward start -> end, greedy accuracy start -> end, reward calls that failed)."""
-    import matplotlib
+RUN_LOG = LogConfig(wandb="disabled", video=False)
+"""The job's run directory: a progress bar, no wandb, no frames (so no ``videos/``)."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2).encode())
-    write_metrics(out, rows)
-    train = [r for r in rows if "mean_reward" in r]
-    rewards = np.array([r["mean_reward"] for r in train])
+def open_run_log(cfg: RLVRConfig) -> RunLog:
+    """The run directory ``out_dir/name`` of ``cfg`` (writes its ``config.yaml``): the mean sampled reward
+    and the held-out greedy accuracy against the GRPO iteration."""
+    curves = Curves(
+        x="iteration", x_label="GRPO iteration", shown=(("mean_reward", "reward"), ("kl", "kl")),
+        panels=(Panel("reward", (("mean_reward", f"mean reward (sampled, T={cfg.temperature:.1f})"),
+                                 ("eval_greedy_accuracy", "greedy accuracy (held-out)"))),),
+    )
+    return RunLog(Path(cfg.out_dir) / cfg.name, RUN_LOG, cfg.iterations, plain_config(cfg), curves)
+
+
+def write_outputs(run: RunLog, cfg: RLVRConfig) -> dict[str, float]:
+    """Write ``summary.json`` and ``curves.png`` of the rows ``run`` holds; returns the summary (reward
+    start -> end over windows of up to 10 iterations, greedy accuracy start -> end, reward calls that failed)."""
+    rows = run.rows
+    rewards = np.array([r["mean_reward"] for r in rows if "mean_reward" in r])
     k = max(1, min(10, len(rewards) // 5))
-    evals = [(r["iteration"], r["eval_greedy_accuracy"]) for r in rows if "eval_greedy_accuracy" in r]
+    evals = [r["eval_greedy_accuracy"] for r in rows if "eval_greedy_accuracy" in r]
     summary = {
         "mean_reward_first_iters": float(rewards[:k].mean()),
         "mean_reward_last_iters": float(rewards[-k:].mean()),
         "window_iters": k,
-        "eval_greedy_accuracy_start": evals[0][1],
-        "eval_greedy_accuracy_end": evals[-1][1],
+        "eval_greedy_accuracy_start": evals[0],
+        "eval_greedy_accuracy_end": evals[-1],
         "wall_s": rows[-1]["wall_s"],
         "reward_errors": int(sum(r.get("reward_errors", 0) for r in rows)),
         "reward_timeouts": int(sum(r.get("reward_timeouts", 0) for r in rows)),
     }
     summary["reward_ratio_end_vs_start"] = summary["mean_reward_last_iters"] / max(summary["mean_reward_first_iters"], 1e-9)
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2).encode())
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["iteration"] for r in train], rewards, lw=1, label=f"mean reward (sampled, T={cfg.temperature:.1f})")
-    ax.plot(*zip(*evals), "o-", label="greedy accuracy (held-out)")
-    ax.set_xlabel("GRPO iteration")
-    ax.set_ylabel("reward")
+    run.write_summary(summary)
     label = Path(cfg.data.path).stem if cfg.data.path else f"{cfg.task}{cfg.task_size}"
-    ax.set_title(f"RLVR {label}: {summary['mean_reward_first_iters']:.2f} -> {summary['mean_reward_last_iters']:.2f}")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    buf_png = io.BytesIO()
-    fig.savefig(buf_png, format="png", dpi=110)
-    plt.close(fig)
-    write_atomic(out / "curve.png", buf_png.getvalue())
+    run.plot(f"RLVR {label}: {summary['mean_reward_first_iters']:.2f} -> {summary['mean_reward_last_iters']:.2f}")
     return summary
-
-
-def write_metrics(out: Path, rows: list[dict[str, float]]) -> None:
-    """Write ``rows`` to ``out/metrics.csv`` (atomically), one column per key, ``iteration`` first."""
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "iteration", k))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=keys)
-    w.writeheader()
-    w.writerows(rows)
-    write_atomic(out / "metrics.csv", buf.getvalue().encode())
-
-
-def read_metrics(out: Path) -> list[dict[str, float]]:
-    """The rows of ``out/metrics.csv`` (none when absent); an empty cell is a key the row did not have."""
-    if not (out / "metrics.csv").exists():
-        return []
-    with open(out / "metrics.csv", newline="") as f:
-        return [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
-
-
-@contextlib.contextmanager
-def _progress(total: int) -> Iterator[Callable[[dict[str, float]], None]]:
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc="GRPO", unit="it")
-
-    def update(row: dict[str, float]) -> None:
-        bar.set_postfix(reward=f"{row['mean_reward']:.3f}", kl=f"{row['kl']:.4f}")
-        bar.update(1)
-
-    try:
-        yield update
-    finally:
-        bar.close()
 
 
 def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
     """Run the job of ``cfg`` (in-process, or on Ray services with ``cfg.ray``) and write its outputs.
 
-    ``config.json`` is written first and ``metrics.csv`` after every iteration, so a run that stops
-    keeps its rows, and ``resume=true`` continues them; the model is saved only by a job that ends.
+    The run directory is :mod:`infra.common.runlog`'s layout plus ``model/``: ``config.yaml`` is written
+    first and ``metrics.csv`` after every iteration, so a run that stops keeps its rows, and ``resume=true``
+    continues them; ``summary.json``, ``curves.png`` and the model are written only by a job that ends.
 
     Raises:
         JobStopped, RewardUnavailable, CheckpointError: the job stopped; nothing was saved over its model.
     """
     cfg.check()
     torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out_dir) / cfg.name
-    out.mkdir(parents=True, exist_ok=True)
-    earlier = read_metrics(out) if cfg.resume else []
-    write_atomic(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2).encode())
-    rows: list[dict[str, float]] = []
-
-    def before(it: float) -> list[dict[str, float]]:  # the earlier run's rows that this one does not redo
-        return [r for r in earlier if r["iteration"] < it]
-
-    with _progress(cfg.iterations) as progress:
+    run = open_run_log(cfg)
+    logged: list[dict[str, float]] = []
+    try:
         def on_iteration(row: dict[str, float]) -> None:
-            rows.append(row)
-            write_metrics(out, before(rows[0]["iteration"]) + rows)
-            progress(row)
+            if cfg.resume and not logged:  # the earlier run's rows that this one does not redo
+                run.load_rows(int(row["iteration"]) - 1)
+            logged.append(row)
+            run.log(row)
 
         if cfg.ray:
             from infra.llm.service_plane import ray_job_services
@@ -568,9 +529,12 @@ def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
                 result = run_job(cfg.name, cfg, svc, on_iteration=on_iteration)
             finally:
                 svc.reward.call("close")
-    summary = write_outputs(out, cfg, before(result.rows[0]["iteration"]) + result.rows)
-    save_model(out / "model", cfg, result.weights)
-    summary["out_dir"] = str(out)
+        on_iteration(result.rows[-1])  # the last row: the final evaluation, which run_job does not report
+        summary = write_outputs(run, cfg)
+    finally:
+        run.close()
+    save_model(run.run_dir / "model", cfg, result.weights)
+    summary["out_dir"] = str(run.run_dir)
     return summary
 
 

@@ -8,7 +8,7 @@ import torch
 
 from infra.common.typed_config import ConfigError, apply_overrides
 from infra.llm.model import ModelConfig
-from infra.llm.rlvr import RLVRConfig, local_services, run_job, write_outputs
+from infra.llm.rlvr import RLVRConfig, local_services, open_run_log, run_job, write_outputs
 from infra.llm.verifiable_tasks import VOCAB_SIZE
 
 torch.set_num_threads(2)
@@ -65,12 +65,16 @@ def test_rlvr_job_learns_and_writes_its_curve(tmp_path) -> None:
     cfg = RLVRConfig(name="t", iterations=30, eval_every=15, out_dir=str(tmp_path),
                      model=ModelConfig(kind="char", vocab_size=VOCAB_SIZE))
     result = run_job(cfg.name, cfg, local_services(cfg))
-    summary = write_outputs(tmp_path / "t", cfg, result.rows)
+    run = open_run_log(cfg)
+    for row in result.rows:
+        run.log(row)
+    summary = write_outputs(run, cfg)
+    run.close()
     # The target: mean reward at the end at least 3x its start (windows of 6 iterations).
     assert summary["mean_reward_last_iters"] >= 3 * summary["mean_reward_first_iters"] > 0
     assert summary["eval_greedy_accuracy_end"] > summary["eval_greedy_accuracy_start"]
     with open(tmp_path / "t" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == cfg.iterations + 1 and "mean_reward" in rows[0]
-    assert (tmp_path / "t" / "curve.png").stat().st_size > 1000
+    assert (tmp_path / "t" / "curves.png").stat().st_size > 1000
     assert json.loads((tmp_path / "t" / "summary.json").read_text())["window_iters"] == 6

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from infra.common.runlog import read_metrics
 from infra.common.typed_config import apply_overrides
 from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardRunner
-from infra.llm.rlvr import RLVRConfig, read_metrics, run_rlvr, save_model
+from infra.llm.rlvr import RLVRConfig, run_rlvr, save_model
 from infra.llm.services import JobStopped, TrainerService
 from infra.llm.verifiable_tasks import VOCAB_SIZE
 
@@ -113,6 +114,9 @@ def test_the_same_name_again_is_refused_and_resume_continues_as_if_never_stopped
     assert [r["iteration"] for r in read_metrics(out)] == [0, 1, 2, 3]
     assert (out / "model" / "model.safetensors").read_bytes() == (ref_out / "model" / "model.safetensors").read_bytes()
     assert ckpt.read_info(path.parent, "job").step == 2 + 1 + 3
+    # The run directory has the VLA trainer's layout (infra.common.runlog), plus the job's model; no frames, no videos/.
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoints", "config.yaml", "curves.png", "metrics.csv", "model", "summary.json"]
 
 
 def test_a_trainer_never_overwrites_a_checkpoint_with_a_fresh_registration(tmp_path) -> None:

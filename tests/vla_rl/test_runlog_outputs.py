@@ -99,3 +99,10 @@ def test_summary_json_has_the_promised_keys_and_the_evaluation_share(run_dir, ro
 def test_rendering_run_reports_render_time(rows):
     # sims counts its render seconds (env.timings["render"]); the rollout puts them in time/render.
     assert all(float(r["time/render"]) > 0 for r in rows)
+
+
+def test_the_run_directory_has_the_one_layout_of_both_trainers(run_dir):
+    # infra.common.runlog's layout (the LLM job writes the same, tests/infra/test_llm_safety.py), plus
+    # this trainer's checkpoints/, its videos/ (it has frames) and wandb/.
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "checkpoints", "config.yaml", "curves.png", "metrics.csv", "summary.json", "videos", "wandb"]
