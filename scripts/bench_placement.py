@@ -6,7 +6,7 @@
 
 Runs the same job (``--config``, default ``configs/default.yaml``, plus ``key=value`` overrides)
 for a few PPO iterations in each mode — ``inprocess`` (no Ray), then ``colocated``,
-``disaggregated`` and ``pipelined`` through ``vla_rl.fleet.run_job`` on one local Ray cluster
+``disaggregated`` and ``pipelined`` through ``vla_rl.fleet.run_fleet_job`` on one local Ray cluster
 whose logical GPUs are declared by ``fleet.cluster`` (loopback, CPU only) — and reports, from each
 run's metrics.csv without its first (warm-up) iteration, env-steps/s and the seconds per
 iteration spent simulating, rendering, inferring, updating and waiting — the median over
@@ -65,9 +65,9 @@ def run_mode(cfg: TrainConfig) -> list[dict[str, float]]:
         finally:
             trainer.close()
     else:
-        from vla_rl.fleet.job import run_job
+        from vla_rl.fleet.job import run_fleet_job
 
-        summary = run_job(cfg)
+        summary = run_fleet_job(cfg)
     with open(summary["metrics"], newline="") as f:
         return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
 

@@ -55,12 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         if resume and not args.resume:
             print(f"{Path(cfg.out_dir) / cfg.run_name} holds an unfinished run: resuming it from its latest checkpoint")
         if cfg.fleet.mode != "inprocess":
-            from vla_rl.fleet import run_job
+            from vla_rl.fleet import run_fleet_job
 
             preflight(cfg)  # before Ray starts; in-process, Trainer checks it
 
             print(f"training {cfg.run_name} on Ray ({cfg.fleet.mode}), results in {Path(cfg.out_dir) / cfg.run_name}")
-            summary = run_job(cfg, resume=resume)
+            summary = run_fleet_job(cfg, resume=resume)
         else:
             trainer = Trainer(cfg, resume=resume)
             print(f"training {cfg.run_name}: {cfg.algo} on {cfg.env.kind}:{cfg.env.task}, results in {trainer.run_dir}")

@@ -138,7 +138,7 @@ def plan_buffers(nv: int, nworld: int, nconmax: int = 48, njmax: int = 192, dete
                       det_records_per_world=per_world)
 
 
-def resolve_device(device: str) -> str:
+def warp_device_for(device: str) -> str:
     """The Warp device for ``device``: "cpu", "cuda:N", or "auto" (the first GPU, else the CPU).
 
     Raises:
@@ -214,7 +214,7 @@ class WarpBackend:
 
         self._wp, self._mjw = wp, mjw
         self.renders = render is not None
-        name = resolve_device(device)
+        name = warp_device_for(device)
         self.wp_device = wp.get_device(name)
         self.device = torch.device(name)
         self.xp = self.ax = TorchNamespace(self.device)

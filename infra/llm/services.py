@@ -83,7 +83,7 @@ def _host_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: (v.detach().to("cpu", copy=True).pin_memory() if pin else v.detach().to("cpu", copy=True)) for k, v in state.items()}
 
 
-def resolve_device(device: str) -> str:
+def service_device(device: str) -> str:
     """``auto``: the GPU Ray gave this process when CUDA has one (logical GPUs on a CPU box: ``cpu``)."""
     if device != "auto":
         return device
@@ -100,7 +100,7 @@ class RolloutService(_Sliced):
     def __init__(self, model_cfg: ModelConfig, *, engine: str | None = None, device: str = "cpu") -> None:
         super().__init__()
         # engine None: the default engine of the model's kind (infra.llm.engine.DEFAULT_ENGINES)
-        self.engine: GenerationEngine = load_engine(engine, model_cfg, device=resolve_device(device))
+        self.engine: GenerationEngine = load_engine(engine, model_cfg, device=service_device(device))
         self._host: dict[str, dict[str, torch.Tensor]] = {}
         self._versions: dict[str, int] = {}
         self._resident: str | None = None
@@ -235,7 +235,7 @@ class TrainerService(_Sliced):
 
     def __init__(self, *, device: str = "cpu") -> None:
         super().__init__()
-        self.device = resolve_device(device)
+        self.device = service_device(device)
         self._jobs: dict[str, _TrainerJob] = {}
 
     def register_job(

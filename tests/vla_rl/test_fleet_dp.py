@@ -21,7 +21,7 @@ from vla_rl.config import ConfigError, build_config
 ray = pytest.importorskip("ray")
 
 from vla_rl.fleet.data_parallel import DataParallelFleet, join_ranks, start_ranks, wait_all  # noqa: E402
-from vla_rl.fleet.job import run_job, start_fleet, submit_job  # noqa: E402
+from vla_rl.fleet.job import run_fleet_job, start_fleet, submit_job  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ITERATIONS = 5
@@ -63,7 +63,7 @@ def ray_session():
 def uninterrupted(ray_session, tmp_path_factory):
     """The final checkpoint of a data-parallel run that nothing disturbed."""
     tmp_path = tmp_path_factory.mktemp("dp")
-    summary = run_job(_config(tmp_path, "whole"))
+    summary = run_fleet_job(_config(tmp_path, "whole"))
     assert summary["iterations"] == ITERATIONS and summary["env_steps"] == ITERATIONS * 32
     return load_checkpoint(tmp_path / "whole" / "checkpoints" / LATEST)
 
@@ -150,13 +150,13 @@ def test_a_stopped_run_resumes_exactly(ray_session, uninterrupted, tmp_path, eve
     latest = tmp_path / "stopped" / "checkpoints" / LATEST
     stopped: list = []
     thread = _on_rank_after(latest, eventually, processes, signal.SIGTERM, stopped)
-    first = run_job(cfg)
+    first = run_fleet_job(cfg)
     thread.join(timeout=5)
     assert stopped == [True], f"no rank was stopped mid-run ({stopped}); the test proves nothing"
     assert first["stopped_by"] == "SIGTERM" and 2 <= first["iterations"] < ITERATIONS
     assert not (tmp_path / "stopped" / "summary.json").exists()
 
-    run_job(cfg, resume=True)
+    run_fleet_job(cfg, resume=True)
     _assert_same_run(load_checkpoint(latest), uninterrupted)
 
 
@@ -166,7 +166,7 @@ def test_a_killed_rank_restarts_the_gang_from_its_checkpoint(ray_session, uninte
     latest = tmp_path / "killed" / "checkpoints" / LATEST
     killed: list = []
     thread = _on_rank_after(latest, eventually, processes, signal.SIGKILL, killed)
-    summary = run_job(cfg)
+    summary = run_fleet_job(cfg)
     thread.join(timeout=5)
     assert killed == [True], f"no rank was killed mid-run ({killed}); the test proves nothing"
     assert "a rank actor died" in capsys.readouterr().out

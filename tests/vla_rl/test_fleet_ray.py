@@ -24,7 +24,7 @@ import policies
 from vla_rl.checkpoint import LATEST, load_checkpoint
 from vla_rl.config import build_config, load_config
 from vla_rl.fleet.collector import FleetCollector
-from vla_rl.fleet.job import run_job, start_fleet
+from vla_rl.fleet.job import run_fleet_job, start_fleet
 from vla_rl.rollout import Timer
 from vla_rl.trainer import Trainer
 
@@ -66,7 +66,7 @@ def ray_session():
 
 def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(ray_session, tmp_path, capsys, eventually,
                                                                                   processes):
-    # run_job shares the service with this module's other fleets; none runs now.
+    # run_fleet_job shares the service with this module's other fleets; none runs now.
     assert not ray_session.gangs()
     local = Trainer(_config(tmp_path, "local"))
     local.train()
@@ -88,7 +88,7 @@ def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(
 
     killer = threading.Thread(target=kill_trainer_after_two_checkpoints, daemon=True)
     killer.start()
-    summary = run_job(cfg)
+    summary = run_fleet_job(cfg)
     killer.join(timeout=5)
 
     assert killed == [True], f"the trainer was not killed mid-run ({killed}); the test proves nothing"
@@ -446,7 +446,7 @@ def test_rl_from_a_checkpoint_runs_grpo_on_the_fleet(ray_session, tmp_path):
     Trainer(start).train()
     cfg = _grpo_config(tmp_path, "from-start", total_env_steps=2 * 8 * 50,
                        init_from=str(tmp_path / "start" / "checkpoints" / LATEST))
-    summary = run_job(cfg)
+    summary = run_fleet_job(cfg)
     assert summary["iterations"] >= 2
     rows = (tmp_path / "from-start" / "metrics.csv").read_text().splitlines()
     assert len(rows) - 1 >= 2 and "fleet/version" in rows[0]

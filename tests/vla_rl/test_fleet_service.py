@@ -26,7 +26,7 @@ from infra.service.actor import NAMESPACE, SERVICE_NAME, HandleState  # noqa: E4
 from infra.service.client import connect  # noqa: E402
 from vla_rl.checkpoint import LATEST, load_checkpoint  # noqa: E402
 from vla_rl.config import build_config  # noqa: E402
-from vla_rl.fleet.job import run_job  # noqa: E402
+from vla_rl.fleet.job import run_fleet_job  # noqa: E402
 from vla_rl.trainer import Trainer  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -64,7 +64,7 @@ def test_llm_job_preempts_the_embodied_job_which_resumes_exactly(tmp_path, event
         cfg = _embodied(tmp_path, "robot")
         latest = tmp_path / "robot" / "checkpoints" / LATEST
         out: dict = {}
-        job = threading.Thread(target=lambda: out.setdefault("robot", run_job(cfg)), daemon=True)
+        job = threading.Thread(target=lambda: out.setdefault("robot", run_fleet_job(cfg)), daemon=True)
         job.start()
         assert eventually(lambda: latest.exists() and load_checkpoint(latest)["iteration"] >= 2, 240)
 

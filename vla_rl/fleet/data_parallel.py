@@ -10,7 +10,7 @@ after every update (checked each iteration); rank 0 evaluates and writes the che
 hold every rank's own state.
 
 The job is one gang of N whole-GPU bundles (:mod:`vla_rl.fleet.job_gang`) in the cluster's
-scheduler service; :func:`vla_rl.fleet.job.run_job` supervises it as any fleet: a preemption
+scheduler service; :func:`vla_rl.fleet.job.run_fleet_job` supervises it as any fleet: a preemption
 notice reaches rank 0 as SIGTERM and every rank stops with a checkpoint; a rank that dies ends
 the attempt, :meth:`DataParallelFleet.train_once` stops every other rank (they would wait in
 their next collective) and the job starts all ranks again from the last checkpoint.

@@ -1,6 +1,6 @@
 """Launch and supervise the training job on Ray through the cluster's scheduler service.
 
-:func:`run_job` connects to (or, for ``fleet.address=local``, starts) a Ray cluster, submits the
+:func:`run_fleet_job` connects to (or, for ``fleet.address=local``, starts) a Ray cluster, submits the
 job's gang (:mod:`vla_rl.fleet.job_gang`) to the cluster's scheduler service
 (:mod:`infra.service`, shared with every other job there), waits until it is placed, starts
 every component on its placed node and GPUs (``infra.service.client.GangBackend``), and runs the
@@ -311,7 +311,7 @@ def start_fleet(cfg: Any, name: str | None = None, gang: GangHandle | None = Non
     return Fleet(gang, backend, layout, workers, server)
 
 
-def run_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
+def run_fleet_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
     """Run training job ``cfg`` on Ray (``cfg.fleet``) through the scheduler service; returns the trainer's summary.
 
     Args:
