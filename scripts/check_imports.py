@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_modules(args.scripts)
     if missing:
         names = ", ".join(f"{m} (imported by {sorted(f)[0]})" for m, f in sorted(missing.items()))
-        print(f"missing Python modules: {names}; bring their wheels (../shared/device/prepare.sh)", file=sys.stderr)
+        print(f"missing Python modules: {names}; bring their wheels (scripts/device/prepare.sh)", file=sys.stderr)
         return 1
     return 0
 

@@ -12,13 +12,13 @@
 #   scripts/gpu_recipe.sh [OUT]                                   # on the GPU: cuda:0
 #   RECIPE_DEVICE=cpu RECIPE_TINY=1 scripts/gpu_recipe.sh /tmp/r   # a dry run of every part on the CPU
 #
-# On the GPU machine (../shared/device/README.md) the demonstrations need ffmpeg's binary:
+# On the GPU machine (scripts/device/prepare.sh) the demonstrations need ffmpeg's binary:
 # bash .dev1/call1.sh; bash .dev2/call2.sh true; bash .dev3/call3.sh bash scripts/gpu_recipe.sh "$OUT"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu_recipe}
 device=${RECIPE_DEVICE:-cuda:0}
-python=${PYTHON:-python3}  # the GPU machine's interpreter (../shared/device/README.md)
+python=${PYTHON:-python3}  # the GPU machine's interpreter (scripts/device/prepare.sh)
 if [[ -z ${PYTHON:-} && -x .venv/bin/python ]]; then python=.venv/bin/python; fi
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} HF_HUB_OFFLINE=1 WANDB_MODE=disabled
 "$python" scripts/check_imports.py scripts/sft_rl.py scripts/llm_rlvr.py scripts/llm_tiny_model.py || exit 3

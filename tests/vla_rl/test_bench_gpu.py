@@ -8,7 +8,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,13 +43,12 @@ def test_without_minilm_the_instructions_get_stand_in_embeddings(monkeypatch):
     assert torch.allclose(emb.norm(dim=-1), torch.ones(len(table)))
 
 
-GPU_SCRIPTS = [ROOT / "scripts" / name for name in ("bench_sims_gpu.py", "sft_rl.py", "llm_rlvr.py")]
-#: What the GPU machine's python3 has (../shared/device/README.md), as import names.
+GPU_SCRIPTS = [ROOT / "scripts" / name for name in ("bench_sims_gpu.py", "sft_rl.py", "llm_rlvr.py", "llm_tiny_model.py")]
+#: What the GPU machine's python3 has (scripts/device/packages.txt's header), as import names;
+#: tokenizers comes with transformers.
 GPU_MACHINE_HAS = {"torch", "jax", "numpy", "scipy", "yaml", "tqdm", "rich", "matplotlib", "onnx", "onnxruntime",
-                   "transformers", "safetensors", "pyarrow", "imageio", "absl", "etils"}
-# ../shared/device/ beside the main checkout (one level further up from a worktree under wt/)
-PREPARE = next((p for p in (ROOT.parent / "shared/device/prepare.sh", ROOT.parent.parent / "shared/device/prepare.sh")
-                if p.is_file()), ROOT.parent / "shared/device/prepare.sh")
+                   "transformers", "tokenizers", "safetensors", "pyarrow", "imageio", "absl", "etils"}
+DEVICE = ROOT / "scripts" / "device"
 
 
 def test_package_check_follows_imports_into_the_project(monkeypatch, capsys):
@@ -66,16 +64,35 @@ def test_package_check_follows_imports_into_the_project(monkeypatch, capsys):
     assert "missing Python modules: imageio_ffmpeg (imported by vla_rl/demos/" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not PREPARE.is_file(), reason="../shared/device/prepare.sh is not beside this checkout")
 def test_prepared_wheels_cover_every_module_the_gpu_scripts_import():
-    text = PREPARE.read_text()
-    dists = {d.lower() for d in re.findall(r"([A-Za-z][\w.-]*)==\$\(v ", text)}
-    dists |= {"pyvers", "farama-notifications", "pyopengl", "glfw", "trimesh"} & set(text.lower().split())
+    lines = (line.split("#")[0].strip() for line in (DEVICE / "packages.txt").read_text().splitlines())
+    dists = {line.lower() for line in lines if line}
     shipped = {module for module, owners in importlib.metadata.packages_distributions().items()
                if {o.lower() for o in owners} & dists}
     needed = set(check_imports.required_modules(GPU_SCRIPTS))
-    assert {"imageio_ffmpeg", "sortedcontainers", "mujoco_warp", "warp"} <= shipped
+    assert {"imageio_ffmpeg", "sortedcontainers", "mujoco_warp", "warp"} <= needed
     assert needed - shipped - GPU_MACHINE_HAS == set()
+
+
+def test_device_scripts_parse_and_carry_what_each_call_unpacks():
+    for script in ("prepare.sh", "call1.sh", "call2.sh", "call3.sh", "gpu_env.sh"):
+        assert subprocess.run(["bash", "-n", str(DEVICE / script)]).returncode == 0, script
+    prepare = (DEVICE / "prepare.sh").read_text()
+    for made in (".dev1/warp_pkg.tar.xz", ".dev1/warp.so.xz.1", ".dev2/warp.so.xz.2", ".dev3/ffmpeg.xz",
+                 ".dev3/imageio_ffmpeg_pkg.tar.xz", ".dev3/ffmpeg_name"):
+        call = (DEVICE / f"call{made[4]}.sh").read_text()
+        assert made in prepare and made in call, made
+
+
+def test_gpu_env_unpacks_split_xz_with_python_alone(tmp_path):
+    """call2.sh joins warp's core from two pieces of one xz stream; the helper must undo prepare.sh's split."""
+    payload = os.urandom(3000) * 50
+    whole = subprocess.run(["xz", "-9", "-c"], input=payload, capture_output=True, check=True).stdout
+    (tmp_path / "a").write_bytes(whole[:1000])
+    (tmp_path / "b").write_bytes(whole[1000:])
+    script = f"source {DEVICE / 'gpu_env.sh'} && unxz {tmp_path / 'a'} {tmp_path / 'b'} {tmp_path / 'out'}"
+    subprocess.run(["bash", "-c", script], check=True, env={**os.environ, "PATH": os.environ["PATH"]})
+    assert (tmp_path / "out").read_bytes() == payload
 
 
 @pytest.mark.slow  # ~30 s on 2 cores: two tiny VLA jobs and the warp env, each built once
