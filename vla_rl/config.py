@@ -24,7 +24,7 @@ import yaml
 
 from infra.common.runlog import LogConfig
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
-from rlcore.config import (
+from rlcore.update_config import (
     AT_LEAST_1,
     FRACTION,
     GRPO_RANGES,
@@ -35,7 +35,7 @@ from rlcore.config import (
     Range,
     out_of_range,
 )
-from vla_rl.fleet.config import FLEET_RANGES, FleetConfig, validate_fleet
+from vla_rl.fleet.section import FLEET_RANGES, FleetConfig, validate_fleet
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_POLICY = "vla"
@@ -386,7 +386,7 @@ RANGES: dict[str, Range] = {
 }
 """Valid range of every numeric field of :class:`TrainConfig` (the policy's: :data:`POLICY_RANGES`);
 ``None`` values (optional fields left unset) are not checked. Tuples are checked element by element, and a
-number no entry names must be finite and >= 0 (``rlcore.config.DEFAULT_RANGE``)."""
+number no entry names must be finite and >= 0 (``rlcore.update_config.DEFAULT_RANGE``)."""
 POLICY_RANGES: dict[str, Range] = {
     "hidden_sizes": AT_LEAST_1, "trunk_sizes": AT_LEAST_1, "critic_hidden_sizes": AT_LEAST_1,
     "conv_channels": AT_LEAST_1, "obs_clip": NON_NEGATIVE, "image_size": Range(8, 1024), "patch_size": AT_LEAST_1,

@@ -41,10 +41,10 @@ from infra.service.client import GangBackend, GangFailed, GangHandle, connect
 from vla_rl.algorithm import algorithm_class
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError
-from vla_rl.fleet.config import FleetConfig
 from vla_rl.fleet.data_parallel import DataParallelFleet
 from vla_rl.fleet.inference import InferenceServer
 from vla_rl.fleet.job_gang import JobLayout, PlacementError, cluster_of, job_request
+from vla_rl.fleet.section import FleetConfig
 from vla_rl.fleet.worker import RolloutWorker
 
 #: Concurrent calls the inference server's event loop accepts (requests of all stages of all shards).

@@ -34,7 +34,7 @@ from infra.scheduler import (
     Scheduler,
 )
 from vla_rl.config import ConfigError
-from vla_rl.fleet.config import ClusterSpec, ComponentPlacement, FleetConfig, resolved_placement
+from vla_rl.fleet.section import ClusterSpec, ComponentPlacement, FleetConfig, resolved_placement
 
 
 class PlacementError(ConfigError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from infra.common.typed_config import ConfigError
-from rlcore.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range
+from rlcore.update_config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range
 
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig
