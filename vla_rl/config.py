@@ -5,7 +5,7 @@ differs from them, and ``key=value`` arguments (dotted paths, values parsed as Y
 applied on top. Every key is checked against the dataclass fields where it enters, and an unknown
 key, task, algorithm or model raises :class:`ConfigError` naming the valid choices.
 
-Each component receives only its own section: the environment factory gets :class:`EnvConfig`,
+Each component receives only its own section: the environment factory gets :class:`TrainEnvConfig`,
 PPO gets :class:`PPOConfig`, the policy factory gets the policy's own dataclass from ``policies``.
 Reading and checking dicts and overrides is :mod:`infra.common.typed_config`'s, shared with the LLM jobs.
 """
@@ -43,7 +43,7 @@ DEFAULT_POLICY = "vla"
 
 
 @dataclass
-class EnvConfig:
+class TrainEnvConfig:
     """Which environment to train on and how many copies to step at once."""
 
     kind: Literal["sims", "gym"] = "sims"
@@ -228,7 +228,7 @@ class TrainConfig:
     """Threads torch may use for inference and updates (1 is fastest for small networks on a busy machine)."""
     device: str = "cpu"
     """Torch device of the policy."""
-    env: EnvConfig = field(default_factory=EnvConfig)
+    env: TrainEnvConfig = field(default_factory=TrainEnvConfig)
     """Environment section."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO section (used when ``algo=ppo``)."""
@@ -442,7 +442,7 @@ def _check_ranges(section: Any, ranges: dict[str, Range], prefix: str = "") -> N
         raise ConfigError(message)
 
 
-def _check_sims_env(env: EnvConfig) -> None:
+def _check_sims_env(env: TrainEnvConfig) -> None:
     """The ``sims``-only settings: backend, reward and cameras."""
     from sims.backends import BACKENDS
     from sims.scene import CAMERAS
@@ -571,7 +571,7 @@ def algo_optim(cfg: TrainConfig) -> OptimConfig:
     return {"ppo": cfg.ppo.optim, "grpo": cfg.grpo.optim, "distill": cfg.distill.optim, "sft": cfg.sft.optim}[cfg.algo]
 
 
-def check_task(env: EnvConfig) -> None:
+def check_task(env: TrainEnvConfig) -> None:
     """Raise :class:`ConfigError` listing the valid tasks when ``env.task`` is unknown."""
     if env.kind == "sims":
         from sims.tasks import TASK_NAMES

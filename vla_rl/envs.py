@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from vla_rl.config import EnvConfig
+from vla_rl.config import TrainEnvConfig
 
 
 class GymTensorEnv:
@@ -206,7 +206,7 @@ def _restore(env: gym.Env, state: dict[str, Any]) -> None:
 
 
 def make_env(
-    cfg: EnvConfig,
+    cfg: TrainEnvConfig,
     *,
     seed: int,
     num_envs: int | None = None,
