@@ -37,7 +37,7 @@ class EnvConfig:
 
     Attributes:
         task: a task name or ``"suite"`` (a task sampled per environment and episode).
-        num_envs: number of environments N.
+        num_envs: number of environments N (the trainer's ``env.num_envs`` takes this default).
         seed: base seed; episode k of group g is sampled from ``(seed, g, k)``.
         split: the episodes' split (:data:`sims.tasks.SPLITS`): ``train``, ``validation``,
             ``paraphrase`` (held-out templates) or ``composition`` (held-out task x entity x colour
@@ -76,7 +76,7 @@ class EnvConfig:
     """
 
     task: str = "reach"
-    num_envs: int = 16
+    num_envs: int = 32
     seed: int = 0
     split: str = "train"
     render: RenderConfig | None = None

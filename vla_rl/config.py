@@ -1,11 +1,12 @@
 """Typed run configuration: dataclasses, YAML loading and ``key=value`` overrides.
 
-One source of defaults: the dataclasses below. A YAML file under ``configs/`` only names what
+One source of defaults: the dataclasses below (the ``env`` section's simulator settings take
+:class:`sims.EnvConfig`'s). A YAML file under ``configs/`` only names what
 differs from them, and ``key=value`` arguments (dotted paths, values parsed as YAML scalars) are
 applied on top. Every key is checked against the dataclass fields where it enters, and an unknown
 key, task, algorithm or model raises :class:`ConfigError` naming the valid choices.
 
-Each component receives only its own section: the environment factory gets :class:`EnvConfig`,
+Each component receives only its own section: the environment factory gets :class:`TrainEnvConfig`,
 PPO gets :class:`PPOConfig`, the policy factory gets the policy's own dataclass from ``policies``.
 Reading and checking dicts and overrides is :mod:`infra.common.typed_config`'s, shared with the LLM jobs.
 """
@@ -22,9 +23,10 @@ from typing import Any, Literal
 
 import yaml
 
+import sims
 from infra.common.runlog import LogConfig
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
-from rlcore.config import (
+from rlcore.update_config import (
     AT_LEAST_1,
     FRACTION,
     GRPO_RANGES,
@@ -35,62 +37,73 @@ from rlcore.config import (
     Range,
     out_of_range,
 )
-from vla_rl.fleet.config import FLEET_RANGES, FleetConfig, validate_fleet
+from vla_rl.fleet.section import FLEET_RANGES, FleetConfig, validate_fleet
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_POLICY = "vla"
 """The model of a config whose ``policy`` section names none."""
 
 
+_SIMS = sims.EnvConfig()
+_FRAMES = sims.RenderConfig()
+
+
 @dataclass
-class EnvConfig:
-    """Which environment to train on and how many copies to step at once."""
+class TrainEnvConfig:
+    """The ``env`` section: which environment to train on and how many copies to step at once.
+
+    A ``sims`` environment is described by :class:`sims.EnvConfig`: the fields below that it shares take
+    its defaults (and :class:`sims.RenderConfig`'s for the frames), and :func:`vla_rl.envs.sims_env_config`
+    turns this section into one. The other fields are the trainer's: ``kind``, whether to ``render``, and the
+    gymnasium settings.
+    """
 
     kind: Literal["sims", "gym"] = "sims"
     """``sims``: the project's batched MuJoCo tasks; ``gym``: any gymnasium environment id."""
-    task: str = "reach"
+    task: str = _SIMS.task
     """Task name of ``sims`` (or ``suite`` for all tasks), or a gymnasium id such as ``HalfCheetah-v5``."""
-    num_envs: int = 32
+    num_envs: int = _SIMS.num_envs
     """Environments stepped in parallel (N)."""
     render: bool = True
-    """Render RGB camera frames into the observation (``sims`` only; the VLA needs them)."""
-    image_size: int = 64
+    """Render RGB camera frames into the observation (``sims`` only; the VLA, the default policy, needs them)."""
+    image_size: int = _FRAMES.height
     """Height and width of rendered frames in pixels, 8 to 1024 (``sims`` only; the VLA's
     ``policy.image_size`` must equal it)."""
-    cameras: tuple[str, ...] = ("front",)
+    cameras: tuple[str, ...] = _FRAMES.cameras
     """Cameras rendered, in this order (``sims`` only): ``front`` and/or ``wrist``; ``rgb`` is
     ``[N, cams, 3, H, W]``."""
-    depth: bool = False
+    depth: bool = _FRAMES.depth
     """Also render linear depth in metres as ``depth`` float ``[N, cams, H, W]`` (``sims`` only)."""
-    backend: str = "batch"
+    backend: str = _SIMS.backend
     """Simulator backend of ``sims``, one of ``sims.backends.BACKENDS``: ``batch`` (threaded CPU),
     ``warp`` (MuJoCo Warp: physics, task code and rendering on ``warp_device``), ``mjx``."""
-    warp_device: str = "auto"
+    warp_device: str = _SIMS.warp_device
     """Device of ``backend=warp``: ``cpu`` (Warp's CPU device, for tests), ``cuda:N``, or ``auto`` (the
     first GPU if there is one, else the CPU)."""
-    warp_deterministic: bool = False
+    warp_deterministic: bool = _SIMS.warp_deterministic
     """``backend=warp``: run-to-run identical physics on a GPU (mujoco_warp's ``DeterminismType.ALL`` on
     the dense Jacobian; slower, and at most about 4,300 suite worlds, checked before allocation)."""
-    warp_uncaptured: bool = False
+    warp_uncaptured: bool = _SIMS.warp_uncaptured
     """``backend=warp`` on CUDA: step without CUDA graphs (about 100x slower); otherwise a failed graph
     capture is an error."""
     vectorization: Literal["sync", "async"] = "sync"
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None
     """Episode length limit (gymnasium only); ``None`` keeps the environment's own limit."""
-    terminate_on_success: bool = True
+    terminate_on_success: bool = _SIMS.terminate_on_success
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
-    reward: str = "dense"
+    reward: str = _SIMS.reward
     """What a ``sims`` step pays, one of ``sims.REWARDS``: ``dense`` (the shaped reward, positive at every
     step: with ``terminate_on_success`` a near miss held to the step limit can return more than finishing),
     ``progress`` (the change of the shaped reward: an episode returns its final minus its initial
     shaping) or ``success`` (1 at the step the task succeeds)."""
-    success_bonus: float = 0.0
+    success_bonus: float = _SIMS.success_bonus
     """Reward added at every step a ``sims`` task succeeds (its shaped reward pays a near miss almost as
     much as a success; a bonus makes finishing the task pay)."""
     task_weights: dict[str, float] = field(default_factory=dict)
     """Relative weight of each named task when a ``sims`` multi-task env samples training episodes, e.g.
-    ``{push: 3, stack: 3}`` (a task not named weighs 1; empty: uniform). Evaluation splits sample uniformly."""
+    ``{push: 3, stack: 3}`` (a task not named weighs 1; empty: uniform, as ``sims.EnvConfig.task_weights=None``).
+    Evaluation splits sample uniformly."""
 
 
 @dataclass
@@ -228,7 +241,7 @@ class TrainConfig:
     """Threads torch may use for inference and updates (1 is fastest for small networks on a busy machine)."""
     device: str = "cpu"
     """Torch device of the policy."""
-    env: EnvConfig = field(default_factory=EnvConfig)
+    env: TrainEnvConfig = field(default_factory=TrainEnvConfig)
     """Environment section."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO section (used when ``algo=ppo``)."""
@@ -386,7 +399,7 @@ RANGES: dict[str, Range] = {
 }
 """Valid range of every numeric field of :class:`TrainConfig` (the policy's: :data:`POLICY_RANGES`);
 ``None`` values (optional fields left unset) are not checked. Tuples are checked element by element, and a
-number no entry names must be finite and >= 0 (``rlcore.config.DEFAULT_RANGE``)."""
+number no entry names must be finite and >= 0 (``rlcore.update_config.DEFAULT_RANGE``)."""
 POLICY_RANGES: dict[str, Range] = {
     "hidden_sizes": AT_LEAST_1, "trunk_sizes": AT_LEAST_1, "critic_hidden_sizes": AT_LEAST_1,
     "conv_channels": AT_LEAST_1, "obs_clip": NON_NEGATIVE, "image_size": Range(8, 1024), "patch_size": AT_LEAST_1,
@@ -442,7 +455,7 @@ def _check_ranges(section: Any, ranges: dict[str, Range], prefix: str = "") -> N
         raise ConfigError(message)
 
 
-def _check_sims_env(env: EnvConfig) -> None:
+def _check_sims_env(env: TrainEnvConfig) -> None:
     """The ``sims``-only settings: backend, reward and cameras."""
     from sims.backends import BACKENDS
     from sims.scene import CAMERAS
@@ -571,7 +584,7 @@ def algo_optim(cfg: TrainConfig) -> OptimConfig:
     return {"ppo": cfg.ppo.optim, "grpo": cfg.grpo.optim, "distill": cfg.distill.optim, "sft": cfg.sft.optim}[cfg.algo]
 
 
-def check_task(env: EnvConfig) -> None:
+def check_task(env: TrainEnvConfig) -> None:
     """Raise :class:`ConfigError` listing the valid tasks when ``env.task`` is unknown."""
     if env.kind == "sims":
         from sims.tasks import TASK_NAMES

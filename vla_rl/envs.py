@@ -22,7 +22,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from vla_rl.config import EnvConfig
+import sims
+from sims.tasks import task_weight_tuple
+from vla_rl.config import TrainEnvConfig
 
 
 class GymTensorEnv:
@@ -205,8 +207,37 @@ def _restore(env: gym.Env, state: dict[str, Any]) -> None:
         base.state = state["array_state"].copy()
 
 
+def sims_env_config(
+    cfg: TrainEnvConfig,
+    *,
+    num_envs: int,
+    seed: int,
+    split: str = "train",
+    group_size: int = 1,
+    env_offset: int = 0,
+    num_threads: int | None = None,
+) -> sims.EnvConfig:
+    """The :class:`sims.EnvConfig` of a ``sims`` env section: its settings, the frames it asks for (a
+    :class:`sims.RenderConfig` with ``num_threads`` GL contexts, or none) and its task weights by position.
+
+    The other arguments are :func:`make_env`'s; fields the section does not name (``frame_skip``,
+    ``max_delta``) keep ``sims.EnvConfig``'s defaults.
+    """
+    render = None
+    if cfg.render:
+        render = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras),
+                                   depth=cfg.depth, num_contexts=num_threads)
+    return sims.EnvConfig(
+        task=cfg.task, num_envs=num_envs, seed=seed, split=split, render=render, backend=cfg.backend,
+        warp_device=cfg.warp_device, warp_deterministic=cfg.warp_deterministic, warp_uncaptured=cfg.warp_uncaptured,
+        group_size=group_size, env_offset=env_offset, num_threads=num_threads,
+        terminate_on_success=cfg.terminate_on_success, reward=cfg.reward, success_bonus=cfg.success_bonus,
+        task_weights=task_weight_tuple(cfg.task, cfg.task_weights) if cfg.task_weights else None,
+    )
+
+
 def make_env(
-    cfg: EnvConfig,
+    cfg: TrainEnvConfig,
     *,
     seed: int,
     num_envs: int | None = None,
@@ -232,30 +263,8 @@ def make_env(
     """
     n = num_envs or cfg.num_envs
     if cfg.kind == "sims":
-        import sims
-        from sims.tasks import task_weight_tuple
-
-        kwargs: dict[str, Any] = {"seed": seed, "split": split, "backend": cfg.backend}
-        if cfg.backend == "warp":
-            kwargs.update(warp_device=cfg.warp_device, warp_deterministic=cfg.warp_deterministic,
-                          warp_uncaptured=cfg.warp_uncaptured)
-        if cfg.render:
-            kwargs["render"] = sims.RenderConfig(
-                height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras), depth=cfg.depth,
-                num_contexts=num_threads,
-            )
-        if num_threads is not None:
-            kwargs["num_threads"] = num_threads
-        if group_size > 1:
-            kwargs["group_size"] = group_size
-        if env_offset:
-            kwargs["env_offset"] = env_offset
-        if not cfg.terminate_on_success:
-            kwargs["terminate_on_success"] = False
-        kwargs["reward"], kwargs["success_bonus"] = cfg.reward, cfg.success_bonus
-        if cfg.task_weights:
-            kwargs["task_weights"] = task_weight_tuple(cfg.task, cfg.task_weights)
-        return sims.make_vec_env(cfg.task, n, **kwargs)
+        return sims.SimVectorEnv(sims_env_config(cfg, num_envs=n, seed=seed, split=split, group_size=group_size,
+                                                 env_offset=env_offset, num_threads=num_threads))
     limit = cfg.max_episode_steps or gym.spec(cfg.task).max_episode_steps
     render_mode = "rgb_array" if video else None
     fns = [lambda: gym.make(cfg.task, max_episode_steps=limit, render_mode=render_mode) for _ in range(n)]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from infra.common.typed_config import ConfigError
 
 if TYPE_CHECKING:
-    from vla_rl.config import EnvConfig, TrainConfig
+    from vla_rl.config import TrainConfig, TrainEnvConfig
 
 SIM_BYTES_PER_ENV = 220 * 1024
 """Host memory of one ``sims`` environment without its frames: 219 MiB per 1024 environments of the
@@ -46,7 +46,7 @@ class MemoryEstimate:
         return self.envs + self.frames + self.buffer
 
 
-def frame_bytes(env: EnvConfig) -> int:
+def frame_bytes(env: TrainEnvConfig) -> int:
     """Bytes of one environment's observation images: ``cams x 3 x H x W`` uint8 (+ float32 depth), 0 unrendered."""
     if env.kind != "sims" or not env.render:
         return 0
@@ -63,7 +63,7 @@ def rollout_steps(cfg: TrainConfig) -> int:
     return {"ppo": cfg.ppo.rollout_steps, "distill": cfg.distill.rollout_steps}.get(cfg.algo, 0)
 
 
-def estimate_envs(env: EnvConfig, num_envs: int) -> MemoryEstimate:
+def estimate_envs(env: TrainEnvConfig, num_envs: int) -> MemoryEstimate:
     """What ``num_envs`` environments of ``env`` take, frames included (no buffer). Only ``sims`` environments
     are counted: a gymnasium environment's size is not known before it is built."""
     if env.kind != "sims":

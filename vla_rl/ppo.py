@@ -22,8 +22,8 @@ from tensordict import TensorDict
 from torch import nn
 
 from policies.heads import ActionDistribution
-from rlcore.config import OptimConfig
 from rlcore.losses import surrogate_loss
+from rlcore.update_config import OptimConfig
 from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.config import TrainConfig
 from vla_rl.distributed import LOCAL, GradientSync

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
-from rlcore.config import AT_LEAST_1, Range, out_of_range
+from rlcore.update_config import AT_LEAST_1, Range, out_of_range
 from vla_rl.config import (
     CONFIG_DIR,
     TrainConfig,

@@ -4,7 +4,7 @@ Group Relative Policy Optimisation (Shao et al., 2024, DeepSeekMath) samples ``G
 per prompt, normalises each reward against its own group (no value network), and maximises the
 clipped importance-weighted surrogate of PPO minus ``beta * KL(pi || pi_ref)`` against a frozen
 reference model. The loss math (``group_advantages``, ``grpo_loss``) is :mod:`rlcore.losses` and the
-config is :class:`rlcore.config.GRPOConfig`, both shared with the VLA trainer.
+config is :class:`rlcore.update_config.GRPOConfig`, both shared with the VLA trainer.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import torch
 from infra.llm.engine import left_pad
 from infra.llm.lm import CausalLM, build_model, load_codec
 from infra.llm.model import ModelConfig
-from rlcore.config import GRPO_RANGES, GRPOConfig, OptimConfig, out_of_range, unsupported
 from rlcore.losses import group_advantages, grpo_loss
+from rlcore.update_config import GRPO_RANGES, GRPOConfig, OptimConfig, out_of_range, unsupported
 
 SUPPORTED_OPTIM = {"lr", "epochs", "num_minibatches", "clip_coef", "max_grad_norm", "ref_kl_coef"}
-"""The fields of :class:`~rlcore.config.OptimConfig` this trainer implements; ``check_grpo`` rejects the others."""
+"""The fields of :class:`~rlcore.update_config.OptimConfig` this trainer implements; ``check_grpo`` rejects the others."""
 
 
 def llm_grpo_config(group_size: int = 8, **optim: Any) -> GRPOConfig:

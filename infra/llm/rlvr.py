@@ -37,8 +37,8 @@ from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, check_reward
 from infra.llm.services import JobStopped, RewardService, RolloutService, TrainerService
 from infra.llm.verifiable_tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
-from rlcore.config import GRPOConfig
 from rlcore.losses import group_advantages
+from rlcore.update_config import GRPOConfig
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class RLVRConfig:
     """The policy: ``model.path=DIR`` a Hugging Face causal LM (the default kind, ``hf``), or
     ``model.kind=char`` the tiny character model of the CPU demo (sizes ``model.d_model=...``)."""
     grpo: GRPOConfig = field(default_factory=llm_grpo_config)
-    """The GRPO update, in the VLA trainer's shape (:class:`rlcore.config.GRPOConfig`): ``grpo.group_size``
+    """The GRPO update, in the VLA trainer's shape (:class:`rlcore.update_config.GRPOConfig`): ``grpo.group_size``
     completions per prompt, ``grpo.optim.lr=...`` and the other fields the LLM trainer implements."""
 
     def check(self) -> None:

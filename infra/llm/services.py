@@ -34,7 +34,7 @@ from infra.llm.engine import GenerationEngine, load_engine
 from infra.llm.grpo_trainer import GRPOTrainer
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, RewardRunner
-from rlcore.config import GRPOConfig
+from rlcore.update_config import GRPOConfig
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,9 @@ def test_overrides_reach_nested_sections_and_reject_bad_input() -> None:
 
 
 def test_the_llm_and_vla_trainers_read_one_grpo_config_checked_by_the_same_ranges() -> None:
-    """One shape (rlcore.config.GRPOConfig) for both trainers; the LLM job range-checks it before any
+    """One shape (rlcore.update_config.GRPOConfig) for both trainers; the LLM job range-checks it before any
     service starts and refuses, by name, a field its trainer would otherwise ignore."""
-    from rlcore.config import GRPOConfig
+    from rlcore.update_config import GRPOConfig
     from vla_rl.config import CONFIG_DIR, load_config
 
     llm, vla = RLVRConfig().grpo, load_config(CONFIG_DIR / "reach_grpo.yaml").grpo

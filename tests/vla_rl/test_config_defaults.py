@@ -2,12 +2,23 @@
 (training configs) or from its base config (the recipe's stage sections)."""
 
 import dataclasses
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import sims
 from infra.common.typed_config import merge
-from vla_rl.config import CONFIG_DIR, DEFAULT_POLICY, TrainConfig, _policy_models, read_yaml, to_dict
+from vla_rl.config import (
+    CONFIG_DIR,
+    DEFAULT_POLICY,
+    TrainConfig,
+    TrainEnvConfig,
+    _policy_models,
+    read_yaml,
+    to_dict,
+)
+from vla_rl.envs import sims_env_config
 from vla_rl.recipe import RecipeConfig
 
 _TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -69,3 +80,33 @@ def test_recipe_yaml_names_only_what_differs(name):
     for stage in ("sft", "rl"):
         repeats += repeated_defaults(data.get(stage, {}), stage_defaults, f"{stage}.")
     assert not repeats, f"configs/{name} repeats what its defaults or base already say: {repeats}"
+
+
+def test_the_env_section_takes_the_simulators_defaults():
+    """``env`` describes a sims env with sims.EnvConfig's defaults (frames: sims.RenderConfig's); the fields
+    only the trainer has are kind, render (on: the default policy reads images) and the gymnasium settings."""
+    section, sim, frames = TrainEnvConfig(), sims.EnvConfig(), sims.RenderConfig()
+    shared = {f.name for f in dataclasses.fields(sims.EnvConfig)} & {f.name for f in dataclasses.fields(TrainEnvConfig)}
+    assert shared - {"render", "task_weights"} >= {"task", "num_envs", "backend", "reward", "success_bonus"}
+    for name in shared - {"render", "task_weights"}:
+        assert getattr(section, name) == getattr(sim, name), f"env.{name} has a default of its own"
+    assert (section.image_size, section.image_size, section.cameras, section.depth) == (
+        frames.height, frames.width, frames.cameras, frames.depth)
+    built = sims_env_config(replace(section, render=False), num_envs=section.num_envs, seed=sim.seed)
+    assert built == sim  # the default section builds the default simulator, field for field
+    rendered = sims_env_config(section, num_envs=section.num_envs, seed=0)
+    assert rendered.render == frames and rendered.task_weights is None
+
+
+def test_the_env_section_builds_what_it_names():
+    section = TrainEnvConfig(task="suite", num_envs=8, backend="warp", warp_device="cpu", reward="progress",
+                             success_bonus=1.5, terminate_on_success=False, cameras=("front", "wrist"),
+                             image_size=32, task_weights={"push": 3.0})
+    built = sims_env_config(section, num_envs=4, seed=7, split="validation", group_size=2, env_offset=4, num_threads=1)
+    assert (built.task, built.num_envs, built.seed, built.split, built.group_size, built.env_offset) == (
+        "suite", 4, 7, "validation", 2, 4)
+    assert (built.backend, built.warp_device, built.reward, built.success_bonus, built.terminate_on_success) == (
+        "warp", "cpu", "progress", 1.5, False)
+    assert (built.render.height, built.render.cameras, built.render.num_contexts) == (32, ("front", "wrist"), 1)
+    weights = dict(zip(sims.TASK_NAMES, built.task_weights, strict=True))
+    assert weights["push"] == 3.0 and {w for name, w in weights.items() if name != "push"} == {1.0}

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import policies
-from infra.scheduler import PinGPUs, SameGPU, SameNode
+from infra.scheduler import PinGPUs, SameGPU, SameNode, Scheduler
 from vla_rl.config import ConfigError, build_config
 from vla_rl.envs import make_env
 from vla_rl.fleet.channel import SocketLink, SocketServer
-from vla_rl.fleet.config import resolved_placement
 from vla_rl.fleet.inference import InferenceCore, Request, RequestsCancelled, from_wire, to_wire
 from vla_rl.fleet.job_gang import PlacementError, job_request, place_job
+from vla_rl.fleet.section import resolved_placement
 from vla_rl.fleet.worker import RolloutWorker
 from vla_rl.rollout import Timer, collect_steps
 
@@ -117,10 +117,42 @@ def test_pins_and_multi_node_clusters():
 
 
 def test_a_job_that_does_not_fit_fails_at_config_time():
-    with pytest.raises(PlacementError, match=r"does not fit fleet\.cluster"):
+    with pytest.raises(PlacementError, match=r"does not fit fleet\.cluster \(1 node\(s\) x 1 GPU\(s\), 8 CPUs\) in total"):
         _config(mode="disaggregated", shards=2, cluster={"gpus": 1})
+    with pytest.raises(PlacementError, match="shard0, shard1, inference, trainer share one node and need cpu_milli=10000"):
+        _config(mode="colocated", shards=2, shard={"cpus": 4}, cluster={"nodes": 2})  # 8 CPUs a node
+    with pytest.raises(PlacementError, match=r"needs 3 GPU.s. of any model .* on one node"):
+        _config(mode="disaggregated", trainer={"gpu": 3})
     with pytest.raises(PlacementError, match="inprocess places nothing"):
         job_request(_config().fleet, "job")
+
+
+def test_validation_places_nothing(monkeypatch):
+    def placed(*_args, **_kwargs):
+        raise AssertionError("the config's validation ran the scheduler's placement")
+
+    monkeypatch.setattr(Scheduler, "submit", placed)
+    for mode in ("colocated", "disaggregated", "pipelined"):
+        assert _config(mode=mode, shards=2).fleet.mode == mode
+    assert _config(mode="data_parallel", num_gpus=2).fleet.num_gpus == 2
+
+
+def test_a_job_that_packs_onto_no_node_fails_when_it_starts_before_ray(tmp_path, monkeypatch):
+    """Every rank fits a node and the cluster's totals suffice, but two ranks never share a 5-CPU node: only placing
+    finds that, at job start, and before Ray starts or the run directory exists."""
+    cfg = build_config({
+        "out_dir": str(tmp_path), "name": "packs",
+        "env": {"kind": "gym", "task": "Pendulum-v1", "num_envs": 6, "max_episode_steps": 7},
+        "policy": {"name": "mlp", "hidden_sizes": [16, 16]},
+        "fleet": {"mode": "data_parallel", "num_gpus": 3, "trainer": {"cpus": 3},
+                  "cluster": {"nodes": 2, "gpus": 2, "cpus": 5}},
+    })
+    from vla_rl.fleet import job
+
+    monkeypatch.setattr(job, "ray_cluster", lambda _fleet: pytest.fail("Ray started before the job was placed"))
+    with pytest.raises(PlacementError, match=r"does not fit fleet\.cluster \(2 node\(s\) x 2 GPU\(s\), 5 CPUs\) with its"):
+        job.run_fleet_job(cfg)
+    assert not (tmp_path / "packs").exists()
 
 
 # ---------------------------------------------------------------------------------------- server

@@ -47,8 +47,8 @@ def ray_session():
     """One Ray node with 4 logical GPUs and this module's scheduler service."""
     from infra.ray_cluster.realize import node_args
     from infra.service.client import connect
-    from vla_rl.fleet.config import ClusterSpec
     from vla_rl.fleet.job_gang import cluster_of
+    from vla_rl.fleet.section import ClusterSpec
 
     cluster = cluster_of(ClusterSpec(gpus=4))
     ray.init(address="local", **node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False,

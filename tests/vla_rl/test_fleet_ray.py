@@ -53,8 +53,8 @@ def ray_session():
     """One Ray node with 4 logical GPUs; its scheduler service shares them among this module's fleets."""
     from infra.ray_cluster.realize import node_args
     from infra.service.client import connect
-    from vla_rl.fleet.config import ClusterSpec
     from vla_rl.fleet.job_gang import cluster_of
+    from vla_rl.fleet.section import ClusterSpec
 
     cluster = cluster_of(ClusterSpec(gpus=4))
     ray.init(address="local", **node_args(cluster.nodes[0]), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
@@ -102,7 +102,7 @@ def test_ray_job_learns_exactly_like_in_process_even_when_the_trainer_is_killed(
 
 _STALE_ADDRESS_CHILD = """
 import ray
-from vla_rl.fleet.config import FleetConfig
+from vla_rl.fleet.section import FleetConfig
 from vla_rl.fleet.job import ray_cluster
 
 with ray_cluster(FleetConfig()):

@@ -44,8 +44,8 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from tensordict import TensorDict
 from torch import nn
 
-from vla_rl.fleet.config import FleetConfig
 from vla_rl.fleet.inference import NoPolicyError, from_wire
+from vla_rl.fleet.section import FleetConfig
 from vla_rl.fleet.worker import ShardNotStarted
 from vla_rl.rollout import Timer, episode_outcome
 

@@ -41,10 +41,10 @@ from infra.service.client import GangBackend, GangFailed, GangHandle, connect
 from vla_rl.algorithm import algorithm_class
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError
-from vla_rl.fleet.config import FleetConfig
 from vla_rl.fleet.data_parallel import DataParallelFleet
 from vla_rl.fleet.inference import InferenceServer
-from vla_rl.fleet.job_gang import JobLayout, PlacementError, cluster_of, job_request
+from vla_rl.fleet.job_gang import JobLayout, PlacementError, cluster_of, job_request, place_job
+from vla_rl.fleet.section import FleetConfig
 from vla_rl.fleet.worker import RolloutWorker
 
 #: Concurrent calls the inference server's event loop accepts (requests of all stages of all shards).
@@ -320,9 +320,12 @@ def run_fleet_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
 
     Raises:
         FleetError: the trainer died more often than ``fleet.max_restarts``.
-        PlacementError: the gang was refused or never placed within ``fleet.queue_timeout_s``.
+        PlacementError: the job does not fit ``fleet.cluster`` (``address=local``: found before Ray starts), or
+            the gang was refused or never placed within ``fleet.queue_timeout_s``.
     """
     latest = Path(cfg.out_dir) / cfg.run_name / "checkpoints" / LATEST
+    if cfg.fleet.address == "local":
+        place_job(cfg.fleet, cfg.run_name)  # on the cluster it is about to start: a misfit fails before Ray starts
     with ray_cluster(cfg.fleet):
         gang, layout = submit_job(cfg)
         relay = NoticeRelay()

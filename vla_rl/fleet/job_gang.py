@@ -13,7 +13,9 @@ mode               constraints between bundles
 =================  ================================================================================
 
 A component pinned in the config (``node``, ``gpu_ids``) adds a ``PinGPUs``. What cannot be placed
-raises :class:`PlacementError` naming the component and the fix.
+raises :class:`PlacementError` naming the component and the fix: :func:`check_fits` while the config is
+validated (what is known without placing: the request against ``fleet.cluster``'s sizes), :func:`place_job`
+when a job on a local cluster starts, before Ray does (whether the gang packs onto the nodes).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from infra.scheduler import (
     SameNode,
     Scheduler,
 )
+from infra.scheduler.requests import validate as validate_request
+from infra.scheduler.resources import ClusterState
 from vla_rl.config import ConfigError
-from vla_rl.fleet.config import ClusterSpec, ComponentPlacement, FleetConfig, resolved_placement
+from vla_rl.fleet.section import ClusterSpec, ComponentPlacement, FleetConfig, resolved_placement
 
 
 class PlacementError(ConfigError):
@@ -130,9 +134,69 @@ def job_request(fleet: FleetConfig, name: str) -> JobLayout:
     return JobLayout(gang, tuple(roles))
 
 
+def _refused(fleet: FleetConfig, exc: RequestError) -> PlacementError:
+    """The one-line error of a gang request that the scheduler refuses for ``fleet.cluster``."""
+    return PlacementError(f"fleet placement of {fleet.mode!r} mode: {exc} (see the fleet.* placement fields)")
+
+
+def _misfit(fleet: FleetConfig, layout: JobLayout, why: str) -> PlacementError:
+    """The one-line error of a job that does not fit ``fleet.cluster`` (``why``: what does not fit)."""
+    demand = ", ".join(f"{b.name}: gpu_milli={b.total_gpu_milli} cpu_milli={b.cpu_milli}" for b in layout.gang.bundles)
+    return PlacementError(
+        f"fleet mode {fleet.mode!r} does not fit fleet.cluster ({fleet.cluster.nodes} node(s) x "
+        f"{fleet.cluster.gpus} GPU(s), {fleet.cluster.cpus} CPUs) {why}; demand: {demand}. "
+        "Lower fleet.<component>.gpu / cpus, use fewer shards, or add GPUs/nodes to fleet.cluster"
+    )
+
+
+def _node_groups(gang: GangRequest) -> list[list[int]]:
+    """The bundles that ``SameGPU``/``SameNode`` constraints tie to one node, as lists of bundle indices."""
+    label = list(range(len(gang.bundles)))
+    for c in gang.constraints:
+        if isinstance(c, SameGPU | SameNode):
+            tied = {label[i] for i in c.bundles}
+            label = [min(tied) if g in tied else g for g in label]
+    return [[i for i, g in enumerate(label) if g == root] for root in sorted(set(label))]
+
+
+def _demand(bundles: list[Bundle]) -> tuple[int, int, int]:
+    """``(cpu_milli, memory_mib, GPUs)`` that ``bundles`` need at least: GPU fractions count as the fewest
+    whole GPUs that hold them."""
+    whole = sum(b.gpus for b in bundles)
+    fractions = sum(b.gpu_fraction for b in bundles)
+    return sum(b.cpu_milli for b in bundles), sum(b.memory_mib for b in bundles), whole - (-fractions // 1000)
+
+
+def check_fits(fleet: FleetConfig) -> None:
+    """Check the job against ``fleet.cluster``'s declared sizes without placing it: the gang is a valid request
+    for that cluster (every bundle fits a node, pins name its GPUs: ``infra.scheduler.requests.validate``), each
+    group of bundles tied to one node fits one node, and the whole gang fits the cluster's totals (CPUs, memory,
+    GPUs). Whether it packs onto the nodes is :func:`place_job`'s, when the job starts.
+
+    Raises:
+        PlacementError: the first misfit, naming the demand and the fix.
+    """
+    layout = job_request(fleet, "job")
+    spec = fleet.cluster
+    try:
+        validate_request(layout.gang, ClusterState(cluster_of(spec)), {})
+    except RequestError as exc:
+        raise _refused(fleet, exc) from exc
+    node = (spec.cpus * 1000, spec.memory_mib, spec.gpus)
+    for group in _node_groups(layout.gang):
+        need = _demand([layout.gang.bundles[i] for i in group])
+        if any(n > c for n, c in zip(need, node, strict=True)):
+            names = ", ".join(layout.gang.bundles[i].name for i in group)
+            raise _misfit(fleet, layout, f"with its constraints: {names} share one node and need cpu_milli={need[0]}, "
+                                         f"memory_mib={need[1]}, {need[2]} GPU(s) there")
+    need = _demand(list(layout.gang.bundles))
+    if any(n > c * spec.nodes for n, c in zip(need, node, strict=True)):
+        raise _misfit(fleet, layout, f"in total: the job needs cpu_milli={need[0]}, memory_mib={need[1]}, {need[2]} GPU(s)")
+
+
 def place_job(fleet: FleetConfig, name: str, scheduler: Scheduler | None = None) -> tuple[Scheduler, Placement, JobLayout]:
     """Submit the job's gang to ``scheduler`` (a fresh one over ``fleet.cluster`` by default) and place it now
-    (``validate_fleet`` checks with it that a job fits the cluster it starts; jobs on Ray go to the service).
+    (a job on a local cluster is placed so when it starts, before Ray does; jobs on Ray go to the service).
 
     Returns:
         The scheduler, the placement (node and GPU indices of every bundle) and the layout.
@@ -147,13 +211,8 @@ def place_job(fleet: FleetConfig, name: str, scheduler: Scheduler | None = None)
     try:
         placement = scheduler.submit(layout.gang)
     except RequestError as exc:
-        raise PlacementError(f"fleet placement of {fleet.mode!r} mode: {exc} (see the fleet.* placement fields)") from exc
+        raise _refused(fleet, exc) from exc
     if placement is None:
         scheduler.release(name)
-        demand = ", ".join(f"{b.name}: gpu_milli={b.total_gpu_milli} cpu_milli={b.cpu_milli}" for b in layout.gang.bundles)
-        raise PlacementError(
-            f"fleet mode {fleet.mode!r} does not fit fleet.cluster ({fleet.cluster.nodes} node(s) x "
-            f"{fleet.cluster.gpus} GPU(s), {fleet.cluster.cpus} CPUs) with its constraints; demand: {demand}. "
-            "Lower fleet.<component>.gpu / cpus, use fewer shards, or add GPUs/nodes to fleet.cluster"
-        )
+        raise _misfit(fleet, layout, "with its constraints")
     return scheduler, placement, layout

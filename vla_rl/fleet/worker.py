@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from vla_rl.config import EnvConfig
+from vla_rl.config import TrainEnvConfig
 from vla_rl.envs import make_env
 from vla_rl.fleet.channel import connect
 from vla_rl.fleet.inference import Reply, Request, Wire, as_tensor, to_wire
@@ -89,7 +89,7 @@ class RolloutWorker:
     """
 
     def __init__(
-        self, env_cfg: EnvConfig, shard: int, offset: int, num_envs: int, stages: int, seed: int, server: Any,
+        self, env_cfg: TrainEnvConfig, shard: int, offset: int, num_envs: int, stages: int, seed: int, server: Any,
         threads: int = 1, transport: str = "socket", group_size: int = 1,
     ) -> None:
         if stages < 1 or num_envs % stages:

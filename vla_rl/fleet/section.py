@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from infra.common.typed_config import ConfigError
-from rlcore.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range
+from rlcore.update_config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range
 
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig
@@ -243,7 +243,8 @@ def _check_data_parallel(cfg: TrainConfig) -> None:
 def validate_fleet(cfg: TrainConfig) -> None:
     """Check the ``fleet`` section against the run config; raise ``ConfigError`` naming the fix.
 
-    Never modifies ``cfg``.
+    Nothing is placed here: a job for ``address=local`` is checked against ``fleet.cluster``'s sizes
+    (``vla_rl.fleet.job_gang.check_fits``); its placement is computed when it starts. Never modifies ``cfg``.
     """
     fleet = cfg.fleet
     if fleet.mode not in MODES:
@@ -292,6 +293,6 @@ def validate_fleet(cfg: TrainConfig) -> None:
             "never shares one with simulators and inference; use colocated for sharing"
         )
     if fleet.address == "local":
-        from vla_rl.fleet.job_gang import place_job
+        from vla_rl.fleet.job_gang import check_fits
 
-        place_job(fleet, "validate")  # the job must fit the cluster it starts: fail now, before Ray starts
+        check_fits(fleet)  # against the sizes of the cluster it starts; the placement is computed at job start
