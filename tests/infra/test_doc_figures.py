@@ -1,5 +1,6 @@
 """The scheduler figures README.md, docs/results.md and docs/scheduler.md quote equal the committed JSONs
-they cite (as printed: rounded to the digits shown). Needs no trace: the JSONs are in docs/figures/."""
+they cite (as printed: rounded to the digits shown), and every row of docs/results.md names its command
+and links a JSON that exists (or says it has none). Needs no trace: the JSONs are in docs/figures/."""
 
 import json
 import re
@@ -128,17 +129,16 @@ def test_results_variant_gains_equal_the_summary_json():
     summary = results("scheduler_gpuspec/summary.json")
     key = "alloc_pct_at_100_mean"
     means = {w: (r["fgd-strand"][key], r["fgd"][key]) for w, r in summary.items()}
-    sentence = re.search(r"more GPU\s+sharing (\S+), CPU-heavy (\S+), multi-GPU (\S+), GPU-model constraints on .*?"
-                         r"theirs,\s+(\S+); (\S+) on average over\s+the nine workloads", RESULTS, re.S)
-    assert sentence, "docs/results.md's sentence of the variant gains changed: update the test with it"
-    share, cpu, multi, specs, mean = (g.rstrip(",") for g in sentence.groups())
-    shown = dict(zip(("gpushare:0.8", "cpuheavy:0.3", "multigpu:0.3"), (share, cpu, multi)))
-    shown.update({f"gpuspec{pct}": g for pct, g in zip(("05", "10", "20", "25", "33"), specs.split("/"))})
+    rows = table(RESULTS, "| workload | fgd-strand - fgd |")
+    *per_workload, average = rows
+    shown = {row[0].split(" ")[0]: row[1] for row in per_workload}
+    assert set(shown) == set(means) - {"default"}, "docs/results.md's gain table lists other workloads than summary.json"
     for workload, gain in shown.items():
         assert delta_printed(*means[workload], gain), (workload, gain)
+    assert average[0].startswith("average over the nine workloads"), average
     raw = np.mean([a - b for a, b in means.values()])
     as_printed = np.mean([round(a, 2) - round(b, 2) for a, b in means.values()])
-    assert len(means) == 9 and (printed(float(raw), mean) or printed(float(as_printed), mean)), mean
+    assert len(means) == 9 and (printed(float(raw), average[1]) or printed(float(as_printed), average[1])), average
 
 
 @pytest.mark.parametrize("text", [RESULTS, SCHEDULER], ids=["results.md", "scheduler.md"])
@@ -146,10 +146,12 @@ def test_latency_figures_equal_their_jsons(text):
     bench = results("bench/bench_scheduler_quiet.json")
     replay = results("bench/replay_latency_1523_nodes_seed42.json")
     if text is RESULTS:
-        quoted = re.search(r"p50 (\S+) ms, p99\s+\*\*(\S+) ms\*\* \(FGD (\S+) ms;", text).groups()
-        submit, release, dynamic = re.search(
-            r"inflated fill p99 \*\*(\S+) ms\*\*.*?p99 \*\*(\S+) ms\*\*.*?departures \*\*(\S+) s\*\*", text, re.S
-        ).groups()
+        speed = {row[0].split(",")[0]: re.findall(r"([\d.]+) m?s\b", row[1])
+                 for row in table(text, "| speed | value (target) | command | JSON |") if row[3] != "no JSON kept"}
+        quoted = speed["policy decision"][:3]  # fgd-strand p50, p99; FGD p99
+        submit, release, dynamic = (speed[k][0] for k in ("`submit` over the whole inflated fill", "`release` while ~980 gangs wait",
+                                                          "dynamic replay of the whole trace's arrivals and departures"))
+        assert printed(replay["fgd-strand"]["replay_seconds_per_seed"], speed["one whole replay (10.8k pods)"][0])
     else:
         quoted = re.search(r"fgd-strand p50 (\S+) ms, \*\*p99 (\S+) ms\*\*.*?FGD\s+p50 \S+ ms, p99 (\S+) ms",
                            text, re.S).groups()
@@ -163,3 +165,41 @@ def test_latency_figures_equal_their_jsons(text):
     assert printed(bench["fill"]["submit_latency_p99_ms"], submit)
     assert printed(bench["release"]["release_latency_p99_ms"], release)
     assert printed(bench["dynamic"]["speedup_1"]["wall_s"], dynamic)
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)[^)]*\)")
+
+
+def local_links(text: str) -> list[str]:
+    return [target for target in LINK.findall(text) if "://" not in target]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/results.md"])
+def test_every_local_link_exists(doc):
+    path = ROOT / doc
+    missing = [t for t in local_links(path.read_text()) if not (path.parent / t).exists()]
+    assert not missing, f"{doc} links files that do not exist: {missing}"
+
+
+def figure_rows() -> list[list[str]]:
+    """Body rows of every docs/results.md table whose last two columns are ``command | JSON``."""
+    rows, in_table = [], False
+    for line in RESULTS.splitlines():
+        if line.startswith("|") and line.rstrip().endswith("| command | JSON |"):
+            in_table = True
+        elif in_table and line.startswith("|") and not line.startswith("|---"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif not line.startswith("|"):
+            in_table = False
+    return rows
+
+
+def test_every_results_row_names_its_command_and_a_json_or_none():
+    rows = figure_rows()
+    assert len(rows) > 50, "docs/results.md's figure tables changed shape: update figure_rows"
+    for *figure, command, cell in rows:
+        assert "`" in command or command.startswith(("same", "no command kept")), (figure[0], command)
+        jsons = [t for t in local_links(cell) if t.endswith(".json")]
+        assert jsons or "no JSON kept" in cell, f"row {figure[0]!r}: link its JSON or say 'no JSON kept'"
+        for target in jsons:
+            json.loads((ROOT / "docs" / target).read_text())  # a JSON that parses, not a renamed file
