@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from infra.llm.pool_shape import PoolShape
 from infra.llm.router import EngineCost, load_router
 from infra.llm.sim.phased import PlacementResult, dedicated_placement, multiplexed_placement
 from infra.llm.sim.routing import RouterWorkload, simulate_routing
@@ -108,8 +109,8 @@ class BenchConfig:
 
     def service_pools(self, gpus: int) -> dict[str, ServicePool]:
         """The base pools sized by the benchmark (sizes are searched), for jobs of ``gpus`` GPUs."""
-        base = ServicePool(1, gpus, home_nodes=self.home_nodes, max_resident=self.max_resident)
-        elastic = dataclasses.replace(base, keep_alive_s=self.keep_alive_s, provision_s=self.provision_s)
+        base = ServicePool(PoolShape(1, gpus, rollout_homes=self.home_nodes), max_resident=self.max_resident)
+        elastic = dataclasses.replace(base.with_shape(keep_alive_s=self.keep_alive_s), provision_s=self.provision_s)
         return {"static": base, "elastic": elastic}
 
 
@@ -244,7 +245,7 @@ def _request_level(run: _ServiceRun, base: ServicePool, seed: int) -> dict[str, 
         "dedicated": dedicated,
         "request_level": {
             "pool": dataclasses.asdict(sized.pool),
-            "gpus_used": sized.pool.rollout_gpus + sized.pool.trainer_gpus,
+            "gpus_used": sized.pool.shape.rollout_gpus + sized.pool.shape.trainer_gpus,
             "peak_gpus": out.peak_gpus,
             "makespan_s": out.makespan_s,
             "user_gpu_hours_reserved": _hours(out.reserved_gpu_s),
@@ -266,7 +267,7 @@ def _request_level(run: _ServiceRun, base: ServicePool, seed: int) -> dict[str, 
         "sized_on_two_draws": {
             "sizing_seeds": [seed, seed + 1],
             "pool": dataclasses.asdict(robust.pool),
-            "gpus_used": robust.pool.rollout_gpus + robust.pool.trainer_gpus,
+            "gpus_used": robust.pool.shape.rollout_gpus + robust.pool.shape.trainer_gpus,
             "slowdown_max_ratio_on_sizing_seeds": max(robust.slowdown.values()),
             "pool_sizes_tried": robust.tried,
             "evaluated_on_third_draw": run.evaluate(robust.pool, seed + 2),
