@@ -428,12 +428,12 @@ def test_the_running_pool_and_its_simulation_hold_one_pool_shape() -> None:
                             ({"rollout_homes": 0}, r"shape\.rollout_homes=0 must be >= 1"),
                             ({"keep_alive_s": float("nan")}, r"shape\.keep_alive_s=nan must be >= 0 seconds")]:
         bad = replace(PoolShape(4, 2), **change)
-        for check in (PoolConfig(bad).validate, lambda bad=bad: ServicePool(bad).validate(1)):
+        for check in (PoolConfig(bad).validate, ServicePool(bad).validate):
             with pytest.raises(ConfigError, match=message) as err:
                 check()
             assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match=r"shape\.rollout_homes=3 exceeds shape\.rollout_gpus=2"):
         PoolConfig(PoolShape(2, 1, rollout_homes=3)).validate()  # the running pool: one home per slot
-    ServicePool(PoolShape(1, 4, rollout_homes=2), node_gpus=4).validate(4)  # the simulation: homes modulo nodes
+    ServicePool(PoolShape(1, 4, rollout_homes=2), node_gpus=4).validate()  # the simulation: homes modulo nodes
     with pytest.raises(ConfigError, match=r"unknown router 'random'"):
         PoolConfig(PoolShape(2, 1), router="random").validate()

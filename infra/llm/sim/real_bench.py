@@ -88,7 +88,7 @@ class RealBenchConfig:
         """Raise :class:`~infra.common.typed_config.ConfigError` naming the field and the fix."""
         if self.jobs < 1 or self.iterations < 1 or self.batch_divisor < 1:
             raise ConfigError(f"jobs={self.jobs}, iterations={self.iterations}, batch_divisor={self.batch_divisor}: "
-                             "each must be >= 1.")
+                              "each must be >= 1.")
         if self.chunk_s <= 0:
             raise ConfigError(f"chunk_s={self.chunk_s} must be > 0 (workload seconds per generate request).")
         if self.time_scale <= 0:

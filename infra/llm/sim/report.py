@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from infra.common.typed_config import ConfigError
 from infra.llm.pool_shape import PoolShape
 from infra.llm.router import EngineCost, load_router
 from infra.llm.sim.phased import PlacementResult, dedicated_placement, multiplexed_placement
@@ -79,7 +80,7 @@ class BenchConfig:
     targets: Targets = field(default_factory=Targets)
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and its valid range."""
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the bad field and its valid range."""
         for name in (
             "jobs",
             "gpus",
@@ -90,22 +91,22 @@ class BenchConfig:
             "max_resident",
         ):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1.")
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1.")
         bounds = [*self.slowdowns, self.service_slowdown, self.targets.max_slowdown]
         if not self.slowdowns or any(b < 1.0 for b in bounds):
-            raise ValueError(
+            raise ConfigError(
                 f"slowdowns={self.slowdowns}, service_slowdown={self.service_slowdown}: give bounds >= 1.0 "
                 "(1.10 = at most 10% slower)."
             )
         if min(self.stagger_s, self.keep_alive_s, self.provision_s) < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"stagger_s={self.stagger_s}, keep_alive_s={self.keep_alive_s}, provision_s={self.provision_s}: "
                 "must be >= 0 seconds."
             )
         if self.priority not in ("edf", "fifo"):
-            raise ValueError(f"priority={self.priority!r}: choose 'edf' or 'fifo'.")
+            raise ConfigError(f"priority={self.priority!r}: choose 'edf' or 'fifo'.")
         if self.router_rate <= 0:
-            raise ValueError(f"router_rate={self.router_rate}: must be > 0 requests per second.")
+            raise ConfigError(f"router_rate={self.router_rate}: must be > 0 requests per second.")
 
     def service_pools(self, gpus: int) -> dict[str, ServicePool]:
         """The base pools sized by the benchmark (sizes are searched), for jobs of ``gpus`` GPUs."""

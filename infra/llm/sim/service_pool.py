@@ -101,8 +101,9 @@ class ServicePool:
         """This pool with ``changes`` to its shape, e.g. ``with_shape(rollout_gpus=4, keep_alive_s=5.0)``."""
         return replace(self, shape=replace(self.shape, **changes))
 
-    def validate(self, gpus: int) -> None:
-        """Raise :class:`ConfigError` naming the bad field unless this pool can serve jobs of ``gpus`` GPUs."""
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad field and the fix (whether the pool fits the jobs'
+        GPUs is :func:`simulate_services`' check)."""
         self.shape.validate()
         for name in ("node_gpus", "capacity", "max_resident"):
             if getattr(self, name) < 1:
@@ -111,10 +112,6 @@ class ServicePool:
             raise ConfigError(f"trainer_home_nodes={self.trainer_home_nodes} must be >= 1 (None: shape.rollout_homes).")
         if self.shape.elastic and not self.provision_s >= 0:
             raise ConfigError(f"provision_s={self.provision_s} must be >= 0 seconds.")
-        trainer = self.shape.trainer_gpus
-        if trainer < gpus or trainer % gpus or self.node_gpus % gpus:
-            raise ConfigError(f"shape.trainer_gpus={trainer} and node_gpus={self.node_gpus} must each be a multiple of "
-                              f"the jobs' {gpus} GPUs; round them to a multiple of {gpus}.")
 
 
 @dataclass
@@ -750,7 +747,11 @@ def simulate_services(
         raise ValueError(
             "jobs sharing trainer gangs must ask for the same number of GPUs; run groups of equal size."
         )
-    pool.validate(gpus)
+    pool.validate()
+    trainer = pool.shape.trainer_gpus
+    if trainer < gpus or trainer % gpus or pool.node_gpus % gpus:
+        raise ValueError(f"pool shape.trainer_gpus={trainer} and node_gpus={pool.node_gpus} must each be a multiple of "
+                         f"the jobs' {gpus} GPUs; round them to a multiple of {gpus}.")
     if len({p.name for p in profiles}) != len(profiles):
         raise ValueError("job names must be unique.")
     arrive = [0.0] * len(profiles) if arrivals is None else [float(a) for a in arrivals]
