@@ -258,7 +258,8 @@ def run_real(cfg: RealBenchConfig) -> dict[str, Any]:
     dedicated = PoolConfig(PoolShape(cfg.jobs, 1, rollout_homes=1), colocated=True)
     try:
         # Warm-up (not measured): the first run of a process pays imports and first calls that later runs do not.
-        run_pool(client, dataclasses.replace(cfg, jobs=1, iterations=1, emulate=False), PoolConfig(PoolShape(1, 1, rollout_homes=1), colocated=True), pace)
+        one = PoolConfig(PoolShape(1, 1, rollout_homes=1), colocated=True)
+        run_pool(client, dataclasses.replace(cfg, jobs=1, iterations=1, emulate=False), one, pace)
         t0 = time.time()
         ded = run_pool(client, cfg, dedicated, pace)
         if not cfg.emulate:  # the workload's pace means nothing to the tiny jobs: profile them from their dedicated run

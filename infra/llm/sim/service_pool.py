@@ -70,6 +70,7 @@ class ServicePool:
 
     shape: PoolShape
     node_gpus: int = 8
+    """GPUs per node; a node's instances and gangs share its host memory, where a job's state lives."""
     capacity: int = 256
     """Concurrent sequences per rollout instance (KV-cache memory of a 7B GQA model on 80 GB)."""
     max_resident: int = 1
