@@ -394,6 +394,7 @@ class ElasticPool:
         from infra.service.client import GangBackend
 
         cfg.validate()
+        model.validate()
         self.cfg, self.client = cfg, client
         self.prefix = f"pool{os.getpid()}-{next(_POOLS)}"
         n = cfg.shape.rollout_gpus + (0 if cfg.colocated else cfg.shape.trainer_gpus)
