@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from infra.llm.pool_shape import PoolShape
 from infra.llm.sim.real_bench import RealBenchConfig, run_real
 from infra.llm.sim.report import BenchConfig, run_simulated
 
@@ -97,16 +98,17 @@ def _parser() -> argparse.ArgumentParser:
     real.add_argument("--real-jobs", type=int, default=r.jobs)
     real.add_argument("--real-iterations", type=int, default=r.iterations)
     real.add_argument("--time-scale", type=float, default=r.time_scale, help="wall seconds per workload second")
-    real.add_argument("--rollout-slots", type=int, default=r.rollout_slots)
-    real.add_argument("--trainer-slots", type=int, default=r.trainer_slots)
-    real.add_argument("--real-keep-alive-s", type=float, default=r.keep_alive_s, help="in workload seconds")
+    real.add_argument("--rollout-slots", type=int, default=r.pool.rollout_gpus)
+    real.add_argument("--trainer-slots", type=int, default=r.pool.trainer_gpus)
+    real.add_argument("--real-keep-alive-s", type=float, default=r.pool.keep_alive_s, help="in workload seconds")
     return ap
 
 
 def _real(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     cfg = RealBenchConfig(jobs=args.real_jobs, iterations=args.real_iterations, time_scale=args.time_scale,
-                          seed=args.seed, rollout_slots=args.rollout_slots, trainer_slots=args.trainer_slots,
-                          home_slots=args.home_nodes, keep_alive_s=args.real_keep_alive_s, emulate=not args.real_compute)
+                          seed=args.seed, emulate=not args.real_compute,
+                          pool=PoolShape(args.rollout_slots, args.trainer_slots, rollout_homes=args.home_nodes,
+                                         keep_alive_s=args.real_keep_alive_s))
     try:
         cfg.validate()
     except ValueError as e:
@@ -218,7 +220,7 @@ def _print_services(console: Console, cfg: BenchConfig, services: dict[str, Any]
             t.add_row(f"{kind}: {r['error']}", *["-"] * 6)
             continue
         t.add_row(
-            f"{kind}: {rl['pool']['rollout_gpus']} rollout + {rl['pool']['trainer_gpus']} trainer (draw {cfg.seed})",
+            f"{kind}: {rl['pool']['shape']['rollout_gpus']} rollout + {rl['pool']['shape']['trainer_gpus']} trainer (draw {cfg.seed})",
             f"{rl['gpus_used']} ({rl['peak_gpus']})",
             f"{rl['user_gpu_hours_reserved']:.1f} ({rl['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less)",
             f"{rl['user_gpu_hours_charged']:.1f} ({rl['saving_charged_vs_dedicated_reserved_pct']:.0f}% less)",
@@ -229,7 +231,7 @@ def _print_services(console: Console, cfg: BenchConfig, services: dict[str, Any]
         rb = r["sized_on_two_draws"]
         ev = rb["evaluated_on_third_draw"]
         t.add_row(
-            f"{kind}, sized on 2 draws: {rb['pool']['rollout_gpus']} + {rb['pool']['trainer_gpus']} (draw {ev['seed']})",
+            f"{kind}, sized on 2 draws: {rb['pool']['shape']['rollout_gpus']} + {rb['pool']['shape']['trainer_gpus']} (draw {ev['seed']})",
             f"{rb['gpus_used']} ({ev['peak_gpus']})",
             f"{ev['saving_reserved_vs_dedicated_reserved_pct']:.0f}% less",
             f"{ev['saving_charged_vs_dedicated_reserved_pct']:.0f}% less",

@@ -41,9 +41,8 @@ def _stand_in_embeddings(cfg: TrainConfig) -> str:
 
     from policies.encoders import EMBED_DIM, shared_sentence_cache
     from sims import tasks
-    from sims.vec_env import EnvConfig
 
-    table = tasks.instruction_table(EnvConfig(task=cfg.env.task).validate(), "train")
+    table = tasks.instruction_table(tasks.resolve_tasks(cfg.env.task), "train")
     vectors = F.normalize(torch.randn(len(table), EMBED_DIM, generator=torch.Generator().manual_seed(0)), dim=-1)
     shared_sentence_cache().preload(dict(zip(table, vectors)))
     return "random stand-in (MiniLM not installed; it never runs per step)"

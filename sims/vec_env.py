@@ -94,8 +94,8 @@ class EnvConfig:
     success_bonus: float = 0.0
     task_weights: tuple[float, ...] | None = None
 
-    def validate(self) -> tuple[str, ...]:
-        """Check the fields; return the resolved task names.
+    def validate(self) -> None:
+        """Check the fields (sims imports nothing of infra, so its configs raise a plain ``ValueError``).
 
         Raises:
             ValueError: a field out of range, naming the field and the valid values.
@@ -121,7 +121,6 @@ class EnvConfig:
             raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
         if self.task_weights is not None:
             T.check_task_weights(self.task_weights, task_names)
-        return task_names
 
 
 class SimVectorEnv(gym.vector.VectorEnv):
@@ -145,7 +144,8 @@ class SimVectorEnv(gym.vector.VectorEnv):
     def __init__(self, config: EnvConfig):
         """Build the scene, the backend and (if asked for) the renderer."""
         self.config = config
-        self.task_names: tuple[str, ...] = config.validate()
+        config.validate()
+        self.task_names: tuple[str, ...] = T.resolve_tasks(config.task)
         self.model, self.layout = S.build_model()
         self.num_envs = config.num_envs
         self.instructions: list[str] = T.instruction_table(self.task_names, config.split)

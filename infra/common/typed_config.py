@@ -6,6 +6,12 @@ and the LLM jobs' ``infra.llm.rlvr.RLVRConfig``. A dataclass holds the defaults;
 read as YAML scalars) name what differs. Every key is checked against the dataclass fields where it
 enters and every value against the field's annotation, and a mistake raises :class:`ConfigError`
 naming the valid choices.
+
+Validation has one shape across the project: a config dataclass checks its own values in a
+``validate(self) -> None`` method that raises :class:`ConfigError` with one line naming the key,
+the value and the fix, and calls its sections' ``validate``. It reads no file, device or module
+(what depends on the machine is checked where the job starts), so :func:`from_dict` runs it on
+every dataclass it builds: a config read from YAML or overrides is checked where it enters.
 """
 
 from __future__ import annotations
@@ -87,7 +93,8 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
         path: Dotted prefix used in error messages.
 
     Raises:
-        ConfigError: An unknown key (the message lists the valid keys) or a value of the wrong type.
+        ConfigError: An unknown key (the message lists the valid keys), a value of the wrong type, or a
+            value the dataclass's own ``validate()`` refuses.
     """
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -95,7 +102,10 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
     if unknown:
         where = f" in section '{path}'" if path else ""
         raise ConfigError(f"unknown config key(s) {unknown}{where}; valid keys: {', '.join(names)}")
-    return cls(**{name: _coerce(value, hints[name], f"{path}.{name}" if path else name) for name, value in data.items()})
+    cfg = cls(**{name: _coerce(value, hints[name], f"{path}.{name}" if path else name) for name, value in data.items()})
+    if callable(getattr(cfg, "validate", None)):
+        cfg.validate()
+    return cfg
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import torch
 
 from infra.common import checkpoint_io
 from infra.common.checkpoint_io import CheckpointError
+from infra.common.typed_config import ConfigError
 
 KIND = "llm_trainer"
 FILENAME = "trainer.ckpt"
@@ -50,13 +51,13 @@ class CheckpointSpec:
     the job (the interrupted call is redone from the checkpoint); with more, a crash between two
     checkpoints loses calls, which the trainer refuses with an error rather than continue."""
 
-    def check(self) -> None:
-        """Raise ``ValueError`` naming the field and the fix when the spec cannot be used."""
+    def validate(self) -> None:
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the field and the fix."""
         if not os.path.isabs(self.dir):
-            raise ValueError(f"CheckpointSpec.dir={self.dir!r} is relative; pass an absolute path (the trainer may run "
-                             "in another working directory).")
+            raise ConfigError(f"CheckpointSpec.dir={self.dir!r} is relative; pass an absolute path (the trainer may run "
+                              "in another working directory).")
         if self.every < 1:
-            raise ValueError(f"CheckpointSpec.every={self.every} must be >= 1 (1: after every state-changing call).")
+            raise ConfigError(f"CheckpointSpec.every={self.every} must be >= 1 (1: after every state-changing call).")
 
 
 @dataclass(frozen=True)

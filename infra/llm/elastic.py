@@ -16,7 +16,7 @@ What the simulation's request-level model (``infra.llm.sim.service_pool``) descr
   ``(i + 1) * pace``, so the job furthest behind its dedicated schedule is served first. The pace is
   its seconds per iteration alone, profiled beforehand, then, from its first train step on, its own
   measured time per iteration less the time it waited in the pool.
-- *Affinity*: a job is registered only on its home slots (``home_slots`` rollout slots and one
+- *Affinity*: a job is registered only on its home slots (``shape.rollout_homes`` rollout slots and one
   trainer slot); its requests go only there. Among its rollout homes the router decides on the
   slots' own reports (queue depth, prefill tokens in flight, sequences holding KV cache), homes
   that already hold the job's weights listed first so that ties keep the weights where they are.
@@ -39,8 +39,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from infra.common.typed_config import ConfigError
 from infra.llm.handles import LocalHandle
 from infra.llm.model import ModelConfig
+from infra.llm.pool_shape import PoolShape
 from infra.llm.rlvr import JobServices
 from infra.llm.router import InstanceLoad, Router, load_router
 from infra.llm.services import RewardService, RolloutService, TrainerService
@@ -301,18 +303,14 @@ class PoolSlot:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """Shape of an elastic pool (see the module docstring)."""
+    """The running pool: its :class:`~infra.llm.pool_shape.PoolShape` (one slot process per GPU of each
+    service, leasing that GPU per call) and what placing it on Ray needs (see the module docstring)."""
 
-    rollout_slots: int = 4
-    """Rollout service processes (each leases at most one GPU at a time)."""
-    trainer_slots: int = 4
-    """Trainer service processes; ignored when ``colocated``."""
+    shape: PoolShape
+    """Slots of each service, a job's rollout homes, the keep-alive (in wall seconds) of an idle lease."""
     colocated: bool = False
-    """Rollout and trainer of a job on the same slot (one GPU per slot for both: dedicated placement)."""
-    home_slots: int = 2
-    """Rollout slots whose host memory holds a job's weights (its requests go only there)."""
-    keep_alive_s: float | None = 0.25
-    """Idle seconds before a slot hands its GPU back; None: keep it until the pool closes."""
+    """Rollout and trainer of a job on the same slot (one GPU per slot for both: dedicated placement);
+    ``shape.trainer_gpus`` is then ignored."""
     router: str = "prefill_decode_aware"
     """Router over a job's rollout homes, on the slots' reports (``infra.llm.router.load_router``)."""
     priority: int = 0
@@ -321,16 +319,15 @@ class PoolConfig:
     """Longest wait for one lease to be placed."""
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field and the fix."""
-        for name in ("rollout_slots", "trainer_slots", "home_slots"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PoolConfig.{name}={getattr(self, name)} must be >= 1.")
-        if self.home_slots > self.rollout_slots:
-            raise ValueError(f"PoolConfig.home_slots={self.home_slots} exceeds rollout_slots={self.rollout_slots}; "
-                             "lower home_slots or add rollout slots.")
-        if self.keep_alive_s is not None and self.keep_alive_s < 0:
-            raise ValueError(f"PoolConfig.keep_alive_s={self.keep_alive_s} must be >= 0 (or None to hold GPUs).")
-        load_router(self.router)
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the field and the fix."""
+        self.shape.validate()
+        if self.shape.rollout_homes > self.shape.rollout_gpus:
+            raise ConfigError(f"shape.rollout_homes={self.shape.rollout_homes} exceeds shape.rollout_gpus="
+                              f"{self.shape.rollout_gpus} (one slot each); lower rollout_homes or add rollout slots.")
+        try:
+            load_router(self.router)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e  # names the router and the valid ones
 
 
 class CallEmulation(Protocol):
@@ -397,9 +394,10 @@ class ElasticPool:
         from infra.service.client import GangBackend
 
         cfg.validate()
+        model.validate()
         self.cfg, self.client = cfg, client
         self.prefix = f"pool{os.getpid()}-{next(_POOLS)}"
-        n = cfg.rollout_slots + (0 if cfg.colocated else cfg.trainer_slots)
+        n = cfg.shape.rollout_gpus + (0 if cfg.colocated else cfg.shape.trainer_gpus)
         req = GangRequest(f"{self.prefix}-slots", tuple(Bundle(100, 512, name=f"slot{i}") for i in range(n)),
                           priority=cfg.priority, tenant=cfg.tenant)
         self.gang = client.submit(req)
@@ -407,7 +405,7 @@ class ElasticPool:
         backend = GangBackend(self.gang, restart=False)
         lease = LeaseSpec(self.prefix, priority=cfg.priority, tenant=cfg.tenant, timeout_s=cfg.lease_timeout_s)
         remote = ray.remote(PoolSlot)
-        self.slots = [backend.start_actor(i, remote, f"s{i}", model, lease, cfg.keep_alive_s,
+        self.slots = [backend.start_actor(i, remote, f"s{i}", model, lease, cfg.shape.keep_alive_s,
                                           options={"max_concurrency": 64}) for i in range(n)]
         ray.get([s.report.remote() for s in self.slots])
         self.router: Router = load_router(cfg.router)
@@ -422,15 +420,15 @@ class ElasticPool:
         """Choose ``job``'s homes and return its services (handles for ``infra.llm.rlvr.run_job``).
 
         ``demand``: the job's expected share of time generating and training when alone (profiled
-        beforehand); its rollout homes are the ``home_slots`` slots, and its trainer the trainer slot,
+        beforehand); its rollout homes are the ``shape.rollout_homes`` slots, and its trainer the trainer slot,
         with the least demand of the jobs already there (ties: lowest index)."""
-        c = self.cfg
+        c = self.cfg.shape
         with self._lock:
             if job in self._jobs:
                 raise ValueError(f"job {job!r} is already in the pool; pick a new name.")
-            homes = sorted(sorted(range(c.rollout_slots), key=lambda i: (self._demand[i], i))[: c.home_slots])
-            trainers = range(c.rollout_slots, len(self.slots))
-            trainer = homes[0] if c.colocated else min(trainers, key=lambda i: (self._demand[i], i))
+            homes = sorted(sorted(range(c.rollout_gpus), key=lambda i: (self._demand[i], i))[: c.rollout_homes])
+            trainers = range(c.rollout_gpus, len(self.slots))
+            trainer = homes[0] if self.cfg.colocated else min(trainers, key=lambda i: (self._demand[i], i))
             for i in homes:
                 self._demand[i] += demand[0] / len(homes)
             self._demand[trainer] += demand[1]

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from infra.common.typed_config import ConfigError
 from infra.llm.engine import left_pad
 from infra.llm.lm import CausalLM, build_model, load_codec
 from infra.llm.model import ModelConfig
@@ -33,11 +34,12 @@ def llm_grpo_config(group_size: int = 8, **optim: Any) -> GRPOConfig:
 
 
 def check_grpo(cfg: GRPOConfig, prefix: str = "grpo.") -> None:
-    """Raise ``ValueError`` naming the first value out of range, or a field the LLM trainer does not implement."""
+    """Raise :class:`~infra.common.typed_config.ConfigError` naming the first value out of range, or a field the
+    LLM trainer does not implement (``GRPOConfig`` is rlcore's, shared with the VLA trainer: its LLM checks live here)."""
     message = out_of_range(cfg, GRPO_RANGES, prefix)
     message = message or unsupported(cfg.optim, SUPPORTED_OPTIM, llm_grpo_config().optim, f"{prefix}optim.")
     if message:
-        raise ValueError(message)
+        raise ConfigError(message)
 
 
 def completion_tensors(completions: list[list[int]], eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -245,6 +245,7 @@ def load_codec(cfg: ModelConfig) -> Codec:
 def build_model(cfg: ModelConfig, seed: int) -> CausalLM:
     """The policy of ``cfg`` on the host: ``hf`` loads the folder's weights (float32), ``char``
     initialises a tiny model from ``seed``."""
+    cfg.validate()
     if cfg.kind == "char":
         torch.manual_seed(seed)
         return TinyCausalLM(cfg)

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from infra.common.typed_config import ConfigError
+
 MODEL_KINDS = ("hf", "char")
 
 
@@ -48,17 +50,16 @@ class ModelConfig:
     n_layers: int = 3
     """Transformer blocks L."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the first bad field and the fix."""
         if self.kind not in MODEL_KINDS:
-            raise ValueError(f"model.kind={self.kind!r} is unknown; choose one of {list(MODEL_KINDS)}.")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}; "
-                "pick d_model = k * n_heads."
-            )
+            raise ConfigError(f"model.kind={self.kind!r} is unknown; choose one of {list(MODEL_KINDS)}.")
         for name in ("vocab_size", "max_len", "d_model", "n_heads", "n_layers"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be positive.")
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be positive.")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.d_model={self.d_model} is not a multiple of n_heads={self.n_heads}; "
+                              "pick d_model = k * n_heads.")
 
     def num_params(self) -> int:
         """Parameter count of the model (``char``: from the sizes, embeddings tied with the head;
@@ -131,6 +132,7 @@ class TinyCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        cfg.validate()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model)

@@ -27,6 +27,7 @@ import torch
 
 from infra.common.files import write_atomic
 from infra.common.runlog import CONFIG, Curves, LogConfig, Panel, RunLog, read_config
+from infra.common.typed_config import ConfigError
 from infra.llm import checkpoint as ckpt
 from infra.llm.checkpoint import CheckpointSpec
 from infra.llm.data import DataConfig, load_file_source
@@ -120,25 +121,33 @@ class RLVRConfig:
     """The GRPO update, in the VLA trainer's shape (:class:`rlcore.update_config.GRPOConfig`): ``grpo.group_size``
     completions per prompt, ``grpo.optim.lr=...`` and the other fields the LLM trainer implements."""
 
-    def check(self) -> None:
-        """Raise ``ValueError`` naming the field and the fix when the job cannot run as configured (ranges,
-        model folder, data file, reward, lengths, the rollout batch's memory and the run directory are
-        all checked here, before any service starts or any file is written)."""
+    def validate(self) -> None:
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the first bad value and the fix: the
+        ranges, the device's spelling, the GRPO update and the model's sizes. Reads no file, device or module
+        (:meth:`check` does), so ``typed_config`` runs it on every config it builds."""
         self._check_ranges()
         check_grpo(self.grpo)
         if not (self.device in ("auto", "cpu") or self.device.split(":")[0] == "cuda"):
-            raise ValueError(f"device={self.device!r}; choose auto, cpu, cuda or cuda:N.")
+            raise ConfigError(f"device={self.device!r}; choose auto, cpu, cuda or cuda:N.")
+        self.model.validate()
+
+    def check(self) -> None:
+        """:meth:`validate`, then what the job needs from this machine and its files: the device, model
+        folder, data file, reward module, lengths, the rollout batch's memory and the run directory; all
+        before any service starts or any file is written. Raises ``ValueError`` (a ``ConfigError`` for this
+        config's own fields) naming the field and the fix."""
+        self.validate()
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device={self.device!r} but torch sees no CUDA device; use device=cpu (or auto).")
+            raise ConfigError(f"device={self.device!r} but torch sees no CUDA device; use device=cpu (or auto).")
         check_model(self.model)
         inputs = job_inputs(self)
         try:
             longest = max(len(inputs.codec.encode(e.prompt)) for e in inputs.source.probe()) + inputs.max_new_tokens
         except ValueError as e:
-            raise ValueError(f"{e} The char model reads only the built-in tasks; use model.kind=hf for other text.") from e
+            raise ConfigError(f"{e} The char model reads only the built-in tasks; use model.kind=hf for other text.") from e
         limit = self.model.max_len if self.model.kind == "char" else HFCausalLM.max_positions_of(self.model.path)
         if limit is not None and longest > limit:
-            raise ValueError(
+            raise ConfigError(
                 f"prompts + completions need {longest} tokens but the model has {limit} positions; "
                 "shorten the prompts, lower max_new_tokens, or use a model with more positions."
             )
@@ -150,20 +159,20 @@ class RLVRConfig:
         """Counts at least 1 (or 0), times finite and positive, the temperature finite and >= 0."""
         for name in ("iterations", "prompts_per_iter", "warmup_batch", "eval_prompts", "eval_every", "threads"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
         for name in ("seed", "warmup_steps", "max_new_tokens"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0.")
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")
         if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 turns trainer checkpoints off).")
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 turns trainer checkpoints off).")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0 (0: greedy; 1: the "
-                             "model's own distribution).")
+            raise ConfigError(f"temperature={self.temperature} must be a finite number >= 0 (0: greedy; 1: the "
+                              "model's own distribution).")
         for name in ("reward_timeout_s", "reward_import_timeout_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ValueError(f"{name}={getattr(self, name)} must be > 0 (a finite number of seconds).")
+                raise ConfigError(f"{name}={getattr(self, name)} must be > 0 (a finite number of seconds).")
         if not 0 <= self.reward_max_failed_share <= 1:  # NaN fails both comparisons
-            raise ValueError(f"reward_max_failed_share={self.reward_max_failed_share} must be in [0, 1] (1: never stop).")
+            raise ConfigError(f"reward_max_failed_share={self.reward_max_failed_share} must be in [0, 1] (1: never stop).")
 
     def _check_memory(self, tokens: int) -> None:
         """Refuse a batch whose KV cache and logits alone (float32) exceed the memory of the device the
@@ -179,7 +188,7 @@ class RLVRConfig:
         where, have = device_memory(self.device)
         if batch * per_seq > have:
             field_name = what.split("=")[0]
-            raise ValueError(
+            raise ConfigError(
                 f"{what} = {batch} sequences of up to {tokens} tokens need at least {batch * per_seq / 2**30:.1f} GiB "
                 f"(KV cache and logits in float32) but {where} has {have / 2**30:.1f} GiB; lower {field_name} to at "
                 f"most {have // (per_seq * per_field)}.")
@@ -192,19 +201,19 @@ class RLVRConfig:
         if not self.resume:
             existing = [p for p in (saved, out / CONFIG, out / "model") if p is not None and p.exists()]
             if existing:
-                raise ValueError(f"run {self.name!r} already exists ({existing[0]}); pass resume=true to continue it "
-                                 "from its checkpoint, or choose another name= (a run is never overwritten).")
+                raise ConfigError(f"run {self.name!r} already exists ({existing[0]}); pass resume=true to continue it "
+                                  "from its checkpoint, or choose another name= (a run is never overwritten).")
             return
         if saved is None or not saved.exists():
-            raise ValueError(f"resume=true but {saved or 'checkpoint_every=0'} holds no trainer checkpoint of run "
-                             f"{self.name!r}; start it again under another name=, or without resume.")
+            raise ConfigError(f"resume=true but {saved or 'checkpoint_every=0'} holds no trainer checkpoint of run "
+                              f"{self.name!r}; start it again under another name=, or without resume.")
         before = read_config(out)
         if before is not None:
             now = plain_config(self)
             differ = sorted(k for k in now.keys() - RESUME_MAY_CHANGE if before.get(k) != now[k])
             if differ:
-                raise ValueError(f"resume=true but {differ} differ from {out / CONFIG}; a run continues only "
-                                 "with its own config (start a new name= for a new one).")
+                raise ConfigError(f"resume=true but {differ} differ from {out / CONFIG}; a run continues only "
+                                  "with its own config (start a new name= for a new one).")
 
 
 def plain_config(cfg: RLVRConfig) -> dict[str, Any]:

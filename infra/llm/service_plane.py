@@ -294,6 +294,7 @@ def place_services(
 
     from infra.scheduler.requests import Bundle, GangRequest
 
+    model.validate()
     if rollout_instances < 1:
         raise ValueError(f"rollout_instances={rollout_instances}; a GPU group needs at least one rollout instance.")
     sizes = sizes or ServiceSizes()

@@ -252,7 +252,7 @@ class TrainerService(_Sliced):
                 registration whose directory already holds a checkpoint (it is never overwritten).
         """
         if checkpoint is not None:
-            checkpoint.check()
+            checkpoint.validate()
             path = ckpt.checkpoint_path(checkpoint.dir)
             if not resume and path.exists():
                 raise CheckpointError(f"job {job!r}: {path} already holds a trainer checkpoint, which a fresh start would "

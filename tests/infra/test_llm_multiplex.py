@@ -154,6 +154,7 @@ def scheduler_client():
 @pytest.mark.timeout(300)
 def test_elastic_pool_jobs_match_alone_runs_never_overlap_and_return_every_lease(scheduler_client) -> None:
     from infra.llm.elastic import ElasticPool, PoolConfig
+    from infra.llm.pool_shape import PoolShape
     from infra.llm.sim.real_bench import TINY, RealBenchConfig, held_gpu_seconds
 
     bench = RealBenchConfig(jobs=3, iterations=2)
@@ -161,7 +162,7 @@ def test_elastic_pool_jobs_match_alone_runs_never_overlap_and_return_every_lease
     alone = {c.name: run_job(c.name, c, local_services(c)) for c in cfgs}
     since = scheduler_client.events(-1, 1)[-1].seq
     # Two rollout slots and one trainer slot for three jobs: slots are shared, GPUs leased per call.
-    pool = ElasticPool(scheduler_client, TINY, PoolConfig(rollout_slots=2, trainer_slots=1, keep_alive_s=0.05))
+    pool = ElasticPool(scheduler_client, TINY, PoolConfig(PoolShape(rollout_gpus=2, trainer_gpus=1, keep_alive_s=0.05)))
     results = {}
 
     def work(i: int) -> None:

@@ -110,7 +110,7 @@ def test_missing_or_broken_checkpoint_is_a_one_line_error_naming_the_path(tmp_pa
         assert "\n" not in str(err.value)
     assert str(path) in str(missing.value) and str(path) in str(broken.value)
     with pytest.raises(ValueError, match="absolute path"):
-        CheckpointSpec("relative/dir").check()
+        CheckpointSpec("relative/dir").validate()
 
 
 # ---------------------------------------------------------------- on Ray: actors killed mid-call

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infra.common.typed_config import ConfigError, apply_overrides
-from infra.llm.model import ModelConfig
+from infra.llm.model import ModelConfig, TinyCausalLM
 from infra.llm.rlvr import RLVRConfig, local_services, open_run_log, run_job, write_outputs
 from infra.llm.verifiable_tasks import VOCAB_SIZE
 
@@ -78,3 +78,34 @@ def test_rlvr_job_learns_and_writes_its_curve(tmp_path) -> None:
     assert len(rows) == cfg.iterations + 1 and "mean_reward" in rows[0]
     assert (tmp_path / "t" / "curves.png").stat().st_size > 1000
     assert json.loads((tmp_path / "t" / "summary.json").read_text())["window_iters"] == 6
+
+
+def test_every_llm_config_validates_in_one_style_and_is_checked_where_it_is_loaded() -> None:
+    """``validate()`` on each config dataclass, one-line ``ConfigError`` naming the key; typed_config runs it on
+    load, so a bad value in an override or YAML section is refused before ``check()`` touches any file."""
+    from infra.common.typed_config import from_dict
+    from infra.llm.checkpoint import CheckpointSpec
+    from infra.llm.elastic import PoolConfig
+    from infra.llm.pool_shape import PoolShape
+    from infra.llm.sim.real_bench import RealBenchConfig
+    from infra.llm.sim.report import BenchConfig
+    from infra.llm.sim.service_pool import ServicePool
+
+    for cfg, message in [(RLVRConfig(temperature=-1.0), r"temperature=-1\.0 must be a finite number >= 0"),
+                         (RLVRConfig(model=ModelConfig(d_model=30)), r"model\.d_model=30 is not a multiple of n_heads=4"),
+                         (ModelConfig(kind="gguf"), r"model\.kind='gguf' is unknown"),
+                         (ModelConfig(n_heads=0), r"model\.n_heads=0 must be positive"),
+                         (CheckpointSpec("relative/dir"), r"CheckpointSpec\.dir='relative/dir' is relative"),
+                         (PoolConfig(PoolShape(2, 1), router="random"), r"unknown router 'random'"),
+                         (ServicePool(PoolShape(1, 1), capacity=0), r"capacity=0 must be >= 1"),
+                         (BenchConfig(jobs=0), r"jobs=0"),
+                         (RealBenchConfig(time_scale=0.0), r"time_scale=0\.0 must be > 0")]:
+        with pytest.raises(ConfigError, match=message) as err:
+            cfg.validate()
+        assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"temperature=-1\.0 must be a finite number >= 0"):
+        apply_overrides(RLVRConfig(), ["temperature=-1"])  # at load, before any model folder or reward is read
+    with pytest.raises(ConfigError, match=r"shape\.rollout_homes=3 exceeds shape\.rollout_gpus=2"):
+        from_dict(PoolConfig, {"shape": {"rollout_gpus": 2, "trainer_gpus": 1, "rollout_homes": 3}})
+    with pytest.raises(ConfigError, match=r"model\.d_model=30"):  # built in code: checked where a model is built
+        TinyCausalLM(ModelConfig(d_model=30))

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from infra.llm.pool_shape import PoolShape
 from infra.llm.router import (
     EngineCost,
     InstanceLoad,
@@ -111,7 +112,7 @@ def _small_mix() -> list[JobProfile]:
 
 def test_services_conserve_requests_capacity_and_affinity() -> None:
     jobs = _small_mix()
-    pool = ServicePool(rollout_gpus=6, trainer_gpus=4, node_gpus=4, home_nodes=1, capacity=10, max_resident=2)
+    pool = ServicePool(PoolShape(rollout_gpus=6, trainer_gpus=4, rollout_homes=1), node_gpus=4, capacity=10, max_resident=2)
     out = simulate_services(jobs, Hardware(), pool, seed=2, trace=True)
     # every turn of every sequence served exactly once, turns in order, every sequence of every iteration
     served = [(job, it, seq, turn) for job, it, seq, turn, _ in out.served]
@@ -125,7 +126,7 @@ def test_services_conserve_requests_capacity_and_affinity() -> None:
     assert all(ts == list(range(len(ts))) for ts in turns.values())
     assert any(len(ts) > 1 for ts in turns.values())  # agent jobs really had multi-turn sequences
     # affinity: requests only on the job's home nodes, chunks only for jobs whose weights are resident
-    node = {i: i // pool.node_gpus for i in range(pool.rollout_gpus)}
+    node = {i: i // pool.node_gpus for i in range(pool.shape.rollout_gpus)}
     assert all(node[i] in out.homes[job] for job, _, _, _, i in out.served)
     assert len({out.homes[p.name] for p in jobs}) > 1  # affinity really restricts (two home nodes used)
     by_inst: dict[int, list[tuple[float, float]]] = {}
@@ -175,7 +176,7 @@ def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
     hw = Hardware()
     p = _single_sequence_job("a")
     jobs = [p, replace(p, name="b")]
-    out = simulate_services(jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0)
+    out = simulate_services(jobs, hw, ServicePool(PoolShape(rollout_gpus=1, trainer_gpus=1)), seed=0)
     swap_roll, swap_train, rollout, train = _closed_form(p, hw)
     # one instance, one resident job at a time: b waits for a's sequence, then swaps its weights in
     assert out.jobs["a"]["jct_s"] == pytest.approx(rollout + train, rel=1e-9)
@@ -184,12 +185,12 @@ def test_services_match_closed_form_on_two_single_sequence_jobs() -> None:
     assert out.reserved_gpu_s == pytest.approx(2 * (2 * rollout + train), rel=1e-9)
     # b arriving after a is done runs as if alone (its weights and train state still swap in)
     later = simulate_services(
-        jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0, arrivals=[0.0, 100.0]
+        jobs, hw, ServicePool(PoolShape(rollout_gpus=1, trainer_gpus=1)), seed=0, arrivals=[0.0, 100.0]
     )
     assert later.jobs["b"]["jct_s"] == pytest.approx(rollout + train, rel=1e-9)
     assert later.makespan_s == pytest.approx(100.0 + rollout + train, rel=1e-9)
     with pytest.raises(ValueError, match="one start time >= 0 per job"):
-        simulate_services(jobs, hw, ServicePool(rollout_gpus=1, trainer_gpus=1), seed=0, arrivals=[0.0])
+        simulate_services(jobs, hw, ServicePool(PoolShape(rollout_gpus=1, trainer_gpus=1)), seed=0, arrivals=[0.0])
     alone = dedicated_service_jct([p], hw, seed=0)["a"]
     assert alone.jobs["a"]["jct_s"] == pytest.approx(rollout + train - swap_roll - swap_train, rel=1e-9)
 
@@ -198,15 +199,15 @@ def test_pool_sizing_respects_the_bound_and_is_minimal() -> None:
     hw = Hardware()
     jobs = _small_mix()
     ded = {n: r.jobs[n]["jct_s"] for n, r in dedicated_service_jct(jobs, hw, seed=0).items()}
-    base = ServicePool(rollout_gpus=1, trainer_gpus=4)
+    base = ServicePool(PoolShape(rollout_gpus=1, trainer_gpus=4))
     sized = size_service_pool(jobs, hw, base, max_slowdown=1.10, seeds=[0], max_gpus=16)
     rerun = simulate_services(jobs, hw, sized.pool, seed=0)
     assert max(rerun.jobs[n]["jct_s"] / ded[n] for n in ded) <= 1.10
-    total = sized.pool.rollout_gpus + sized.pool.trainer_gpus
+    total = sized.pool.shape.rollout_gpus + sized.pool.shape.trainer_gpus
     assert total < sum(p.gpus for p in jobs)  # sharing saves GPUs on this workload
     for t in range(4, total, 4):  # no smaller pool (any split) meets the bound
         smaller = (
-            simulate_services(jobs, hw, replace(base, rollout_gpus=total - 1 - t, trainer_gpus=t), seed=0)
+            simulate_services(jobs, hw, base.with_shape(rollout_gpus=total - 1 - t, trainer_gpus=t), seed=0)
             if total - 1 - t >= 1
             else None
         )
@@ -216,11 +217,11 @@ def test_pool_sizing_respects_the_bound_and_is_minimal() -> None:
         size_service_pool(jobs, hw, base, max_slowdown=1.0, seeds=[0], max_gpus=8)
     robust = size_service_pool(jobs, hw, base, max_slowdown=1.10, seeds=[0, 1], max_gpus=16)
     assert (
-        robust.pool.rollout_gpus + robust.pool.trainer_gpus >= total
+        robust.pool.shape.rollout_gpus + robust.pool.shape.trainer_gpus >= total
     )  # more draws never need a smaller pool
     assert max(robust.slowdown.values()) <= 1.10
     with pytest.raises(ValueError, match="multiple of the jobs"):
-        simulate_services(jobs, hw, ServicePool(rollout_gpus=4, trainer_gpus=6), seed=0)
+        simulate_services(jobs, hw, ServicePool(PoolShape(rollout_gpus=4, trainer_gpus=6)), seed=0)
 
 
 def test_elastic_pool_matches_closed_form_and_holds_gpus_only_while_used() -> None:
@@ -229,7 +230,7 @@ def test_elastic_pool_matches_closed_form_and_holds_gpus_only_while_used() -> No
     jobs = [p, replace(p, name="b")]
     _, _, rollout, train = _closed_form(p, hw)
     provision, keep = 3.0, 1.0
-    pool = ServicePool(rollout_gpus=1, trainer_gpus=1, keep_alive_s=keep, provision_s=provision)
+    pool = ServicePool(PoolShape(rollout_gpus=1, trainer_gpus=1, keep_alive_s=keep), provision_s=provision)
     # b arrives after a's GPUs were handed back: both pay the start-up of each GPU they take
     apart = simulate_services(jobs, hw, pool, seed=0, arrivals=[0.0, 100.0], trace=True)
     for name in ("a", "b"):
@@ -242,18 +243,20 @@ def test_elastic_pool_matches_closed_form_and_holds_gpus_only_while_used() -> No
     for i, _, start, end, *_ in apart.chunks:  # every chunk runs on a GPU the pool holds
         assert any(s == "rollout" and k == i and a <= start and end <= e for s, k, a, e in apart.holds)
     # with a keep-alive longer than the gap, b finds both GPUs still held: no start-up, only swaps
-    kept = simulate_services(jobs, hw, replace(pool, keep_alive_s=1000.0), seed=0, arrivals=[0.0, 100.0])
+    kept = simulate_services(jobs, hw, pool.with_shape(keep_alive_s=1000.0), seed=0, arrivals=[0.0, 100.0])
     assert kept.jobs["b"]["jct_s"] == pytest.approx(rollout + train, rel=1e-9)
-    static = simulate_services(jobs, hw, replace(pool, keep_alive_s=None), seed=0, arrivals=[0.0, 100.0])
+    static = simulate_services(jobs, hw, pool.with_shape(keep_alive_s=None), seed=0, arrivals=[0.0, 100.0])
     assert apart.reserved_gpu_s < static.reserved_gpu_s  # idle GPUs went back to the cluster
-    with pytest.raises(ValueError, match="keep_alive_s and provision_s"):
-        simulate_services(jobs, hw, replace(pool, keep_alive_s=-1.0), seed=0)
+    with pytest.raises(ValueError, match=r"shape\.keep_alive_s=-1\.0 must be >= 0 seconds"):
+        simulate_services(jobs, hw, pool.with_shape(keep_alive_s=-1.0), seed=0)
+    with pytest.raises(ValueError, match=r"provision_s=-1\.0 must be >= 0 seconds"):
+        simulate_services(jobs, hw, replace(pool, provision_s=-1.0), seed=0)
 
 
 def test_elastic_pool_conserves_requests_and_never_runs_on_a_handed_back_gpu() -> None:
     jobs = _small_mix()
     pool = ServicePool(
-        rollout_gpus=6, trainer_gpus=8, node_gpus=4, home_nodes=1, capacity=10, keep_alive_s=2.0
+        PoolShape(rollout_gpus=6, trainer_gpus=8, rollout_homes=1, keep_alive_s=2.0), node_gpus=4, capacity=10
     )
     out = simulate_services(jobs, Hardware(), pool, seed=2, trace=True)
     served = [(job, it, seq, turn) for job, it, seq, turn, _ in out.served]
@@ -278,16 +281,16 @@ def test_elastic_pool_conserves_requests_and_never_runs_on_a_handed_back_gpu() -
         sum((1 if s == "rollout" else gang) * (e - a) for s, _, a, e in out.holds), rel=1e-9
     )
     assert out.busy_gpu_s <= out.reserved_gpu_s
-    assert 0 < out.peak_gpus <= pool.rollout_gpus + pool.trainer_gpus
+    assert 0 < out.peak_gpus <= pool.shape.rollout_gpus + pool.shape.trainer_gpus
     assert (
-        len([h for h in out.holds if h[0] == "rollout"]) > pool.rollout_gpus
+        len([h for h in out.holds if h[0] == "rollout"]) > pool.shape.rollout_gpus
     )  # GPUs really went and came back
 
 
 def test_earliest_deadline_first_serves_the_job_furthest_behind() -> None:
     hw = Hardware()
     jobs = [_single_sequence_job(n) for n in ("a", "b", "c")]
-    pool = ServicePool(rollout_gpus=1, trainer_gpus=1, capacity=1)
+    pool = ServicePool(PoolShape(rollout_gpus=1, trainer_gpus=1), capacity=1)
     fifo = simulate_services(jobs, hw, pool, seed=0)
     edf = simulate_services(jobs, hw, pool, seed=0, pace={"a": 1.0, "b": 100.0, "c": 10.0})
     # a takes the one instance; b then c queue. FIFO serves b first, EDF c (its deadline is earlier)
@@ -310,7 +313,7 @@ def test_simulated_benchmark_reports_each_placement_against_its_targets() -> Non
     for kind in ("static", "elastic"):  # each sized pool keeps every job within the bound it was sized for
         rl = res["services"][kind]["request_level"]
         assert rl is not None and rl["slowdown_max_ratio"] <= cfg.service_slowdown
-        assert rl["gpus_used"] == rl["pool"]["rollout_gpus"] + rl["pool"]["trainer_gpus"]
+        assert rl["gpus_used"] == rl["pool"]["shape"]["rollout_gpus"] + rl["pool"]["shape"]["trainer_gpus"]
     static, elastic = (res["services"][k]["request_level"] for k in ("static", "elastic"))
     # the elastic pool hands idle GPUs back: it reserves fewer GPU-hours and never peaks above its size
     assert elastic["user_gpu_hours_reserved"] < static["user_gpu_hours_reserved"]
@@ -347,7 +350,7 @@ def test_turn_synchronous_batches_wait_for_their_slowest_sequence_on_one_instanc
     hw = Hardware()
     agent = replace(mixed_workload(2, 2)[1], gpus=1, batch=16)
     assert agent.kind == "agent"
-    ded = ServicePool(1, 1, node_gpus=1, capacity=16, swap=False, turn_sync=True, draws=DrawSource.EMULATOR)
+    ded = ServicePool(PoolShape(1, 1), node_gpus=1, capacity=16, swap=False, turn_sync=True, draws=DrawSource.EMULATOR)
     alone = simulate_services([agent], hw, ded, seed=3)
     # alone, each turn lasts its slowest sequence's decode, then the slowest tool call: the emulator's closed form
     closed = sum(w.alone_s for w in job_work(agent, hw, 3))
@@ -356,7 +359,7 @@ def test_turn_synchronous_batches_wait_for_their_slowest_sequence_on_one_instanc
     assert free.jobs[agent.name]["jct_s"] < 0.9 * alone.jobs[agent.name]["jct_s"]  # sequences went on alone
     # shared: no sequence starts turn k+1 before every sequence of turn k ended and its tool call returned
     jobs = [replace(p, gpus=1, batch=16, iterations=2) for p in mixed_workload(4, 2)]
-    pool = ServicePool(4, 2, node_gpus=1, capacity=16, keep_alive_s=5.0, turn_sync=True, draws=DrawSource.EMULATOR)
+    pool = ServicePool(PoolShape(4, 2, keep_alive_s=5.0), node_gpus=1, capacity=16, turn_sync=True, draws=DrawSource.EMULATOR)
     out = simulate_services(jobs, hw, pool, seed=3, trace=True)
     on: dict[tuple[str, int, int], set[int]] = {}
     for job, it, _, turn, i in out.served:
@@ -372,7 +375,7 @@ def test_homes_by_demand_spread_two_heavy_jobs() -> None:
     heavy, light = (0.45, 0.25), (0.05, 0.02)
     jobs = [replace(p, gpus=1, batch=8, iterations=1) for p in mixed_workload(4, 1)]
     demand = {p.name: heavy if p.kind == "math" else light for p in jobs}  # math0, math2 heavy
-    pool = ServicePool(4, 2, node_gpus=1, home_nodes=2, trainer_home_nodes=1, capacity=8, keep_alive_s=5.0)
+    pool = ServicePool(PoolShape(4, 2, rollout_homes=2, keep_alive_s=5.0), node_gpus=1, trainer_home_nodes=1, capacity=8)
     by_index = home_nodes(jobs, pool, 4, 2, None)
     assert by_index[0] == by_index[2] == ([0, 1], [0])  # job index pairs the heavy jobs on rollout and trainer
     by_demand = home_nodes(jobs, replace(pool, homes=HomeRule.DEMAND), 4, 2, demand)
@@ -390,8 +393,8 @@ def test_elastic_pool_hands_a_finished_jobs_gpus_back_and_holds_from_ready() -> 
     jobs = [p, replace(p, name="b")]
     _, _, rollout, train = _closed_form(p, hw)
     provision, keep = 3.0, 1.0
-    pool = ServicePool(rollout_gpus=2, trainer_gpus=2, home_nodes=1, trainer_home_nodes=1, node_gpus=1,
-                       keep_alive_s=keep, provision_s=provision, homes=HomeRule.DEMAND)
+    pool = ServicePool(PoolShape(rollout_gpus=2, trainer_gpus=2, rollout_homes=1, keep_alive_s=keep), trainer_home_nodes=1,
+                       node_gpus=1, provision_s=provision, homes=HomeRule.DEMAND)
     demand = {"a": (0.5, 0.5), "b": (0.5, 0.5)}
     base = simulate_services(jobs, hw, pool, seed=0, demand=demand, trace=True)
     assert base.homes == {"a": (0,), "b": (1,)}  # the second job takes the emptier nodes
@@ -405,3 +408,32 @@ def test_elastic_pool_hands_a_finished_jobs_gpus_back_and_holds_from_ready() -> 
     ready = simulate_services(jobs, hw, replace(pool, held_from_ready=True), seed=0, demand=demand)
     assert ready.reserved_gpu_s == pytest.approx(base.reserved_gpu_s - 4 * provision, rel=1e-9)  # 4 leases
     assert ready.jobs == base.jobs  # billing only: the start-up still delays the jobs
+
+
+def test_the_running_pool_and_its_simulation_hold_one_pool_shape() -> None:
+    """``PoolShape`` is the one description: neither pool repeats one of its fields, and both refuse a bad
+    shape with the same one-line error naming the field and the fix."""
+    import dataclasses
+    import typing
+
+    from infra.common.typed_config import ConfigError
+    from infra.llm.elastic import PoolConfig
+
+    shared = {f.name for f in dataclasses.fields(PoolShape)}
+    for pool in (PoolConfig, ServicePool):
+        assert typing.get_type_hints(pool)["shape"] is PoolShape
+        assert {f.name for f in dataclasses.fields(pool)} & shared == set(), pool
+    for change, message in [({"rollout_gpus": 0}, r"shape\.rollout_gpus=0 must be >= 1"),
+                            ({"trainer_gpus": 0}, r"shape\.trainer_gpus=0 must be >= 1"),
+                            ({"rollout_homes": 0}, r"shape\.rollout_homes=0 must be >= 1"),
+                            ({"keep_alive_s": float("nan")}, r"shape\.keep_alive_s=nan must be >= 0 seconds")]:
+        bad = replace(PoolShape(4, 2), **change)
+        for check in (PoolConfig(bad).validate, ServicePool(bad).validate):
+            with pytest.raises(ConfigError, match=message) as err:
+                check()
+            assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"shape\.rollout_homes=3 exceeds shape\.rollout_gpus=2"):
+        PoolConfig(PoolShape(2, 1, rollout_homes=3)).validate()  # the running pool: one home per slot
+    ServicePool(PoolShape(1, 4, rollout_homes=2), node_gpus=4).validate()  # the simulation: homes modulo nodes
+    with pytest.raises(ConfigError, match=r"unknown router 'random'"):
+        PoolConfig(PoolShape(2, 1), router="random").validate()

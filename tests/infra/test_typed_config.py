@@ -55,3 +55,26 @@ def test_merge_lays_sections_over_each_other_without_mutating() -> None:
     assert from_dict(Outer, merged).inner == Inner(2e-3, (1,))
     with pytest.raises(ConfigError, match="'inner' is a value, not a section"):
         parse_overrides(["inner=1", "inner.lr=2"])
+
+
+@dataclass
+class Checked:
+    low: int = 0
+    high: int = 1
+
+    def validate(self) -> None:
+        if self.low > self.high:
+            raise ConfigError(f"low={self.low} exceeds high={self.high}; lower low or raise high")
+
+
+@dataclass
+class Holder:
+    checked: Checked = field(default_factory=Checked)
+
+
+def test_every_dataclass_built_from_a_dict_runs_its_own_validate() -> None:
+    with pytest.raises(ConfigError, match="low=5 exceeds high=1"):
+        from_dict(Checked, {"low": 5})
+    with pytest.raises(ConfigError, match="low=5 exceeds high=1"):  # a section is checked where it enters
+        apply_overrides(Holder(), ["checked.low=5"])
+    assert apply_overrides(Holder(), ["checked.low=1"]).checked == Checked(1, 1)

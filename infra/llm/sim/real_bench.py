@@ -26,14 +26,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from infra.common.typed_config import ConfigError
 from infra.llm.elastic import ElasticPool, PoolConfig
 from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.model import ModelConfig
+from infra.llm.pool_shape import PoolShape
 from infra.llm.rlvr import JobResult, RLVRConfig, run_job
 from infra.llm.router import EngineCost, load_router
 from infra.llm.sim.emulator import Emulation, job_work, pace_s
@@ -66,11 +68,10 @@ class RealBenchConfig:
     """Wall seconds per workload second."""
     seed: int = 0
     """Workload draws of the run; the EDF pace is profiled on seed + 10."""
-    rollout_slots: int = 4
-    trainer_slots: int = 2
-    home_slots: int = 2
-    keep_alive_s: float = 5.0
-    """Idle workload seconds before a slot hands its GPU back."""
+    pool: PoolShape = field(default_factory=lambda: PoolShape(rollout_gpus=4, trainer_gpus=2, rollout_homes=2,
+                                                              keep_alive_s=5.0))
+    """The shared pool of both the elastic run (one slot per GPU) and its simulation (one-GPU nodes); its
+    ``keep_alive_s`` in workload seconds (the elastic run holds an idle lease ``keep_alive_s * time_scale``)."""
     chunk_s: float = 10.0
     """Longest device hold of one generate request, in workload seconds (``Emulation.chunk_s``)."""
     router: str = "prefill_decode_aware"
@@ -84,19 +85,22 @@ class RealBenchConfig:
     job_timeout_s: float = 900.0
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field and the fix."""
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the field and the fix."""
         if self.jobs < 1 or self.iterations < 1 or self.batch_divisor < 1:
-            raise ValueError(f"jobs={self.jobs}, iterations={self.iterations}, batch_divisor={self.batch_divisor}: "
-                             "each must be >= 1.")
+            raise ConfigError(f"jobs={self.jobs}, iterations={self.iterations}, batch_divisor={self.batch_divisor}: "
+                              "each must be >= 1.")
         if self.chunk_s <= 0:
-            raise ValueError(f"chunk_s={self.chunk_s} must be > 0 (workload seconds per generate request).")
+            raise ConfigError(f"chunk_s={self.chunk_s} must be > 0 (workload seconds per generate request).")
         if self.time_scale <= 0:
-            raise ValueError(f"time_scale={self.time_scale} must be > 0 (wall seconds per workload second).")
-        need = max(self.jobs, self.rollout_slots + self.trainer_slots)
+            raise ConfigError(f"time_scale={self.time_scale} must be > 0 (wall seconds per workload second).")
+        if not self.pool.elastic:
+            raise ConfigError("pool.keep_alive_s=None: the benchmark compares an elastic pool with dedicated GPUs; "
+                              "give a keep-alive in workload seconds, e.g. 5.")
+        need = max(self.jobs, self.pool.rollout_gpus + self.pool.trainer_gpus)
         if self.gpus < need:
-            raise ValueError(f"gpus={self.gpus}: the runs need {need} (jobs, or rollout + trainer slots); raise gpus.")
+            raise ConfigError(f"gpus={self.gpus}: the runs need {need} (jobs, or rollout + trainer slots); raise gpus.")
         for router in (self.router, *self.other_routers):
-            PoolConfig(self.rollout_slots, self.trainer_slots, home_slots=self.home_slots, router=router).validate()
+            PoolConfig(self.pool, router=router).validate()
 
     def profiles(self) -> list[JobProfile]:
         """The jobs' workload: ``mixed_workload`` on one GPU each, batches divided by ``batch_divisor``."""
@@ -213,10 +217,9 @@ def simulate_same(cfg: RealBenchConfig, provision_s: float, pace: dict[str, floa
     hw = Hardware()
     profiles = cfg.profiles()
     cap = max(p.batch for p in profiles)
-    ded = ServicePool(1, 1, node_gpus=1, capacity=cap, swap=False, turn_sync=True, draws=DrawSource.EMULATOR)
+    ded = ServicePool(PoolShape(1, 1), node_gpus=1, capacity=cap, swap=False, turn_sync=True, draws=DrawSource.EMULATOR)
     alone = {p.name: simulate_services([p], hw, ded, cfg.seed) for p in profiles}
-    pool = ServicePool(cfg.rollout_slots, cfg.trainer_slots, node_gpus=1, home_nodes=cfg.home_slots, capacity=cap,
-                       keep_alive_s=cfg.keep_alive_s, provision_s=provision_s, **RUNNING_POOL)
+    pool = ServicePool(cfg.pool, node_gpus=1, capacity=cap, provision_s=provision_s, **RUNNING_POOL)
     shared = simulate_services(profiles, hw, pool, cfg.seed, pace=pace,
                                demand={p.name: demand(p, hw, cfg.seed + 10) for p in profiles})
     dedicated_s = sum(p.gpus * alone[p.name].jobs[p.name]["jct_s"] for p in profiles)
@@ -252,19 +255,19 @@ def run_real(cfg: RealBenchConfig) -> dict[str, Any]:
     hw = Hardware()
     pace = {p.name: pace_s(p, hw, cfg.seed + 10) for p in cfg.profiles()}
     client = start_cluster(cfg.gpus)
-    dedicated = PoolConfig(cfg.jobs, 1, colocated=True, home_slots=1, keep_alive_s=None)
+    dedicated = PoolConfig(PoolShape(cfg.jobs, 1, rollout_homes=1), colocated=True)
     try:
         # Warm-up (not measured): the first run of a process pays imports and first calls that later runs do not.
-        run_pool(client, dataclasses.replace(cfg, jobs=1, iterations=1, emulate=False), dataclasses.replace(dedicated, rollout_slots=1), pace)
+        one = PoolConfig(PoolShape(1, 1, rollout_homes=1), colocated=True)
+        run_pool(client, dataclasses.replace(cfg, jobs=1, iterations=1, emulate=False), one, pace)
         t0 = time.time()
         ded = run_pool(client, cfg, dedicated, pace)
         if not cfg.emulate:  # the workload's pace means nothing to the tiny jobs: profile them from their dedicated run
             pace = {n: w / cfg.iterations / cfg.time_scale for n, w in ded.wall_s.items()}
         runs = {}
         for router in (cfg.router, *cfg.other_routers):
-            runs[router] = run_pool(client, cfg, PoolConfig(
-                cfg.rollout_slots, cfg.trainer_slots, home_slots=cfg.home_slots,
-                keep_alive_s=cfg.keep_alive_s * cfg.time_scale, router=router), pace)
+            wall_pool = dataclasses.replace(cfg.pool, keep_alive_s=cfg.pool.keep_alive_s * cfg.time_scale)
+            runs[router] = run_pool(client, cfg, PoolConfig(wall_pool, router=router), pace)
         wall = time.time() - t0
         free = [g for n in client.status().nodes for g in n.gpu_free]
     finally:
@@ -292,7 +295,7 @@ def run_real(cfg: RealBenchConfig) -> dict[str, Any]:
                for name, key in (("gpu_hours_held", "elastic_gpu_hours"), ("max_slowdown", "max_slowdown"))}
     routers = {name: {**ttft(run.logs), "max_slowdown": max(run.wall_s[n] / ded.wall_s[n] for n in ded.wall_s),
                       "swaps": sum(r.swapped for r in run.logs["requests"])} for name, run in runs.items()}
-    sim_routers = {name: simulate_routing(load_router(name, EngineCost()), cfg.rollout_slots, RouterWorkload(),
+    sim_routers = {name: simulate_routing(load_router(name, EngineCost()), cfg.pool.rollout_gpus, RouterWorkload(),
                                           EngineCost(), cfg.seed) for name in runs}
     return {"compute": "emulated compute" if cfg.emulate else "real tiny-model compute", "real": real,
             "jobs": jobs, "routers_real_pool": routers, "simulated_same_workload": sim,

@@ -13,6 +13,8 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from infra.common.typed_config import ConfigError
+from infra.llm.pool_shape import PoolShape
 from infra.llm.router import EngineCost, load_router
 from infra.llm.sim.phased import PlacementResult, dedicated_placement, multiplexed_placement
 from infra.llm.sim.routing import RouterWorkload, simulate_routing
@@ -78,7 +80,7 @@ class BenchConfig:
     targets: Targets = field(default_factory=Targets)
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and its valid range."""
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the bad field and its valid range."""
         for name in (
             "jobs",
             "gpus",
@@ -89,27 +91,27 @@ class BenchConfig:
             "max_resident",
         ):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1.")
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1.")
         bounds = [*self.slowdowns, self.service_slowdown, self.targets.max_slowdown]
         if not self.slowdowns or any(b < 1.0 for b in bounds):
-            raise ValueError(
+            raise ConfigError(
                 f"slowdowns={self.slowdowns}, service_slowdown={self.service_slowdown}: give bounds >= 1.0 "
                 "(1.10 = at most 10% slower)."
             )
         if min(self.stagger_s, self.keep_alive_s, self.provision_s) < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"stagger_s={self.stagger_s}, keep_alive_s={self.keep_alive_s}, provision_s={self.provision_s}: "
                 "must be >= 0 seconds."
             )
         if self.priority not in ("edf", "fifo"):
-            raise ValueError(f"priority={self.priority!r}: choose 'edf' or 'fifo'.")
+            raise ConfigError(f"priority={self.priority!r}: choose 'edf' or 'fifo'.")
         if self.router_rate <= 0:
-            raise ValueError(f"router_rate={self.router_rate}: must be > 0 requests per second.")
+            raise ConfigError(f"router_rate={self.router_rate}: must be > 0 requests per second.")
 
     def service_pools(self, gpus: int) -> dict[str, ServicePool]:
         """The base pools sized by the benchmark (sizes are searched), for jobs of ``gpus`` GPUs."""
-        base = ServicePool(1, gpus, home_nodes=self.home_nodes, max_resident=self.max_resident)
-        elastic = dataclasses.replace(base, keep_alive_s=self.keep_alive_s, provision_s=self.provision_s)
+        base = ServicePool(PoolShape(1, gpus, rollout_homes=self.home_nodes), max_resident=self.max_resident)
+        elastic = dataclasses.replace(base.with_shape(keep_alive_s=self.keep_alive_s), provision_s=self.provision_s)
         return {"static": base, "elastic": elastic}
 
 
@@ -244,7 +246,7 @@ def _request_level(run: _ServiceRun, base: ServicePool, seed: int) -> dict[str, 
         "dedicated": dedicated,
         "request_level": {
             "pool": dataclasses.asdict(sized.pool),
-            "gpus_used": sized.pool.rollout_gpus + sized.pool.trainer_gpus,
+            "gpus_used": sized.pool.shape.rollout_gpus + sized.pool.shape.trainer_gpus,
             "peak_gpus": out.peak_gpus,
             "makespan_s": out.makespan_s,
             "user_gpu_hours_reserved": _hours(out.reserved_gpu_s),
@@ -266,7 +268,7 @@ def _request_level(run: _ServiceRun, base: ServicePool, seed: int) -> dict[str, 
         "sized_on_two_draws": {
             "sizing_seeds": [seed, seed + 1],
             "pool": dataclasses.asdict(robust.pool),
-            "gpus_used": robust.pool.rollout_gpus + robust.pool.trainer_gpus,
+            "gpus_used": robust.pool.shape.rollout_gpus + robust.pool.shape.trainer_gpus,
             "slowdown_max_ratio_on_sizing_seeds": max(robust.slowdown.values()),
             "pool_sizes_tried": robust.tried,
             "evaluated_on_third_draw": run.evaluate(robust.pool, seed + 2),

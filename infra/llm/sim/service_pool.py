@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
+from typing import Any
 
 import numpy as np
 
+from infra.common.typed_config import ConfigError
+from infra.llm.pool_shape import PoolShape
 from infra.llm.sim.workload import (
     Hardware,
     JobProfile,
@@ -54,27 +57,26 @@ class DrawSource(Enum):
 
 @dataclass(frozen=True)
 class ServicePool:
-    """Shared LLM services for request-level multiplexing (see :func:`simulate_services`).
+    """Shared LLM services for request-level multiplexing (see :func:`simulate_services`): the pool's
+    :class:`~infra.llm.pool_shape.PoolShape` (the description the running pool reads too) and what only
+    the simulation's cost model needs.
 
-    The rollout service is ``rollout_gpus`` single-GPU instances on nodes of ``node_gpus``; the
-    trainer service is ``trainer_gpus`` GPUs cut into gangs of the jobs' ``gpus``.
+    The rollout service is ``shape.rollout_gpus`` single-GPU instances on nodes of ``node_gpus``; the
+    trainer service is ``shape.trainer_gpus`` GPUs cut into gangs of the jobs' ``gpus``; a job's rollout
+    homes are ``shape.rollout_homes`` nodes. With ``shape.keep_alive_s`` set the pool is *elastic*: its
+    sizes are caps, a GPU is taken from the cluster when a function needs it and handed back once idle
+    for the keep-alive (losing its weights and KV caches).
     """
 
-    rollout_gpus: int
-    trainer_gpus: int
+    shape: PoolShape
     node_gpus: int = 8
-    home_nodes: int = 2
-    """Nodes of each service whose host memory holds a job's state; its functions run only there."""
+    """GPUs per node; a node's instances and gangs share its host memory, where a job's state lives."""
     capacity: int = 256
     """Concurrent sequences per rollout instance (KV-cache memory of a 7B GQA model on 80 GB)."""
     max_resident: int = 1
     """Jobs' weights on one rollout GPU at once (more than 1: their decode steps take turns)."""
     swap: bool = True
     """Charge host-to-device swaps; False models dedicated GPUs whose state stays resident."""
-    keep_alive_s: float | None = None
-    """None: a static pool, every GPU held from the first arrival to the last job's end. A number:
-    an *elastic* pool whose sizes are caps: a GPU is taken from the cluster when a function needs it
-    and handed back once it has been idle for ``keep_alive_s`` (losing its weights and KV caches)."""
     provision_s: float = 2.0
     """Elastic pools: seconds from taking a GPU to its first function (engine start); the job's weights
     are then copied in from host memory like any swap. Charged to the job that needed the GPU."""
@@ -87,37 +89,30 @@ class ServicePool:
     their next turn together, once the last one finished this turn and the slowest of their tool calls
     returned. False: each sequence is routed, and goes on when its own tool call returns, on its own."""
     homes: HomeRule = HomeRule.INDEX
+    """How jobs' home nodes are chosen (:class:`HomeRule`)."""
     draws: DrawSource = DrawSource.SIMULATION
     """Where each iteration's batch is drawn from (:class:`DrawSource`)."""
-    """How jobs' home nodes are chosen (:class:`HomeRule`)."""
     trainer_home_nodes: int | None = None
-    """Trainer nodes per job (None: ``home_nodes``); the running pool gives each job 1 trainer slot."""
+    """Trainer nodes per job (None: ``shape.rollout_homes``); the running pool gives each job 1 trainer slot."""
     release_on_finish: bool = False
     """Elastic pools: when a job ends, the idle GPUs of its homes that no unfinished job shares are
     handed back at once, without waiting for the keep-alive (``ElasticPool.finish``)."""
 
-    @property
-    def elastic(self) -> bool:
-        """GPUs are taken and handed back as functions need them (``keep_alive_s`` set)."""
-        return self.keep_alive_s is not None
+    def with_shape(self, **changes: Any) -> ServicePool:
+        """This pool with ``changes`` to its shape, e.g. ``with_shape(rollout_gpus=4, keep_alive_s=5.0)``."""
+        return replace(self, shape=replace(self.shape, **changes))
 
-    def validate(self, gpus: int) -> None:
-        """Raise ``ValueError`` naming the bad field unless this pool can serve jobs of ``gpus`` GPUs."""
-        if self.capacity < 1 or self.max_resident < 1:
-            raise ValueError(f"pool {self}: capacity and max_resident must be >= 1.")
-        if self.home_nodes < 1 or (self.trainer_home_nodes is not None and self.trainer_home_nodes < 1):
-            raise ValueError(f"pool {self}: home_nodes and trainer_home_nodes must be >= 1.")
-        if self.elastic and (self.keep_alive_s < 0 or self.provision_s < 0):
-            raise ValueError(f"pool {self}: keep_alive_s and provision_s must be >= 0 seconds.")
-        if (
-            self.rollout_gpus < 1
-            or self.trainer_gpus < gpus
-            or self.trainer_gpus % gpus
-            or self.node_gpus % gpus
-        ):
-            raise ValueError(
-                f"pool {self}: needs >= 1 rollout GPU and trainer GPUs (and node size) a multiple of the jobs' {gpus} GPUs."
-            )
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad field and the fix (whether the pool fits the jobs'
+        GPUs is :func:`simulate_services`' check)."""
+        self.shape.validate()
+        for name in ("node_gpus", "capacity", "max_resident"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
+        if self.trainer_home_nodes is not None and self.trainer_home_nodes < 1:
+            raise ConfigError(f"trainer_home_nodes={self.trainer_home_nodes} must be >= 1 (None: shape.rollout_homes).")
+        if self.shape.elastic and not self.provision_s >= 0:
+            raise ConfigError(f"provision_s={self.provision_s} must be >= 0 seconds.")
 
 
 @dataclass
@@ -302,10 +297,10 @@ def home_nodes(
 ) -> list[tuple[list[int], list[int]]]:
     """Per job, its rollout and trainer home nodes under ``pool.homes`` (``demand[name]``: the job's
     expected share of time generating and training alone, for :attr:`HomeRule.DEMAND`)."""
-    kt = pool.home_nodes if pool.trainer_home_nodes is None else pool.trainer_home_nodes
+    kt = pool.shape.rollout_homes if pool.trainer_home_nodes is None else pool.trainer_home_nodes
     if pool.homes is HomeRule.INDEX:
-        return [(_homes(k, n_rnodes, pool.home_nodes), _homes(k, n_tnodes, kt)) for k in range(len(profiles))]
-    rollout = _homes_by_demand([demand[p.name][0] for p in profiles], n_rnodes, pool.home_nodes)
+        return [(_homes(k, n_rnodes, pool.shape.rollout_homes), _homes(k, n_tnodes, kt)) for k in range(len(profiles))]
+    rollout = _homes_by_demand([demand[p.name][0] for p in profiles], n_rnodes, pool.shape.rollout_homes)
     trainer = _homes_by_demand([demand[p.name][1] for p in profiles], n_tnodes, kt)
     return list(zip(rollout, trainer, strict=True))
 
@@ -327,15 +322,15 @@ class ServiceSim:
     ) -> None:
         self.hw, self.pool, self.arrive, self.pace, self.trace = hw, pool, arrive, pace, trace
         self.gpus = gpus = profiles[0].gpus
-        self.elastic = pool.elastic
-        n_rnodes = -(-pool.rollout_gpus // pool.node_gpus)
+        self.elastic = pool.shape.elastic
+        n_rnodes = -(-pool.shape.rollout_gpus // pool.node_gpus)
         held = None if self.elastic else 0.0  # an elastic pool starts with every GPU handed back
         self.inst = [
             _Instance(i // pool.node_gpus, pool.max_resident, held_since=held)
-            for i in range(pool.rollout_gpus)
+            for i in range(pool.shape.rollout_gpus)
         ]
         by_node = [[i for i, x in enumerate(self.inst) if x.node == nd] for nd in range(n_rnodes)]
-        n_gangs = pool.trainer_gpus // gpus
+        n_gangs = pool.shape.trainer_gpus // gpus
         per_tnode = pool.node_gpus // gpus
         n_tnodes = -(-n_gangs // per_tnode)
         self.gangs = [_Gang(held_since=held) for _ in range(n_gangs)]
@@ -346,7 +341,7 @@ class ServiceSim:
             homes = [i for nd in rnodes for i in by_node[nd]]
             gangs = [g for nd in tnodes for g in range(nd * per_tnode, min(n_gangs, (nd + 1) * per_tnode))]
             self.jobs.append(_SJob(p, k, seed, homes, gangs, -(-p.batch // p.gpus), pool.draws))
-        self.held_now = 0 if self.elastic else pool.rollout_gpus + pool.trainer_gpus  # GPUs the pool holds
+        self.held_now = 0 if self.elastic else pool.shape.rollout_gpus + pool.shape.trainer_gpus  # GPUs the pool holds
         self.held_gpu_s = 0.0  # GPU-time of holds that ended (elastic pools)
         self.peak = self.held_now
         homes_by_job = {j.p.name: tuple(sorted({self.inst[i].node for i in j.homes})) for j in self.jobs}
@@ -483,7 +478,7 @@ class ServiceSim:
             x.current = None
             if self.elastic and x.held_since is not None:
                 x.idle_token += 1
-                self.push(t + self.pool.keep_alive_s, PoolEventKind.INSTANCE_IDLE, i, x.idle_token)
+                self.push(t + self.pool.shape.keep_alive_s, PoolEventKind.INSTANCE_IDLE, i, x.idle_token)
             return
         j = busy[x.rr % len(busy)]
         x.rr += 1
@@ -602,7 +597,7 @@ class ServiceSim:
         gang.free = True
         if self.elastic:
             gang.token += 1
-            self.push(self.t + self.pool.keep_alive_s, PoolEventKind.GANG_IDLE, g, gang.token)
+            self.push(self.t + self.pool.shape.keep_alive_s, PoolEventKind.GANG_IDLE, g, gang.token)
         job = self.jobs[j]
         job.iteration += 1
         job.version += 1  # new weights: every loaded copy of the old ones is stale
@@ -684,7 +679,7 @@ class ServiceSim:
                 "service simulation stalled with unfinished jobs or held GPUs (a bug in the event loop)."
             )
         res.makespan_s = max(j.end for j in jobs) - min(self.arrive)
-        static_gpus = self.pool.rollout_gpus + self.pool.trainer_gpus
+        static_gpus = self.pool.shape.rollout_gpus + self.pool.shape.trainer_gpus
         res.reserved_gpu_s = self.held_gpu_s if self.elastic else static_gpus * res.makespan_s
         res.peak_gpus = self.peak
         res.busy_gpu_s = sum(j.charged for j in jobs)
@@ -734,7 +729,7 @@ def simulate_services(
     - Charging: a job is charged the GPU-time of its chunks and train steps, swaps included.
     - Arrivals: job ``k`` starts at ``arrivals[k]`` (default: all at 0); its JCT counts from there,
       and a static pool is reserved from the first arrival to the last end.
-    - Elastic pools (``pool.keep_alive_s`` set): every GPU starts handed back. The router prefers a
+    - Elastic pools (``pool.shape.keep_alive_s`` set): every GPU starts handed back. The router prefers a
       held idle instance to taking a new GPU, and a train step a held free gang; taking one costs
       ``provision_s`` before its first function, and a GPU idle for ``keep_alive_s`` is handed back,
       losing its weights, KV caches and training state. Reserved time is the time GPUs were held.
@@ -753,7 +748,11 @@ def simulate_services(
         raise ValueError(
             "jobs sharing trainer gangs must ask for the same number of GPUs; run groups of equal size."
         )
-    pool.validate(gpus)
+    pool.validate()
+    trainer = pool.shape.trainer_gpus
+    if trainer < gpus or trainer % gpus or pool.node_gpus % gpus:
+        raise ValueError(f"pool shape.trainer_gpus={trainer} and node_gpus={pool.node_gpus} must each be a multiple of "
+                         f"the jobs' {gpus} GPUs; round them to a multiple of {gpus}.")
     if len({p.name for p in profiles}) != len(profiles):
         raise ValueError("job names must be unique.")
     arrive = [0.0] * len(profiles) if arrivals is None else [float(a) for a in arrivals]

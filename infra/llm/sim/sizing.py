@@ -4,8 +4,9 @@ the cheapest pool that keeps every job within a slowdown bound (:func:`size_serv
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from infra.llm.pool_shape import PoolShape
 from infra.llm.sim.service_pool import ServicePool, ServiceResult, simulate_services
 from infra.llm.sim.workload import Hardware, JobProfile
 
@@ -26,7 +27,7 @@ def dedicated_service_jct(profiles: list[JobProfile], hw: Hardware, seed: int) -
     in the same engine as :func:`simulate_services`: the baseline its slowdowns are measured against."""
     return {
         p.name: simulate_services(
-            [p], hw, ServicePool(p.gpus, p.gpus, node_gpus=max(8, p.gpus), swap=False), seed
+            [p], hw, ServicePool(PoolShape(p.gpus, p.gpus), node_gpus=max(8, p.gpus), swap=False), seed
         )
         for p in profiles
     }
@@ -68,7 +69,7 @@ class _SizeTrials:
         if (r, t) not in self.cache:
             worst: dict[str, float] = {}
             first = None
-            pool = replace(self.base, rollout_gpus=r, trainer_gpus=t)
+            pool = self.base.with_shape(rollout_gpus=r, trainer_gpus=t)
             for sd in self.seeds:
                 out = simulate_services(
                     self.profiles, self.hw, pool, sd, arrivals=self.arrivals, pace=self.pace
@@ -86,7 +87,7 @@ class _SizeTrials:
         """What the search minimises over passing sizes: GPUs of a static pool, reserved GPU-time of an elastic one."""
         hit = self.cache[size]
         assert hit is not None
-        return hit[0].reserved_gpu_s if self.base.elastic else sum(size)
+        return hit[0].reserved_gpu_s if self.base.shape.elastic else sum(size)
 
 
 def size_service_pool(
@@ -116,7 +117,7 @@ def size_service_pool(
     trials = _SizeTrials(profiles, hw, base, max_slowdown, seeds, arrivals, pace)
     best: tuple[int, int] | None = None
     for t in range(profiles[0].gpus, max_gpus, profiles[0].gpus):
-        hi = (sum(best) - 1 if best and not base.elastic else max_gpus) - t
+        hi = (sum(best) - 1 if best and not base.shape.elastic else max_gpus) - t
         if hi < 1 or trials.run(hi, t) is None:
             continue
         lo = 1  # smallest R that might pass; hi passes
@@ -137,4 +138,4 @@ def size_service_pool(
         )
     hit = trials.cache[best]
     assert hit is not None
-    return PoolSizing(replace(base, rollout_gpus=best[0], trainer_gpus=best[1]), hit[0], hit[1], trials.tried)
+    return PoolSizing(base.with_shape(rollout_gpus=best[0], trainer_gpus=best[1]), hit[0], hit[1], trials.tried)
