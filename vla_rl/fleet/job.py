@@ -21,6 +21,7 @@ is supervised the same way: its ranks together play the trainer's part. Shards a
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
@@ -34,6 +35,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
+from infra.common.supervisor import Supervisor, SupervisorEvent
 from infra.ray_cluster.realize import LOOPBACK, node_args, secure_local_ray, start_local_cluster
 from infra.scheduler.requests import RequestError
 from infra.service.actor import HandleState
@@ -334,8 +336,18 @@ def run_fleet_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
 
 
 def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay, resume: bool, latest: Path) -> dict:
-    """Place, train, and on a preemption wait and train again, until the run ends."""
-    deaths = attempt = 0
+    """Place, train, and on a preemption wait and train again, until the run ends.
+
+    A trainer (or a rank) that dies by itself counts against ``fleet.max_restarts`` over the whole run; a
+    preemption does not (the gang waits and the trainer resumes from its checkpoint)."""
+    who = "a rank" if cfg.fleet.mode == "data_parallel" else "trainer"
+    attempt = 0
+
+    def say(event: SupervisorEvent, _detail: str) -> None:
+        if event is SupervisorEvent.RESTARTING:
+            print(f"{who} actor died (attempt {attempt}); resuming from {latest}", flush=True)
+
+    supervisor = Supervisor(f"{who} actor", cfg.fleet.max_restarts, "fleet.max_restarts", on_event=say, error=FleetError)
     while True:
         fleet = start_fleet(cfg, gang=gang, layout=layout)
         epoch = fleet.placement.epoch
@@ -351,12 +363,8 @@ def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay
             if summary is not None:  # SIGTERM from someone else: the run stops here, resumable
                 fleet.stop()
                 return summary
-            deaths += 1
-            if deaths > cfg.fleet.max_restarts:
-                raise FleetError(f"the trainer died more than fleet.max_restarts={cfg.fleet.max_restarts} times")
-            print(f"{'a rank' if cfg.fleet.mode == 'data_parallel' else 'trainer'} actor died (attempt {attempt}); "
-                  f"resuming from {latest}", flush=True)
-            fleet.restart_data_plane(cfg.fleet.collect_timeout_s)
+            supervisor.restart(f"attempt {attempt} ended without a summary",
+                               functools.partial(fleet.restart_data_plane, cfg.fleet.collect_timeout_s))
         fleet.stop()
         if gang.refresh().state is HandleState.DRAINING:
             gang.stopped()
