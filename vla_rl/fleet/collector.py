@@ -298,7 +298,7 @@ class FleetCollector:
         every shard back to the start of ``attempt``; returns the attempt collected again."""
         self._queue.appendleft(attempt)
         self._discard_queue()
-        self._await_shards()
+        await_shards(self.workers, self.fleet.collect_timeout_s)
         recoveries = self.restarts["shard"] + self.restarts["server"]
         self._restore(self._state, reset_seed=1_000_003 * self.version + recoveries)
         self._get(self.server.cancel_pending.remote())
@@ -341,18 +341,26 @@ class FleetCollector:
                 stacklevel=3,
             )
 
-    def _await_shards(self) -> None:
-        """Wait until every shard answers (a restarting one refuses calls until it is back)."""
-        deadline = time.monotonic() + self.fleet.collect_timeout_s
-        for worker in self.workers:
-            while True:
-                try:
-                    self._get(worker.ping.remote())
-                    break
-                except ActorUnavailableError:
-                    if time.monotonic() > deadline:
-                        raise FleetError(f"a shard did not come back within {self.fleet.collect_timeout_s}s") from None
-                    time.sleep(POLL_S / 5)
+
+
+def await_shards(workers: list[Any], timeout_s: float) -> None:
+    """Block until every shard answers: Ray restarts a killed one in the background, and a call to one
+    still restarting fails at once (shards do not retry tasks).
+
+    Raises:
+        FleetError: a shard did not come back within ``timeout_s`` (``fleet.collect_timeout_s``).
+    """
+    deadline = time.monotonic() + timeout_s
+    for worker in workers:
+        while True:
+            try:
+                ray.get(worker.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except ActorUnavailableError as exc:
+                if time.monotonic() > deadline:
+                    raise FleetError(f"a restarted shard did not come back within fleet.collect_timeout_s={timeout_s:g} s; "
+                                     "check the raylet logs for why it fails to start") from exc
+                time.sleep(POLL_S / 5)
 
 
 class _ServerRestarted(Exception):

@@ -25,7 +25,6 @@ import functools
 import os
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from infra.common.supervisor import Supervisor, SupervisorEvent
 from infra.ray_cluster.realize import LOOPBACK, node_args, secure_local_ray, start_local_cluster
@@ -42,7 +41,7 @@ from infra.service.actor import HandleState
 from infra.service.client import GangBackend, GangFailed, GangHandle, connect
 from vla_rl.algorithm import algorithm_class
 from vla_rl.checkpoint import LATEST
-from vla_rl.fleet.collector import FleetCollector, FleetError
+from vla_rl.fleet.collector import FleetCollector, FleetError, await_shards
 from vla_rl.fleet.config import FleetConfig
 from vla_rl.fleet.data_parallel import DataParallelFleet
 from vla_rl.fleet.inference import InferenceServer
@@ -55,9 +54,6 @@ SERVER_CONCURRENCY = 256
 
 #: Seconds the job waits for its server to remove its socket file at the end.
 CLOSE_TIMEOUT_S = 5.0
-
-#: Seconds between calls to a shard that is still restarting.
-RESTART_POLL_S = 0.5
 
 #: A shard's observation batch (16 envs of 64x64 RGB: ~200 KB) is passed inline with the call rather
 #: than through the shared-memory object store (Ray's default limit is 100 KB): one copy less per step.
@@ -222,22 +218,7 @@ class Fleet:
         for actor in (*self.workers, self.server):
             with contextlib.suppress(RayActorError):
                 ray.kill(actor, no_restart=False)
-        self._wait_for_shards(timeout_s)
-
-    def _wait_for_shards(self, timeout_s: float) -> None:
-        """Block until every restarted shard answers: Ray restarts them in the background, and a call to one
-        still restarting fails at once (shards do not retry tasks), which would fail the next trainer's start."""
-        deadline = time.monotonic() + timeout_s
-        for worker in self.workers:
-            while True:
-                try:
-                    ray.get(worker.describe.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                    break
-                except ActorUnavailableError as exc:
-                    if time.monotonic() > deadline:
-                        raise FleetError(f"a restarted shard did not come back within {timeout_s:.0f} s "
-                                         "(fleet.collect_timeout_s); check the raylet logs for why it fails to start") from exc
-                    time.sleep(RESTART_POLL_S)
+        await_shards(self.workers, timeout_s)
 
     def stop(self) -> None:
         """Let the server remove its socket (its actors stop with the gang's groups)."""
