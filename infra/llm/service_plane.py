@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from infra.common.supervisor import Supervisor
 from infra.llm.model import ModelConfig
 from infra.llm.multiplex import BYTES_PER_PARAM_WEIGHTS, GPUGroup
 from infra.llm.rlvr import JobServices
@@ -81,22 +83,31 @@ class ResilientService:
     checkpoints); ``unregister_job`` drops them. The weights in a kept ``update_weights`` are an
     object reference, not tensors. A job whose replay fails (its checkpoint is missing or broken)
     gets that error on each of its later calls; the other jobs of the service carry on.
+
+    Its restarts go through ``supervisor`` (an ``infra.common.supervisor.Supervisor``): at most
+    ``max_restarts`` in the handle's life, the replay as the recovery hook, each call answered within
+    ``timeout_s`` (else ``AttemptTimedOut``, a ``TimeoutError``, naming the setting).
     """
 
     REPLAY = frozenset({"register_job", "update_weights"})
     FORGET = frozenset({"unregister_job"})
 
     def __init__(self, start: Callable[[], Any], *, timeout_s: float = 120.0, max_restarts: int = 3,
-                 replay_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 replay_kwargs: Mapping[str, Mapping[str, Any]] | None = None, name: str = "service") -> None:
         self._start = start
         self.timeout_s = timeout_s
-        self.max_restarts = max_restarts
         self.replay_kwargs = dict(replay_kwargs or {})
-        self.restarts = 0
+        self.supervisor = Supervisor(f"the {name} actor", max_restarts, "ResilientService(max_restarts=)",
+                                     timeout_s=timeout_s, timeout_setting="ResilientService(timeout_s=)")
         self.actor = start()
         self._state: dict[str, list[tuple[str, tuple, dict]]] = {}
         self._lost: dict[str, BaseException] = {}
         self._lock = threading.RLock()
+
+    @property
+    def restarts(self) -> int:
+        """How many times the actor was started again."""
+        return self.supervisor.restarts
 
     def _remember(self, job: Any, method: str, args: tuple, kwargs: dict) -> None:
         if method == "register_job":
@@ -109,27 +120,32 @@ class ResilientService:
             self._state.pop(job, None)
             self._lost.pop(job, None)
 
-    def restart(self, dead: Any) -> None:
+    def restart(self, dead: Any, cause: BaseException | str = "the actor died") -> None:
         """Replace the actor ``dead`` by a fresh one on the same placement and replay every job's state
-        onto it (a no-op when another caller already replaced it)."""
-        import ray
+        onto it (a no-op when another caller already replaced it).
 
+        Raises:
+            RestartsExhausted: it died more than ``max_restarts`` times.
+        """
         with self._lock:
             if self.actor is not dead:
                 return
-            if self.restarts >= self.max_restarts:
-                raise RuntimeError(f"service died {self.restarts + 1} times; giving up (max_restarts={self.max_restarts}).")
-            self.restarts += 1
-            with contextlib.suppress(Exception):
-                ray.kill(dead)
-            self.actor = self._start()
-            for job, calls in list(self._state.items()):
-                try:
-                    for method, args, kwargs in calls:
-                        extra = self.replay_kwargs.get(method, {})
-                        ray.get(getattr(self.actor, method).remote(*args, **{**kwargs, **extra}), timeout=self.timeout_s)
-                except ray.exceptions.RayTaskError as e:  # this job's state is lost; say why on its next call
-                    self._lost[job] = e.cause if isinstance(e.cause, BaseException) else e
+            self.supervisor.restart(cause, lambda: self._replace(dead))
+
+    def _replace(self, dead: Any) -> None:
+        """The recovery hook: a new actor in place of ``dead``, with every job's kept calls replayed."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.kill(dead)
+        self.actor = self._start()
+        for job, calls in list(self._state.items()):
+            try:
+                for method, args, kwargs in calls:
+                    extra = self.replay_kwargs.get(method, {})
+                    ray.get(getattr(self.actor, method).remote(*args, **{**kwargs, **extra}), timeout=self.timeout_s)
+            except ray.exceptions.RayTaskError as e:  # this job's state is lost; say why on its next call
+                self._lost[job] = e.cause if isinstance(e.cause, BaseException) else e
 
     def submit(self, method: str, *args: Any, num_returns: int = 1, **kwargs: Any) -> tuple[Any, Any]:
         """Start ``method`` on the actor; returns (object ref, or ``num_returns`` of them; the actor it went to).
@@ -151,12 +167,7 @@ class ResilientService:
         """Run ``method``; if the actor died meanwhile, restart it and re-send the call."""
         import ray
 
-        while True:
-            ref, actor = self.submit(method, *args, **kwargs)
-            try:
-                return ray.get(ref, timeout=self.timeout_s)
-            except ray.exceptions.RayActorError:
-                self.restart(actor)
+        return self._resend(method, args, kwargs, 1, lambda ref, timeout_s: ray.get(ref, timeout=timeout_s))
 
     def call_ref(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         """Run ``method``, which returns ``(payload, meta)``, as a call with two results; fetch ``meta``
@@ -165,12 +176,20 @@ class ResilientService:
         argument receives the payload. Restarts and re-sends like :meth:`call`."""
         import ray
 
+        return self._resend(method, args, kwargs, 2, lambda refs, timeout_s: (refs[0], ray.get(refs[1], timeout=timeout_s)))
+
+    def _resend(self, method: str, args: tuple, kwargs: dict, num_returns: int,
+                fetch: Callable[[Any, float | None], Any]) -> Any:
+        """Submit the call and ``fetch(refs, timeout_s)`` its result; while the actor it went to died,
+        restart that actor (once, whichever caller sees it first) and submit again."""
+        import ray
+
         while True:
-            (payload, meta), actor = self.submit(method, *args, num_returns=2, **kwargs)
+            refs, actor = self.submit(method, *args, num_returns=num_returns, **kwargs)
             try:
-                return payload, ray.get(meta, timeout=self.timeout_s)
-            except ray.exceptions.RayActorError:
-                self.restart(actor)
+                return self.supervisor.attempt(functools.partial(fetch, refs))
+            except ray.exceptions.RayActorError as exc:
+                self.restart(actor, exc)
 
 
 class RolloutPool:
@@ -326,9 +345,9 @@ def place_services(
             placement = gang.status.placement
             device = "auto" if has_gpu else "cpu"  # auto: CUDA where the GPU is real
             rollouts = [ResilientService(start(gang, backend, i, RolloutService, model, engine=engine, device=device),
-                                         timeout_s=timeout_s) for i in range(rollout_instances)]
+                                         timeout_s=timeout_s, name=f"rollout{i}") for i in range(rollout_instances)]
             trainer = ResilientService(start(gang, backend, rollout_instances, TrainerService, device=device),
-                                       timeout_s=timeout_s, replay_kwargs=TRAINER_REPLAY)
+                                       timeout_s=timeout_s, replay_kwargs=TRAINER_REPLAY, name="trainer")
             first = placement.assignments[0]
             spec = next(n for n in nodes if n.name == first.node)
             out.append(GPUGroup(  # without a GPU the "device" is host memory: the node's memory bounds a model
@@ -340,7 +359,7 @@ def place_services(
                                  priority=priority, tenant=tenant)
         gang, backend = _placed(client, reward_req, wait_s)
         gangs.append(gang)
-        reward = ResilientService(start(gang, backend, 0, RewardService), timeout_s=timeout_s)
+        reward = ResilientService(start(gang, backend, 0, RewardService), timeout_s=timeout_s, name="reward")
     except BaseException:
         _release(gangs)
         raise

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import socket
 import threading
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infra.common.supervisor import Supervisor
 from infra.scheduler.requests import GangRequest, RequestError
 from infra.scheduler.resources import MILLI
 from infra.service.actor import (
@@ -342,8 +344,13 @@ class GangBackend:
 
     Args:
         gang: the gang's handle (placed or not yet).
-        on_restart: called with the backend after it restarted the actors on a new placement.
+        on_restart: called with the backend after it restarted the actors on a new placement (or started
+            those of bundles an elastic gang grew by).
         restart: start the actors again on new placements (False: a job that restarts itself).
+
+    Attributes:
+        supervisor: counts the restarts on new placements (``infra.common.supervisor.Supervisor``, no limit:
+            the actors follow the gang wherever the scheduler places it; the relaunch is its recovery hook).
     """
 
     def __init__(
@@ -351,6 +358,7 @@ class GangBackend:
     ) -> None:
         self.gang = gang
         self.on_restart = on_restart
+        self.supervisor = Supervisor(f"gang {gang.name!r}'s actors", None, "GangBackend(restart=)")
         self._specs: dict[int, tuple[Any, tuple, dict, dict]] = {}
         self._actors: dict[int, Any] = {}
         self._epoch = gang.status.placement.epoch if gang.status.placement else 0
@@ -411,7 +419,16 @@ class GangBackend:
             self._epoch = epoch
             for b in [b for b in self._actors if fresh or b not in status.groups]:
                 del self._actors[b]  # its group is gone, and the actor with it
-            for b in todo:
-                self._launch(b, status)
-        if todo and self.on_restart is not None:
+            if not todo:
+                return
+            launch = functools.partial(self._launch_all, todo, status)
+            if fresh:  # the old groups are gone with their actors: a restart
+                self.supervisor.restart(f"placed again at epoch {epoch} ({status.reason})", launch)
+            else:  # grown: the new bundles' actors start for the first time
+                launch()
+        if self.on_restart is not None:
             self.on_restart(self)
+
+    def _launch_all(self, bundles: list[int], status: GangStatus) -> None:
+        for b in bundles:
+            self._launch(b, status)

@@ -44,6 +44,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from tensordict import TensorDict
 from torch import nn
 
+from infra.common.supervisor import Supervisor
 from vla_rl.fleet.inference import NoPolicyError, from_wire
 from vla_rl.fleet.section import FleetConfig
 from vla_rl.fleet.worker import ShardNotStarted
@@ -230,26 +231,41 @@ class FleetCollector:
         return _Attempt(refs, steps, version, episodes, seed)
 
     def _complete(self, attempt: _Attempt, policy: nn.Module, rng: torch.Tensor | None) -> tuple[TensorDict, dict[str, float]]:
-        """Wait for ``attempt`` (the oldest); if a shard or the server dies, roll back and collect it again."""
-        for _ in range(self.fleet.max_restarts + 1):
-            try:
-                batch, seconds, self._state = self._finish(attempt.refs)
-                return batch, seconds
-            except (RayActorError, ShardNotStarted):  # died during this rollout, or since the last one
-                self.restarts["shard"] += 1
-            except _ServerRestarted:
+        """Wait for ``attempt`` (the oldest); if a shard or the server dies, roll back and collect it again
+        (up to ``fleet.max_restarts`` times in one iteration, each attempt within ``fleet.collect_timeout_s``)."""
+        current = attempt
+
+        def recover(exc: BaseException) -> None:
+            nonlocal current
+            if isinstance(exc, _ServerRestarted):
                 self.restarts["server"] += 1
                 self._server_has_module = False
-            attempt = self._recover(attempt, policy, rng)
-        raise FleetError(f"components died more than fleet.max_restarts={self.fleet.max_restarts} times in one iteration")
+            else:  # a shard died during this rollout, or since the last one
+                self.restarts["shard"] += 1
+            current = self._recover(current, policy, rng)
 
-    def _finish(self, refs: list[Any]) -> tuple[TensorDict, dict[str, float], list[Any]]:
-        """Wait for rollouts, watching the server; concatenate shards; also return their states at the end."""
-        deadline = time.monotonic() + self.fleet.collect_timeout_s
+        supervisor = Supervisor(
+            "the fleet's shards and inference server (in one iteration)", self.fleet.max_restarts, "fleet.max_restarts",
+            timeout_s=self.fleet.collect_timeout_s, timeout_setting="fleet.collect_timeout_s",
+            error=FleetError, timeout_error=FleetError,
+        )
+        batch, seconds, self._state = supervisor.run(
+            lambda timeout_s: self._finish(current.refs, timeout_s), (RayActorError, ShardNotStarted, _ServerRestarted),
+            recover,
+        )
+        return batch, seconds
+
+    def _finish(self, refs: list[Any], timeout_s: float) -> tuple[TensorDict, dict[str, float], list[Any]]:
+        """Wait for rollouts, watching the server; concatenate shards; also return their states at the end.
+
+        Raises:
+            TimeoutError: the rollouts did not all end within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
         pending = list(refs)
         while pending:
             if time.monotonic() > deadline:
-                raise FleetError(f"collection exceeded fleet.collect_timeout_s={self.fleet.collect_timeout_s}")
+                raise TimeoutError(f"{len(pending)} of {len(refs)} shard rollouts still running")
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             for ref in done:
                 ray.get(ref)  # raises RayActorError if that shard died
@@ -282,7 +298,7 @@ class FleetCollector:
         every shard back to the start of ``attempt``; returns the attempt collected again."""
         self._queue.appendleft(attempt)
         self._discard_queue()
-        self._await_shards()
+        await_shards(self.workers, self.fleet.collect_timeout_s)
         recoveries = self.restarts["shard"] + self.restarts["server"]
         self._restore(self._state, reset_seed=1_000_003 * self.version + recoveries)
         self._get(self.server.cancel_pending.remote())
@@ -325,18 +341,26 @@ class FleetCollector:
                 stacklevel=3,
             )
 
-    def _await_shards(self) -> None:
-        """Wait until every shard answers (a restarting one refuses calls until it is back)."""
-        deadline = time.monotonic() + self.fleet.collect_timeout_s
-        for worker in self.workers:
-            while True:
-                try:
-                    self._get(worker.ping.remote())
-                    break
-                except ActorUnavailableError:
-                    if time.monotonic() > deadline:
-                        raise FleetError(f"a shard did not come back within {self.fleet.collect_timeout_s}s") from None
-                    time.sleep(POLL_S / 5)
+
+
+def await_shards(workers: list[Any], timeout_s: float) -> None:
+    """Block until every shard answers: Ray restarts a killed one in the background, and a call to one
+    still restarting fails at once (shards do not retry tasks).
+
+    Raises:
+        FleetError: a shard did not come back within ``timeout_s`` (``fleet.collect_timeout_s``).
+    """
+    deadline = time.monotonic() + timeout_s
+    for worker in workers:
+        while True:
+            try:
+                ray.get(worker.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except ActorUnavailableError as exc:
+                if time.monotonic() > deadline:
+                    raise FleetError(f"a restarted shard did not come back within fleet.collect_timeout_s={timeout_s:g} s; "
+                                     "check the raylet logs for why it fails to start") from exc
+                time.sleep(POLL_S / 5)
 
 
 class _ServerRestarted(Exception):

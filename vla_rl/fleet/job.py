@@ -21,10 +21,10 @@ is supervised the same way: its ranks together play the trainer's part. Shards a
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,15 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
+from infra.common.supervisor import Supervisor, SupervisorEvent
 from infra.ray_cluster.realize import LOOPBACK, node_args, secure_local_ray, start_local_cluster
 from infra.scheduler.requests import RequestError
 from infra.service.actor import HandleState
 from infra.service.client import GangBackend, GangFailed, GangHandle, connect
 from vla_rl.algorithm import algorithm_class
 from vla_rl.checkpoint import LATEST
-from vla_rl.fleet.collector import FleetCollector, FleetError
+from vla_rl.fleet.collector import FleetCollector, FleetError, await_shards
 from vla_rl.fleet.data_parallel import DataParallelFleet
 from vla_rl.fleet.inference import InferenceServer
 from vla_rl.fleet.job_gang import JobLayout, PlacementError, cluster_of, job_request, place_job
@@ -53,9 +54,6 @@ SERVER_CONCURRENCY = 256
 
 #: Seconds the job waits for its server to remove its socket file at the end.
 CLOSE_TIMEOUT_S = 5.0
-
-#: Seconds between calls to a shard that is still restarting.
-RESTART_POLL_S = 0.5
 
 #: A shard's observation batch (16 envs of 64x64 RGB: ~200 KB) is passed inline with the call rather
 #: than through the shared-memory object store (Ray's default limit is 100 KB): one copy less per step.
@@ -220,22 +218,7 @@ class Fleet:
         for actor in (*self.workers, self.server):
             with contextlib.suppress(RayActorError):
                 ray.kill(actor, no_restart=False)
-        self._wait_for_shards(timeout_s)
-
-    def _wait_for_shards(self, timeout_s: float) -> None:
-        """Block until every restarted shard answers: Ray restarts them in the background, and a call to one
-        still restarting fails at once (shards do not retry tasks), which would fail the next trainer's start."""
-        deadline = time.monotonic() + timeout_s
-        for worker in self.workers:
-            while True:
-                try:
-                    ray.get(worker.describe.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                    break
-                except ActorUnavailableError as exc:
-                    if time.monotonic() > deadline:
-                        raise FleetError(f"a restarted shard did not come back within {timeout_s:.0f} s "
-                                         "(fleet.collect_timeout_s); check the raylet logs for why it fails to start") from exc
-                    time.sleep(RESTART_POLL_S)
+        await_shards(self.workers, timeout_s)
 
     def stop(self) -> None:
         """Let the server remove its socket (its actors stop with the gang's groups)."""
@@ -337,8 +320,18 @@ def run_fleet_job(cfg: Any, resume: bool = False) -> dict[str, Any]:
 
 
 def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay, resume: bool, latest: Path) -> dict:
-    """Place, train, and on a preemption wait and train again, until the run ends."""
-    deaths = attempt = 0
+    """Place, train, and on a preemption wait and train again, until the run ends.
+
+    A trainer (or a rank) that dies by itself counts against ``fleet.max_restarts`` over the whole run; a
+    preemption does not (the gang waits and the trainer resumes from its checkpoint)."""
+    who = "a rank" if cfg.fleet.mode == "data_parallel" else "trainer"
+    attempt = 0
+
+    def say(event: SupervisorEvent, _detail: str) -> None:
+        if event is SupervisorEvent.RESTARTING:
+            print(f"{who} actor died (attempt {attempt}); resuming from {latest}", flush=True)
+
+    supervisor = Supervisor(f"{who} actor", cfg.fleet.max_restarts, "fleet.max_restarts", on_event=say, error=FleetError)
     while True:
         fleet = start_fleet(cfg, gang=gang, layout=layout)
         epoch = fleet.placement.epoch
@@ -354,12 +347,8 @@ def _supervise(cfg: Any, gang: GangHandle, layout: JobLayout, relay: NoticeRelay
             if summary is not None:  # SIGTERM from someone else: the run stops here, resumable
                 fleet.stop()
                 return summary
-            deaths += 1
-            if deaths > cfg.fleet.max_restarts:
-                raise FleetError(f"the trainer died more than fleet.max_restarts={cfg.fleet.max_restarts} times")
-            print(f"{'a rank' if cfg.fleet.mode == 'data_parallel' else 'trainer'} actor died (attempt {attempt}); "
-                  f"resuming from {latest}", flush=True)
-            fleet.restart_data_plane(cfg.fleet.collect_timeout_s)
+            supervisor.restart(f"attempt {attempt} ended without a summary",
+                               functools.partial(fleet.restart_data_plane, cfg.fleet.collect_timeout_s))
         fleet.stop()
         if gang.refresh().state is HandleState.DRAINING:
             gang.stopped()
