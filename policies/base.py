@@ -4,7 +4,7 @@ A policy maps an observation TensorDict (batch ``[N]``) to an action distributio
 
 - ``act(obs, deterministic=False) -> TensorDict`` with ``action`` ``[N, A]`` (``[N, K, A]`` with
   action chunks), ``log_prob`` ``[N]`` and ``value`` ``[N]``; runs without gradients;
-- ``evaluate(obs, action) -> (log_prob [N], entropy [N], value [N])`` with gradients;
+- ``evaluate_actions(obs, action) -> (log_prob [N], entropy [N], value [N])`` with gradients;
   ``evaluate_terms(obs) -> PolicyTerms(dist, value, aux)``, from the same forward pass: the
   action distribution (for log-probabilities, entropy and a closed-form KL), the value and the
   policy's auxiliary loss (``None`` without one), which the update adds to its loss;
@@ -195,7 +195,7 @@ class ActorCritic(nn.Module):
             batch_size=[action.shape[0]],
         )
 
-    def evaluate(
+    def evaluate_actions(
         self, obs: TensorDictBase, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability ``[N]`` of ``action``, entropy ``[N]`` and value ``[N]``, with gradients."""

@@ -83,7 +83,7 @@ def measure(policy: ActorCritic, obs: TensorDict, repeats: int) -> dict[str, flo
     action = policy.act(obs)["action"]
 
     def update() -> None:
-        log_prob, entropy, value = policy.evaluate(obs, action)
+        log_prob, entropy, value = policy.evaluate_actions(obs, action)
         (-log_prob.mean() - 0.01 * entropy.mean() + 0.5 * value.square().mean()).backward()
         policy.zero_grad(set_to_none=True)
 

@@ -35,10 +35,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 sys.path.append(os.getcwd())
 
 from infra.common.typed_config import apply_overrides
-from infra.llm.checkpoint import CheckpointError
 from infra.llm.reward import RewardUnavailable
 from infra.llm.rlvr import RLVRConfig, run_rlvr
 from infra.llm.services import JobStopped
+from infra.llm.trainer_checkpoint import CheckpointError
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ A backend holds ``num_envs`` simulations of one model and offers:
   (velocities, warm starts and time zeroed);
 - ``step(ctrl)``: apply controls [N, nu] to all simulations and advance ``frame_skip`` substeps;
 - ``qpos``, ``qvel``, ``mocap_pos``: the current state, arrays of the backend's module ``xp``;
-- ``xp``: the array module that :func:`sims.tasks.evaluate` runs with (``numpy``, ``jax.numpy``,
+- ``xp``: the array module that :func:`sims.tasks.task_signals` runs with (``numpy``, ``jax.numpy``,
   or torch on a device through :class:`sims.xp_torch.TorchNamespace`);
 - ``ax``: the array module of what the environment hands out (``numpy`` on the host, or a
   :class:`~sims.xp_torch.TorchNamespace` on the backend's device: observations stay there);

@@ -345,7 +345,7 @@ def _norm(xp: Any, v):
     return xp.sqrt(xp.sum(v * v, axis=-1))
 
 
-def evaluate(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[str, ...],
+def task_signals(xp: Any, qpos, qvel, mocap_pos, task_ids, a, b, task_names: tuple[str, ...],
              layout: S.SceneLayout) -> dict[str, Any]:
     """Observations, reward and success of every environment, for any array module.
 

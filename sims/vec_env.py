@@ -160,7 +160,7 @@ class SimVectorEnv(gym.vector.VectorEnv):
         #: Where observations live: None for numpy on the host, else the torch device of the tensors.
         self.device = getattr(ax, "device", None)
         self._evaluate = self._backend.compile(
-            lambda qpos, qvel, mocap, task, a, b: T.evaluate(xp, qpos, qvel, mocap, task, a, b,
+            lambda qpos, qvel, mocap, task, a, b: T.task_signals(xp, qpos, qvel, mocap, task, a, b,
                                                              self.task_names, self.layout))
         self._renderer = None
         if config.render is not None and not self._backend.renders:

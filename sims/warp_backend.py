@@ -2,7 +2,7 @@
 
 The same model as the batch backend (island sleeping included) lives on a Warp device, ``"cpu"``
 or ``"cuda:N"``. Its state arrays are handed to the environment as torch tensors that alias the
-Warp arrays (``wp.to_torch``, no copy), so :func:`sims.tasks.evaluate` runs in torch on the device
+Warp arrays (``wp.to_torch``, no copy), so :func:`sims.tasks.task_signals` runs in torch on the device
 (:class:`sims.xp_torch.TorchNamespace`) and observations, rewards and frames reach the policy
 without leaving the device. Episode sampling stays on the host (it is the batch backend's seeded
 numpy code, so both backends draw the same episodes); a reset uploads only the restarted rows.

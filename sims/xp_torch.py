@@ -1,6 +1,6 @@
 """A numpy-style array namespace over torch tensors on one device.
 
-:func:`sims.tasks.evaluate` and the vector environment's core are written against an array module
+:func:`sims.tasks.task_signals` and the vector environment's core are written against an array module
 ``xp`` (``numpy`` for the batch backend). Backends whose state lives on an accelerator (the Warp
 backend; MJX, through DLPack) hand the environment torch tensors on their device instead, so that
 observations reach the policy without a copy. :class:`TorchNamespace` offers exactly the numpy

@@ -61,7 +61,7 @@ def imitation_update(
     """Gradient steps maximising ``log pi(teacher_action | obs)`` on minibatches drawn from the buffer.
 
     Args:
-        policy: The student, with ``evaluate(obs, action) -> (log_prob, entropy, value)``.
+        policy: The student, with ``evaluate_actions(obs, action) -> (log_prob, entropy, value)``.
         optimizer: The student's optimiser.
         buffer: Flat labelled data ``[B]`` with ``obs`` and ``teacher_action``.
         updates: Gradient steps.
@@ -75,7 +75,7 @@ def imitation_update(
     size = buffer.batch_size[0]
     for _ in range(updates):
         mb = buffer[torch.randint(0, size, (min(batch_size, size),))]
-        log_prob, entropy, _ = policy.evaluate(mb["obs"], mb["teacher_action"])
+        log_prob, entropy, _ = policy.evaluate_actions(mb["obs"], mb["teacher_action"])
         loss = -log_prob.mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

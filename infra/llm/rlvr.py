@@ -28,8 +28,7 @@ import torch
 from infra.common.files import write_atomic
 from infra.common.runlog import CONFIG, Curves, LogConfig, Panel, RunLog, read_config
 from infra.common.typed_config import ConfigError
-from infra.llm import checkpoint as ckpt
-from infra.llm.checkpoint import CheckpointSpec
+from infra.llm import trainer_checkpoint as ckpt
 from infra.llm.data import DataConfig, load_file_source
 from infra.llm.grpo_trainer import check_grpo, llm_grpo_config
 from infra.llm.handles import LocalHandle, ServiceHandle
@@ -37,6 +36,7 @@ from infra.llm.lm import Codec, HFCausalLM, build_model, check_model, load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, check_reward
 from infra.llm.services import JobStopped, RewardService, RolloutService, TrainerService
+from infra.llm.trainer_checkpoint import CheckpointSpec
 from infra.llm.verifiable_tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
 from rlcore.losses import group_advantages
 from rlcore.update_config import GRPOConfig

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from infra.llm import checkpoint as ckpt
-from infra.llm.checkpoint import CheckpointError, CheckpointSpec
+from infra.llm import trainer_checkpoint as ckpt
 from infra.llm.engine import GenerationEngine, load_engine
 from infra.llm.grpo_trainer import GRPOTrainer
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, RewardRunner
+from infra.llm.trainer_checkpoint import CheckpointError, CheckpointSpec
 from rlcore.update_config import GRPOConfig
 
 
@@ -225,7 +225,7 @@ class TrainerService(_Sliced):
     """GRPO training for several jobs; each job's model, reference and optimiser live in host memory
     between its slices and are moved onto the device for its slice.
 
-    A job registered with a :class:`~infra.llm.checkpoint.CheckpointSpec` is written to its
+    A job registered with a :class:`~infra.llm.trainer_checkpoint.CheckpointSpec` is written to its
     directory at registration and after every ``every``-th state-changing call (supervised step,
     ``finish_warmup``, ``train``), together with its step, RNG states and last result; a trainer
     started again registers it with ``resume=True`` and continues from there, never from the seed.

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.llm import checkpoint as ckpt
-from infra.llm.checkpoint import CheckpointError, CheckpointSpec
+from infra.llm import trainer_checkpoint as ckpt
 from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.lm import load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobServices, RLVRConfig, run_job
 from infra.llm.service_plane import TRAINER_REPLAY, ResilientService
 from infra.llm.services import RewardService, RolloutService, TrainerService
+from infra.llm.trainer_checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.verifiable_tasks import VOCAB_SIZE
 
 SMALL = ModelConfig(kind="char", vocab_size=VOCAB_SIZE, max_len=16, d_model=32, n_heads=2, n_layers=1)

@@ -84,12 +84,12 @@ def test_every_llm_config_validates_in_one_style_and_is_checked_where_it_is_load
     """``validate()`` on each config dataclass, one-line ``ConfigError`` naming the key; typed_config runs it on
     load, so a bad value in an override or YAML section is refused before ``check()`` touches any file."""
     from infra.common.typed_config import from_dict
-    from infra.llm.checkpoint import CheckpointSpec
     from infra.llm.elastic import PoolConfig
     from infra.llm.pool_shape import PoolShape
     from infra.llm.sim.real_bench import RealBenchConfig
     from infra.llm.sim.report import BenchConfig
     from infra.llm.sim.service_pool import ServicePool
+    from infra.llm.trainer_checkpoint import CheckpointSpec
 
     for cfg, message in [(RLVRConfig(temperature=-1.0), r"temperature=-1\.0 must be a finite number >= 0"),
                          (RLVRConfig(model=ModelConfig(d_model=30)), r"model\.d_model=30 is not a multiple of n_heads=4"),

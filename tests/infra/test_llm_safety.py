@@ -15,13 +15,13 @@ import pytest
 
 from infra.common.runlog import read_metrics
 from infra.common.typed_config import apply_overrides
-from infra.llm import checkpoint as ckpt
-from infra.llm.checkpoint import CheckpointError, CheckpointSpec
+from infra.llm import trainer_checkpoint as ckpt
 from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardRunner
 from infra.llm.rlvr import RLVRConfig, run_rlvr, save_model
 from infra.llm.services import JobStopped, TrainerService
+from infra.llm.trainer_checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.verifiable_tasks import VOCAB_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -209,11 +209,11 @@ def test_a_preempted_llm_job_resumes_from_its_trainer_checkpoint(cluster, eventu
     requeued and placed again when the gang leaves, its services restart there, and the trainer
     continues from its checkpoint: the job ends with every GRPO update applied once, weights equal
     to an undisturbed run of the same job and to its last checkpoint."""
-    from infra.llm.checkpoint import checkpoint_path, load
     from infra.llm.grpo_trainer import llm_grpo_config
     from infra.llm.model import ModelConfig
     from infra.llm.rlvr import JobServices, RLVRConfig, checkpoint_spec, run_job
     from infra.llm.service_plane import ServiceSizes, place_services
+    from infra.llm.trainer_checkpoint import checkpoint_path, load
     from infra.llm.verifiable_tasks import VOCAB_SIZE
 
     _, client = cluster
@@ -263,7 +263,7 @@ def test_a_preempted_llm_job_resumes_from_its_trainer_checkpoint(cluster, eventu
 
 def _step(where: str) -> int:
     """The preempted job's checkpointed step (-1 before its first checkpoint)."""
-    from infra.llm.checkpoint import CheckpointError, read_info
+    from infra.llm.trainer_checkpoint import CheckpointError, read_info
 
     try:
         return read_info(where, "preempted").step

@@ -25,7 +25,7 @@ def test_shapes_and_act_evaluate_agree(shared: bool, head: str, chunk: int) -> N
     expected = (8, 2) if chunk == 1 else (8, chunk, 2)
     assert out["action"].shape == expected
     assert out["log_prob"].shape == out["value"].shape == (8,)
-    log_prob, entropy, value = policy.evaluate(obs, out["action"])
+    log_prob, entropy, value = policy.evaluate_actions(obs, out["action"])
     assert torch.allclose(log_prob, out["log_prob"], atol=1e-5)
     assert torch.allclose(value, out["value"], atol=1e-6)
     assert torch.allclose(policy.value(obs), value, atol=1e-6)
@@ -38,7 +38,7 @@ def test_gaussian_log_prob_matches_closed_form() -> None:
     policy = policies.load("mlp", {"state": (4,)}, 3, head=ActionHeadConfig(init_log_std=-0.5))
     obs = TensorDict({"state": torch.randn(6, 4)}, batch_size=[6])
     action = torch.randn(6, 3)
-    log_prob, entropy, _ = policy.evaluate(obs, action)
+    log_prob, entropy, _ = policy.evaluate_actions(obs, action)
     mean = policy.act(obs, deterministic=True)["action"]
     std = torch.exp(torch.tensor(-0.5))
     manual = (
@@ -79,6 +79,6 @@ def test_registry_and_input_errors() -> None:
     policy = MLPActorCritic(MLPPolicyConfig(), {"state": (4,)}, 2)
     obs = TensorDict({"state": torch.randn(3, 4)}, batch_size=[3])
     with pytest.raises(ValueError, match=r"expected \(3, 2\)"):
-        policy.evaluate(obs, torch.zeros(3, 5))
+        policy.evaluate_actions(obs, torch.zeros(3, 5))
     with pytest.raises(KeyError, match="has no key 'state'"):
         policy.act(TensorDict({"proprio": torch.randn(3, 4)}, batch_size=[3]))

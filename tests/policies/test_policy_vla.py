@@ -50,7 +50,7 @@ def test_shapes_and_act_evaluate_agree(kind: str, chunk: int) -> None:
     out = policy.act(obs)
     assert out["action"].shape == ((6, 3) if chunk == 1 else (6, chunk, 3))
     assert out["log_prob"].shape == out["value"].shape == (6,)
-    log_prob, entropy, value = policy.evaluate(obs, out["action"])
+    log_prob, entropy, value = policy.evaluate_actions(obs, out["action"])
     assert torch.allclose(log_prob, out["log_prob"], atol=1e-5)
     assert torch.allclose(value, policy.value(obs), atol=1e-6)
     assert entropy.shape == (6,) and torch.isfinite(entropy).all()
@@ -89,7 +89,7 @@ def test_language_encoder_runs_once_per_string_and_gets_no_gradient() -> None:
     assert red @ blue > red @ drawer
 
     obs = _obs()
-    log_prob, _, value = policy.evaluate(obs, torch.zeros(6, 3))
+    log_prob, _, value = policy.evaluate_actions(obs, torch.zeros(6, 3))
     (log_prob.sum() + value.sum()).backward()
     assert not policy.instruction_embeddings.requires_grad and policy.instruction_embeddings.grad is None
     assert all(p.numel() != 22_713_216 for p in policy.parameters())
@@ -139,7 +139,7 @@ def test_language_conditions_vision_in_supervised_pointing() -> None:
     for _ in range(400):
         obs, target = synthetic.batch(64, synthetic.TRAIN_TEMPLATES, generator)
         policy.update_normalization(obs)
-        log_prob, _, _ = policy.evaluate(obs, target)
+        log_prob, _, _ = policy.evaluate_actions(obs, target)
         optimizer.zero_grad()
         (-log_prob.mean()).backward()
         optimizer.step()
@@ -205,7 +205,7 @@ def test_asymmetric_critic_reads_only_its_keys_and_round_trips() -> None:
     assert policy.critic_norm is not None and int(policy.critic_norm.count) > 0
     out = policy.act(obs)
     assert out["action"].shape == (6, 3) and out["value"].shape == (6,)
-    log_prob, entropy, value = policy.evaluate(obs, out["action"])
+    log_prob, entropy, value = policy.evaluate_actions(obs, out["action"])
     assert torch.allclose(value, policy.value(obs), atol=1e-6)
 
     # the critic ignores the images (and language); it does depend on the privileged state
@@ -230,7 +230,7 @@ def test_asymmetric_critic_reads_only_its_keys_and_round_trips() -> None:
     restored = _asym_policy()
     restored.load_state_dict(policy.state_dict())
     assert torch.allclose(restored.value(obs), policy.value(obs))
-    assert torch.allclose(restored.evaluate(obs, out["action"])[0], log_prob.detach(), atol=1e-6)
+    assert torch.allclose(restored.evaluate_actions(obs, out["action"])[0], log_prob.detach(), atol=1e-6)
 
 
 def test_asymmetric_critic_names_a_missing_key() -> None:

@@ -65,8 +65,8 @@ def test_evaluate_agrees_between_numpy_and_jax() -> None:
         env.step(np.random.default_rng(0).uniform(-1, 1, (6, 4)).astype(np.float32))
     b = env._backend
     args = (b.qpos, b.qvel, b.mocap_pos, env._task, env._a, env._b)
-    ref = T.evaluate(np, *args, env.task_names, env.layout)
-    got = T.evaluate(jnp, *(jnp.asarray(x) for x in args), env.task_names, env.layout)
+    ref = T.task_signals(np, *args, env.task_names, env.layout)
+    got = T.task_signals(jnp, *(jnp.asarray(x) for x in args), env.task_names, env.layout)
     for key, value in ref.items():
         np.testing.assert_allclose(np.asarray(got[key]), value, rtol=1e-5, atol=1e-6, err_msg=key)
 
@@ -94,7 +94,7 @@ def test_success_bonus_pays_exactly_at_the_steps_that_succeed() -> None:
 def _shaped_now(env) -> np.ndarray:
     """The dense (shaped) reward at each environment's current state."""
     b = env._backend
-    return T.evaluate(np, b.qpos, b.qvel, b.mocap_pos, env._task, env._a, env._b, env.task_names, env.layout)["reward"]
+    return T.task_signals(np, b.qpos, b.qvel, b.mocap_pos, env._task, env._a, env._b, env.task_names, env.layout)["reward"]
 
 
 def test_progress_reward_is_the_change_of_the_shaped_reward_and_success_reward_the_indicator() -> None:
