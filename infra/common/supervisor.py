@@ -3,8 +3,8 @@
 Everything in the project that starts a component again after it died goes through a
 :class:`Supervisor`: the fleet trainer's job loop (``vla_rl.fleet.job``), the fleet collector's
 re-collection of an iteration (``vla_rl.fleet.collector``), the LLM services'
-``infra.llm.service_plane.ResilientService`` and the scheduler client's
-``infra.service.client.GangBackend``. Each says what it supervises, which setting bounds its
+``infra.llm.service_plane.ResilientService``, the scheduler client's
+``infra.service.client.GangBackend`` and the LLM jobs' reward worker (``infra.llm.reward.RewardRunner``). Each says what it supervises, which setting bounds its
 restarts, and what to do after a restart (the *recovery hook*: roll shards back, replay a
 service's jobs, tell the owner); the supervisor counts, decides and names the setting when it
 gives up::

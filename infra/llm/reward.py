@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from infra.common.supervisor import Supervisor
+
 RewardFn = Callable[[str, str, str], float]
 
 
@@ -100,7 +102,9 @@ class RewardRunner:
         self._proc: subprocess.Popen[bytes] | None = None
         self._requests: IO[str] | None = None
         self._replies: IO[str] | None = None
-        self.restarts = 0
+        # No budget: a failed call scores 0 and the next call starts a new worker; the job's
+        # reward_max_failed_share bounds how many calls of a batch may fail.
+        self.supervisor = Supervisor(f"the reward worker of {spec}", None, "reward_max_failed_share")
         self.import_s = 0.0
         """Seconds the last worker took to import and check the reward (from its start to ready)."""
 
@@ -156,6 +160,11 @@ class RewardRunner:
             self._proc.wait()
             self._proc = None
 
+    @property
+    def restarts(self) -> int:
+        """Workers stopped after a timeout, a death or a broken reply (each call after one starts a new one)."""
+        return self.supervisor.restarts
+
     def close(self) -> None:
         """Stop the worker."""
         self._kill()
@@ -173,15 +182,15 @@ class RewardRunner:
         except (BrokenPipeError, OSError):
             line = ""
         if line is None:
-            self._kill()
-            self.restarts += 1
-            return None, f"reward {self.spec} did not return within {self.timeout_s} s", True
+            message = f"reward {self.spec} did not return within {self.timeout_s} s"
+            self.supervisor.restart(message, self._kill)
+            return None, message, True
         reply = _decode(line) if line else None
         if reply is None:  # a worker that died or broke the protocol is started again for the next call
-            self._kill()
-            self.restarts += 1
             broke = f"sent {line.strip()[:80]!r}, not a reply" if line else "process died"
-            return None, f"reward {self.spec}: the worker {broke}", False
+            message = f"reward {self.spec}: the worker {broke}"
+            self.supervisor.restart(message, self._kill)
+            return None, message, False
         if "score" in reply:
             return reply["score"], "", False
         return None, str(reply.get("error")), False
