@@ -16,11 +16,12 @@ reads: ``agentview`` and ``robot0_eye_in_hand`` at 128x128 and the proprioceptio
   :class:`sims.libero.controller.PandaController`, at each ``--num-envs``: one env-step is
   controller + 25 physics substeps + proprioception + both cameras + the goal, for every env.
 
-Figures (``results``): per side ``env_steps_per_s`` and ``frames_per_s`` (cameras x env-steps/s);
-for batch also ``no_render_env_steps_per_s`` (the same step without the cameras) and
-``build_s``; ``speedup`` (batch env-steps/s over robosuite's, per ``num_envs``),
-``best_speedup`` against the issue's target of 20x; the load average (``uptime``) before and after
-each side, as other work on the machine slows both.
+Figures (``results``): ``robosuite`` and each ``batch`` row: ``env_steps_per_s`` and
+``frames_per_s`` (cameras x env-steps/s); ``robosuite_no_render`` (LIBERO's environment built
+without cameras) and batch's ``no_render_env_steps_per_s`` (the same step without rendering):
+where the time goes; batch's ``build_s``; ``speedup`` (batch env-steps/s over robosuite's, per
+``num_envs``), ``best_speedup`` against the issue's target of 20x, ``no_render_speedup``; the
+load average (``uptime``) before and after each part, as other work on the machine slows both.
 """
 
 from __future__ import annotations
@@ -91,15 +92,17 @@ def bench_batch(task_id: str, num_envs: int, threads: int, size: int, seconds: f
             "no_render_env_steps_per_s": no_render, "build_s": round(build_s, 2), "load_after": load()}
 
 
-def bench_robosuite(python: Path, task_id: str, size: int, seconds: float, actions: str) -> dict[str, Any]:
-    """LIBERO's robosuite environment stepped by ``scripts/libero_robosuite_steps.py`` under ``python``.
+def bench_robosuite(python: Path, task_id: str, size: int, seconds: float, actions: str,
+                    cameras: bool = True) -> dict[str, Any]:
+    """LIBERO's robosuite environment stepped by ``scripts/libero_robosuite_steps.py`` under ``python``
+    (with both cameras, or ``cameras=False``: none and no renderer).
 
     Raises:
         RuntimeError: the child failed (its last line of stderr).
     """
     suite, index = parse_task_id(task_id)
     cmd = [str(python), str(ROBOSUITE_DRIVER), "--benchmark", LIBERO_SUITE[suite], "--index", str(index),
-           "--size", str(size), "--seconds", str(seconds), "--actions", actions]
+           "--size", str(size), "--seconds", str(seconds), "--actions", actions, *([] if cameras else ["--no-cameras"])]
     # Its own budget: building the scene takes 5-15 s, a step 0.1-0.5 s under load.
     proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=300 + 3 * seconds)
     if proc.returncode != 0:
@@ -109,31 +112,43 @@ def bench_robosuite(python: Path, task_id: str, size: int, seconds: float, actio
     return {**result, "load_after": load()}
 
 
-def speedups(robosuite: dict[str, Any] | None, batch: list[dict[str, Any]]) -> dict[str, Any]:
-    """Batch env-steps/s over robosuite's, per ``num_envs``, the best, and whether it meets the target."""
-    if robosuite is None:
-        return {}
-    base = robosuite["env_steps_per_s"]
-    per = {str(b["num_envs"]): b["env_steps_per_s"] / base for b in batch}
-    best = max(per.values())
-    return {"speedup": per, "best_speedup": best, "target_speedup": TARGET_SPEEDUP, "target_met": best >= TARGET_SPEEDUP}
+def speedups(robosuite: dict[str, Any] | None, robosuite_no_render: dict[str, Any] | None,
+             batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """Batch env-steps/s over robosuite's per ``num_envs`` (with cameras, and without on both sides), the
+    best, and whether it meets the target (with cameras)."""
+    out: dict[str, Any] = {}
+    if robosuite is not None:
+        per = {str(b["num_envs"]): b["env_steps_per_s"] / robosuite["env_steps_per_s"] for b in batch}
+        out.update(speedup=per, best_speedup=max(per.values()), target_speedup=TARGET_SPEEDUP,
+                   target_met=max(per.values()) >= TARGET_SPEEDUP)
+    if robosuite_no_render is not None:
+        base = robosuite_no_render["env_steps_per_s"]
+        out["no_render_speedup"] = {str(b["num_envs"]): b["no_render_env_steps_per_s"] / base for b in batch}
+    return out
 
 
 def print_table(console: Console, task_id: str, results: dict[str, Any]) -> None:
-    table = Table(title=f"LIBERO {task_id}, 2 cameras at {results['size']}x{results['size']}, {results['actions']} actions")
-    for col in ("simulator", "envs", "env-steps/s", "frames/s", "no-render env-steps/s", "x robosuite"):
+    size = results["size"]
+    table = Table(title=f"LIBERO {task_id}, 2 cameras at {size}x{size}, {results['actions']} actions")
+    for col in ("simulator", "envs", "env-steps/s", "frames/s", "x robosuite", "no cameras: env-steps/s",
+                "x robosuite"):
         table.add_column(col, justify="left" if col == "simulator" else "right")
-    rs = results.get("robosuite")
-    if rs is not None:
-        table.add_row("robosuite OffScreenRenderEnv", "1", f"{rs['env_steps_per_s']:,.1f}", f"{rs['frames_per_s']:,.1f}",
-                      "", "1.0")
+    rs, rs0 = results.get("robosuite"), results.get("robosuite_no_render")
+    if rs is not None or rs0 is not None:
+        table.add_row("robosuite OffScreenRenderEnv", "1", _num(rs, "env_steps_per_s"), _num(rs, "frames_per_s"),
+                      "1.0", _num(rs0, "env_steps_per_s"), "1.0")
     for b in results["batch"]:
-        ratio = results.get("speedup", {}).get(str(b["num_envs"]))
-        table.add_row(f"batch, {results['threads']} threads", str(b["num_envs"]), f"{b['env_steps_per_s']:,.1f}",
-                      f"{b['frames_per_s']:,.1f}", f"{b['no_render_env_steps_per_s']:,.1f}",
-                      "" if ratio is None else f"{ratio:.1f}")
+        n = str(b["num_envs"])
+        ratio, ratio0 = results.get("speedup", {}).get(n), results.get("no_render_speedup", {}).get(n)
+        table.add_row(f"batch, {results['threads']} threads", n, _num(b, "env_steps_per_s"), _num(b, "frames_per_s"),
+                      "" if ratio is None else f"{ratio:.2f}", _num(b, "no_render_env_steps_per_s"),
+                      "" if ratio0 is None else f"{ratio0:.2f}")
     console.print(table)
     console.print(f"load average before {results['load_before']}, after {results['load_after']}")
+
+
+def _num(row: dict[str, Any] | None, key: str) -> str:
+    return "" if row is None else f"{row[key]:,.1f}"
 
 
 def main() -> None:
@@ -162,16 +177,18 @@ def main() -> None:
     results: dict[str, Any] = {"task": args.task, "size": args.size, "actions": args.actions, "threads": args.threads,
                                "load_before": load()}
     if python is not None:
-        with console.status("LIBERO's robosuite environment, one process"):
-            try:
-                results["robosuite"] = bench_robosuite(python, args.task, args.size, args.seconds, args.actions)
-            except RuntimeError as err:
-                sys.exit(f"bench_libero: {err}")
+        for key, cameras in (("robosuite", True), ("robosuite_no_render", False)):
+            with console.status(f"LIBERO's robosuite environment, one process, {'both' if cameras else 'no'} cameras"):
+                try:
+                    results[key] = bench_robosuite(python, args.task, args.size, args.seconds, args.actions, cameras)
+                except RuntimeError as err:
+                    sys.exit(f"bench_libero: {err}")
     results["batch"] = []
     for n in args.num_envs:
         with console.status(f"batch backend, {n} envs"):
             results["batch"].append(bench_batch(args.task, n, args.threads, args.size, args.seconds, args.actions))
-    results.update(speedups(results.get("robosuite"), results["batch"]), load_after=load())
+    results.update(speedups(results.get("robosuite"), results.get("robosuite_no_render"), results["batch"]),
+                   load_after=load())
     print_table(console, args.task, results)
     if args.json:
         write_report(args.json, vars(args), results)

@@ -10,6 +10,7 @@ LIBERO's OSC_POSE controller, 20 Hz control, ``agentview`` and ``robot0_eye_in_h
 ``--size`` x ``--size``), set to the task's fixed initial state 0, then ``env.step(action)``
 (physics, both cameras, proprioception, reward) with random actions uniform in [-1, 1]^7 or zero
 actions, for about ``--seconds`` after ``--warmup`` untimed steps. One process, one environment.
+``--no-cameras`` builds it without cameras and offscreen renderer (the same step, no frames).
 
 Output keys: ``env_steps_per_s``, ``frames_per_s`` (cameras x env-steps/s), ``steps``,
 ``seconds``, ``build_s`` (building the environment and its first reset), ``versions``.
@@ -34,20 +35,23 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--actions", choices=("random", "zero"), default="random")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-cameras", action="store_true", help="no camera observations, no renderer")
     args = parser.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
 
     import numpy as np
     from libero.libero import benchmark, get_libero_path
-    from libero.libero.envs import OffScreenRenderEnv
+    from libero.libero.envs.env_wrapper import ControlEnv, OffScreenRenderEnv
 
     start = time.perf_counter()
     bench = benchmark.get_benchmark_dict()[args.benchmark]()
     task = bench.get_task(args.index)
     bddl = Path(get_libero_path("bddl_files")) / task.problem_folder / task.bddl_file
-    cameras = ["agentview", "robot0_eye_in_hand"]
-    env = OffScreenRenderEnv(bddl_file_name=str(bddl), camera_names=cameras, camera_heights=args.size,
-                             camera_widths=args.size, control_freq=20)
+    cameras = [] if args.no_cameras else ["agentview", "robot0_eye_in_hand"]
+    # OffScreenRenderEnv always makes the offscreen renderer; without cameras that is ControlEnv's choice.
+    make = ControlEnv if args.no_cameras else OffScreenRenderEnv
+    env = make(bddl_file_name=str(bddl), camera_names=cameras, camera_heights=args.size, camera_widths=args.size,
+               control_freq=20, use_camera_obs=bool(cameras), has_offscreen_renderer=bool(cameras))
     env.seed(args.seed)
     env.reset()
     obs = env.set_init_state(bench.get_task_init_states(args.index)[0])
