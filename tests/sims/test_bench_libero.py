@@ -19,7 +19,7 @@ import setup_libero_venv  # noqa: E402
 from setup_libero_venv import clean_env, default_venv, ensure_libero_venv  # noqa: E402
 
 FIGURE = ROOT / "docs" / "figures" / "libero" / "bench_libero.json"
-ROW_KEYS = {"env_steps_per_s", "frames_per_s"}
+ROW_KEYS = {"env_steps_per_s", "frames_per_s", "cpu_ms_per_env_step"}
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:
@@ -41,7 +41,7 @@ def test_batch_smoke_writes_positive_figures(tmp_path):
     report = _bench(tmp_path, "--skip-robosuite")
     r = report["results"]
     assert r["task"] == "spatial/0" and [b["num_envs"] for b in r["batch"]] == [2]
-    _positive(r["batch"][0], ROW_KEYS | {"no_render_env_steps_per_s"})
+    _positive(r["batch"][0], ROW_KEYS | {"no_render_env_steps_per_s", "no_render_cpu_ms_per_env_step"})
     assert r["batch"][0]["frames_per_s"] == pytest.approx(2 * r["batch"][0]["env_steps_per_s"])
     assert len(r["load_before"]) == 3 and len(r["load_after"]) == 3 and "machine" in report
     assert "robosuite" not in r and "speedup" not in r
@@ -69,6 +69,8 @@ def test_robosuite_side_and_ratio(tmp_path, libero_python):
     assert r["robosuite_no_render"]["env_steps_per_s"] > 0 and r["robosuite_no_render"]["cameras"] == []
     assert r["speedup"]["2"] == pytest.approx(r["batch"][0]["env_steps_per_s"] / r["robosuite"]["env_steps_per_s"])
     assert r["target_met"] == (r["best_speedup"] >= 20) and r["no_render_speedup"]["2"] > 0
+    assert r["no_render_cpu_speedup"]["2"] > 0
+    assert r["cpu_speedup"]["2"] == pytest.approx(r["robosuite"]["cpu_ms_per_env_step"] / r["batch"][0]["cpu_ms_per_env_step"])
 
 
 def test_venv_made_once_and_remade_when_requirements_change(monkeypatch, tmp_path):
