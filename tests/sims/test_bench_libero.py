@@ -108,3 +108,26 @@ def test_venv_needs_python_311_or_older(monkeypatch):
 def test_subprocess_env_drops_python_variables(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
     assert "PYTHONPATH" not in clean_env() and "PATH" in clean_env()
+
+
+def test_docs_table_equals_the_committed_json():
+    """docs/sims.md's speed table shows docs/figures/libero/bench_libero.json's figures as printed."""
+    r = json.loads(FIGURE.read_text())["results"]
+    lines = (ROOT / "docs" / "sims.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| simulator | envs | env-steps/s |"))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[start + 2:start + 3 + len(r["batch"])]]
+    rs, rs0 = r["robosuite"], r["robosuite_no_render"]
+    want = [["robosuite", "1", rs["env_steps_per_s"], rs["frames_per_s"], 1.0, rs["cpu_ms_per_env_step"], 1.0,
+             rs0["env_steps_per_s"], 1.0, rs0["cpu_ms_per_env_step"], 1.0]]
+    for b in r["batch"]:
+        n = str(b["num_envs"])
+        want.append(["batch", n, b["env_steps_per_s"], b["frames_per_s"], r["speedup"][n], b["cpu_ms_per_env_step"],
+                     r["cpu_speedup"][n], b["no_render_env_steps_per_s"], r["no_render_speedup"][n],
+                     b["no_render_cpu_ms_per_env_step"], r["no_render_cpu_speedup"][n]])
+    assert len(rows) == len(want)
+    for row, expected in zip(rows, want):
+        assert row[:2] == expected[:2]
+        for shown, value in zip(row[2:], expected[2:]):
+            digits = len(shown.partition(".")[2])
+            assert abs(float(shown.replace(",", "")) - value) <= 0.5 * 10**-digits + 1e-9, (row, expected)
+    assert r["best_speedup"] == max(r["speedup"].values()) and r["target_met"] is False
