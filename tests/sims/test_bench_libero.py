@@ -36,7 +36,6 @@ def _positive(row: dict, keys: set[str]) -> None:
         assert isinstance(row[key], float) and row[key] > 0, (key, row)
 
 
-@pytest.mark.slow  # building a LIBERO scene: 10-50 s here
 def test_batch_smoke_writes_positive_figures(tmp_path):
     report = _bench(tmp_path, "--skip-robosuite")
     r = report["results"]
@@ -61,7 +60,7 @@ def libero_python() -> Path:
     return ensure_libero_venv(venv)
 
 
-@pytest.mark.slow  # LIBERO's environment builds in 5-45 s, twice (with and without cameras), and the batch side
+@pytest.mark.slow  # LIBERO's environment builds twice (with and without cameras), then the batch side: 46-110 s
 def test_robosuite_side_and_ratio(tmp_path, libero_python):
     r = _bench(tmp_path, "--libero-python", str(libero_python))["results"]
     _positive(r["robosuite"], ROW_KEYS)
