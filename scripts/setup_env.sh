@@ -8,7 +8,9 @@
 #   - with LIBERO=1, LIBERO (scripts/setup_libero.py): its export toolchain into
 #     ~/.cache/vla-rl/libero/toolchain (pip --no-deps --target: robosuite 1.4.0 never enters the
 #     project's environment) and the 40 tasks of Spatial, Object, Goal and 10 exported once into the
-#     cache (about 4 CPU-seconds a task). Off by default: the LIBERO tests export the four tasks
+#     cache (about 4 CPU-seconds a task); and LIBERO's own robosuite environment, .venv-libero
+#     (scripts/setup_libero_venv.py: robosuite 1.4.0 on mujoco 2.3.7, pinned, about 2 GB), the
+#     anchor of scripts/bench_libero.py. Off by default: the LIBERO tests export the four tasks
 #     they use themselves, and `make train` does not need LIBERO.
 # Re-running is cheap: a stamp keyed on pyproject.toml skips pip when nothing changed.
 set -euo pipefail
@@ -70,6 +72,8 @@ ensure_libero() {
     # Cheap when everything is cached (a file check per task); a failure leaves the rest usable.
     "$venv/bin/python" "$root/scripts/setup_libero.py" \
         || say "LIBERO setup failed; LIBERO tests fail until python scripts/setup_libero.py succeeds"
+    "$venv/bin/python" "$root/scripts/setup_libero_venv.py" >/dev/null \
+        || say "LIBERO's own environment failed; bench_libero.py needs python scripts/setup_libero_venv.py to succeed"
 }
 
 ensure_system_libraries

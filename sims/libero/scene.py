@@ -1,7 +1,7 @@
 """A cached LIBERO task as a MuJoCo model the project's backends run (no robosuite, no libero).
 
 :func:`load_task` reads ``<cache>/<suite>/<index>/`` (written by :mod:`sims.libero.export`);
-:func:`build_model` compiles its MJCF with two changes to LIBERO's model, both made with
+:func:`build_model` compiles its MJCF with three changes to LIBERO's model, all made with
 ``mujoco.MjSpec`` at load time:
 
 - **Joint servos instead of OSC torques.** LIBERO drives the Panda's seven torque motors with
@@ -14,6 +14,11 @@
   geoms; neither ``mujoco.batch`` nor the predicates should walk contact lists, so each pair the
   goal needs becomes a ``contact`` sensor (``subtree1``/``subtree2`` = the objects' root bodies,
   ``data="found"``): ``sensordata`` holds 1 where they touch.
+- **Colliders out of the cameras.** robosuite keeps collision geoms in group 0 and hides that
+  group when it renders (``render_collision_mesh=False``); the project's renderers draw groups
+  0-2 and hide group 3, so the colliders move to group 3 (and the compiler's
+  ``inertiagrouprange`` with them: the bodies' inertia still comes from the colliders). The frames then show what LIBERO's
+  show (drawn, the Panda's coloured collision capsules cover its white links).
 """
 
 from __future__ import annotations
@@ -141,6 +146,10 @@ def build_model(task: LiberoTask) -> tuple[mujoco.MjModel, LiberoLayout]:
     """Compile the task's scene with joint servos and goal contact sensors (see module docstring)."""
     spec = mujoco.MjSpec.from_file(str(task.model_path))
     _servo_arm(spec, task.robot)
+    for geom in spec.geoms:
+        if geom.group == 0:  # robosuite's collision group (see module docstring)
+            geom.group = 3
+    spec.compiler.inertiagrouprange = [3, 3]  # inertia still from the colliders alone, as robosuite's "0 0"
     pairs = contact_pairs(task.goal)
     for a, b in pairs:
         spec.add_sensor(name=f"contact:{a}:{b}", type=mujoco.mjtSensor.mjSENS_CONTACT,

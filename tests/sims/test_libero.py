@@ -81,6 +81,15 @@ def test_task_loads_starts_from_libero_states_and_renders(sims_by_task, task_id)
     assert np.abs(sim.proprio()["eef_pos"] - start).max() < 2e-3
 
 
+def test_colliders_hidden_from_the_cameras(sims_by_task):
+    """robosuite does not draw its collision group (0); the renderers skip group 3, so it moves there."""
+    for sim in sims_by_task.values():
+        m = sim.model
+        colliders = [i for i in range(m.ngeom) if m.geom(i).name.endswith("_collision")]
+        assert len(colliders) >= 10 and (m.geom_group[colliders] == 3).all()  # the Panda's and the table's
+        assert not (m.geom_group == 0).any()
+
+
 def test_render_64(cached):
     sim = LiberoSim(load_task("spatial/0"), 1, num_threads=1, render=libero_render_config(64, num_contexts=1))
     sim.reset(np.array([0]))
