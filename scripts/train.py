@@ -31,7 +31,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError, load_config
-from vla_rl.trainer import Trainer, preflight, unfinished
+from vla_rl.trainer import Trainer, unfinished
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.fleet.mode != "inprocess":
             from vla_rl.fleet import run_fleet_job
 
-            preflight(cfg)  # before Ray starts; in-process, Trainer checks it
+            cfg.check()  # before Ray starts; in-process, Trainer checks it
 
             print(f"training {cfg.run_name} on Ray ({cfg.fleet.mode}), results in {Path(cfg.out_dir) / cfg.run_name}")
             summary = run_fleet_job(cfg, resume=resume)

@@ -6,6 +6,10 @@ differs from them, and ``key=value`` arguments (dotted paths, values parsed as Y
 applied on top. Every key is checked against the dataclass fields where it enters, and an unknown
 key, task, algorithm or model raises :class:`ConfigError` naming the valid choices.
 
+Each section checks its own values in its ``validate()``, which ``from_dict`` runs as it builds it;
+:meth:`TrainConfig.validate` adds what ties sections together. Neither reads a file, the machine or
+gymnasium's registry: :meth:`TrainConfig.check` does, where a job starts, before anything is built.
+
 Each component receives only its own section: the environment factory gets :class:`TrainEnvConfig`,
 PPO gets :class:`PPOConfig`, the policy factory gets the policy's own dataclass from ``policies``.
 Reading and checking dicts and overrides is :mod:`infra.common.typed_config`'s, shared with the LLM jobs.
@@ -105,6 +109,21 @@ class TrainEnvConfig:
     ``{push: 3, stack: 3}`` (a task not named weighs 1; empty: uniform, as ``sims.EnvConfig.task_weights=None``).
     Evaluation splits sample uniformly."""
 
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad value: the numbers, a ``sims`` task, backend, reward,
+        cameras and task weights. A gymnasium id is looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
+        _check_numbers(self, "env.")
+        if self.kind == "sims":
+            from sims.tasks import TASK_NAMES
+
+            valid = [*TASK_NAMES, "suite"]
+            if self.task not in valid:
+                raise ConfigError(f"env.task={self.task!r} is not a sims task; valid: {', '.join(valid)}")
+            _check_sims_env(self)
+        elif self.task_weights:
+            raise ConfigError(f"env.task_weights weighs the tasks of a sims suite; env.kind={self.kind!r} has one "
+                              "task: remove it")
+
 
 @dataclass
 class PPOConfig:
@@ -130,6 +149,10 @@ class PPOConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The clipped update's settings."""
 
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first number out of its range (``ppo.optim``'s included)."""
+        _check_numbers(self, "ppo.")
+
 
 @dataclass
 class DistillConfig:
@@ -149,6 +172,10 @@ class DistillConfig:
     """Minibatch size of the imitation update."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, anneal_lr=False))
     """Learning rate and gradient clipping of the imitation update (epochs/minibatches unused)."""
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first number out of its range (``distill.optim``'s included)."""
+        _check_numbers(self, "distill.")
 
 
 @dataclass
@@ -191,6 +218,10 @@ class SFTConfig:
     last words. An earlier padding cut of the token attention did this by accident, and the recipe scored
     higher on dev phrasings with it (docs/training.md)."""
 
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first number out of its range (``sft.optim``'s included)."""
+        _check_numbers(self, "sft.")
+
 
 @dataclass
 class EvalConfig:
@@ -209,6 +240,17 @@ class EvalConfig:
     fresh episodes, never from a run that could have been tuned on them."""
     at_start: bool = False
     """Also evaluate before the first iteration (iteration 0): what a policy loaded with ``init_from`` starts at."""
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first number out of its range or an unknown split."""
+        from sims.tasks import SPLITS
+
+        _check_numbers(self, "eval.")
+        bad_splits = sorted(set(self.splits) - set(SPLITS))
+        if bad_splits:
+            raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(SPLITS)}")
+        if not self.splits:
+            raise ConfigError(f"eval.splits is empty; valid: {', '.join(SPLITS)}")
 
 
 @dataclass
@@ -268,6 +310,55 @@ class TrainConfig:
         model = _policy_name(self.policy)
         task = self.env.task.replace("/", "_")
         return f"{task}-{self.algo}-{model}-s{self.seed}"
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad value and the fix: each section's own values (its
+        ``validate``), every number's range (:data:`RANGES`, :data:`POLICY_RANGES`) and the settings that tie
+        sections together (algorithm, policy and fleet against the environment). Reads no file, device or
+        registry (:meth:`check` does), so ``typed_config.from_dict`` runs it on every config it builds."""
+        if not dataclasses.is_dataclass(self.policy):
+            raise ConfigError(f"policy={self.policy!r} is not a policy config; build the config with "
+                              "vla_rl.config.build_config or load_config (they read the policy section)")
+        for section in (self.env, self.ppo, self.distill, self.sft, self.eval, self.log, self.fleet):
+            section.validate()
+        _check_ranges(self, RANGES | {f"policy.{key}": r for key, r in POLICY_RANGES.items()})
+        if not self.out_dir or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"name={self.name!r}, out_dir={self.out_dir!r}: out_dir must be set and name one "
+                              "directory name")
+        if not _DEVICE.fullmatch(self.device):
+            raise ConfigError(f"device={self.device!r} is not a torch device; valid: cpu, cuda, cuda:N, mps")
+        if self.env.kind == "sims" and self.stop_success is not None and "validation" not in self.eval.splits:
+            raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
+        _check_algo(self)
+        _check_policy(self)
+        validate_fleet(self)
+
+    def check(self, envs_here: bool = True, inputs: bool = True) -> None:
+        """:meth:`validate`, then what the run needs of this machine, where the job starts and before anything
+        is built (run directory, Ray, environments): a registered gymnasium id, the files it reads, a writable
+        run directory and the memory of its environments and rollout buffer.
+
+        Args:
+            envs_here: The environments and rollout buffer live in this process: check the memory they take.
+            inputs: Check that the files the run reads exist (``sft.dataset``, ``init_from``); ``False`` for a
+                recipe's stages before the earlier stages write them.
+
+        Raises:
+            ConfigError: The first problem found, naming its key and the fix.
+        """
+        from infra.common.files import unwritable
+        from vla_rl.memory import check_run_memory  # it imports this module
+
+        self.validate()
+        if self.env.kind == "gym":
+            _check_gym_id(self.env.task)
+        if inputs:
+            _check_files(self)
+        why = unwritable(Path(self.out_dir) / self.run_name)
+        if why:
+            raise ConfigError(f"out_dir={self.out_dir!r}: {why}; set out_dir= to a writable directory")
+        if envs_here:
+            check_run_memory(self)
 
 
 # Keys that may differ between a checkpoint's config and a resumed run's config (out_dir and name: a run
@@ -367,18 +458,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return build_config(data)
 
 
-def build_config(data: dict[str, Any], check_files: bool = True) -> TrainConfig:
-    """Validate a nested dict (as in ``config.yaml``) into a :class:`TrainConfig`.
-
-    ``check_files=False`` skips only the checks that the files it reads exist (``sft.dataset``, ``init_from``):
-    a recipe validates its later stages before the earlier ones write them.
-    """
+def build_config(data: dict[str, Any]) -> TrainConfig:
+    """Build a nested dict (as in ``config.yaml``) into a :class:`TrainConfig`, validated (:meth:`TrainConfig.validate`;
+    what depends on the machine is :meth:`TrainConfig.check`'s, where the job starts)."""
     data = dict(data)
-    policy = data.pop("policy", None)  # its dataclass depends on its ``name``: built apart
-    cfg = from_dict(TrainConfig, data)
-    cfg.policy = policy_from_dict(policy)
-    validate(cfg, check_files)
-    return cfg
+    # The policy's dataclass depends on its ``name``: built first, so that TrainConfig.validate sees it.
+    data["policy"] = policy_from_dict(data.pop("policy", None))
+    return from_dict(TrainConfig, data)
 
 
 RANGES: dict[str, Range] = {
@@ -413,39 +499,10 @@ SIMS_FLAT_KEYS = ("proprio", "state")
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
 
-def validate(cfg: TrainConfig, check_files: bool = True) -> None:
-    """Check every value's range and the cross-field consistency (and, with ``check_files``, that the files
-    the run reads exist), without modifying ``cfg``.
-
-    Raises:
-        ConfigError: The first bad value found, naming its key and the valid range or the fix.
-    """
-    _check_ranges(cfg, RANGES | {f"policy.{key}": r for key, r in POLICY_RANGES.items()})
-    if not cfg.out_dir or "/" in cfg.name or cfg.name in (".", ".."):
-        raise ConfigError(f"name={cfg.name!r}, out_dir={cfg.out_dir!r}: out_dir must be set and name one directory name")
-    if not _DEVICE.fullmatch(cfg.device):
-        raise ConfigError(f"device={cfg.device!r} is not a torch device; valid: cpu, cuda, cuda:N, mps")
-    if not cfg.log.wandb_project:
-        raise ConfigError("log.wandb_project must not be empty (default: vla-rl)")
-    from sims.tasks import SPLITS
-
-    bad_splits = sorted(set(cfg.eval.splits) - set(SPLITS))
-    if bad_splits:
-        raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(SPLITS)}")
-    if not cfg.eval.splits:
-        raise ConfigError(f"eval.splits is empty; valid: {', '.join(SPLITS)}")
-    if cfg.env.kind == "sims" and cfg.stop_success is not None and "validation" not in cfg.eval.splits:
-        raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
-    check_task(cfg.env)
-    if cfg.env.kind == "sims":
-        _check_sims_env(cfg.env)
-    elif cfg.env.task_weights:
-        raise ConfigError(f"env.task_weights weighs the tasks of a sims suite; env.kind={cfg.env.kind!r} has one task: remove it")
-    _check_algo(cfg)
-    _check_policy(cfg)
-    validate_fleet(cfg)
-    if check_files:
-        _check_files(cfg)
+def _check_numbers(section: Any, prefix: str) -> None:
+    """Raise :class:`ConfigError` naming the first number of ``section`` (the config's ``prefix`` section, e.g.
+    ``env.``) outside its range in :data:`RANGES`."""
+    _check_ranges(section, {k.removeprefix(prefix): r for k, r in RANGES.items() if k.startswith(prefix)}, prefix)
 
 
 def _check_ranges(section: Any, ranges: dict[str, Range], prefix: str = "") -> None:
@@ -584,21 +641,15 @@ def algo_optim(cfg: TrainConfig) -> OptimConfig:
     return {"ppo": cfg.ppo.optim, "grpo": cfg.grpo.optim, "distill": cfg.distill.optim, "sft": cfg.sft.optim}[cfg.algo]
 
 
-def check_task(env: TrainEnvConfig) -> None:
-    """Raise :class:`ConfigError` listing the valid tasks when ``env.task`` is unknown."""
-    if env.kind == "sims":
-        from sims.tasks import TASK_NAMES
+def _check_gym_id(task: str) -> None:
+    """Raise :class:`ConfigError` with the closest ids when ``task`` is not in gymnasium's registry (which
+    packages installed on this machine fill)."""
+    import gymnasium
 
-        valid = [*TASK_NAMES, "suite"]
-        if env.task not in valid:
-            raise ConfigError(f"env.task={env.task!r} is not a sims task; valid: {', '.join(valid)}")
-    else:
-        import gymnasium
-
-        if env.task not in gymnasium.registry:
-            close = difflib.get_close_matches(env.task, list(gymnasium.registry), n=3, cutoff=0.7)
-            hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.registry for valid ids"
-            raise ConfigError(f"env.task={env.task!r} is not a registered gymnasium id{hint}")
+    if task not in gymnasium.registry:
+        close = difflib.get_close_matches(task, list(gymnasium.registry), n=3, cutoff=0.7)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.registry for valid ids"
+        raise ConfigError(f"env.task={task!r} is not a registered gymnasium id{hint}")
 
 
 def diff_configs(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:

@@ -35,7 +35,7 @@ from vla_rl.config import (
 )
 from vla_rl.demos.collect import CollectConfig, collect_demos
 from vla_rl.evaluate import evaluate_checkpoint
-from vla_rl.trainer import Trainer, preflight, unfinished
+from vla_rl.trainer import Trainer, unfinished
 
 
 @dataclass
@@ -51,6 +51,11 @@ class DemoSettings:
     task_weights: dict[str, float] = field(default_factory=dict)
     """Relative weight of each named task among the demonstrations (a task not named weighs 1)."""
 
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first number out of its range (the task weights are checked
+        against the SFT stage's task by :meth:`RecipeConfig.check`)."""
+        _check_numbers(self, RECIPE_RANGES, "demos.")
+
 
 @dataclass
 class TestSettings:
@@ -62,6 +67,13 @@ class TestSettings:
     """Episodes per split and checkpoint."""
     num_envs: int = 64
     """Environments stepped together."""
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first number out of its range, or the ``validation`` split."""
+        _check_numbers(self, RECIPE_RANGES, "test.")
+        if "validation" in self.splits:
+            raise ConfigError("test.splits must not hold validation: the runs are stopped on it; use train, "
+                              "paraphrase, composition")
 
 
 @dataclass
@@ -87,6 +99,28 @@ class RecipeConfig:
     stages: tuple[str, ...] = ("sft", "rl")
     """Training stages to run: both, or ``[sft]`` alone (SFT against the number of demonstrations)."""
 
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad value of the recipe itself: its numbers
+        (:data:`RECIPE_RANGES`) and stages (the ``demos`` and ``test`` sections check their own). The stages'
+        training configs read the base file: :meth:`check` builds them."""
+        self.demos.validate()
+        self.test.validate()
+        _check_numbers(self, RECIPE_RANGES)
+        if self.stages not in (("sft", "rl"), ("sft",)):
+            raise ConfigError(f"stages={list(self.stages)}; use [sft, rl] (the recipe) or [sft] (SFT alone)")
+
+    def check(self) -> None:
+        """:meth:`validate`, then every stage's training config (built from the base file and validated), the
+        demonstrations' task weights against the SFT stage's task and the two stages' language settings.
+
+        Raises:
+            ConfigError: The first problem found; a stage's names the stage.
+        """
+        self.validate()
+        configs = stage_configs(self)
+        check_task_weights(self.demos.task_weights, configs["sft"].env.task, "demos.task_weights")
+        _check_same_language(configs["sft"].policy, configs["rl"].policy)
+
 
 class RecipeStopped(RuntimeError):
     """A stage was stopped by a signal (SIGTERM) before its end; relaunching continues it."""
@@ -101,13 +135,8 @@ def load_recipe(path: str | Path | None, overrides: list[str]) -> RecipeConfig:
         ConfigError: an unknown key, a bad value, or a stage config that does not validate.
     """
     data = merge(read_yaml(path or CONFIG_DIR / "suite_sft_rl.yaml"), parse_overrides(overrides))
-    recipe = from_dict(RecipeConfig, data)
-    if recipe.stages not in (("sft", "rl"), ("sft",)):
-        raise ConfigError(f"stages={list(recipe.stages)}; use [sft, rl] (the recipe) or [sft] (SFT alone)")
-    if "validation" in recipe.test.splits:
-        raise ConfigError("test.splits must not hold validation: the runs are stopped on it; use train, "
-                          "paraphrase, composition")
-    _check_stages(recipe)
+    recipe = from_dict(RecipeConfig, data)  # runs RecipeConfig.validate
+    recipe.check()
     return recipe
 
 
@@ -133,9 +162,18 @@ RECIPE_RANGES: dict[str, Range] = {
 """Valid ranges of the recipe's own numbers (any other, e.g. ``demos.noise``: finite and >= 0)."""
 
 
+def _check_numbers(section: Any, ranges: dict[str, Range], prefix: str = "") -> None:
+    """Raise :class:`ConfigError` naming the first number of ``section`` (the recipe's ``prefix`` section)
+    outside its range in ``ranges`` (dotted keys from the recipe's top)."""
+    message = out_of_range(section, {k.removeprefix(prefix): r for k, r in ranges.items() if k.startswith(prefix)},
+                           prefix)
+    if message:
+        raise ConfigError(message)
+
+
 def stage_configs(recipe: RecipeConfig) -> dict[str, TrainConfig]:
-    """Every training stage's config of ``recipe``, validated but for the files the earlier stages will write
-    (the SFT dataset, the SFT checkpoint RL starts from).
+    """Every training stage's config of ``recipe``, validated (:meth:`TrainConfig.validate`: the files the earlier
+    stages will write, the SFT dataset and the SFT checkpoint RL starts from, are checked when each stage starts).
 
     Raises:
         ConfigError: The first stage whose config does not validate, named.
@@ -143,20 +181,10 @@ def stage_configs(recipe: RecipeConfig) -> dict[str, TrainConfig]:
     out = {}
     for stage, data in zip(("sft", "rl"), _stage_dicts(recipe)):
         try:
-            out[stage] = build_config(data, check_files=False)
+            out[stage] = build_config(data)
         except ConfigError as exc:
             raise ConfigError(f"recipe stage {stage}: {exc}") from exc
     return out
-
-
-def _check_stages(recipe: RecipeConfig) -> None:
-    """Validate the recipe's numbers, the demonstrations' task weights and every stage before anything runs."""
-    message = out_of_range(recipe, RECIPE_RANGES)
-    if message:
-        raise ConfigError(message)
-    configs = stage_configs(recipe)
-    check_task_weights(recipe.demos.task_weights, configs["sft"].env.task, "demos.task_weights")
-    _check_same_language(configs["sft"].policy, configs["rl"].policy)
 
 
 _LANGUAGE_FIELDS = ("language", "language_tokens", "language_heads", "language_width")
@@ -202,10 +230,9 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
     start = time.perf_counter()
     root = _root(recipe)
     walls: dict[str, float] = {}
-    stages = dict(zip(("sft", "rl"), _stage_dicts(recipe)))
     planned = stage_configs(recipe)
-    for stage in recipe.stages:
-        preflight(planned[stage])  # a run directory that cannot be written, or too little memory: before the demos
+    for stage in recipe.stages:  # a run directory that cannot be written, or too little memory: before the demos
+        planned[stage].check(inputs=False)  # each stage's inputs are written by the stages before it
     env = planned["sft"].env
     demos = root / "demos"
     if not (demos / "meta" / "info.json").exists():
@@ -218,7 +245,7 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}
     for stage in recipe.stages:
-        cfg = configs[stage] = build_config(stages[stage])  # each stage's inputs exist by now
+        cfg = configs[stage] = planned[stage]  # Trainer checks its inputs, which exist by now
         t = time.perf_counter()
         summary = _train(cfg)
         walls[stage] = time.perf_counter() - t

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 import policies
-from infra.common.files import unwritable
 from infra.common.runlog import CONFIG, CURVES, METRICS, SUMMARY, Curves, Panel, RunLog
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
@@ -44,7 +43,6 @@ from vla_rl.device import resolve_device
 from vla_rl.distributed import LOCAL, GradientSync
 from vla_rl.envs import make_env
 from vla_rl.evaluate import EVAL_SEED_OFFSET, evaluate_policy
-from vla_rl.memory import check_run_memory
 from vla_rl.rollout import EpisodeStats, LocalCollector, Timer
 
 
@@ -69,20 +67,6 @@ def unfinished(cfg: TrainConfig) -> bool:
     """Whether ``cfg``'s run directory holds a run that stopped before its end (checkpoints, no summary)."""
     run_dir = Path(cfg.out_dir) / cfg.run_name
     return (run_dir / "checkpoints" / ckpt.LATEST).exists() and not (run_dir / SUMMARY).exists()
-
-
-def preflight(cfg: TrainConfig, envs_here: bool = True) -> None:
-    """What a run needs of this machine, checked before anything is built: a writable run directory and,
-    when its environments and rollout buffer live in this process (``envs_here``), the memory they take.
-
-    Raises:
-        ConfigError: ``out_dir`` cannot be written, or ``env.num_envs`` needs more memory than is available.
-    """
-    why = unwritable(Path(cfg.out_dir) / cfg.run_name)
-    if why:
-        raise ConfigError(f"out_dir={cfg.out_dir!r}: {why}; set out_dir= to a writable directory")
-    if envs_here:
-        check_run_memory(cfg)
 
 
 def _read_init_from(path: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +132,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, collector: Any = None,
                  sync: GradientSync | None = None) -> None:
-        preflight(cfg, envs_here=collector is None)
+        cfg.check(envs_here=collector is None)  # before anything is built or written
         self.cfg = cfg
         self.sync = sync or LOCAL
         self.run_dir = Path(cfg.out_dir) / cfg.run_name

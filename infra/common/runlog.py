@@ -22,6 +22,7 @@ import yaml
 from tqdm import tqdm
 
 from infra.common.files import atomic_path, write_atomic
+from infra.common.typed_config import ConfigError
 
 CONFIG, METRICS, CURVES, SUMMARY = "config.yaml", "metrics.csv", "curves.png", "summary.json"
 """The file names of the layout."""
@@ -45,6 +46,13 @@ class LogConfig:
     rendering (docs/training.md, "Evaluation cost")."""
     video_format: Literal["mp4", "gif"] = "mp4"
     """Video container."""
+
+    def validate(self) -> None:
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the bad value of the ``log`` section."""
+        if not self.wandb_project:
+            raise ConfigError("log.wandb_project must not be empty (default: vla-rl)")
+        if self.video_every < 1:
+            raise ConfigError(f"log.video_every={self.video_every!r} must be at least 1")
 
 
 @dataclass(frozen=True)

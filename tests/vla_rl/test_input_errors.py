@@ -164,11 +164,9 @@ def test_training_into_an_unwritable_out_dir_fails_before_building(tmp_path, cap
 
 
 def test_out_dir_that_is_a_file_is_refused(tmp_path):
-    from vla_rl.trainer import preflight
-
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="is a file, not a directory"):
-        preflight(load_config(None, [f"out_dir={tmp_path / 'file'}"]))
+        load_config(None, [f"out_dir={tmp_path / 'file'}"]).check()
 
 
 OUTPUT_FLAGS = {"--json", "--out", "--out-dir", "--video", "--png", "--md"}

@@ -106,10 +106,10 @@ def test_sft_of_the_default_vla_lowers_its_loss_on_pixels(demos, tmp_path):
 def test_sft_and_init_from_refuse_bad_input(tmp_path, demos):
     with pytest.raises(ConfigError, match=r"algo=sft needs sft\.dataset"):
         _state_job(tmp_path, "x", "algo=sft")
-    with pytest.raises(ConfigError, match=r"holds no meta/info\.json"):
-        _state_job(tmp_path, "x", "algo=sft", f"sft.dataset={tmp_path}")
+    with pytest.raises(ConfigError, match=r"holds no meta/info\.json"):  # files: checked where the run starts
+        _state_job(tmp_path, "x", "algo=sft", f"sft.dataset={tmp_path}").check()
     with pytest.raises(ConfigError, match=r"init_from=.* does not exist"):
-        _state_job(tmp_path, "x", f"init_from={tmp_path / 'nothing'}")
+        _state_job(tmp_path, "x", f"init_from={tmp_path / 'nothing'}").check()
     with pytest.raises(ConfigError, match="ref_kl_coef and critic_warmup_iterations"):
         _state_job(tmp_path, "x", "ppo.optim.ref_kl_coef=0.1")
     with pytest.raises(ConfigError, match="does not issue"):

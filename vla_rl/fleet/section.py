@@ -2,9 +2,9 @@
 
 Typed dataclasses, no string mini-language: each component (simulator shards, the inference server,
 the trainer) gets a :class:`ComponentPlacement` saying how much CPU and GPU it takes and, optionally,
-which node and GPU indices it is pinned to. :func:`validate_fleet` checks the section against the
-rest of the run config and raises :class:`~infra.common.typed_config.ConfigError` naming the fix; it never edits
-the config. Mode defaults (which GPU share each component takes when the user gives none) are
+which node and GPU indices it is pinned to. :meth:`FleetConfig.validate` checks the section's own values,
+:func:`validate_fleet` (which ``TrainConfig.validate`` calls) checks it against the algorithm and the
+environments; both raise :class:`~infra.common.typed_config.ConfigError` naming the fix and never edit the config. Mode defaults (which GPU share each component takes when the user gives none) are
 derived by :func:`resolved_placement`, a pure function, so the config stays what the user wrote.
 
 This module imports neither Ray nor torch: the run config is parsed without starting anything.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from infra.common.typed_config import ConfigError
-from rlcore.update_config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range
+from rlcore.update_config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, out_of_range
 
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig
@@ -153,6 +153,45 @@ class FleetConfig:
         """Stages per shard actually used (1 unless pipelined)."""
         return self.stages if self.mode == "pipelined" else 1
 
+    def validate(self) -> None:
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the first bad value of the section and the
+        fix: every number's range (:data:`FLEET_RANGES`, in every mode) and, in a Ray mode, the components'
+        placements, the placement policy and the fit on ``cluster``'s declared sizes (nothing is placed: the
+        placement is computed when the job starts). What depends on the algorithm and the environments is
+        :func:`validate_fleet`'s."""
+        message = out_of_range(self, FLEET_RANGES, "fleet.")
+        if message:
+            raise ConfigError(message)
+        if self.mode not in MODES:
+            raise ConfigError(f"fleet.mode={self.mode!r} is not a valid choice; valid: {', '.join(MODES)}")
+        if self.mode == "inprocess":
+            return
+        if self.mode == "data_parallel" and self.sync.mode != "sync":
+            raise ConfigError("fleet.mode=data_parallel averages gradients every step; drop fleet.sync.mode=async")
+        if self.mode == "data_parallel" and self.trainer.gpu not in (None, 1):
+            raise ConfigError(f"fleet.trainer.gpu={self.trainer.gpu}: data_parallel gives every rank one whole GPU; "
+                              "drop it (or use colocated to share GPUs)")
+        if self.offload and self.mode != "colocated":
+            raise ConfigError(f"fleet.offload=true applies to fleet.mode=colocated only (got {self.mode}); drop it")
+        if self.policy:
+            from infra.scheduler.node_scoring import names
+
+            if self.policy not in names():
+                raise ConfigError(f"fleet.policy={self.policy!r} is not a placement policy; valid: {', '.join(names())}")
+        for name, comp in resolved_placement(self).items():
+            _check_component(name, comp, self.cluster)
+        # Disaggregated: a whole-GPU trainer never shares a GPU with fractional simulators and inference.
+        trainer_gpu = self.trainer.gpu
+        if self.mode == "disaggregated" and trainer_gpu is not None and 0 < trainer_gpu < 1:
+            raise ConfigError(
+                f"fleet.trainer.gpu={trainer_gpu}: disaggregated mode gives the trainer whole GPUs (an integer) so it "
+                "never shares one with simulators and inference; use colocated for sharing"
+            )
+        if self.address == "local":
+            from vla_rl.fleet.job_gang import check_fits
+
+            check_fits(self)  # against the sizes of the cluster it starts; the placement is computed at job start
+
 
 FLEET_RANGES: dict[str, Range] = {
     "shards": AT_LEAST_1, "stages": AT_LEAST_1, "max_restarts": NON_NEGATIVE, "collect_timeout_s": POSITIVE,
@@ -163,8 +202,8 @@ FLEET_RANGES: dict[str, Range] = {
     **{f"{c}.{k}": r for c in ("shard", "inference", "trainer")
        for k, r in (("cpus", POSITIVE), ("memory_mib", AT_LEAST_1), ("gpu", NON_NEGATIVE), ("gpu_ids", NON_NEGATIVE))},
 }
-"""Valid range of every numeric field of :class:`FleetConfig` (dotted keys), checked by ``vla_rl.config.validate``
-in every mode; :func:`validate_fleet` checks what depends on the mode and on other fields."""
+"""Valid range of every numeric field of :class:`FleetConfig` (dotted keys), checked by :meth:`FleetConfig.validate`
+in every mode."""
 
 
 #: GPU share of each component when the user gives none, per mode (shard share is for all shards together).
@@ -225,7 +264,7 @@ def _check_grpo(cfg: TrainConfig, per_shard: int) -> None:
 
 
 def _check_data_parallel(cfg: TrainConfig) -> None:
-    """``data_parallel``: PPO, synchronous, equal environments per rank, one whole GPU per rank."""
+    """``data_parallel``: PPO and equal environments per rank (synchronous, one whole GPU per rank: the section's)."""
     fleet = cfg.fleet
     if cfg.algo != "ppo":
         raise ConfigError(f"fleet.mode=data_parallel trains PPO (its ranks' batches are equal in size); use "
@@ -233,22 +272,12 @@ def _check_data_parallel(cfg: TrainConfig) -> None:
     if fleet.num_gpus < 1 or cfg.env.num_envs % fleet.num_gpus:
         raise ConfigError(f"fleet.num_gpus={fleet.num_gpus} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
                           "(each rank holds the same number of environments)")
-    if fleet.sync.mode != "sync":
-        raise ConfigError("fleet.mode=data_parallel averages gradients every step; drop fleet.sync.mode=async")
-    if fleet.trainer.gpu not in (None, 1):
-        raise ConfigError(f"fleet.trainer.gpu={fleet.trainer.gpu}: data_parallel gives every rank one whole GPU; "
-                          "drop it (or use colocated to share GPUs)")
 
 
 def validate_fleet(cfg: TrainConfig) -> None:
-    """Check the ``fleet`` section against the run config; raise ``ConfigError`` naming the fix.
-
-    Nothing is placed here: a job for ``address=local`` is checked against ``fleet.cluster``'s sizes
-    (``vla_rl.fleet.job_gang.check_fits``); its placement is computed when it starts. Never modifies ``cfg``.
-    """
+    """Check the ``fleet`` section against the algorithm and the environments (``TrainConfig.validate`` calls it,
+    after :meth:`FleetConfig.validate`); raise ``ConfigError`` naming the fix. Never modifies ``cfg``."""
     fleet = cfg.fleet
-    if fleet.mode not in MODES:
-        raise ConfigError(f"fleet.mode={fleet.mode!r} is not a valid choice; valid: {', '.join(MODES)}")
     if fleet.mode == "inprocess":
         return
     if cfg.algo not in ("ppo", "grpo"):
@@ -276,23 +305,3 @@ def validate_fleet(cfg: TrainConfig) -> None:
             f"fleet.stages={fleet.stages} must be >= 2 and divide the {per_shard} environments of a shard "
             "(env.num_envs / fleet.shards) in pipelined mode"
         )
-    if fleet.offload and fleet.mode != "colocated":
-        raise ConfigError(f"fleet.offload=true applies to fleet.mode=colocated only (got {fleet.mode}); drop it")
-    if fleet.policy:
-        from infra.scheduler.node_scoring import names
-
-        if fleet.policy not in names():
-            raise ConfigError(f"fleet.policy={fleet.policy!r} is not a placement policy; valid: {', '.join(names())}")
-    for name, comp in resolved_placement(fleet).items():
-        _check_component(name, comp, fleet.cluster)
-    # Disaggregated: a whole-GPU trainer never shares a GPU with fractional simulators and inference.
-    trainer_gpu = fleet.trainer.gpu
-    if fleet.mode == "disaggregated" and trainer_gpu is not None and 0 < trainer_gpu < 1:
-        raise ConfigError(
-            f"fleet.trainer.gpu={trainer_gpu}: disaggregated mode gives the trainer whole GPUs (an integer) so it "
-            "never shares one with simulators and inference; use colocated for sharing"
-        )
-    if fleet.address == "local":
-        from vla_rl.fleet.job_gang import check_fits
-
-        check_fits(fleet)  # against the sizes of the cluster it starts; the placement is computed at job start
