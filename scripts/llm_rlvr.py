@@ -37,7 +37,7 @@ sys.path.append(os.getcwd())
 from infra.common.typed_config import apply_overrides
 from infra.llm.reward import RewardUnavailable
 from infra.llm.rlvr import RLVRConfig, run_rlvr
-from infra.llm.services import JobStopped
+from infra.llm.service_actors import JobStopped
 from infra.llm.trainer_checkpoint import CheckpointError
 
 

@@ -74,7 +74,7 @@ def test_no_import_points_the_wrong_way():
 
 
 @pytest.mark.parametrize(("path", "line", "reason"), [
-    ("infra/scheduler/planted.py", "from infra.llm.services import RolloutService", "engine-free"),
+    ("infra/scheduler/planted.py", "from infra.llm.service_actors import RolloutService", "engine-free"),
     ("infra/scheduler/planted.py", "import ray", "engine-free"),
     ("infra/llm/planted.py", "from infra.llm.sim.workload import JobProfile", "never imports simulators"),
     ("vla_rl/planted.py", "from scripts.bench_sims import main", "never imports simulators or benchmarks"),

@@ -3,8 +3,8 @@
 What the simulation's request-level model (``infra.llm.sim.service_pool``) describes, on Ray:
 
 - *Slots* are long-lived service processes (Ray actors placed by the cluster's scheduler service
-  as one CPU gang). Each hosts a :class:`~infra.llm.services.RolloutService` and a
-  :class:`~infra.llm.services.TrainerService`, so every registered job's weights (and, on its
+  as one CPU gang). Each hosts a :class:`~infra.llm.service_actors.RolloutService` and a
+  :class:`~infra.llm.service_actors.TrainerService`, so every registered job's weights (and, on its
   trainer slot, its model, reference and Adam state) stay resident in the slot's host memory and
   are swapped onto the device per call, as those services do.
 - *Leases*: a slot holds no GPU while idle. The first call that needs the device submits a
@@ -45,7 +45,7 @@ from infra.llm.model import ModelConfig
 from infra.llm.pool_shape import PoolShape
 from infra.llm.rlvr import JobServices
 from infra.llm.router import InstanceLoad, Router, load_router
-from infra.llm.services import RewardService, RolloutService, TrainerService
+from infra.llm.service_actors import RewardService, RolloutService, TrainerService
 
 _POOLS = itertools.count()
 """Numbers the pools of this process, so that their gang names never collide."""

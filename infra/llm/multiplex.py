@@ -10,7 +10,7 @@ jobs are admitted to a group and its GPUs are time-sliced among them by phase:
   the group runs one slice at a time and grants waiting jobs in arrival order (a FIFO ticket lock),
   so a job's CPU phases (reward, tool stalls) are filled by other jobs' GPU phases;
 - each job's weights stay resident in the group's host memory; the service swaps them onto the
-  device at the start of the job's slice (see :mod:`infra.llm.services`); models never move
+  device at the start of the job's slice (see :mod:`infra.llm.service_actors`); models never move
   between actors or nodes, and a job is only ever sliced on the group that holds its state;
 - admission refuses a job whose model cannot fit any GPU, or whose state does not fit the
   group's host memory, with the reason;

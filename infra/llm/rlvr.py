@@ -35,7 +35,7 @@ from infra.llm.handles import LocalHandle, ServiceHandle
 from infra.llm.lm import Codec, HFCausalLM, build_model, check_model, load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, check_reward
-from infra.llm.services import JobStopped, RewardService, RolloutService, TrainerService
+from infra.llm.service_actors import JobStopped, RewardService, RolloutService, TrainerService
 from infra.llm.trainer_checkpoint import CheckpointSpec
 from infra.llm.verifiable_tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
 from rlcore.losses import group_advantages

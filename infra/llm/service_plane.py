@@ -31,7 +31,7 @@ from infra.llm.model import ModelConfig
 from infra.llm.multiplex import BYTES_PER_PARAM_WEIGHTS, GPUGroup
 from infra.llm.rlvr import JobServices
 from infra.llm.router import InstanceLoad, RoundRobin, Router
-from infra.llm.services import RewardService, RolloutService, TrainerService
+from infra.llm.service_actors import RewardService, RolloutService, TrainerService
 
 _PLANES = itertools.count()
 """Numbers the service planes of this process, so that their gang names never collide."""

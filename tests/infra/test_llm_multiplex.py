@@ -12,7 +12,7 @@ from infra.llm.handles import LocalHandle
 from infra.llm.model import ModelConfig
 from infra.llm.multiplex import GPUGroup, JobRefused, LLMJobSpec, Multiplexer
 from infra.llm.rlvr import RLVRConfig, local_services, run_job
-from infra.llm.services import RewardService, RolloutService, TrainerService
+from infra.llm.service_actors import RewardService, RolloutService, TrainerService
 from infra.llm.verifiable_tasks import VOCAB_SIZE
 
 torch.set_num_threads(1)

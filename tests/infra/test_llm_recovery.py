@@ -22,8 +22,8 @@ from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.lm import load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.rlvr import JobServices, RLVRConfig, run_job
+from infra.llm.service_actors import RewardService, RolloutService, TrainerService
 from infra.llm.service_plane import TRAINER_REPLAY, ResilientService
-from infra.llm.services import RewardService, RolloutService, TrainerService
 from infra.llm.trainer_checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.verifiable_tasks import VOCAB_SIZE
 

@@ -20,7 +20,7 @@ from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardRunner
 from infra.llm.rlvr import RLVRConfig, run_rlvr, save_model
-from infra.llm.services import JobStopped, TrainerService
+from infra.llm.service_actors import JobStopped, TrainerService
 from infra.llm.trainer_checkpoint import CheckpointError, CheckpointSpec
 from infra.llm.verifiable_tasks import VOCAB_SIZE
 
