@@ -491,12 +491,19 @@ def _obs_td(obs: dict[str, Any], n: int, device: Any = None):
 
 def make_vec_env(task: str, num_envs: int, *, seed: int = 0, split: str = "train",
                  render: RenderConfig | bool | None = None, backend: str = "batch", group_size: int = 1,
-                 **kwargs: Any) -> SimVectorEnv:
+                 **kwargs: Any) -> ArrayVectorEnv:
     """Create N environments of ``task`` (a task name or ``"suite"``); see :class:`EnvConfig`.
 
     ``render=True`` renders 64x64 RGB from the front camera; pass a :class:`RenderConfig` for more.
-    Other keyword arguments are :class:`EnvConfig` fields.
+    Other keyword arguments are :class:`EnvConfig` fields. A LIBERO task (``libero_spatial``,
+    ``libero_goal/3``) gives a :class:`sims.libero.vec_env.LiberoVectorEnv` instead, its keyword
+    arguments :class:`sims.libero.vec_env.LiberoEnvConfig` fields.
     """
+    if task.startswith("libero_"):
+        from sims.libero.vec_env import make_libero_env
+
+        return make_libero_env(task, num_envs, seed=seed, split=split, render=render, backend=backend,
+                               group_size=group_size, **kwargs)
     if render is True:
         render = RenderConfig()
     elif render is False:

@@ -49,7 +49,8 @@ class EnvConfig:
     kind: Literal["sims", "gym"] = "sims"
     """``sims``: the project's batched MuJoCo tasks; ``gym``: any gymnasium environment id."""
     task: str = "reach"
-    """Task name of ``sims`` (or ``suite`` for all tasks), or a gymnasium id such as ``HalfCheetah-v5``."""
+    """Task name of ``sims`` (or ``suite`` for all tasks; ``libero_<suite>`` or ``libero_<suite>/<i>`` for LIBERO, e.g.
+    ``libero_spatial``), or a gymnasium id such as ``HalfCheetah-v5``."""
     num_envs: int = 32
     """Environments stepped in parallel (N)."""
     render: bool = True
@@ -58,8 +59,8 @@ class EnvConfig:
     """Height and width of rendered frames in pixels, 8 to 1024 (``sims`` only; the VLA's
     ``policy.image_size`` must equal it)."""
     cameras: tuple[str, ...] = ("front",)
-    """Cameras rendered, in this order (``sims`` only): ``front`` and/or ``wrist``; ``rgb`` is
-    ``[N, cams, 3, H, W]``."""
+    """Cameras rendered, in this order (``sims`` only): ``front`` and/or ``wrist`` (LIBERO: ``agentview`` and/or
+    ``robot0_eye_in_hand``); ``rgb`` is ``[N, cams, 3, H, W]``."""
     depth: bool = False
     """Also render linear depth in metres as ``depth`` float ``[N, cams, H, W]`` (``sims`` only)."""
     backend: str = "batch"
@@ -77,11 +78,11 @@ class EnvConfig:
     vectorization: Literal["sync", "async"] = "sync"
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None
-    """Episode length limit (gymnasium only); ``None`` keeps the environment's own limit."""
+    """Episode length limit (gymnasium and LIBERO); ``None`` keeps the environment's own limit (LIBERO's per suite)."""
     terminate_on_success: bool = True
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
     reward: str = "dense"
-    """What a ``sims`` step pays, one of ``sims.REWARDS``: ``dense`` (the shaped reward, positive at every
+    """What a ``sims`` step pays, one of ``sims.REWARDS`` (LIBERO: ``success`` only): ``dense`` (the shaped reward, positive at every
     step: with ``terminate_on_success`` a near miss held to the step limit can return more than finishing),
     ``progress`` (the change of the shaped reward: an episode returns its final minus its initial
     shaping) or ``success`` (1 at the step the task succeeds)."""
@@ -414,17 +415,19 @@ def validate(cfg: TrainConfig, check_files: bool = True) -> None:
         raise ConfigError(f"device={cfg.device!r} is not a torch device; valid: cpu, cuda, cuda:N, mps")
     if not cfg.log.wandb_project:
         raise ConfigError("log.wandb_project must not be empty (default: vla-rl)")
-    from sims.tasks import SPLITS
-
-    bad_splits = sorted(set(cfg.eval.splits) - set(SPLITS))
+    splits = env_splits(cfg.env)
+    bad_splits = sorted(set(cfg.eval.splits) - set(splits))
     if bad_splits:
-        raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(SPLITS)}")
+        raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid for env.task={cfg.env.task}: "
+                          f"{', '.join(splits)}")
     if not cfg.eval.splits:
-        raise ConfigError(f"eval.splits is empty; valid: {', '.join(SPLITS)}")
+        raise ConfigError(f"eval.splits is empty; valid: {', '.join(splits)}")
     if cfg.env.kind == "sims" and cfg.stop_success is not None and "validation" not in cfg.eval.splits:
         raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
     check_task(cfg.env)
-    if cfg.env.kind == "sims":
+    if is_libero(cfg.env):
+        _check_libero_env(cfg.env, cfg.eval.splits)
+    elif cfg.env.kind == "sims":
         _check_sims_env(cfg.env)
     elif cfg.env.task_weights:
         raise ConfigError(f"env.task_weights weighs the tasks of a sims suite; env.kind={cfg.env.kind!r} has one task: remove it")
@@ -462,6 +465,43 @@ def _check_sims_env(env: EnvConfig) -> None:
         )
 
 
+def is_libero(env: EnvConfig) -> bool:
+    """Whether ``env`` names LIBERO tasks (``env.task=libero_<suite>`` or ``libero_<suite>/<i>``)."""
+    return env.kind == "sims" and env.task.startswith("libero_")
+
+
+def env_splits(env: EnvConfig) -> tuple[str, ...]:
+    """The episode splits ``env``'s task offers (``sims.tasks.SPLITS``; LIBERO's ``sims.libero.vec_env.LIBERO_SPLITS``)."""
+    if is_libero(env):
+        from sims.libero.vec_env import LIBERO_SPLITS
+
+        return LIBERO_SPLITS
+    from sims.tasks import SPLITS
+
+    return SPLITS
+
+
+def _check_libero_env(env: EnvConfig, eval_splits: tuple[str, ...]) -> None:
+    """A LIBERO env: its cameras, reward, backend, and that its tasks (and ``_lan`` variants) are cached."""
+    from sims.libero.install import missing_variants
+    from sims.libero.scene import CAMERAS
+
+    if env.reward != "success":
+        raise ConfigError(f"env.reward={env.reward!r}: LIBERO tasks pay success only (their goals are predicates, "
+                          "with no shaping); set env.reward=success")
+    if env.backend not in ("batch", "warp"):
+        raise ConfigError(f"env.backend={env.backend!r}: LIBERO runs on the batch and warp backends")
+    if env.task_weights:
+        raise ConfigError("env.task_weights weighs the gantry suite's tasks; a LIBERO env splits its environments "
+                          "evenly over its tasks: remove it")
+    if env.depth or not env.cameras or len(set(env.cameras)) < len(env.cameras) or set(env.cameras) - set(CAMERAS):
+        raise ConfigError(f"env.cameras={list(env.cameras)}, env.depth={env.depth}: a LIBERO env renders RGB of "
+                          f"distinct cameras among {', '.join(CAMERAS)} (no depth)")
+    message = missing_variants(env.task, with_lan="lan" in eval_splits)
+    if message:
+        raise ConfigError(message)
+
+
 def check_task_weights(weights: dict[str, Any], task: str, key: str) -> None:
     """Raise :class:`ConfigError` unless ``weights`` (config ``key``) weighs tasks of ``task`` by numbers >= 0,
     not all of them 0 (a task not named weighs 1)."""
@@ -493,6 +533,9 @@ def _check_algo(cfg: TrainConfig) -> None:
             "algo=distill needs distill.teacher=PATH, a checkpoint of a state-policy run, e.g. "
             "python scripts/train.py --config configs/reach_state_ppo.yaml name=teacher, then distill.teacher=runs/teacher"
         )
+    if cfg.algo == "sft" and cfg.sft.template_mix > 0 and is_libero(cfg.env):
+        raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes the gantry tasks' templates; a LIBERO task "
+                          "has one instruction: set sft.template_mix=0")
     if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind != "sims":
         raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes templates of the sims tasks; env.kind="
                           f"{cfg.env.kind!r} has none: set sft.template_mix=0 (sft.instruction_noise works on any env)")
@@ -573,10 +616,17 @@ def algo_optim(cfg: TrainConfig) -> OptimConfig:
 
 def check_task(env: EnvConfig) -> None:
     """Raise :class:`ConfigError` listing the valid tasks when ``env.task`` is unknown."""
-    if env.kind == "sims":
+    if is_libero(env):
+        from sims.libero.vec_env import resolve_libero_task
+
+        try:
+            resolve_libero_task(env.task)
+        except ValueError as exc:
+            raise ConfigError(f"env.task: {exc}") from exc
+    elif env.kind == "sims":
         from sims.tasks import TASK_NAMES
 
-        valid = [*TASK_NAMES, "suite"]
+        valid = [*TASK_NAMES, "suite", "libero_<suite>", "libero_<suite>/<i>"]
         if env.task not in valid:
             raise ConfigError(f"env.task={env.task!r} is not a sims task; valid: {', '.join(valid)}")
     else:

@@ -56,6 +56,10 @@ def frame_bytes(env: EnvConfig) -> int:
 
 def rollout_steps(cfg: TrainConfig) -> int:
     """Steps T per environment the selected algorithm's batch holds (GRPO: the longest episode)."""
+    if cfg.algo == "grpo" and cfg.env.task.startswith("libero_"):
+        from sims.libero.vec_env import MAX_STEPS, resolve_libero_task
+
+        return max(MAX_STEPS[task.split("/")[0]] for task in resolve_libero_task(cfg.env.task))
     if cfg.algo == "grpo":
         from sims.tasks import TASKS, resolve_tasks
 

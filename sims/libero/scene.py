@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,23 @@ def load_task(task_id: str, cache: str | Path | None = None) -> LiberoTask:
                       goal=meta["goal"], robot=meta["robot"], init_states=states, model_path=folder / "model.xml",
                       benchmark_language=meta.get("benchmark_language", ""),
                       control_freq=float(meta["robot"]["control_freq"]))
+
+
+def load_lan(task: LiberoTask, cache: str | Path | None = None) -> LiberoTask:
+    """``task`` as LIBERO-PRO's ``_lan`` variant: the same scene, the variant's instruction and its own
+    fixed initial states (written by :func:`sims.libero.install.ensure_lan`).
+
+    Raises:
+        FileNotFoundError: the variant is not cached (the message names the setup command).
+    """
+    folder = task.model_path.parent
+    if not (folder / "lan.json").is_file():
+        raise FileNotFoundError(f"LIBERO-PRO's _lan variant of {task.task_id} is not in the cache {folder.parent.parent}; "
+                                f"{setup_hint(task.task_id)}")
+    with np.load(folder / "lan_init_states.npz") as f:
+        states = f["states"]
+    meta = json.loads((folder / "lan.json").read_text())
+    return dataclasses.replace(task, instruction=meta["instruction"], init_states=states)
 
 
 def contact_pairs(goal: list[dict[str, Any]]) -> list[tuple[str, str]]:
