@@ -30,6 +30,7 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,8 @@ class LiberoEnvConfig:
         num_envs: environments N (at least one group per task).
         seed: base seed of the ``train`` / ``validation`` episode streams.
         split: one of :data:`LIBERO_SPLITS`.
-        render: camera frames (None: none); LIBERO's textures are always on.
+        render: camera frames (None: none); LIBERO's textures are always on, and its ``num_contexts`` GL
+            contexts (None: one per CPU core) are shared out over the tasks, at least one each.
         backend: ``batch`` or ``warp``; warp_device: the Warp backend's device.
         num_threads: physics threads of the batch backend (None: all CPUs).
         group_size: consecutive groups of this many environments start every episode from the same state.
@@ -197,7 +199,10 @@ class LiberoVectorEnv(ArrayVectorEnv):
         n, g, k = config.num_envs, config.group_size, len(tasks)
         groups = [n // g // k + (i < n // g % k) for i in range(k)]  # groups per task, in task order
         self.bounds = np.concatenate([[0], np.cumsum(groups)]) * g  # task i's environments: bounds[i]..bounds[i+1]
-        render = dataclasses.replace(config.render, textures=True) if config.render is not None else None
+        render = None
+        if config.render is not None:  # the GL contexts are shared out over the tasks' renderers (~0.8 GB each)
+            contexts = max(1, (config.render.num_contexts or os.cpu_count() or 1) // k)
+            render = dataclasses.replace(config.render, textures=True, num_contexts=contexts)
         self.sims = [LiberoSim(t, int(self.bounds[i + 1] - self.bounds[i]), backend=config.backend, render=render,
                                warp_device=config.warp_device, num_threads=config.num_threads, model=shared_model(t))
                      for i, t in enumerate(tasks)]
