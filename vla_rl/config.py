@@ -418,8 +418,8 @@ def validate(cfg: TrainConfig, check_files: bool = True) -> None:
     splits = env_splits(cfg.env)
     bad_splits = sorted(set(cfg.eval.splits) - set(splits))
     if bad_splits:
-        raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid for env.task={cfg.env.task}: "
-                          f"{', '.join(splits)}")
+        raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(splits)} "
+                          f"(env.task={cfg.env.task})")
     if not cfg.eval.splits:
         raise ConfigError(f"eval.splits is empty; valid: {', '.join(splits)}")
     if cfg.env.kind == "sims" and cfg.stop_success is not None and "validation" not in cfg.eval.splits:

@@ -155,9 +155,32 @@ def _servo_arm(spec: mujoco.MjSpec, robot: dict[str, Any]) -> None:
             body.gravcomp = 1.0
 
 
-def build_model(task: LiberoTask) -> tuple[mujoco.MjModel, LiberoLayout]:
-    """Compile the task's scene with joint servos and goal contact sensors (see module docstring)."""
+def _shrink_textures(spec: mujoco.MjSpec, folder: Path, max_size: int) -> None:
+    """Replace every 2D texture file wider or taller than ``max_size`` by its downscaled pixels (the scanned
+    objects' 4096 x 4096 textures are 150 of a Spatial scene's 189 MB; a camera of 128 x 128 samples them at
+    far coarser mipmap levels anyway)."""
+    from PIL import Image
+
+    for tex in spec.textures:
+        if not tex.file or tex.type != mujoco.mjtTexture.mjTEXTURE_2D:
+            continue
+        with Image.open(folder / tex.file) as img:
+            if max(img.size) <= max_size:
+                continue
+            rgb = img.convert("RGB")
+            rgb.thumbnail((max_size, max_size), Image.LANCZOS)
+            pixels = np.asarray(rgb)
+        tex.file = ""
+        tex.width, tex.height, tex.nchannel = pixels.shape[1], pixels.shape[0], 3
+        tex.data = pixels.tobytes()
+
+
+def build_model(task: LiberoTask, max_texture: int | None = None) -> tuple[mujoco.MjModel, LiberoLayout]:
+    """Compile the task's scene with joint servos and goal contact sensors (see module docstring); with
+    ``max_texture``, 2D textures larger than that many pixels a side are downscaled to it."""
     spec = mujoco.MjSpec.from_file(str(task.model_path))
+    if max_texture is not None:
+        _shrink_textures(spec, task.model_path.parent, max_texture)
     _servo_arm(spec, task.robot)
     pairs = contact_pairs(task.goal)
     for a, b in pairs:

@@ -168,19 +168,30 @@ def settle(model: mujoco.MjModel, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.n
     return out_q[inverse], out_v[inverse]
 
 
+MAX_TEXTURE = 512
+"""Textures larger than this many pixels a side are downscaled (:func:`sims.libero.scene.build_model`): at
+128 x 128 the frames differ by 0.1 levels on average (at most 4) from the full ones, and a scene with one
+GL context takes 0.87 GB instead of 1.5 GB (spatial/0, measured)."""
 _MODELS: dict[Path, tuple[mujoco.MjModel, LiberoLayout]] = {}
 
 
 def shared_model(task: LiberoTask) -> tuple[mujoco.MjModel, LiberoLayout]:
-    """The task's compiled model, built once per process: a trainer's training and evaluation envs (and a
-    task's ``_lan`` variant, the same scene) share it instead of holding about 0.5 GB each."""
+    """The task's compiled model (textures at most :data:`MAX_TEXTURE`), built once per process: a trainer's
+    training and evaluation envs (and a task's ``_lan`` variant, the same scene) share it."""
     if task.model_path not in _MODELS:
-        _MODELS[task.model_path] = build_model(task)
+        _MODELS[task.model_path] = build_model(task, MAX_TEXTURE)
     return _MODELS[task.model_path]
 
 
 class LiberoVectorEnv(ArrayVectorEnv):
-    """N environments of LIBERO tasks (see the module docstring and :class:`LiberoEnvConfig`)."""
+    """N environments of LIBERO tasks (see the module docstring and :class:`LiberoEnvConfig`).
+
+    Attributes:
+        task_names: the task ids; tasks: the loaded tasks (``_lan`` variants for ``split="lan"``);
+        sims: one :class:`~sims.libero.sim.LiberoSim` per task; bounds: task k's environments are
+        ``bounds[k]:bounds[k + 1]``; env_task: each environment's task [N]; state_index: the LIBERO
+        initial state each environment's episode started from [N]; state_dim: S.
+    """
 
     def __init__(self, config: LiberoEnvConfig):
         """Load the tasks (and their ``_lan`` variants for ``split="lan"``), build one sim per task.
@@ -200,7 +211,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         groups = [n // g // k + (i < n // g % k) for i in range(k)]  # groups per task, in task order
         self.bounds = np.concatenate([[0], np.cumsum(groups)]) * g  # task i's environments: bounds[i]..bounds[i+1]
         render = None
-        if config.render is not None:  # the GL contexts are shared out over the tasks' renderers (~0.8 GB each)
+        if config.render is not None:  # GL contexts are shared out over the tasks (each holds a model copy)
             contexts = max(1, (config.render.num_contexts or os.cpu_count() or 1) // k)
             render = dataclasses.replace(config.render, textures=True, num_contexts=contexts)
         self.sims = [LiberoSim(t, int(self.bounds[i + 1] - self.bounds[i]), backend=config.backend, render=render,
