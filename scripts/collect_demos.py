@@ -71,7 +71,10 @@ def main() -> None:
         cfg.validate()
     except ValueError as exc:
         parser.error(str(exc))
-    info = collect_demos(cfg)
+    try:
+        info = collect_demos(cfg)
+    except (ValueError, RuntimeError) as exc:  # e.g. no expert for a LIBERO suite, or too few episodes kept
+        sys.exit(f"error: {exc}")
     source = info["source"]
     print(f"wrote {args.out}: {info['total_episodes']} episodes, {info['total_frames']} frames at {info['fps']} fps, "
           f"{info['total_tasks']} instructions; the expert succeeded in {source['succeeded']} of "
