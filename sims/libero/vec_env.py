@@ -50,7 +50,8 @@ from sims.vec_env import ArrayVectorEnv
 
 PREFIX = "libero_"
 LIBERO_SPLITS = ("train", "validation", "fixed", "lan")
-#: Control steps per episode (LIBERO's evaluation scripts' limits for the suite's longest demonstration).
+#: Control steps per episode after settling: the limits of OpenVLA's LIBERO evaluation script
+#: (``run_libero_eval.py``, set from each suite's longest demonstration), which later LIBERO RL work reuses.
 MAX_STEPS = {"spatial": 220, "object": 280, "goal": 300, "10": 520}
 SETTLE_STEPS = 10
 ACTION_DIM = 7
