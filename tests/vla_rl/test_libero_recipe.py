@@ -69,3 +69,15 @@ def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
     assert "not directly comparable" in results["protocol"]["caveat"]
     assert eval_main(["--checkpoint", str(root / "rl"), "--json", str(protocol), "--episodes-per-task", "3",
                       "--envs-per-task", "2"]) == 2  # 2 environments cannot play 3 states once each
+
+
+def test_memory_estimate_counts_libero_scenes_and_contexts(cached):
+    from vla_rl.config import load_config
+    from vla_rl.memory import LIBERO_CONTEXT_BYTES, LIBERO_SCENE_BYTES, estimate_run
+
+    ensure_lan([f"spatial/{i}" for i in range(10)])
+    need, evaluation = estimate_run(load_config(CONFIG_DIR / "libero.yaml"))
+    # Ten scenes held once (the evaluation envs share them), a GL context per task in the training env and
+    # in the evaluation envs: the lower bound is gigabytes, not the gantry's 220 KiB per environment.
+    assert need.envs >= 10 * LIBERO_SCENE_BYTES and evaluation < need.total
+    assert need.frames >= 2 * 10 * LIBERO_CONTEXT_BYTES and need.total > 10 * 2**30
