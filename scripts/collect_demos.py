@@ -2,10 +2,13 @@
 
     python scripts/collect_demos.py --task suite --episodes 200 --out runs/demos/suite
     python scripts/collect_demos.py --task lift --episodes 50 --out runs/demos/lift-dart --noise 0.1
+    python scripts/collect_demos.py --task libero_spatial --episodes 100 --num-envs 10 --out runs/demos/libero_spatial
 
 The experts act in ``--num-envs`` rendering environments of the ``train`` split; successful episodes
 are kept (``--keep-failures``: all). ``--noise SIGMA`` executes the expert's action plus Gaussian
-noise and records the clean action as the label (DART). Read the folder back with
+noise and records the clean action as the label (DART). A LIBERO task (``libero_spatial``,
+``libero_spatial/3``) is demonstrated by ``sims.libero.expert.SpatialExpert`` from jittered fixed
+initial states, both cameras at 128 x 128 by default (vla_rl/demos/libero.py). Read the folder back with
 ``vla_rl.demos.DemoDataset(DIR)`` or with LeRobot's ``LeRobotDataset(repo_id, root=DIR)``.
 """
 
@@ -23,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when l
 from bench_report import output_path
 
 import sims
+from sims.libero.scene import CAMERAS as LIBERO_CAMERAS
+from sims.libero.vec_env import is_libero_task
 from sims.scene import CAMERAS
 from vla_rl.demos import CollectConfig, collect_demos
 
@@ -30,16 +35,20 @@ from vla_rl.demos import CollectConfig, collect_demos
 def main() -> None:
     defaults = CollectConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", required=True, choices=[*sims.TASK_NAMES, "suite"])
+    parser.add_argument("--task", required=True,
+                        help=f"{', '.join(sims.TASK_NAMES)}, suite, or a LIBERO task: libero_<suite>[/<i>]")
     parser.add_argument("--episodes", required=True, type=int, help="episodes to keep")
     parser.add_argument("--out", required=True, type=output_path, help="dataset folder to create (new or empty)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="base seed of the training episodes")
     parser.add_argument("--noise", type=float, default=defaults.noise, metavar="SIGMA",
                         help="std of Gaussian noise on the executed actions; labels stay the expert's (default 0)")
     parser.add_argument("--keep-failures", action="store_true", help="keep episodes the expert failed too")
-    parser.add_argument("--image-size", type=int, default=defaults.image_size, help="frame height and width, pixels")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help=f"frame height and width, pixels (default {defaults.image_size}; LIBERO 128)")
     parser.add_argument("--num-envs", type=int, default=defaults.num_envs, help="environments stepped together")
-    parser.add_argument("--cameras", nargs="+", default=list(defaults.cameras), choices=CAMERAS)
+    parser.add_argument("--cameras", nargs="+", default=None, choices=[*CAMERAS, *LIBERO_CAMERAS],
+                        help=f"default {' '.join(defaults.cameras)}; LIBERO: {' '.join(LIBERO_CAMERAS)}")
+    parser.add_argument("--max-steps", type=int, default=None, help="LIBERO: episode limit (default: LIBERO's)")
     parser.add_argument("--episodes-per-file", type=int, default=defaults.episodes_per_file,
                         help="episodes per data parquet and mp4")
     parser.add_argument("--crf", type=int, default=defaults.crf, help="H.264 quality: 0 lossless, 23 ffmpeg's default")
@@ -51,15 +60,21 @@ def main() -> None:
         weights = {k: float(v) for k, v in (item.split("=", 1) for item in args.task_weights)}
     except ValueError:
         parser.error(f"--task-weights {' '.join(args.task_weights)}: give TASK=WEIGHT pairs, e.g. push=3 stack=3")
+    libero = is_libero_task(args.task)
+    cameras = args.cameras or (LIBERO_CAMERAS if libero else defaults.cameras)
+    size = args.image_size or (128 if libero else defaults.image_size)
     cfg = CollectConfig(task=args.task, episodes=args.episodes, out=args.out, seed=args.seed, noise=args.noise,
-                        keep_failures=args.keep_failures, image_size=args.image_size, num_envs=args.num_envs,
-                        cameras=tuple(args.cameras), episodes_per_file=args.episodes_per_file, crf=args.crf,
-                        num_threads=args.num_threads, task_weights=weights)
+                        keep_failures=args.keep_failures, image_size=size, num_envs=args.num_envs,
+                        cameras=tuple(cameras), episodes_per_file=args.episodes_per_file, crf=args.crf,
+                        num_threads=args.num_threads, task_weights=weights, max_steps=args.max_steps)
     try:
         cfg.validate()
     except ValueError as exc:
         parser.error(str(exc))
-    info = collect_demos(cfg)
+    try:
+        info = collect_demos(cfg)
+    except (ValueError, RuntimeError) as exc:  # e.g. no expert for a LIBERO suite, or too few episodes kept
+        sys.exit(f"error: {exc}")
     source = info["source"]
     print(f"wrote {args.out}: {info['total_episodes']} episodes, {info['total_frames']} frames at {info['fps']} fps, "
           f"{info['total_tasks']} instructions; the expert succeeded in {source['succeeded']} of "

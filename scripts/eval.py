@@ -32,6 +32,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 from bench_report import machine_info, output_path
 
 from infra.common.runlog import upscale
+from sims.libero.vec_env import LIBERO_SPLITS
 from sims.tasks import SPLITS
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, evaluate, print (and optionally write) the figures; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
-    parser.add_argument("--split", choices=SPLITS, default="paraphrase", help="episodes' split (default: paraphrase)")
+    parser.add_argument("--split", choices=list(dict.fromkeys([*SPLITS, *LIBERO_SPLITS])), default="paraphrase",
+                        help="episodes' split (default: paraphrase; a LIBERO run's: train, validation, fixed, lan)")
     parser.add_argument("--instruction", action="append", metavar="TEXT", help="an instruction template (repeatable)")
     parser.add_argument("--instructions-file", type=Path, default=None, help="instruction templates, one per line")
     parser.add_argument("--task", default=None, help="evaluate this task of a multi-task run")

@@ -4,6 +4,7 @@
     python scripts/setup_libero.py --tasks spatial/0 10/3 --cache /tmp/libero
     python scripts/setup_libero.py --reinstall          # reinstall the toolchain first
 
+Each task's LIBERO-PRO ``_lan`` variant (its instruction and initial states) is written beside it.
 Training never imports robosuite or libero: it loads what this writes (see docs/sims.md, LIBERO).
 Prints one JSON line: tasks exported, seconds, cache size in MB.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sims.libero.install import ensure_tasks, ensure_toolchain, folder_size
+from sims.libero.install import ensure_lan, ensure_tasks, ensure_toolchain, folder_size
 from sims.libero.suites import all_task_ids, cache_dir
 
 
@@ -32,10 +33,12 @@ def main() -> None:
         if args.reinstall:
             ensure_toolchain(root, reinstall=True)
         result = ensure_tasks(args.tasks or all_task_ids(), root)
+        lan = ensure_lan(args.tasks or all_task_ids(), root)  # LIBERO-PRO's _lan variants: text and numpy only
     except (ValueError, RuntimeError) as err:
         sys.exit(f"setup_libero: {err}")
     tasks = [p for p in root.glob("*/*/task.json")]
     print(json.dumps({"cache": str(root), "exported": len(result["exported"]), "seconds": result["seconds"],
+                      "lan_exported": len(lan),
                       "tasks_cached": len(tasks),
                       "tasks_mb": round(sum(folder_size(p.parent) for p in tasks) / 2**20, 1),
                       "assets_mb": round(folder_size(root / "assets") / 2**20, 1) if (root / "assets").exists() else 0,

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(args.json)
     for stage, results in out["results"].items():
         for split, r in results.items():
-            if isinstance(r, dict):
+            if isinstance(r, dict) and "ci95" in r:  # (a LIBERO stage also holds its protocol)
                 low, high = r["ci95"]
                 print(f"{stage:3s} {split:12s} {r['success']:6.1%}  [{low:.1%}, {high:.1%}]  n={r['episodes']}")
     print(f"recipe done in {out['wall_s']:.0f} s; figures: {args.json}")

@@ -123,7 +123,89 @@ class EnvConfig:
             T.check_task_weights(self.task_weights, task_names)
 
 
-class SimVectorEnv(gym.vector.VectorEnv):
+class ArrayVectorEnv(gym.vector.VectorEnv):
+    """The gymnasium and TensorDict edges of a vector env whose core is ``reset_arrays`` / ``step_arrays``.
+
+    A subclass sets ``num_envs``, ``single_action_space``, ``device`` (None: numpy on the host, else the
+    torch device of its arrays), ``_ax`` (the module of its arrays) and ``_obs`` (the last observation,
+    None before the first reset), and implements ``reset_arrays(seed, mask)`` and ``step_arrays(action)``
+    (see :meth:`SimVectorEnv.step_arrays`).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
+    num_envs: int
+    device: Any
+    _ax: Any
+    _obs: dict[str, Any] | None
+
+    def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def step_arrays(self, action: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _check_action(self, action: Any) -> Any:
+        """Validate and clip an action batch; raise before touching any environment."""
+        expected = (self.num_envs, *self.single_action_space.shape)
+        ax = self._ax
+        try:
+            arr = ax.asarray(action, dtype=ax.float32)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"action must be a float array of shape {expected}: {exc}") from exc
+        if tuple(arr.shape) != expected:
+            raise ValueError(f"action has shape {tuple(arr.shape)}; expected {expected} (num_envs, action_dim)")
+        bad = ~ax.all(ax.isfinite(arr), axis=1)
+        if bad.any():
+            raise ValueError(f"action holds NaN or inf for environments {np.flatnonzero(to_numpy(bad))[:10].tolist()}; "
+                             "no environment was stepped — check the policy's outputs")
+        return ax.clip(arr, -1.0, 1.0)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Gymnasium reset; ``options={"reset_mask": bool[N]}`` resets only those environments."""
+        mask = (options or {}).get("reset_mask")
+        obs = self.reset_arrays(seed=seed, mask=to_numpy(mask) if mask is not None else None)
+        return _numpy(obs), {}
+
+    def step(self, actions: Any):
+        """Gymnasium step: (obs, reward, terminated, truncated, infos) as numpy; SAME_STEP autoreset."""
+        out = _numpy(self.step_arrays(actions))
+        done = out["terminated"] | out["truncated"]
+        infos = {"success": out["success"], "_success": np.ones(self.num_envs, bool),
+                 "final_obs": out["final_observation"], "_final_obs": done}
+        return out["observation"], out["reward"], out["terminated"], out["truncated"], infos
+
+    def render(self) -> np.ndarray | None:
+        """The first camera's frame of every environment, [N, H, W, 3] uint8 (with rendering on)."""
+        if self._obs is None or "rgb" not in self._obs:
+            return None
+        return to_numpy(self._obs["rgb"][:, 0]).transpose(0, 2, 3, 1)
+
+    # ----------------------------------------------------------------------------- TensorDict view
+    def reset_td(self, seed: int | None = None, mask: Any = None):
+        """Reset (all, or where ``mask``) and return the observation as a TensorDict [N]."""
+        if mask is not None:
+            mask = to_numpy(mask)
+        return _obs_td(self.reset_arrays(seed=seed, mask=mask), self.num_envs, self.device)
+
+    def step_td(self, action: Any):
+        """Step with a torch action [N, A]; return a TensorDict [N] (see docs/ARCHITECTURE.md).
+
+        On a device backend the action may stay on the device and the result lives there (no copy).
+        """
+        from tensordict import TensorDict
+
+        if self.device is None and hasattr(action, "detach"):
+            action = action.detach().cpu().numpy()
+        out = self.step_arrays(action)
+        n = self.num_envs
+        return TensorDict({
+            "observation": _obs_td(out["observation"], n, self.device),
+            "final_observation": _obs_td(out["final_observation"], n, self.device),
+            **{k: _tensor(out[k]) for k in ("reward", "terminated", "truncated", "success")},
+        }, batch_size=[n], device=self.device)
+
+
+class SimVectorEnv(ArrayVectorEnv):
     """N environments of the tabletop suite on one physics backend (see :class:`EnvConfig`).
 
     Observations are dicts of arrays with a leading N: ``proprio`` float32 [N, 13], ``state``
@@ -138,8 +220,6 @@ class SimVectorEnv(gym.vector.VectorEnv):
     observation before that reset (equal to the returned one where nothing ended), with
     ``infos["_final_obs"]`` the mask of those that ended.
     """
-
-    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
 
     def __init__(self, config: EnvConfig):
         """Build the scene, the backend and (if asked for) the renderer."""
@@ -284,22 +364,6 @@ class SimVectorEnv(gym.vector.VectorEnv):
         return reward
 
     # ----------------------------------------------------------------------------- core
-    def _check_action(self, action: Any) -> Any:
-        """Validate and clip an action batch; raise before touching any environment."""
-        expected = (self.num_envs, ACTION_DIM)
-        ax = self._ax
-        try:
-            arr = ax.asarray(action, dtype=ax.float32)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"action must be a float array of shape {expected}: {exc}") from exc
-        if tuple(arr.shape) != expected:
-            raise ValueError(f"action has shape {tuple(arr.shape)}; expected {expected} (num_envs, action_dim)")
-        bad = ~ax.all(ax.isfinite(arr), axis=1)
-        if bad.any():
-            raise ValueError(f"action holds NaN or inf for environments {np.flatnonzero(to_numpy(bad))[:10].tolist()}; "
-                             "no environment was stepped — check the policy's outputs")
-        return ax.clip(arr, -1.0, 1.0)
-
     def _control(self, action: Any) -> Any:
         """Map actions in [-1, 1] to actuator controls, clipped to the actuator ranges."""
         ax = self._ax
@@ -370,6 +434,12 @@ class SimVectorEnv(gym.vector.VectorEnv):
                  T.entity_phrase(int(b), int(c[b]) if b < T.NUM_COLOURED else 0))
                 for a, b, c in zip(self._a, self._b, self._colours)]
 
+    def close(self, **kwargs: Any) -> None:
+        """Release the renderer's GL contexts."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS = ("_task", "_a", "_b", "_instruction", "_colours", "_steps", "_episode")
 
@@ -400,58 +470,6 @@ class SimVectorEnv(gym.vector.VectorEnv):
         # The shaped reward is a function of the state, so ``progress`` needs nothing more in the snapshot.
         self._obs, self._shaped = self._observe()[:2] if state["started"] else (None, None)
 
-    # ----------------------------------------------------------------------------- gymnasium
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Gymnasium reset; ``options={"reset_mask": bool[N]}`` resets only those environments."""
-        mask = (options or {}).get("reset_mask")
-        obs = self.reset_arrays(seed=seed, mask=to_numpy(mask) if mask is not None else None)
-        return _numpy(obs), {}
-
-    def step(self, actions: Any):
-        """Gymnasium step: (obs, reward, terminated, truncated, infos) as numpy; SAME_STEP autoreset."""
-        out = _numpy(self.step_arrays(actions))
-        done = out["terminated"] | out["truncated"]
-        infos = {"success": out["success"], "_success": np.ones(self.num_envs, bool),
-                 "final_obs": out["final_observation"], "_final_obs": done}
-        return out["observation"], out["reward"], out["terminated"], out["truncated"], infos
-
-    def render(self) -> np.ndarray | None:
-        """The first camera's frame of every environment, [N, H, W, 3] uint8 (with rendering on)."""
-        if self._obs is None or "rgb" not in self._obs:
-            return None
-        return to_numpy(self._obs["rgb"][:, 0]).transpose(0, 2, 3, 1)
-
-    def close(self, **kwargs: Any) -> None:
-        """Release the renderer's GL contexts."""
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
-
-    # ----------------------------------------------------------------------------- TensorDict view
-    def reset_td(self, seed: int | None = None, mask: Any = None):
-        """Reset (all, or where ``mask``) and return the observation as a TensorDict [N]."""
-        if mask is not None:
-            mask = to_numpy(mask)
-        return _obs_td(self.reset_arrays(seed=seed, mask=mask), self.num_envs, self.device)
-
-    def step_td(self, action: Any):
-        """Step with a torch action [N, A]; return a TensorDict [N] (see docs/ARCHITECTURE.md).
-
-        On a device backend the action may stay on the device and the result lives there (no copy).
-        """
-        from tensordict import TensorDict
-
-        if self.device is None and hasattr(action, "detach"):
-            action = action.detach().cpu().numpy()
-        out = self.step_arrays(action)
-        n = self.num_envs
-        return TensorDict({
-            "observation": _obs_td(out["observation"], n, self.device),
-            "final_observation": _obs_td(out["final_observation"], n, self.device),
-            **{k: _tensor(out[k]) for k in ("reward", "terminated", "truncated", "success")},
-        }, batch_size=[n], device=self.device)
-
-
 def _numpy(tree: Any) -> Any:
     """Numpy arrays for the arrays of a (nested) dict of numpy arrays or torch tensors."""
     if isinstance(tree, dict):
@@ -473,12 +491,19 @@ def _obs_td(obs: dict[str, Any], n: int, device: Any = None):
 
 def make_vec_env(task: str, num_envs: int, *, seed: int = 0, split: str = "train",
                  render: RenderConfig | bool | None = None, backend: str = "batch", group_size: int = 1,
-                 **kwargs: Any) -> SimVectorEnv:
+                 **kwargs: Any) -> ArrayVectorEnv:
     """Create N environments of ``task`` (a task name or ``"suite"``); see :class:`EnvConfig`.
 
     ``render=True`` renders 64x64 RGB from the front camera; pass a :class:`RenderConfig` for more.
-    Other keyword arguments are :class:`EnvConfig` fields.
+    Other keyword arguments are :class:`EnvConfig` fields. A LIBERO task (``libero_spatial``,
+    ``libero_goal/3``) gives a :class:`sims.libero.vec_env.LiberoVectorEnv` instead, its keyword
+    arguments :class:`sims.libero.vec_env.LiberoEnvConfig` fields.
     """
+    if task.startswith("libero_"):
+        from sims.libero.vec_env import make_libero_env
+
+        return make_libero_env(task, num_envs, seed=seed, split=split, render=render, backend=backend,
+                               group_size=group_size, **kwargs)
     if render is True:
         render = RenderConfig()
     elif render is False:

@@ -65,7 +65,8 @@ class TrainEnvConfig:
     kind: Literal["sims", "gym"] = "sims"
     """``sims``: the project's batched MuJoCo tasks; ``gym``: any gymnasium environment id."""
     task: str = _SIMS.task
-    """Task name of ``sims`` (or ``suite`` for all tasks), or a gymnasium id such as ``HalfCheetah-v5``."""
+    """Task name of ``sims`` (or ``suite`` for all tasks; ``libero_<suite>`` or ``libero_<suite>/<i>`` for LIBERO, e.g.
+    ``libero_spatial``), or a gymnasium id such as ``HalfCheetah-v5``."""
     num_envs: int = _SIMS.num_envs
     """Environments stepped in parallel (N)."""
     render: bool = True
@@ -74,8 +75,8 @@ class TrainEnvConfig:
     """Height and width of rendered frames in pixels, 8 to 1024 (``sims`` only; the VLA's
     ``policy.image_size`` must equal it)."""
     cameras: tuple[str, ...] = _FRAMES.cameras
-    """Cameras rendered, in this order (``sims`` only): ``front`` and/or ``wrist``; ``rgb`` is
-    ``[N, cams, 3, H, W]``."""
+    """Cameras rendered, in this order (``sims`` only): ``front`` and/or ``wrist`` (LIBERO: ``agentview`` and/or
+    ``robot0_eye_in_hand``); ``rgb`` is ``[N, cams, 3, H, W]``."""
     depth: bool = _FRAMES.depth
     """Also render linear depth in metres as ``depth`` float ``[N, cams, H, W]`` (``sims`` only)."""
     backend: str = _SIMS.backend
@@ -93,11 +94,11 @@ class TrainEnvConfig:
     vectorization: Literal["sync", "async"] = "sync"
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None
-    """Episode length limit (gymnasium only); ``None`` keeps the environment's own limit."""
+    """Episode length limit (gymnasium and LIBERO); ``None`` keeps the environment's own limit (LIBERO's per suite)."""
     terminate_on_success: bool = _SIMS.terminate_on_success
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
     reward: str = _SIMS.reward
-    """What a ``sims`` step pays, one of ``sims.REWARDS``: ``dense`` (the shaped reward, positive at every
+    """What a ``sims`` step pays, one of ``sims.REWARDS`` (LIBERO: ``success`` only): ``dense`` (the shaped reward, positive at every
     step: with ``terminate_on_success`` a near miss held to the step limit can return more than finishing),
     ``progress`` (the change of the shaped reward: an episode returns its final minus its initial
     shaping) or ``success`` (1 at the step the task succeeds)."""
@@ -113,10 +114,12 @@ class TrainEnvConfig:
         """Raise :class:`ConfigError` naming the first bad value: the numbers, a ``sims`` task, backend, reward,
         cameras and task weights. A gymnasium id is looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
         _check_numbers(self, "env.")
-        if self.kind == "sims":
+        if is_libero(self):
+            _check_libero_env(self)
+        elif self.kind == "sims":
             from sims.tasks import TASK_NAMES
 
-            valid = [*TASK_NAMES, "suite"]
+            valid = [*TASK_NAMES, "suite", "libero_<suite>", "libero_<suite>/<i>"]
             if self.task not in valid:
                 raise ConfigError(f"env.task={self.task!r} is not a sims task; valid: {', '.join(valid)}")
             _check_sims_env(self)
@@ -243,14 +246,16 @@ class EvalConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first number out of its range or an unknown split."""
+        from sims.libero.vec_env import LIBERO_SPLITS
         from sims.tasks import SPLITS
 
         _check_numbers(self, "eval.")
-        bad_splits = sorted(set(self.splits) - set(SPLITS))
+        known = (*SPLITS, *(s for s in LIBERO_SPLITS if s not in SPLITS))
+        bad_splits = sorted(set(self.splits) - set(known))
         if bad_splits:
-            raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(SPLITS)}")
+            raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(known)}")
         if not self.splits:
-            raise ConfigError(f"eval.splits is empty; valid: {', '.join(SPLITS)}")
+            raise ConfigError(f"eval.splits is empty; valid: {', '.join(known)}")
 
 
 @dataclass
@@ -327,6 +332,10 @@ class TrainConfig:
                               "directory name")
         if not _DEVICE.fullmatch(self.device):
             raise ConfigError(f"device={self.device!r} is not a torch device; valid: cpu, cuda, cuda:N, mps")
+        splits = env_splits(self.env)
+        if bad_splits := sorted(set(self.eval.splits) - set(splits)):
+            raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(splits)} "
+                              f"(env.task={self.env.task})")
         if self.env.kind == "sims" and self.stop_success is not None and "validation" not in self.eval.splits:
             raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
         _check_algo(self)
@@ -352,6 +361,11 @@ class TrainConfig:
         self.validate()
         if self.env.kind == "gym":
             _check_gym_id(self.env.task)
+        if is_libero(self.env):
+            from sims.libero.install import missing_variants
+
+            if message := missing_variants(self.env.task, with_lan="lan" in self.eval.splits):
+                raise ConfigError(message)
         if inputs:
             _check_files(self)
         why = unwritable(Path(self.out_dir) / self.run_name)
@@ -532,6 +546,44 @@ def _check_sims_env(env: TrainEnvConfig) -> None:
         )
 
 
+def is_libero(env: TrainEnvConfig) -> bool:
+    """Whether ``env`` names LIBERO tasks (``env.task=libero_<suite>`` or ``libero_<suite>/<i>``)."""
+    return env.kind == "sims" and env.task.startswith("libero_")
+
+
+def env_splits(env: TrainEnvConfig) -> tuple[str, ...]:
+    """The episode splits ``env``'s task offers (``sims.tasks.SPLITS``; LIBERO's ``sims.libero.vec_env.LIBERO_SPLITS``)."""
+    if is_libero(env):
+        from sims.libero.vec_env import LIBERO_SPLITS
+
+        return LIBERO_SPLITS
+    from sims.tasks import SPLITS
+
+    return SPLITS
+
+
+def _check_libero_env(env: TrainEnvConfig) -> None:
+    """A LIBERO env's task name, cameras, reward, backend and task weights (its cached files: :meth:`TrainConfig.check`)."""
+    from sims.libero.scene import CAMERAS
+    from sims.libero.vec_env import resolve_libero_task
+
+    try:
+        resolve_libero_task(env.task)
+    except ValueError as exc:
+        raise ConfigError(f"env.task: {exc}") from exc
+    if env.reward != "success":
+        raise ConfigError(f"env.reward={env.reward!r}: LIBERO tasks pay success only (their goals are predicates, "
+                          "with no shaping); set env.reward=success")
+    if env.backend not in ("batch", "warp"):
+        raise ConfigError(f"env.backend={env.backend!r}: LIBERO runs on the batch and warp backends")
+    if env.task_weights:
+        raise ConfigError("env.task_weights weighs the gantry suite's tasks; a LIBERO env splits its environments "
+                          "evenly over its tasks: remove it")
+    if env.depth or not env.cameras or len(set(env.cameras)) < len(env.cameras) or set(env.cameras) - set(CAMERAS):
+        raise ConfigError(f"env.cameras={list(env.cameras)}, env.depth={env.depth}: a LIBERO env renders RGB of "
+                          f"distinct cameras among {', '.join(CAMERAS)} (no depth)")
+
+
 def check_task_weights(weights: dict[str, Any], task: str, key: str) -> None:
     """Raise :class:`ConfigError` unless ``weights`` (config ``key``) weighs tasks of ``task`` by numbers >= 0,
     not all of them 0 (a task not named weighs 1)."""
@@ -563,6 +615,9 @@ def _check_algo(cfg: TrainConfig) -> None:
             "algo=distill needs distill.teacher=PATH, a checkpoint of a state-policy run, e.g. "
             "python scripts/train.py --config configs/reach_state_ppo.yaml name=teacher, then distill.teacher=runs/teacher"
         )
+    if cfg.algo == "sft" and cfg.sft.template_mix > 0 and is_libero(cfg.env):
+        raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes the gantry tasks' templates; a LIBERO task "
+                          "has one instruction: set sft.template_mix=0")
     if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind != "sims":
         raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes templates of the sims tasks; env.kind="
                           f"{cfg.env.kind!r} has none: set sft.template_mix=0 (sft.instruction_noise works on any env)")

@@ -24,7 +24,7 @@ from tensordict import TensorDict
 
 import sims
 from sims.tasks import task_weight_tuple
-from vla_rl.config import TrainEnvConfig
+from vla_rl.config import TrainEnvConfig, is_libero
 
 
 class GymTensorEnv:
@@ -236,6 +236,22 @@ def sims_env_config(
     )
 
 
+def _make_libero(cfg: TrainEnvConfig, n: int, *, seed: int, split: str, group_size: int, env_offset: int,
+                 num_threads: int | None) -> Any:
+    """A LIBERO vector env (``sims.libero.vec_env``) with the run config's settings."""
+    from sims.libero.sim import libero_render_config
+    from sims.libero.vec_env import make_libero_env
+
+    if env_offset:
+        raise ValueError(f"env_offset={env_offset}: LIBERO environments are not sharded; use fleet.mode=inprocess "
+                         "or fleet.mode=data_parallel")
+    render = libero_render_config(cfg.image_size, tuple(cfg.cameras), num_contexts=num_threads) if cfg.render else None
+    return make_libero_env(cfg.task, n, seed=seed, split=split, render=render, backend=cfg.backend,
+                           warp_device=cfg.warp_device, num_threads=num_threads, group_size=group_size,
+                           terminate_on_success=cfg.terminate_on_success, reward=cfg.reward,
+                           success_bonus=cfg.success_bonus, max_steps=cfg.max_episode_steps)
+
+
 def make_env(
     cfg: TrainEnvConfig,
     *,
@@ -253,7 +269,8 @@ def make_env(
         cfg: The environment section of the run config.
         seed: Seed of a ``sims`` env's episode streams (gymnasium envs are seeded by the first ``reset_td(seed)``).
         num_envs: Number of environments; default ``cfg.num_envs``.
-        split: Episode split of ``sims`` tasks (``sims.tasks.SPLITS``: train, validation, paraphrase, composition).
+        split: Episode split of ``sims`` tasks (``sims.tasks.SPLITS``: train, validation, paraphrase, composition;
+            LIBERO's ``sims.libero.vec_env.LIBERO_SPLITS``: train, validation, fixed, lan).
         group_size: Consecutive environments sharing each episode's initial state (GRPO).
         video: Gymnasium tasks only: render ``rgb_array`` frames for evaluation videos
             (``sims`` videos come from the camera observation).
@@ -262,6 +279,9 @@ def make_env(
             fleet shard passes the CPUs it reserved, so shards sharing a machine do not oversubscribe it.
     """
     n = num_envs or cfg.num_envs
+    if is_libero(cfg):
+        return _make_libero(cfg, n, seed=seed, split=split, group_size=group_size, env_offset=env_offset,
+                            num_threads=num_threads)
     if cfg.kind == "sims":
         return sims.SimVectorEnv(sims_env_config(cfg, num_envs=n, seed=seed, split=split, group_size=group_size,
                                                  env_offset=env_offset, num_threads=num_threads))

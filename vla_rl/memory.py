@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from infra.common.typed_config import ConfigError
+from vla_rl.config import is_libero
 
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig, TrainEnvConfig
@@ -24,6 +25,12 @@ suite (``mujoco.batch``, RSS growth from 64 to 1088 environments, measured 2026-
 RENDER_BYTES_PER_ENV = 150 * 1024
 """Renderer state per ``sims`` environment on top of its frames (the same measurement with ``render=True``
 at 64 x 64 on one camera: 366 MiB per 1024 environments)."""
+LIBERO_SCENE_BYTES = 250 * 2**20
+"""One LIBERO task's compiled scene (textures downscaled to 512 px), built once per process and shared by its
+envs: 276 MiB for spatial/5 after spatial/0 (VmRSS, 2026-12-04)."""
+LIBERO_CONTEXT_BYTES = 400 * 2**20
+"""One GL context of a LIBERO env's renderer (its model copy, textures and meshes): 439 MiB measured; a LIBERO
+env has at least one per task."""
 STEP_BYTES = 512
 """Per environment and step of the rollout buffer besides the frames: proprio (13), state (42), goal
 pixels, action, log-probability, value, reward and flags, as float32 / int64, rounded up."""
@@ -56,6 +63,10 @@ def frame_bytes(env: TrainEnvConfig) -> int:
 
 def rollout_steps(cfg: TrainConfig) -> int:
     """Steps T per environment the selected algorithm's batch holds (GRPO: the longest episode)."""
+    if cfg.algo == "grpo" and is_libero(cfg.env):
+        from sims.libero.vec_env import MAX_STEPS, resolve_libero_task
+
+        return max(MAX_STEPS[task.split("/")[0]] for task in resolve_libero_task(cfg.env.task))
     if cfg.algo == "grpo":
         from sims.tasks import TASKS, resolve_tasks
 
@@ -63,12 +74,19 @@ def rollout_steps(cfg: TrainConfig) -> int:
     return {"ppo": cfg.ppo.rollout_steps, "distill": cfg.distill.rollout_steps}.get(cfg.algo, 0)
 
 
-def estimate_envs(env: TrainEnvConfig, num_envs: int) -> MemoryEstimate:
+def estimate_envs(env: TrainEnvConfig, num_envs: int, scenes: bool = True) -> MemoryEstimate:
     """What ``num_envs`` environments of ``env`` take, frames included (no buffer). Only ``sims`` environments
-    are counted: a gymnasium environment's size is not known before it is built."""
+    are counted: a gymnasium environment's size is not known before it is built. A LIBERO env adds its tasks'
+    scenes (unless ``scenes`` is False: another env of the process already holds them) and a GL context per task."""
     if env.kind != "sims":
         return MemoryEstimate(0, 0, 0)
     frame = frame_bytes(env)
+    if is_libero(env):
+        from sims.libero.vec_env import resolve_libero_task
+
+        tasks = len(resolve_libero_task(env.task))
+        return MemoryEstimate(num_envs * SIM_BYTES_PER_ENV + (tasks * LIBERO_SCENE_BYTES if scenes else 0),
+                              num_envs * frame + (tasks * LIBERO_CONTEXT_BYTES if frame else 0), 0)
     return MemoryEstimate(num_envs * SIM_BYTES_PER_ENV, num_envs * (frame + (RENDER_BYTES_PER_ENV if frame else 0)), 0)
 
 
@@ -80,7 +98,7 @@ def estimate_run(cfg: TrainConfig) -> tuple[MemoryEstimate, int]:
     """
     train = estimate_envs(cfg.env, cfg.env.num_envs)
     splits = len(cfg.eval.splits) if cfg.eval.every or cfg.eval.at_start else 0
-    evaluation = estimate_envs(cfg.env, splits * cfg.eval.num_envs)
+    evaluation = estimate_envs(cfg.env, splits * cfg.eval.num_envs, scenes=False)  # LIBERO: the training env's scenes
     buffer = rollout_steps(cfg) * cfg.env.num_envs * (frame_bytes(cfg.env) + STEP_BYTES) if cfg.env.kind == "sims" else 0
     need = MemoryEstimate(train.envs + evaluation.envs, train.frames + evaluation.frames, buffer)
     return need, evaluation.total

@@ -7,7 +7,8 @@
 2. ``sft/``: ``algo=sft`` on that dataset (the base config with the ``sft`` overrides);
 3. ``rl/``: PPO (or GRPO) started from the SFT checkpoint with ``init_from`` (``rl`` overrides);
 4. each stage's final checkpoint evaluated on fresh episodes of the test splits
-   (``paraphrase``, ``composition``) and of ``train``, with 95 % Wilson intervals.
+   (``paraphrase``, ``composition``) and of ``train``, with 95 % Wilson intervals; a LIBERO run
+   by LIBERO's protocol on ``fixed`` and ``lan`` (:func:`vla_rl.evaluate.libero_protocol`).
 
 Training stops and picks checkpoints on nothing but the ``validation`` split; the test streams
 are drawn only in step 4. A stage that finished is reused and an unfinished one resumed, so the
@@ -30,11 +31,13 @@ from vla_rl.config import (
     TrainConfig,
     build_config,
     check_task_weights,
+    env_splits,
+    is_libero,
     read_yaml,
     to_dict,
 )
 from vla_rl.demos.collect import CollectConfig, collect_demos
-from vla_rl.evaluate import evaluate_checkpoint
+from vla_rl.evaluate import evaluate_checkpoint, libero_protocol, wilson_interval
 from vla_rl.trainer import Trainer, unfinished
 
 
@@ -50,6 +53,8 @@ class DemoSettings:
     """Environments the experts act in together."""
     task_weights: dict[str, float] = field(default_factory=dict)
     """Relative weight of each named task among the demonstrations (a task not named weighs 1)."""
+    keep_failures: bool = False
+    """Keep the episodes the expert failed too (toy runs whose episodes are too short to succeed)."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first number out of its range (the task weights are checked
@@ -62,18 +67,18 @@ class TestSettings:
     """The final evaluation of step 4, on fresh episodes."""
 
     splits: tuple[str, ...] = ("train", "paraphrase", "composition")
-    """Splits evaluated (never ``validation``: the runs were stopped on it)."""
+    """Splits evaluated (never ``validation``: the runs were stopped on it); a LIBERO run's: ``fixed``, ``lan``."""
     episodes: int = 1024
-    """Episodes per split and checkpoint."""
+    """Episodes per split and checkpoint (LIBERO: per task, by LIBERO's protocol, ``vla_rl.evaluate.libero_protocol``)."""
     num_envs: int = 64
-    """Environments stepped together."""
+    """Environments stepped together (LIBERO: per task; it must divide ``episodes``)."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first number out of its range, or the ``validation`` split."""
         _check_numbers(self, RECIPE_RANGES, "test.")
         if "validation" in self.splits:
             raise ConfigError("test.splits must not hold validation: the runs are stopped on it; use train, "
-                              "paraphrase, composition")
+                              "paraphrase, composition (LIBERO: fixed, lan)")
 
 
 @dataclass
@@ -118,7 +123,17 @@ class RecipeConfig:
         """
         self.validate()
         configs = stage_configs(self)
-        check_task_weights(self.demos.task_weights, configs["sft"].env.task, "demos.task_weights")
+        env = configs["sft"].env
+        if bad := sorted(set(self.test.splits) - set(env_splits(env))):
+            raise ConfigError(f"test.splits {bad} are not splits of env.task={env.task}; valid: {', '.join(env_splits(env))}")
+        if is_libero(env):
+            if self.demos.task_weights:
+                raise ConfigError("demos.task_weights weighs the gantry suite's tasks; remove it for a LIBERO recipe")
+            if self.test.episodes % self.test.num_envs:
+                raise ConfigError(f"test.num_envs={self.test.num_envs} must divide test.episodes={self.test.episodes} "
+                                  "(LIBERO's protocol plays each initial state once per task)")
+        else:
+            check_task_weights(self.demos.task_weights, env.task, "demos.task_weights")
         _check_same_language(configs["sft"].policy, configs["rl"].policy)
 
 
@@ -215,7 +230,22 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def _test(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
+def _test_libero(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
+    """LIBERO's protocol on each test split: per task, and overall over the run's tasks."""
+    protocol = libero_protocol(run_dir, recipe.test.splits, recipe.test.episodes, recipe.test.num_envs)
+    out: dict[str, Any] = {"protocol": protocol["protocol"]}
+    for split, r in protocol["splits"].items():
+        n = sum(t["episodes"] for t in r["tasks"].values())
+        k = round(sum(t["success"] * t["episodes"] for t in r["tasks"].values()))
+        out[split] = {"success": k / n, "ci95": list(wilson_interval(k, n)), "episodes": n,
+                      **{f"success_{t}": v["success"] for t, v in r["tasks"].items()},
+                      "tasks": r["tasks"], "suites": r["suites"]}
+    return out
+
+
+def _test(run_dir: Path, recipe: RecipeConfig, libero: bool) -> dict[str, Any]:
+    if libero:
+        return _test_libero(run_dir, recipe)
     out = {}
     for split in recipe.test.splits:
         report = evaluate_checkpoint(run_dir, split, recipe.test.episodes, recipe.test.num_envs, record=False).report()
@@ -240,7 +270,8 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
         collect_demos(CollectConfig(task=env.task, episodes=recipe.demos.episodes, out=demos, seed=recipe.seed,
                                     noise=recipe.demos.noise, image_size=env.image_size,
                                     num_envs=recipe.demos.num_envs, cameras=tuple(env.cameras),
-                                    task_weights=recipe.demos.task_weights))
+                                    task_weights=recipe.demos.task_weights, keep_failures=recipe.demos.keep_failures,
+                                    max_steps=env.max_episode_steps if is_libero(env) else None))
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}
@@ -250,7 +281,7 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
         summary = _train(cfg)
         walls[stage] = time.perf_counter() - t
         t = time.perf_counter()
-        results[stage] = _test(root / stage, recipe) | {"train_wall_time_s": summary["wall_time_s"]}
+        results[stage] = _test(root / stage, recipe, is_libero(env)) | {"train_wall_time_s": summary["wall_time_s"]}
         walls[f"test_{stage}"] = time.perf_counter() - t
     return {
         "config": {"recipe": dataclasses.asdict(recipe), **{s: to_dict(c) for s, c in configs.items()}},

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from sims.libero.suites import cache_dir, parse_task_id
+import numpy as np
+
+from sims.libero.suites import LIBERO_SUITE, cache_dir, parse_task_id
 
 # What the export process imports, installed without dependencies (the project supplies numpy,
 # mujoco, scipy, PyYAML, gymnasium, matplotlib, networkx, pillow, PyOpenGL).
@@ -110,6 +113,86 @@ def ensure_tasks(task_ids: list[str], cache: str | os.PathLike | None = None) ->
         raise RuntimeError(f"exporting LIBERO tasks {todo} failed ({last}); rerun python scripts/setup_libero.py "
                            f"--tasks {' '.join(todo)} to see the full log")
     return {"exported": todo, "seconds": round(time.perf_counter() - start, 1), "per_task": per_task}
+
+
+LAN_FILES = ("lan.json", "lan_init_states.npz")
+"""What :func:`ensure_lan` writes into a task's cache folder."""
+_LANGUAGE_LINE = re.compile(r"^\s*\(:language\s+(.*)\)\s*$", re.MULTILINE)
+
+
+def _bddl_language(text: str, path: Path) -> str:
+    match = _LANGUAGE_LINE.search(text)
+    if match is None:
+        raise RuntimeError(f"{path} has no (:language ...) line; reinstall the toolchain: "
+                           "python scripts/setup_libero.py --reinstall")
+    return match.group(1).strip()
+
+
+def export_lan(task_id: str, root: Path, site: Path) -> None:
+    """Write LIBERO-PRO's ``_lan`` variant of cached task ``task_id`` into its folder: ``lan.json`` (the
+    perturbed instruction) and ``lan_init_states.npz`` (the variant's own 50 fixed initial states).
+
+    The variant's BDDL must equal the task's but for the ``:language`` line (checked), so the cached
+    scene is the variant's scene too; only numpy and text files are read (no robosuite).
+    """
+    suite, index = parse_task_id(task_id)
+    folder = root / suite / str(index)
+    meta = json.loads((folder / "task.json").read_text())
+    bddl, init = site / "libero" / "libero" / "bddl_files", site / "libero" / "libero" / "init_files"
+    name, bench = meta["name"], LIBERO_SUITE[suite]
+    base_path, lan_path = bddl / bench / f"{name}.bddl", bddl / f"{bench}_lan" / f"{name}.bddl"
+    if not lan_path.is_file():
+        raise RuntimeError(f"LIBERO-PRO's variant {lan_path} is missing; reinstall the toolchain: "
+                           "python scripts/setup_libero.py --reinstall")
+    base, lan = base_path.read_text(), lan_path.read_text()
+    if _LANGUAGE_LINE.sub("", base) != _LANGUAGE_LINE.sub("", lan):
+        raise RuntimeError(f"{lan_path} differs from {base_path} beyond its instruction; the cached scene is not its scene")
+    with np.load(init / f"{bench}_lan" / f"{name}.pruned_init.npz") as f:
+        states = np.asarray(f["states"], np.float64)
+    width = 1 + meta["nq"] + meta["nv"]
+    if states.shape[1] != width:
+        raise RuntimeError(f"{task_id}: _lan initial states of width {states.shape[1]}, the scene's 1 + nq + nv = {width}")
+    np.savez_compressed(folder / ".lan_init_states.npz", states=states)
+    (folder / ".lan.json").write_text(json.dumps({"instruction": _bddl_language(lan, lan_path),
+                                                  "bddl": f"{bench}_lan/{name}.bddl"}, indent=1))
+    for file in LAN_FILES:  # the pair appears together (the json last: what load_lan looks for)
+        os.replace(folder / f".{file}", folder / file)
+
+
+def ensure_lan(task_ids: list[str], cache: str | os.PathLike | None = None) -> list[str]:
+    """Export the ``_lan`` variant (:func:`export_lan`) of every task of ``task_ids`` that lacks it,
+    exporting the task itself first if it is not cached. Returns the ids written.
+
+    Raises:
+        ValueError: an unknown suite or task id.
+        RuntimeError: the toolchain or an asset package is missing (the message names the fix).
+    """
+    root = cache_dir(cache)
+    ensure_tasks(task_ids, root)
+    todo = [t for t in (f"{s}/{i}" for s, i in map(parse_task_id, task_ids))
+            if not all((root / t / f).is_file() for f in LAN_FILES)]
+    if todo:
+        site = ensure_toolchain(root)
+        for task_id in todo:
+            export_lan(task_id, root, site)
+    return todo
+
+
+def missing_variants(task: str, with_lan: bool = False, cache: str | os.PathLike | None = None) -> str:
+    """A one-line error naming the setup command if a task of env task ``task`` (``libero_spatial``), or with
+    ``with_lan`` its ``_lan`` variant, is not cached; "" when all are."""
+    from sims.libero.suites import setup_hint
+    from sims.libero.vec_env import resolve_libero_task
+
+    root = cache_dir(cache)
+    ids = list(resolve_libero_task(task))
+    missing = missing_tasks(ids, root)
+    if with_lan:
+        missing += [t for t in ids if t not in missing and not all((root / t / f).is_file() for f in LAN_FILES)]
+    if not missing:
+        return ""
+    what = "tasks (or their _lan variants)" if with_lan else "tasks"
+    return f"LIBERO {what} {' '.join(missing)} are not in the cache {root}; {setup_hint(' '.join(missing))}"
 
 
 def folder_size(path: Path) -> int:

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,23 @@ def load_task(task_id: str, cache: str | Path | None = None) -> LiberoTask:
                       control_freq=float(meta["robot"]["control_freq"]))
 
 
+def load_lan(task: LiberoTask, cache: str | Path | None = None) -> LiberoTask:
+    """``task`` as LIBERO-PRO's ``_lan`` variant: the same scene, the variant's instruction and its own
+    fixed initial states (written by :func:`sims.libero.install.ensure_lan`).
+
+    Raises:
+        FileNotFoundError: the variant is not cached (the message names the setup command).
+    """
+    folder = task.model_path.parent
+    if not (folder / "lan.json").is_file():
+        raise FileNotFoundError(f"LIBERO-PRO's _lan variant of {task.task_id} is not in the cache {folder.parent.parent}; "
+                                f"{setup_hint(task.task_id)}")
+    with np.load(folder / "lan_init_states.npz") as f:
+        states = f["states"]
+    meta = json.loads((folder / "lan.json").read_text())
+    return dataclasses.replace(task, instruction=meta["instruction"], init_states=states)
+
+
 def contact_pairs(goal: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """The ``(body, body)`` pairs whose contact the goal's ``On``/``In`` predicates read."""
     pairs = []
@@ -142,9 +160,32 @@ def _servo_arm(spec: mujoco.MjSpec, robot: dict[str, Any]) -> None:
             body.gravcomp = 1.0
 
 
-def build_model(task: LiberoTask) -> tuple[mujoco.MjModel, LiberoLayout]:
-    """Compile the task's scene with joint servos and goal contact sensors (see module docstring)."""
+def _shrink_textures(spec: mujoco.MjSpec, folder: Path, max_size: int) -> None:
+    """Replace every 2D texture file wider or taller than ``max_size`` by its downscaled pixels (the scanned
+    objects' 4096 x 4096 textures are 150 of a Spatial scene's 189 MB; a camera of 128 x 128 samples them at
+    far coarser mipmap levels anyway)."""
+    from PIL import Image
+
+    for tex in spec.textures:
+        if not tex.file or tex.type != mujoco.mjtTexture.mjTEXTURE_2D:
+            continue
+        with Image.open(folder / tex.file) as img:
+            if max(img.size) <= max_size:
+                continue
+            rgb = img.convert("RGB")
+            rgb.thumbnail((max_size, max_size), Image.LANCZOS)
+            pixels = np.asarray(rgb)
+        tex.file = ""
+        tex.width, tex.height, tex.nchannel = pixels.shape[1], pixels.shape[0], 3
+        tex.data = pixels.tobytes()
+
+
+def build_model(task: LiberoTask, max_texture: int | None = None) -> tuple[mujoco.MjModel, LiberoLayout]:
+    """Compile the task's scene with joint servos and goal contact sensors (see module docstring); with
+    ``max_texture``, 2D textures larger than that many pixels a side are downscaled to it."""
     spec = mujoco.MjSpec.from_file(str(task.model_path))
+    if max_texture is not None:
+        _shrink_textures(spec, task.model_path.parent, max_texture)
     _servo_arm(spec, task.robot)
     for geom in spec.geoms:
         if geom.group == 0:  # robosuite's collision group (see module docstring)

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import mujoco
 import numpy as np
 
 from sims.backends import BatchBackend
 from sims.libero.predicates import GoalPredicates, Kinematics
-from sims.libero.scene import CAMERAS, LiberoTask, build_model
+from sims.libero.scene import CAMERAS, LiberoLayout, LiberoTask, build_model
 from sims.render import BatchRenderer, RenderConfig
 
 _FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "sensordata")
@@ -48,9 +49,12 @@ class LiberoSim:
     """``num_envs`` simulations of one LIBERO task (see the module docstring)."""
 
     def __init__(self, task: LiberoTask, num_envs: int, *, backend: str = "batch", render: RenderConfig | None = None,
-                 warp_device: str = "auto", num_threads: int | None = None):
+                 warp_device: str = "auto", num_threads: int | None = None,
+                 model: tuple[mujoco.MjModel, LiberoLayout] | None = None):
         """Args: task (:func:`sims.libero.scene.load_task`); num_envs; backend ("batch" or "warp");
-        render: frames to produce (None: none); warp_device; num_threads (batch; None: all CPUs).
+        render: frames to produce (None: none); warp_device; num_threads (batch; None: all CPUs);
+        model: the task's :func:`~sims.libero.scene.build_model` result to share (None: build it; a
+        LIBERO model takes about 0.5 GB, mostly textures).
 
         Raises:
             ValueError: an unknown backend.
@@ -58,7 +62,7 @@ class LiberoSim:
         if backend not in ("batch", "warp"):
             raise ValueError(f"unknown backend {backend!r} for LIBERO; valid backends: batch, warp")
         self.task, self.num_envs, self.backend_name = task, num_envs, backend
-        self.model, self.layout = build_model(task)
+        self.model, self.layout = model or build_model(task)
         self.goal = GoalPredicates(task.goal, self.model, self.layout.contact_sensor)
         self.render_config = render
         self.renderer = None
@@ -90,9 +94,6 @@ class LiberoSim:
     def reset(self, state_index: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Start simulations ``ids`` (default all) from LIBERO's fixed initial states ``state_index``.
 
-        Each arm servo targets the joint's initial angle and the gripper is commanded open (LIBERO's
-        first action is what moves it).
-
         Raises:
             ValueError: a state index outside the task's initial states.
         """
@@ -101,15 +102,28 @@ class LiberoSim:
         count = len(self.task.init_states)
         if (state_index < 0).any() or (state_index >= count).any():
             raise ValueError(f"initial state indices {state_index.tolist()} outside 0..{count - 1} of {self.task.task_id}")
-        m, lay = self.model, self.layout
+        nq, nv = self.model.nq, self.model.nv
         states = self.task.init_states[state_index]
-        qpos, qvel = states[:, 1:1 + m.nq], states[:, 1 + m.nq:1 + m.nq + m.nv]
-        ctrl = np.zeros((len(ids), m.nu))
-        ctrl[:, lay.arm_act] = qpos[:, lay.arm_qpos]
-        ctrl[:, lay.gripper_act] = gripper_ctrl(np.full(len(ids), -1.0))
-        self.backend.set_state(ids, qpos, np.zeros((len(ids), m.nmocap, 3)), ctrl)
-        self.backend.qvel[ids] = self.ax.asarray(qvel) if self.ax is not np else qvel
+        self.set_states(ids, states[:, 1:1 + nq], states[:, 1 + nq:1 + nq + nv])
         self.state_index[ids] = state_index
+
+    def hold_ctrl(self, qpos: np.ndarray) -> np.ndarray:
+        """Controls [n, nu] that hold the arm at ``qpos`` [n, nq]'s joint angles with the gripper open."""
+        lay = self.layout
+        ctrl = np.zeros((len(qpos), self.model.nu))
+        ctrl[:, lay.arm_act] = qpos[:, lay.arm_qpos]
+        ctrl[:, lay.gripper_act] = gripper_ctrl(np.full(len(qpos), -1.0))
+        return ctrl
+
+    def set_states(self, ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray) -> None:
+        """Start simulations ``ids`` from positions ``qpos`` [n, nq] and velocities ``qvel`` [n, nv].
+
+        Each arm servo targets the joint's angle in ``qpos`` and the gripper is commanded open
+        (LIBERO's first action is what moves it).
+        """
+        ids = np.asarray(ids)
+        self.backend.set_state(ids, qpos, np.zeros((len(ids), self.model.nmocap, 3)), self.hold_ctrl(qpos))
+        self.backend.qvel[ids] = self.ax.asarray(qvel) if self.ax is not np else qvel
         self.forward()
 
     def step(self, ctrl: Any) -> None:
@@ -156,18 +170,22 @@ class LiberoSim:
         return {"joint_pos": q[:, lay.arm_qpos], "joint_vel": v[:, lay.arm_dof], "eef_pos": eef_pos,
                 "eef_quat": xyzw, "gripper_qpos": fingers, "gripper_qvel": v[:, lay.finger_dof], "state": state}
 
-    def render(self) -> Any:
-        """Frames of every simulation at the current state, uint8 [N, cams, 3, H, W].
+    def render(self, rows: np.ndarray | None = None) -> Any:
+        """Frames at the current state, uint8 [N, cams, 3, H, W] (or [len(rows), ...] of simulations ``rows``;
+        the warp backend draws every world and returns those rows).
 
         Raises:
             RuntimeError: the sim was built without ``render``.
         """
         if self.render_config is None:
             raise RuntimeError("this LiberoSim renders nothing: build it with render=libero_render_config()")
+        sel = slice(None) if rows is None else np.asarray(rows)
         if self.renderer is not None:
-            return self.renderer.render(self.backend.qpos, self.backend.mocap_pos, np.zeros((self.num_envs, 0, 4)),
+            qpos = self.backend.qpos[sel]
+            return self.renderer.render(qpos, self.backend.mocap_pos[sel], np.zeros((len(qpos), 0, 4)),
                                         _NoColours())["rgb"]
-        return self.backend.render()["rgb"]
+        frames = self.backend.render()["rgb"]
+        return frames if rows is None else frames[self.ax.asarray(sel)]
 
     def close(self) -> None:
         if self.renderer is not None:

@@ -56,3 +56,29 @@ def test_warp_agrees_with_batch_on_a_libero_scene():
     mad = np.abs(warp[0]["rgb"].astype(np.float32) - batch[0]["rgb"].astype(np.float32)).mean(axis=(0, 2, 3, 4))
     assert warp[0]["rgb"].shape == (2, 2, 3, 64, 64)
     assert (mad < FRAME_MAD_TOL).all(), f"warp frames differ from EGL's by {mad} levels (agentview, wrist)"
+
+
+@pytest.mark.slow
+def test_vector_env_runs_on_warp_like_batch():
+    """sims.libero.vec_env on Warp's CPU device: torch observations, the same settled fixed states as batch
+    (settling runs on the host), proprioception within PROPRIO_TOL after held steps, autoreset alike."""
+    pytest.importorskip("mujoco_warp")
+    torch = pytest.importorskip("torch")
+    import sims
+    from sims.libero.install import ensure_lan
+
+    ensure_lan([TASK])
+    kw = {"split": "fixed", "max_steps": 2, "render": libero_render_config(16, num_contexts=1)}
+    warp = sims.make_vec_env(f"libero_{TASK}", 2, backend="warp", warp_device="cpu", **kw)
+    batch = sims.make_vec_env(f"libero_{TASK}", 2, num_threads=1, **kw)
+    w, b = warp.reset_td(seed=0), batch.reset_td(seed=0)
+    assert w["proprio"].device == torch.device("cpu") and isinstance(w["rgb"], torch.Tensor)
+    assert w["rgb"].shape == b["rgb"].shape == (2, 2, 3, 16, 16)
+    hold = torch.tensor([[0, 0, 0, 0, 0, 0, -1.0]] * 2)
+    for _ in range(2):
+        w, b = warp.step_td(hold), batch.step_td(hold)
+        np.testing.assert_allclose(w["final_observation"]["proprio"].numpy(), b["final_observation"]["proprio"].numpy(),
+                                   atol=PROPRIO_TOL)
+    assert w["truncated"].all() and b["truncated"].all() and warp.state_index.tolist() == [2, 3]
+    warp.close()
+    batch.close()

@@ -23,6 +23,7 @@ from tqdm import tqdm
 import sims
 from sims import tasks as T
 from sims.experts import ScriptedExpert
+from sims.libero.vec_env import is_libero_task
 from sims.vec_env import ACTION_DIM, SimVectorEnv
 from vla_rl.demos.lerobot import LeRobotWriter, video_feature
 
@@ -71,11 +72,18 @@ class CollectConfig:
     task_weights: dict[str, float] = field(default_factory=dict)
     """Relative weight of each named task when a suite samples episodes (a task not named weighs 1;
     empty: uniform), e.g. ``{"push": 3, "stack": 3}`` for more demonstrations of those two."""
+    max_steps: int | None = None
+    """LIBERO only: the episode limit in control steps (None: LIBERO's for the suite)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field and its valid values."""
-        T.resolve_tasks(self.task)
-        T.task_weight_tuple(self.task, self.task_weights)
+        if is_libero_task(self.task):
+            self._validate_libero()
+        else:
+            T.resolve_tasks(self.task)
+            T.task_weight_tuple(self.task, self.task_weights)
+            if self.max_steps is not None:
+                raise ValueError(f"max_steps={self.max_steps} limits LIBERO episodes; a sims task has its own limit")
         if self.episodes < 1 or self.num_envs < 1 or self.episodes_per_file < 1:
             raise ValueError(f"episodes={self.episodes}, num_envs={self.num_envs} and episodes_per_file="
                              f"{self.episodes_per_file} must be at least 1")
@@ -87,6 +95,23 @@ class CollectConfig:
             raise ValueError(f"crf={self.crf}; H.264's constant rate factor is in [0, 51]")
         if Path(self.out).exists() and any(Path(self.out).iterdir()):
             raise ValueError(f"out={self.out} is not empty; give a new folder (or remove the old dataset)")
+
+
+    def _validate_libero(self) -> None:
+        from sims.libero.install import missing_variants
+        from sims.libero.scene import CAMERAS
+        from sims.libero.vec_env import resolve_libero_task
+
+        resolve_libero_task(self.task)
+        if self.task_weights:
+            raise ValueError("task_weights weighs the gantry suite's tasks; LIBERO splits environments evenly over its tasks")
+        if not self.cameras or set(self.cameras) - set(CAMERAS):
+            raise ValueError(f"cameras={list(self.cameras)}; a LIBERO scene's cameras are {', '.join(CAMERAS)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps={self.max_steps}; it must be at least 1 (or None: LIBERO's limit)")
+        missing = missing_variants(self.task)
+        if missing:
+            raise ValueError(missing)
 
 
 def control_fps(env: SimVectorEnv) -> int:
@@ -180,19 +205,8 @@ def _source(env: SimVectorEnv, cfg: CollectConfig, counts: dict[str, int]) -> di
             "max_delta": env.config.max_delta, "frame_skip": env.config.frame_skip, **counts, **settings}
 
 
-def collect_demos(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
-    """Record ``cfg.episodes`` expert episodes into the LeRobot v3.0 dataset folder ``cfg.out``.
-
-    The folder is written under a temporary name and renamed at the end, so it is complete or absent.
-
-    Returns:
-        The dataset's meta/info.json; its ``source`` says how the episodes were made (split, seeds,
-        noise, counts).
-    """
-    cfg.validate()
-    out = Path(cfg.out)
-    partial = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+def _collect_sims(cfg: CollectConfig, partial: Path, progress: bool) -> dict[str, Any]:
+    """Record the gantry tasks' experts into the dataset folder ``partial``; returns its meta/info.json."""
     render = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras),
                                num_contexts=cfg.num_threads)
     extra = {"num_threads": cfg.num_threads} if cfg.num_threads else {}
@@ -204,12 +218,35 @@ def collect_demos(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
                                robot_type=ROBOT_TYPE, episodes_per_file=cfg.episodes_per_file, crf=cfg.crf)
         with tqdm(total=cfg.episodes, desc=f"demos {cfg.task}", unit="ep", disable=not progress) as bar:
             counts = _record(env, writer, cfg, bar)
-        info = writer.close(_source(env, cfg, counts))
+        return writer.close(_source(env, cfg, counts))
+    finally:
+        env.close()
+
+
+def collect_demos(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
+    """Record ``cfg.episodes`` expert episodes into the LeRobot v3.0 dataset folder ``cfg.out`` (a LIBERO
+    task's: :func:`vla_rl.demos.libero.collect_libero_demos`).
+
+    The folder is written under a temporary name and renamed at the end, so it is complete or absent.
+
+    Returns:
+        The dataset's meta/info.json; its ``source`` says how the episodes were made (split, seeds,
+        noise, counts).
+    """
+    cfg.validate()
+    out = Path(cfg.out)
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        if is_libero_task(cfg.task):
+            from vla_rl.demos.libero import collect_libero_demos
+
+            info = collect_libero_demos(cfg, partial, progress)
+        else:
+            info = _collect_sims(cfg, partial, progress)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    finally:
-        env.close()
     if out.exists():
         out.rmdir()  # empty: validate() refuses a folder with files
     out.parent.mkdir(parents=True, exist_ok=True)

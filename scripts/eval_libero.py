@@ -1,0 +1,64 @@
+#!/usr/bin/env python
+"""Evaluate a LIBERO checkpoint by LIBERO's protocol, per task and per suite, with 95 % Wilson intervals.
+
+    python scripts/eval_libero.py --checkpoint runs/libero-spatial/rl --json runs/libero_eval.json
+    python scripts/eval_libero.py --checkpoint runs/NAME --splits fixed --episodes-per-task 50 --envs-per-task 10
+
+Each task of the run's env plays its split's fixed initial states 0..E-1 once each (E =
+``--episodes-per-task``, LIBERO's 50), after LIBERO's 10 settling steps, up to LIBERO's step limit
+of the suite, with the deterministic policy. Splits: ``fixed`` (LIBERO's own states and
+instructions) and ``lan`` (LIBERO-PRO's paraphrased instructions, held out from training, with that
+variant's fixed states). Writes ``{machine, config, results}``; ``results.protocol.caveat`` states
+how this simulator differs from the one LIBERO's published numbers come from (docs/sims.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+
+from bench_report import machine_info, output_path
+
+from infra.common.files import write_atomic
+from vla_rl.checkpoint import CheckpointError
+from vla_rl.config import ConfigError
+from vla_rl.evaluate import libero_protocol
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, evaluate, print and write the figures; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
+    parser.add_argument("--json", required=True, type=output_path, help="where to write the figures")
+    parser.add_argument("--splits", nargs="+", default=["fixed", "lan"], help="LIBERO splits (default: fixed lan)")
+    parser.add_argument("--episodes-per-task", type=int, default=50, help="initial states per task (LIBERO: 50)")
+    parser.add_argument("--envs-per-task", type=int, default=10, help="environments per task; must divide the episodes")
+    parser.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N")
+    args = parser.parse_args(argv)
+    try:
+        results = libero_protocol(args.checkpoint, tuple(args.splits), args.episodes_per_task, args.envs_per_task,
+                                  args.device)
+    except (CheckpointError, ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for split, r in results["splits"].items():
+        for name, rate in [*(("suite " + s, v) for s, v in r["suites"].items()), *r["tasks"].items()]:
+            low, high = rate["ci95"]
+            print(f"{split:6s} {name:14s} {rate['success']:6.1%}  [{low:.1%}, {high:.1%}]  n={rate['episodes']}")
+    config = {k.replace("-", "_"): str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.json, json.dumps({"machine": machine_info(), "config": config, "results": results}, indent=2).encode())
+    print(results["protocol"]["caveat"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""LIBERO tasks as a vector environment behind the trainer's interface (docs/ARCHITECTURE.md, "sims -> vla_rl").
+
+``make_libero_env("libero_spatial", num_envs)`` (or ``sims.make_vec_env`` with a task name that
+starts with ``libero_``) gives a :class:`LiberoVectorEnv`: ``libero_<suite>`` runs the suite's ten
+tasks (environments split into one contiguous block per task, one :class:`~sims.libero.sim.LiberoSim`
+each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal``, ``10``.
+
+- **Actions**: LIBERO's, float32 [N, 7] in [-1, 1] (end-effector position delta x 5 cm, world-frame
+  axis-angle delta x 0.5 rad, gripper -1 open .. +1 closed) at 20 Hz, through the batched
+  :class:`~sims.libero.controller.PandaController`.
+- **Observations**: ``proprio`` float32 [N, 8], LIBERO's state (end-effector position, axis-angle,
+  the two finger positions); ``state`` float32 [N, S] (privileged: arm joint angles [7], then every
+  non-robot ``qpos``, objects' free joints and articulations, zero-padded to the longest task of the
+  env); ``rgb`` uint8 [N, 2, 3, H, W] of ``agentview`` and ``robot0_eye_in_hand`` when rendering;
+  ``instruction`` (the task's BDDL ``:language``; one per task) and ``task`` int64 [N].
+- **Reward and success**: the task's goal predicates (:mod:`sims.libero.predicates`); LIBERO has
+  no shaping, so the reward is 1 at each step the goal holds (plus ``success_bonus``), else 0.
+- **Episodes** start from LIBERO's fixed initial states, then hold still for ``settle_steps``
+  control steps (gripper open) before the policy's first observation, as LIBERO's evaluation
+  waits 10 steps for the objects to settle; the settling runs on a private ``MjData`` per start, so
+  the other environments do not move. An episode ends at success (``terminate_on_success``) or
+  after LIBERO's step limit for the suite (:data:`MAX_STEPS`). Splits (:data:`LIBERO_SPLITS`):
+  ``train`` and ``validation``: a fixed initial state drawn at random with every free object
+  shifted by up to ``jitter`` metres in x and y (each split its own seed stream); ``fixed``: the 50
+  fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
+  ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
+  same scenes with paraphrased instructions and the variant's own 50 fixed initial states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+from sims.backends import to_numpy
+from sims.libero.controller import PandaController
+from sims.libero.scene import LiberoLayout, LiberoTask, build_model, load_lan, load_task
+from sims.libero.sim import LiberoSim
+from sims.libero.suites import SUITES, TASKS_PER_SUITE, parse_task_id
+from sims.render import RenderConfig
+from sims.vec_env import ArrayVectorEnv
+
+PREFIX = "libero_"
+LIBERO_SPLITS = ("train", "validation", "fixed", "lan")
+#: Control steps per episode after settling: the limits of OpenVLA's LIBERO evaluation script
+#: (``run_libero_eval.py``, set from each suite's longest demonstration), which later LIBERO RL work reuses.
+MAX_STEPS = {"spatial": 220, "object": 280, "goal": 300, "10": 520}
+SETTLE_STEPS = 10
+ACTION_DIM = 7
+PROPRIO_DIM = 8
+_STREAM = {"train": 0x11B0, "validation": 0x11B1}  # seed streams of the jittered splits
+
+
+def is_libero_task(task: str) -> bool:
+    """Whether ``task`` names LIBERO tasks (``libero_<suite>`` or ``libero_<suite>/<i>``)."""
+    return task.startswith(PREFIX)
+
+
+def resolve_libero_task(task: str) -> tuple[str, ...]:
+    """Task ids of ``task``: ``libero_spatial`` -> ``("spatial/0", ..., "spatial/9")``, ``libero_goal/3`` -> ``("goal/3",)``.
+
+    Raises:
+        ValueError: an unknown suite or task index (one line naming the valid forms).
+    """
+    name = task.removeprefix(PREFIX)
+    suite, sep, _ = name.partition("/")
+    try:
+        if not is_libero_task(task):
+            raise ValueError
+        if not sep:
+            parse_task_id(f"{suite}/0")
+            return tuple(f"{suite}/{i}" for i in range(TASKS_PER_SUITE))
+        return ("{}/{}".format(*parse_task_id(name)),)
+    except ValueError:
+        raise ValueError(f"unknown LIBERO task {task!r}; use libero_<suite> or libero_<suite>/<0..{TASKS_PER_SUITE - 1}> "
+                         f"with suite one of {', '.join(SUITES)} (e.g. libero_spatial, libero_goal/3)") from None
+
+
+@dataclass(frozen=True)
+class LiberoEnvConfig:
+    """Configuration of a :class:`LiberoVectorEnv` (see the module docstring).
+
+    Attributes:
+        task: ``libero_<suite>`` or ``libero_<suite>/<i>``.
+        num_envs: environments N (at least one group per task).
+        seed: base seed of the ``train`` / ``validation`` episode streams.
+        split: one of :data:`LIBERO_SPLITS`.
+        render: camera frames (None: none); LIBERO's textures are always on, and its ``num_contexts`` GL
+            contexts (None: one per CPU core) are shared out over the tasks, at least one each.
+        backend: ``batch`` or ``warp``; warp_device: the Warp backend's device.
+        num_threads: physics threads of the batch backend (None: all CPUs).
+        group_size: consecutive groups of this many environments start every episode from the same state.
+        terminate_on_success: end an episode at its first success.
+        reward: ``success`` only (LIBERO's goals are predicates; there is no shaped reward).
+        success_bonus: added to the reward at every successful step.
+        max_steps: episode length in control steps (None: :data:`MAX_STEPS` of the suite).
+        settle_steps: control steps held still before an episode's first observation.
+        jitter: largest x/y shift of each free object in the ``train`` and ``validation`` splits, metres.
+        cache: the task cache (None: :func:`sims.libero.suites.cache_dir`'s default).
+    """
+
+    task: str = "libero_spatial"
+    num_envs: int = 10
+    seed: int = 0
+    split: str = "train"
+    render: RenderConfig | None = None
+    backend: str = "batch"
+    warp_device: str = "auto"
+    num_threads: int | None = None
+    group_size: int = 1
+    terminate_on_success: bool = True
+    reward: str = "success"
+    success_bonus: float = 0.0
+    max_steps: int | None = None
+    settle_steps: int = SETTLE_STEPS
+    jitter: float = 0.01
+    cache: str | None = None
+
+    def validate(self) -> tuple[str, ...]:
+        """Check the fields; return the task ids.
+
+        Raises:
+            ValueError: a bad field, naming it and the fix.
+        """
+        ids = resolve_libero_task(self.task)
+        if self.split not in LIBERO_SPLITS:
+            raise ValueError(f"split={self.split!r} is not a LIBERO split; valid: {', '.join(LIBERO_SPLITS)}")
+        if self.reward != "success":
+            raise ValueError(f"reward={self.reward!r}: LIBERO tasks pay success only (their goals are predicates, "
+                             "with no shaping); set reward=success (env.reward=success)")
+        if self.backend not in ("batch", "warp"):
+            raise ValueError(f"backend={self.backend!r}; LIBERO runs on the batch and warp backends")
+        if self.group_size < 1 or self.num_envs % self.group_size:
+            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs}")
+        if self.num_envs // self.group_size < len(ids):
+            raise ValueError(f"num_envs={self.num_envs} in groups of {self.group_size} is fewer groups than the "
+                             f"{len(ids)} tasks of {self.task}; use num_envs >= {len(ids) * self.group_size}")
+        if (self.max_steps is not None and self.max_steps < 1) or self.settle_steps < 0:
+            raise ValueError(f"max_steps={self.max_steps} must be >= 1 (or None) and settle_steps={self.settle_steps} >= 0")
+        if not 0.0 <= self.jitter <= 0.05 or not 0.0 <= self.success_bonus <= 100.0:
+            raise ValueError(f"jitter={self.jitter} must be in [0, 0.05] m and success_bonus={self.success_bonus} in [0, 100]")
+        return ids
+
+
+def settle(model: mujoco.MjModel, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.ndarray,
+           nstep: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions and velocities [n, nq], [n, nv] after ``nstep`` physics steps from each row under ``ctrl`` [n, nu]
+    (one private ``MjData``; identical rows are stepped once)."""
+    if nstep == 0 or not len(qpos):
+        return qpos, qvel
+    rows, inverse = np.unique(np.concatenate([qpos, qvel, ctrl], axis=1), axis=0, return_inverse=True)
+    data = mujoco.MjData(model)
+    out_q, out_v = np.empty((len(rows), model.nq)), np.empty((len(rows), model.nv))
+    for r, row in enumerate(rows):
+        mujoco.mj_resetData(model, data)
+        data.qpos[:], data.qvel[:] = row[:model.nq], row[model.nq:model.nq + model.nv]
+        data.ctrl[:] = row[model.nq + model.nv:]
+        mujoco.mj_step(model, data, nstep=nstep)
+        out_q[r], out_v[r] = data.qpos, data.qvel
+    inverse = inverse.reshape(-1)
+    return out_q[inverse], out_v[inverse]
+
+
+MAX_TEXTURE = 512
+"""Textures larger than this many pixels a side are downscaled (:func:`sims.libero.scene.build_model`): at
+128 x 128 the frames differ by 0.1 levels on average (at most 4) from the full ones, and a scene with one
+GL context takes 0.87 GB instead of 1.5 GB (spatial/0, measured)."""
+_MODELS: dict[Path, tuple[mujoco.MjModel, LiberoLayout]] = {}
+
+
+def shared_model(task: LiberoTask) -> tuple[mujoco.MjModel, LiberoLayout]:
+    """The task's compiled model (textures at most :data:`MAX_TEXTURE`), built once per process: a trainer's
+    training and evaluation envs (and a task's ``_lan`` variant, the same scene) share it."""
+    if task.model_path not in _MODELS:
+        _MODELS[task.model_path] = build_model(task, MAX_TEXTURE)
+    return _MODELS[task.model_path]
+
+
+class LiberoVectorEnv(ArrayVectorEnv):
+    """N environments of LIBERO tasks (see the module docstring and :class:`LiberoEnvConfig`).
+
+    Attributes:
+        task_names: the task ids; tasks: the loaded tasks (``_lan`` variants for ``split="lan"``);
+        sims: one :class:`~sims.libero.sim.LiberoSim` per task; bounds: task k's environments are
+        ``bounds[k]:bounds[k + 1]``; env_task: each environment's task [N]; state_index: the LIBERO
+        initial state each environment's episode started from [N]; state_dim: S.
+    """
+
+    def __init__(self, config: LiberoEnvConfig):
+        """Load the tasks (and their ``_lan`` variants for ``split="lan"``), build one sim per task.
+
+        Raises:
+            ValueError: a bad config field. FileNotFoundError: a task (or variant) not in the cache,
+            naming the setup command.
+        """
+        self.config = config
+        self.task_names: tuple[str, ...] = config.validate()
+        tasks = [load_task(t, config.cache) for t in self.task_names]
+        if config.split == "lan":
+            tasks = [load_lan(t, config.cache) for t in tasks]
+        self.tasks: list[LiberoTask] = tasks
+        self.instructions: list[str] = [t.instruction for t in tasks]
+        n, g, k = config.num_envs, config.group_size, len(tasks)
+        groups = [n // g // k + (i < n // g % k) for i in range(k)]  # groups per task, in task order
+        self.bounds = np.concatenate([[0], np.cumsum(groups)]) * g  # task i's environments: bounds[i]..bounds[i+1]
+        render = None
+        if config.render is not None:  # GL contexts are shared out over the tasks (each holds a model copy)
+            contexts = max(1, (config.render.num_contexts or os.cpu_count() or 1) // k)
+            render = dataclasses.replace(config.render, textures=True, num_contexts=contexts)
+        self.sims = [LiberoSim(t, int(self.bounds[i + 1] - self.bounds[i]), backend=config.backend, render=render,
+                               warp_device=config.warp_device, num_threads=config.num_threads, model=shared_model(t))
+                     for i, t in enumerate(tasks)]
+        self._controllers = [PandaController(sim.layout) for sim in self.sims]
+        self._ax = self.sims[0].ax
+        self.device = getattr(self._ax, "device", None)
+        self.num_envs = n
+        self.env_task = np.repeat(np.arange(k), np.diff(self.bounds))
+        self._max_steps = np.array([config.max_steps or MAX_STEPS[parse_task_id(t)[0]] for t in self.task_names])
+        self.max_episode_steps = int(self._max_steps.max())
+        robot = [np.concatenate([s.layout.arm_qpos, s.layout.finger_qpos]) for s in self.sims]
+        self._object_qpos = [np.setdiff1d(np.arange(s.model.nq), r) for s, r in zip(self.sims, robot)]
+        self.state_dim = 7 + max(len(q) for q in self._object_qpos)
+        self._free_qpos = [s.model.jnt_qposadr[s.model.jnt_type == mujoco.mjtJoint.mjJNT_FREE] for s in self.sims]
+        self._settled: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # fixed states, settled once
+        self._spaces(render)
+        self._seed = config.seed
+        self._steps = np.zeros(n, np.int64)
+        self._episode = np.zeros(n, np.int64)
+        self.state_index = np.zeros(n, np.int64)  # the fixed initial state each episode started from
+        self._obs: dict[str, Any] | None = None
+        self.timings = {"render": 0.0}
+
+    def _spaces(self, render: RenderConfig | None) -> None:
+        n = self.num_envs
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
+        spaces: dict[str, gym.Space] = {
+            "proprio": gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
+            "state": gym.spaces.Box(-np.inf, np.inf, (self.state_dim,), np.float32),
+            "instruction": gym.spaces.Discrete(len(self.instructions)),
+            "task": gym.spaces.Discrete(len(self.task_names)),
+        }
+        if render is not None:
+            spaces["rgb"] = gym.spaces.Box(0, 255, (len(render.cameras), 3, render.height, render.width), np.uint8)
+        self.single_observation_space = gym.spaces.Dict(spaces)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
+
+    # ----------------------------------------------------------------------------- episodes
+    def _initial_states(self, k: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Settled positions, velocities and fixed-state indices of the next episode of task ``k``'s environments ``ids``."""
+        cfg, sim, g = self.config, self.sims[k], self.config.group_size
+        states = sim.task.init_states
+        nq, nv = sim.model.nq, sim.model.nv
+        group = ids // g
+        episode = self._episode[ids]
+        nstep = cfg.settle_steps * sim.layout.frame_skip
+        if cfg.split in ("fixed", "lan"):  # LIBERO's states in order: group j of M plays j, j + M, j + 2M, ...
+            local, count = group - self.bounds[k] // g, (self.bounds[k + 1] - self.bounds[k]) // g
+            index = (local + episode * count) % len(states)
+            for i in np.unique(index):
+                if (k, i) not in self._settled:
+                    q, v = states[i:i + 1, 1:1 + nq], states[i:i + 1, 1 + nq:1 + nq + nv]
+                    self._settled[(k, i)] = settle(sim.model, q, v, sim.hold_ctrl(q), nstep)
+            qpos = np.concatenate([self._settled[(k, i)][0] for i in index])
+            qvel = np.concatenate([self._settled[(k, i)][1] for i in index])
+            return qpos, qvel, index
+        index = np.empty(len(ids), np.int64)
+        qpos, qvel = np.empty((len(ids), nq)), np.empty((len(ids), nv))
+        for r, (m, e) in enumerate(zip(group, episode)):
+            rng = np.random.default_rng([self._seed, int(m), int(e), _STREAM[cfg.split]])
+            index[r] = rng.integers(len(states))
+            qpos[r], qvel[r] = states[index[r], 1:1 + nq], states[index[r], 1 + nq:1 + nq + nv]
+            shift = rng.uniform(-cfg.jitter, cfg.jitter, (len(self._free_qpos[k]), 2))
+            for adr, (dx, dy) in zip(self._free_qpos[k], shift):
+                qpos[r, adr:adr + 2] += (dx, dy)
+        qpos, qvel = settle(sim.model, qpos, qvel, sim.hold_ctrl(qpos), nstep)
+        return qpos, qvel, index
+
+    def _start_episodes(self, ids: np.ndarray) -> None:
+        """Start the next episode of environments ``ids`` (global indices)."""
+        for k, sim in enumerate(self.sims):
+            lo, hi = self.bounds[k], self.bounds[k + 1]
+            sel = ids[(ids >= lo) & (ids < hi)]
+            if len(sel):
+                qpos, qvel, index = self._initial_states(k, sel)
+                sim.set_states(sel - lo, qpos, qvel)
+                self.state_index[sel] = index
+        self._episode[ids] += 1
+        self._steps[ids] = 0
+
+    def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, Any], Any]:
+        """Observation and success of environments ``ids`` (None: all) at the current state."""
+        ax = self._ax
+        proprio, state, success, frames = [], [], [], []
+        start = time.perf_counter()
+        for k, sim in enumerate(self.sims):
+            p = sim.proprio()
+            objects = sim.qpos[:, self._object_qpos[k]]
+            pad = ax.zeros((sim.num_envs, self.state_dim - 7 - objects.shape[1]), dtype=ax.float32)
+            proprio.append(ax.astype(p["state"], ax.float32))
+            state.append(ax.concatenate([ax.astype(p["joint_pos"], ax.float32), ax.astype(objects, ax.float32), pad], axis=1))
+            success.append(sim.success())
+            if self.config.render is not None:
+                rows = None
+                if ids is not None:
+                    lo, hi = self.bounds[k], self.bounds[k + 1]
+                    rows = ids[(ids >= lo) & (ids < hi)] - lo
+                if rows is None or len(rows):
+                    frames.append(sim.render(rows))
+        render_s = time.perf_counter() - start
+        sel = slice(None) if ids is None else ax.asarray(ids)
+        task = self.env_task if ids is None else self.env_task[ids]
+        obs = {"proprio": ax.concatenate(proprio, axis=0)[sel], "state": ax.concatenate(state, axis=0)[sel],
+               "instruction": ax.asarray(task, copy=True), "task": ax.asarray(task, copy=True)}
+        if frames:
+            obs["rgb"] = ax.concatenate([ax.asarray(f) for f in frames], axis=0)
+            self.timings["render"] += render_s
+        return obs, ax.concatenate(success, axis=0)[sel]
+
+    # ----------------------------------------------------------------------------- core
+    def step_arrays(self, action: Any) -> dict[str, Any]:
+        """Step all environments; returns ``observation``, ``final_observation``, ``reward`` float32 [N],
+        ``terminated``, ``truncated``, ``success`` bool [N] (arrays of the backend's module)."""
+        if self._obs is None:
+            raise RuntimeError("call reset() before step()")
+        ax = self._ax
+        action = self._check_action(action)
+        for k, (sim, ctl) in enumerate(zip(self.sims, self._controllers)):
+            sim.step(ctl(sim, action[self.bounds[k]:self.bounds[k + 1]]))
+        self._steps += 1
+        obs, success = self._observe()
+        reward = ax.astype(success, ax.float32) * (1.0 + self.config.success_bonus)
+        ok = to_numpy(success).astype(bool)
+        terminated = ok.copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
+        truncated = (self._steps >= self._max_steps[self.env_task]) & ~terminated
+        done = terminated | truncated
+        final = obs
+        if done.any():
+            ids = np.flatnonzero(done)
+            self._start_episodes(ids)
+            fresh, _ = self._observe(ids)
+            obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
+            rows = ax.asarray(ids)
+            for key, value in fresh.items():
+                obs[key][rows] = value
+        self._obs = obs
+        return {"observation": obs, "final_observation": final, "reward": reward,
+                "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
+
+    def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
+        """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
+        ids = np.arange(self.num_envs)
+        if mask is not None:
+            mask = np.asarray(mask)
+            if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
+                raise ValueError(f"reset mask must be a bool array of shape ({self.num_envs},); got {mask.dtype} {mask.shape}")
+            ids = np.flatnonzero(mask)
+        if seed is not None:
+            self._seed = int(seed)
+            self._episode[ids] = 0
+        else:  # group members may have run different numbers of episodes: they restart together
+            g = self.config.group_size
+            self._episode[ids] = self._episode.reshape(-1, g).max(axis=1)[ids // g]
+        if len(ids):
+            self._start_episodes(ids)
+        self._obs, _ = self._observe()
+        return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
+
+    def get_state(self) -> dict[str, Any]:
+        """Not offered: LIBERO episodes start from velocities the batch backend's replay log does not hold.
+
+        Raises:
+            NotImplementedError: always (the trainer then resumes with fresh episodes, with a warning).
+        """
+        raise NotImplementedError("LIBERO environments do not snapshot; a resumed run restarts their episodes")
+
+    def close(self, **kwargs: Any) -> None:
+        """Release the renderers' GL contexts."""
+        for sim in self.sims:
+            sim.close()
+
+
+def make_libero_env(task: str, num_envs: int, **kwargs: Any) -> LiberoVectorEnv:
+    """N environments of LIBERO ``task``; keyword arguments are :class:`LiberoEnvConfig` fields
+    (``render=True``: both cameras at 128 x 128)."""
+    if kwargs.get("render") is True:
+        from sims.libero.sim import libero_render_config
+
+        kwargs["render"] = libero_render_config(128)
+    elif kwargs.get("render") is False:
+        kwargs["render"] = None
+    return LiberoVectorEnv(LiberoEnvConfig(task=task, num_envs=num_envs, **kwargs))

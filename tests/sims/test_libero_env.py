@@ -1,0 +1,141 @@
+"""LIBERO as a vector env (sims.libero.vec_env): the trainer's contract (shapes, spaces, SAME_STEP
+autoreset, TensorDict view), the goal's reward on a hand-placed success, LIBERO's fixed initial
+states and the _lan variant, the jittered splits, and one-line errors naming the fix.
+
+One task (spatial/0), two environments, 16x16 frames with one GL context; the fixture exports the
+task and its _lan variant into the cache if they are missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sims
+from sims.libero.install import ensure_lan, export_lan
+from sims.libero.scene import load_lan, load_task
+from sims.libero.sim import LiberoSim, libero_render_config
+from sims.libero.vec_env import (
+    LIBERO_SPLITS,
+    SETTLE_STEPS,
+    LiberoEnvConfig,
+    LiberoVectorEnv,
+    resolve_libero_task,
+    shared_model,
+)
+from vla_rl.config import CONFIG_DIR, ConfigError, load_config
+
+RENDER = libero_render_config(16, num_contexts=1)
+HOLD = np.array([[0, 0, 0, 0, 0, 0, -1]] * 2, np.float32)  # no motion, gripper open
+
+
+@pytest.fixture(scope="module")
+def cached() -> None:
+    ensure_lan(["spatial/0"])
+
+
+def _env(split: str = "train", **kw) -> LiberoVectorEnv:
+    return sims.make_vec_env("libero_spatial/0", 2, split=split, num_threads=1, **kw)
+
+
+def test_reset_step_shapes_and_autoreset(cached):
+    env = _env(render=RENDER, max_steps=3)
+    obs = env.reset_arrays(seed=0)
+    assert {k: (v.shape, v.dtype) for k, v in obs.items()} == {
+        "proprio": ((2, 8), np.float32), "state": ((2, env.state_dim), np.float32), "instruction": ((2,), np.int64),
+        "task": ((2,), np.int64), "rgb": ((2, 2, 3, 16, 16), np.uint8)}
+    assert env.single_observation_space.contains({k: v[0] for k, v in obs.items()})
+    assert env.single_action_space.shape == (7,) and env.instructions == [load_task("spatial/0").instruction]
+    assert env.state_dim == 7 + env.sims[0].model.nq - 9  # arm angles, then every non-robot qpos
+    with pytest.raises(ValueError, match=r"expected \(2, 7\)"):
+        env.step_arrays(np.zeros((2, 4), np.float32))
+    for _ in range(3):
+        out = env.step_arrays(HOLD)
+    assert out["truncated"].all() and not out["terminated"].any() and (out["reward"] == 0).all()
+    assert not np.array_equal(out["final_observation"]["state"], out["observation"]["state"])  # a new episode
+    td = env.step_td(torch.zeros(2, 7))
+    assert td["observation"]["rgb"].shape == (2, 2, 3, 16, 16) and td["reward"].shape == (2,)
+    env.close()
+
+
+def test_reward_and_termination_on_a_hand_placed_success(cached):
+    env = _env()
+    env.reset_arrays(seed=0)
+    sim = env.sims[0]
+    (on,) = sim.task.goal  # On(bowl, plate)
+    bowl, plate = (sim.model.body(e["body"]) for e in on["entities"])
+    adr = sim.model.jnt_qposadr[bowl.jntadr[0]]
+    sim.qpos[0, adr:adr + 3] = sim.field("xpos")[0, plate.id] + np.array([0.0, 0.0, 0.03])
+    sim.forward()
+    for _ in range(8):  # the bowl drops onto the plate: success once it rests there
+        out = env.step_arrays(HOLD)
+        if out["success"][0]:
+            break
+    assert out["success"].tolist() == [True, False] and out["reward"].tolist() == [1.0, 0.0]
+    assert out["terminated"].tolist() == [True, False]
+    bowl_z = out["final_observation"]["state"][0], out["observation"]["state"][0]
+    assert not np.array_equal(*bowl_z), "environment 0 started its next episode in the same step"
+    assert not env.sims[0].success()[0]
+
+
+def test_fixed_and_lan_splits_play_libero_states_in_order(cached):
+    task, lan = load_task("spatial/0"), load_lan(load_task("spatial/0"))
+    assert lan.instruction != task.instruction and not np.array_equal(lan.init_states, task.init_states)
+    for split, source in (("fixed", task), ("lan", lan)):
+        env = _env(split, max_steps=1)
+        env.reset_arrays(seed=0)
+        assert env.state_index.tolist() == [0, 1] and env.instructions == [source.instruction]
+        # Settling on a private MjData is what 10 held control steps of the batch backend do.
+        reference = LiberoSim(source, 2, num_threads=1, model=shared_model(source))
+        reference.reset(np.array([0, 1]))
+        for _ in range(SETTLE_STEPS):
+            reference.step(reference.current_ctrl())
+        np.testing.assert_allclose(env.sims[0].qpos, reference.qpos, atol=1e-6)
+        if split == "fixed":  # LIBERO's objects start a few cm above their supports and drop in place
+            model, qpos, given = env.sims[0].model, env.sims[0].qpos, source.init_states[[0, 1], 1:]
+            free = model.jnt_qposadr[model.jnt_type == 0]
+            for axis in (0, 1):
+                np.testing.assert_allclose(qpos[:, free + axis], given[:, free + axis], atol=5e-3)
+        env.step_arrays(HOLD)  # truncates: the next states are 2 and 3
+        assert env.state_index.tolist() == [2, 3]
+
+
+def test_jittered_splits_are_seeded_grouped_and_near_libero_states(cached):
+    a, b = _env(group_size=2), _env(group_size=2)
+    a.reset_arrays(seed=3)
+    b.reset_arrays(seed=3)
+    np.testing.assert_array_equal(a.sims[0].qpos, b.sims[0].qpos)  # seeded
+    np.testing.assert_array_equal(a.sims[0].qpos[0], a.sims[0].qpos[1])  # one group: one initial state
+    states = a.sims[0].task.init_states[a.state_index, 1:]
+    free = a.sims[0].model.jnt_qposadr[a.sims[0].model.jnt_type == 0]
+    shift = a.sims[0].qpos[:, free] - states[:, free]
+    assert 1e-4 < np.abs(shift).max() < 0.015, "objects moved by up to the 1 cm jitter (and settling)"
+    a.reset_arrays(seed=4)
+    assert not np.array_equal(a.sims[0].qpos, b.sims[0].qpos)
+
+
+def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
+    for bad in ("libero_kitchen", "libero_spatial/10", "libero_"):
+        with pytest.raises(ValueError, match=r"use libero_<suite> or libero_<suite>/<0..9>.*spatial, object, goal, 10"):
+            resolve_libero_task(bad)
+    assert resolve_libero_task("libero_goal") == tuple(f"goal/{i}" for i in range(10))
+    with pytest.raises(ValueError, match=r"reward='dense'.*set reward=success"):
+        LiberoEnvConfig(task="libero_spatial/0", reward="dense").validate()
+    with pytest.raises(ValueError, match=r"split='paraphrase'.*valid: " + ", ".join(LIBERO_SPLITS)):
+        LiberoEnvConfig(task="libero_spatial/0", split="paraphrase").validate()
+    with pytest.raises(ValueError, match=r"num_envs=4 .* use num_envs >= 10"):
+        LiberoEnvConfig(task="libero_spatial", num_envs=4).validate()
+    with pytest.raises(FileNotFoundError, match=r"not in the cache .*setup_libero.py --tasks spatial/0"):
+        LiberoVectorEnv(LiberoEnvConfig(task="libero_spatial/0", cache=str(tmp_path)))
+    meta = (load_task("spatial/0").model_path.parent / "task.json").read_text()
+    # A training config on a task the cache lacks fails while the config is read, naming the command.
+    monkeypatch.setenv("VLA_RL_LIBERO_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"LIBERO tasks spatial/0 .*run python scripts/setup_libero.py --tasks spatial/0"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0"])
+    # A toolchain without LIBERO-PRO's _lan files (an asset package missing) names the reinstall.
+    folder = tmp_path / "spatial" / "0"
+    folder.mkdir(parents=True)
+    (folder / "task.json").write_text(meta)
+    with pytest.raises(RuntimeError, match=r"_lan/.*\.bddl is missing; reinstall the toolchain: .*--reinstall"):
+        export_lan("spatial/0", tmp_path, tmp_path / "toolchain")

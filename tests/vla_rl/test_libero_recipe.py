@@ -1,0 +1,83 @@
+"""The SFT -> RL recipe on LIBERO at toy scale (configs/libero_spatial.yaml shrunk: one task, two
+environments, 16x16 frames of both cameras, 3-step episodes), then LIBERO's protocol on its checkpoint.
+
+The demonstrations are the Spatial expert's (3 steps are too few to succeed: failures are kept),
+written by the recipe as a LeRobot v3 dataset; SFT and PPO each run; both checkpoints are tested
+on the fixed and the _lan splits with per-task Wilson intervals; scripts/eval_libero.py writes the
+protocol JSON with the simulator caveat. Needs the LIBERO cache (spatial/0 and its _lan variant:
+exported by the fixture if missing).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sims.libero.install import ensure_lan
+from vla_rl.config import CONFIG_DIR
+from vla_rl.demos.reader import DemoDataset
+
+STAGE = ["env.task=libero_spatial/0", "env.num_envs=2", "env.image_size=16", "policy.image_size=16",
+         "env.max_episode_steps=3", "eval.episodes=2", "eval.num_envs=2", "log.wandb=disabled",
+         "log.progress=false", "policy.conv_channels=[8]", "policy.trunk_sizes=[32]", "policy.width=16",
+         "policy.critic_hidden_sizes=[32]"]
+TINY = ["demos.episodes=2", "demos.num_envs=2", "demos.keep_failures=true", "demos.noise=0",
+        *(f"{stage}.{o}" for stage in ("sft", "rl") for o in STAGE),
+        "sft.sft.iterations=2", "sft.sft.updates=2", "sft.sft.batch_size=4", "sft.eval.every=2",
+        "rl.total_env_steps=8", "rl.ppo.rollout_steps=4", "rl.ppo.optim.num_minibatches=2", "rl.eval.every=1",
+        "test.episodes=2", "test.num_envs=2"]
+
+
+@pytest.fixture(scope="module")
+def cached() -> None:
+    ensure_lan(["spatial/0"])
+
+
+def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
+    out = tmp_path / "recipe.json"
+    args = ["--config", str(CONFIG_DIR / "libero_spatial.yaml"), *TINY, f"out_dir={tmp_path}", "--json", str(out)]
+    assert script("sft_rl").main(args) == 0
+    report = json.loads(out.read_text())
+    root = tmp_path / "libero-spatial-sft-rl"
+    demos = DemoDataset(root / "demos")
+    assert len(demos) == 2 * 3  # two kept episodes of 3 steps
+    batch = demos.batch(torch.arange(len(demos)))
+    assert batch["rgb"].shape == (6, 2, 3, 16, 16) and batch["action"].shape == (6, 7) and batch["proprio"].shape == (6, 8)
+    assert demos.instructions == ["pick the akita black bowl between the plate and the ramekin and place it on the plate"]
+    for stage in ("sft", "rl"):
+        assert (root / stage / "checkpoints" / "latest.pt").is_file()
+        results = report["results"][stage]
+        assert "caveat" in results["protocol"] and results["protocol"]["episodes_per_task"] == 2
+        for split in ("fixed", "lan"):
+            figure = results[split]
+            assert figure["episodes"] == 2 and 0.0 <= figure["ci95"][0] <= figure["success"] <= figure["ci95"][1]
+            assert set(figure["tasks"]) == {"spatial/0"} and set(figure["suites"]) == {"spatial"}
+        assert results["lan"]["tasks"]["spatial/0"]["instruction"] != results["fixed"]["tasks"]["spatial/0"]["instruction"]
+    rl_header = (root / "rl" / "metrics.csv").read_text().splitlines()[0]
+    assert "eval/validation/success" in rl_header and "eval/lan/success" not in rl_header  # lan stays held out
+
+    # The protocol alone, on the RL checkpoint: JSON with per-task and per-suite rates and the caveat.
+    protocol = tmp_path / "protocol.json"
+    eval_main = script("eval_libero").main
+    assert eval_main(["--checkpoint", str(root / "rl"), "--json", str(protocol), "--episodes-per-task", "2",
+                      "--envs-per-task", "2", "--splits", "fixed"]) == 0
+    results = json.loads(protocol.read_text())["results"]
+    rate = results["splits"]["fixed"]["tasks"]["spatial/0"]
+    assert rate["episodes"] == 2 and len(rate["ci95"]) == 2 and results["splits"]["fixed"]["suites"]["spatial"]
+    assert "not directly comparable" in results["protocol"]["caveat"]
+    assert eval_main(["--checkpoint", str(root / "rl"), "--json", str(protocol), "--episodes-per-task", "3",
+                      "--envs-per-task", "2"]) == 2  # 2 environments cannot play 3 states once each
+
+
+def test_memory_estimate_counts_libero_scenes_and_contexts(cached):
+    from vla_rl.config import load_config
+    from vla_rl.memory import LIBERO_CONTEXT_BYTES, LIBERO_SCENE_BYTES, estimate_run
+
+    ensure_lan([f"spatial/{i}" for i in range(10)])
+    need, evaluation = estimate_run(load_config(CONFIG_DIR / "libero.yaml"))
+    # Ten scenes held once (the evaluation envs share them), a GL context per task in the training env and
+    # in the evaluation envs: the lower bound is gigabytes, not the gantry's 220 KiB per environment.
+    assert need.envs >= 10 * LIBERO_SCENE_BYTES and evaluation < need.total
+    assert need.frames >= 2 * 10 * LIBERO_CONTEXT_BYTES and need.total > 10 * 2**30
