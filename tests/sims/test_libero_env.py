@@ -129,10 +129,10 @@ def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"not in the cache .*setup_libero.py --tasks spatial/0"):
         LiberoVectorEnv(LiberoEnvConfig(task="libero_spatial/0", cache=str(tmp_path)))
     meta = (load_task("spatial/0").model_path.parent / "task.json").read_text()
-    # A training config on a task the cache lacks fails while the config is read, naming the command.
+    # A training job on a task the cache lacks fails in its machine check (before anything is built), naming the command.
     monkeypatch.setenv("VLA_RL_LIBERO_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match=r"LIBERO tasks spatial/0 .*run python scripts/setup_libero.py --tasks spatial/0"):
-        load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0"])
+        load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0"]).check()
     # A toolchain without LIBERO-PRO's _lan files (an asset package missing) names the reinstall.
     folder = tmp_path / "spatial" / "0"
     folder.mkdir(parents=True)
