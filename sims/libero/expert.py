@@ -1,9 +1,22 @@
-"""A scripted expert for LIBERO-Spatial: pick the black bowl by its rim, place it on the plate.
+"""Scripted experts for LIBERO-Spatial (a bowl onto the plate) and LIBERO-Object (an object into
+the basket), batched over a :class:`sims.libero.sim.LiberoSim`.
 
-A phase machine per simulation on the privileged state (body positions), acting through LIBERO's
-action space (:class:`sims.libero.controller.PandaController`): above the rim, down onto it,
-close, lift, over the plate, down, open, up. The rim is gripped where the fingers' closing axis
-(world y at LIBERO's initial hand pose) crosses it, so the hand never turns.
+A phase machine per simulation on the privileged state (body poses, geom boxes), acting through
+LIBERO's action space (:class:`sims.libero.controller.PandaController`): settle, over the grasp
+point, down, close, lift, carry over the place point, lower, open, up. The plan is made once per
+episode, from the settled scene:
+
+- **Grasp candidates** per expert (the bowl's rim where the fingers' closing axis crosses it; the
+  object's top with the fingers across its narrow side), with the hand's yaw (0 or a quarter turn
+  about the vertical) and the grip depth. Each is scored by how much the hand's and the fingers'
+  boxes at the grasp overlap other objects' collision boxes (a cabinet's top, a neighbour), then
+  by reach from the shoulder; the least-overlapping, nearest one wins.
+- **Heights from the corridor.** The hand travels to the grasp, and carries the object to the
+  place point, above every collision box under its path (plus the hanging object), so it never
+  sweeps through a cabinet or a basket wall; it descends and lifts vertically.
+- **Closed-loop placing.** While carrying and lowering, the target is the place point plus the
+  *current* grip-to-object offset, so an object that slipped in the fingers still lands on target.
+- The hand's orientation is held (or turned to the planned yaw) by the rotation part of the action.
 """
 
 from __future__ import annotations
@@ -11,146 +24,322 @@ from __future__ import annotations
 import mujoco
 import numpy as np
 
+from sims.backends import to_numpy
 from sims.libero.controller import PandaController
 from sims.libero.sim import LiberoSim
 
-HOVER = 0.08  # m above the rim before descending
-GRIP_DEPTH = 0.025  # m below the rim top where the fingertips close (the rim wall is 3.75 cm tall)
-LIFT = 0.12  # m lift before carrying
+HOVER = 0.08  # m above the grasp point before descending
+LIFT = 0.10  # m lifted at least before carrying
+CLEARANCE = 0.03  # m between the fingertips (or a held object's bottom) and a box under the path
 CLOSE_STEPS, OPEN_STEPS = 8, 6
 REACHED = 0.008  # m: a waypoint counts as reached
+TURNED = 0.05  # rad: the hand's orientation counts as reached
 DOWN_STEPS = 20  # the fingers may rest on a neighbour before reaching the grasp point: close anyway
-CARRY_SPEED = 0.6  # fraction of the largest action while holding the bowl (fast moves shake it loose)
+LOWER_STEPS = 30  # the object may touch down before its target: open anyway
+CARRY_SPEED = 0.6  # fraction of the largest action while holding (fast moves shake the object loose)
 SETTLE_STEPS = 10  # LIBERO's evaluation waits 10 steps for the objects to settle
+# Some initial states hold an object in the air (spatial/5's bowl lands tilted on the ramekin at
+# step ~15): the plan waits until the object rests, at most SETTLE_MAX steps.
+SETTLE_MAX, AT_REST = 30, 0.01  # steps; m/s and rad/s
 PHASES = ("settle", "above", "down", "close", "lift", "carry", "lower", "open", "up", "done")
+# The Panda hand's collision hull and open fingers relative to the grip site, fingers closing along
+# local y (half-widths in x, y; z range), measured on the model: the hull's bottom is flat 2.4 cm
+# above the grip site across its 21 cm width.
+HAND_BOX = (0.045, 0.11, 0.022, 0.15)
+FINGER_BOX = (0.015, 0.05, -0.014, 0.05)
+ROBOT_PREFIXES = ("robot0_", "gripper0_", "mount0_")
+NEGLIGIBLE_OVERLAP = 2e-6  # m^3 (2 cm^3): AABBs of rotated meshes overlap a little where nothing touches
+SHOULDER_HEIGHT = 0.333  # m: the Panda's second joint above its base
+# Beyond about 0.8 m from the shoulder the elbow straightens onto its joint limit and the
+# least-squares step (which knows no limits) lets the hand sag: such grasps cost extra.
+COMFORT_REACH, REACH_COST = 0.80, 3.0
 
 
-class SpatialExpert:
-    """Picks ``On(bowl, plate)``'s bowl and places it on the plate, batched over a LiberoSim (numpy)."""
+def geom_boxes(m: mujoco.MjModel, d: mujoco.MjData, geoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """World-axis-aligned bounding boxes (lo, hi) [G, 3] of ``geoms`` at ``d``'s pose."""
+    mat = d.geom_xmat[geoms].reshape(-1, 3, 3)
+    centre = d.geom_xpos[geoms] + np.einsum("gij,gj->gi", mat, m.geom_aabb[geoms, :3])
+    half = np.einsum("gij,gj->gi", np.abs(mat), m.geom_aabb[geoms, 3:])
+    return centre - half, centre + half
+
+
+def _overlap(lo: np.ndarray, hi: np.ndarray, box_lo: np.ndarray, box_hi: np.ndarray) -> float:
+    """Summed overlap volume of boxes [G, 3] with one box [3]."""
+    ext = np.clip(np.minimum(hi, box_hi) - np.maximum(lo, box_lo), 0.0, None)
+    return float(ext.prod(1).sum())
+
+
+def _hand_boxes(grip: np.ndarray, yaw: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The hand's and the fingers' boxes (lo, hi) at grip site position ``grip`` [3], the fingers
+    closing along world y (yaw 0) or x (a quarter turn)."""
+    out = []
+    for hx, hy, zlo, zhi in (HAND_BOX, FINGER_BOX):
+        half = np.array([hy, hx] if abs(yaw) > 1e-6 else [hx, hy])
+        out.append((np.array([*(grip[:2] - half), grip[2] + zlo]), np.array([*(grip[:2] + half), grip[2] + zhi])))
+    return out
+
+
+def _corridor_top(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, half: float = HAND_BOX[1]) -> float:
+    """The highest top [m] of boxes (lo, hi) whose xy footprint meets the hand's path from ``a``
+    to ``b`` (xy), the hand inflated to ``half`` on every side; -inf where none does."""
+    top = -np.inf
+    for t in np.linspace(0.0, 1.0, 12):
+        p = a[:2] + t * (b[:2] - a[:2])
+        meets = ((lo[:, :2] < p + half) & (hi[:, :2] > p - half)).all(1)
+        if meets.any():
+            top = max(top, float(hi[meets, 2].max()))
+    return top
+
+
+def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
+    """World-frame axis-angle [3] turning orientation ``quat_wxyz`` into rotation matrix ``target``."""
+    cur, tq = np.zeros(9), np.zeros(4)
+    mujoco.mju_quat2Mat(cur, quat_wxyz)
+    mujoco.mju_mat2Quat(tq, (target @ cur.reshape(3, 3).T).reshape(-1))
+    vel = np.zeros(3)
+    mujoco.mju_quat2Vel(vel, tq if tq[0] >= 0 else -tq, 1.0)
+    return vel
+
+
+class PickPlaceExpert:
+    """The phase machine shared by the LIBERO experts (see the module docstring); subclasses give
+    the grasp candidates and the place point."""
+
+    def __init__(self, sim: LiberoSim, obj_body: str):
+        """Args: sim; obj_body: the body the expert picks (the goal's first argument)."""
+        self.sim, self.ctl = sim, PandaController(sim.layout)
+        m = sim.model
+        self.obj = m.body(obj_body).id
+        self._obj_dof = m.jnt_dofadr[m.body_jntadr[self.obj]] + np.arange(6)  # its free joint
+        robot = np.array([m.body(b).name.startswith(ROBOT_PREFIXES) for b in range(m.nbody)])
+        collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
+        self._scene_geoms = np.flatnonzero(collide & ~robot[m.geom_bodyid] & (m.body_rootid[m.geom_bodyid] != self.obj))
+        self._obj_geoms = np.flatnonzero(collide & (m.body_rootid[m.geom_bodyid] == self.obj))
+        self._shoulder = m.body("robot0_base").id
+        n = sim.num_envs
+        self.phase = np.zeros(n, np.int64)
+        self.timer = np.zeros(n, np.int64)
+        self.grasp = np.zeros((n, 3))  # the grip site's target at the grasp, in the object's frame
+        self.grasp_world = np.zeros((n, 3))  # where the grip site closed
+        self.hover = np.zeros(n)  # grip site height for the approach
+        self.carry = np.zeros(n)  # grip site height for the carry
+        self.rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's target orientation
+        self.offset_z = np.zeros(n)  # grip site minus object origin (z) once grasped
+
+    def reset(self) -> None:
+        """Start every simulation's episode (call after ``sim.reset``): settle, then plan."""
+        self.phase[:] = 0
+        self.timer[:] = 0
+
+    # ------------------------------------------------------------------ subclasses
+    def candidates(self, i: int, d: mujoco.MjData) -> list[tuple[np.ndarray, float, float]]:
+        """Grasp candidates for simulation ``i`` at its settled pose ``d``: (grip site position [3], yaw [rad], cost [m])."""
+        raise NotImplementedError
+
+    def place_points(self) -> np.ndarray:
+        """Where the object's origin should be released, [N, 3] (current state)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, i: int, eef: np.ndarray, quat: np.ndarray) -> None:
+        """Choose simulation ``i``'s grasp and heights from its settled state (see module docstring)."""
+        m = self.sim.model
+        d = mujoco.MjData(m)
+        d.qpos[:] = to_numpy(self.sim.qpos[i])
+        mujoco.mj_kinematics(m, d)
+        lo, hi = geom_boxes(m, d, self._scene_geoms)
+        shoulder = d.xpos[self._shoulder] + np.array([0.0, 0.0, SHOULDER_HEIGHT])
+        best, best_key = None, None
+        for grip, yaw, cost in self.candidates(i, d):
+            hit = sum(_overlap(lo, hi, blo, bhi) for blo, bhi in _hand_boxes(grip, yaw))
+            reach = np.linalg.norm(grip - shoulder)
+            key = (max(hit, NEGLIGIBLE_OVERLAP), reach + REACH_COST * max(reach - COMFORT_REACH, 0.0) + cost)
+            if best_key is None or key < best_key:
+                best, best_key = (grip, yaw), key
+        grip, yaw = best
+        self.grasp[i] = (grip - d.xpos[self.obj]) @ d.xmat[self.obj].reshape(3, 3)
+        self.hover[i] = max(grip[2] + HOVER, _corridor_top(lo, hi, eef, grip) + CLEARANCE - FINGER_BOX[2])
+        olo, _ = geom_boxes(m, d, self._obj_geoms)
+        hang = grip[2] - olo[:, 2].min()  # the held object's bottom below the grip site
+        place = self.place_points()[i]
+        self.carry[i] = max(grip[2] + LIFT, _corridor_top(lo, hi, grip, place) + CLEARANCE + hang)
+        cur = np.zeros(9)
+        mujoco.mju_quat2Mat(cur, quat)
+        c, s = np.cos(yaw), np.sin(yaw)
+        self.rot[i] = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]) @ cur.reshape(3, 3)
+
+    # ------------------------------------------------------------------ acting
+    def act(self) -> np.ndarray:
+        """Actions [N, 7] for the current state; advances each simulation's phase."""
+        sim = self.sim
+        eef = to_numpy(sim.proprio()["eef_pos"])
+        quat = to_numpy(sim.field("xquat")[:, sim.layout.hand_body])
+        obj = to_numpy(sim.field("xpos")[:, self.obj])
+        obj_quat = to_numpy(sim.field("xquat")[:, self.obj])
+        moving = np.abs(to_numpy(sim.qvel[:, self._obj_dof])).max(1) > AT_REST
+        place = self.place_points()
+        target, grip = eef.copy(), np.full(len(eef), -1.0)
+        turn = np.zeros((len(eef), 3))
+        for i, phase in enumerate(self.phase):
+            name = PHASES[phase]
+            if name == "settle":
+                grip[i] = 0.0
+                if self.timer[i] >= SETTLE_STEPS - 1 and (not moving[i] or self.timer[i] >= SETTLE_MAX - 1):
+                    self._plan(i, eef[i], quat[i])
+                    grip[i], self.timer[i] = -1.0, SETTLE_MAX  # planned: the phase ends this step
+            else:
+                turn[i] = _rotation_error(self.rot[i], quat[i])
+            if name in ("above", "down"):  # the grasp follows the object while it still settles or slides
+                rot = np.zeros(9)
+                mujoco.mju_quat2Mat(rot, obj_quat[i])
+                target[i] = obj[i] + rot.reshape(3, 3) @ self.grasp[i]
+                if name == "above":
+                    target[i, 2] = self.hover[i]
+            elif name in ("close", "lift"):
+                target[i], grip[i] = self.grasp_world[i], 1.0
+                if name == "lift":
+                    target[i, 2] = self.carry[i]
+            elif name in ("carry", "lower"):
+                # The place point plus the current grip-to-object offset in xy: closes the loop on slip.
+                target[i, :2] = place[i, :2] + (eef[i, :2] - obj[i, :2])
+                target[i, 2] = self.carry[i] if name == "carry" else place[i, 2] + self.offset_z[i]
+                grip[i] = 1.0
+            elif name in ("up", "done"):
+                target[i, 2] = self.carry[i]
+            self._advance(i, name, np.linalg.norm(target[i] - eef[i]), np.linalg.norm(turn[i]), eef[i], obj[i])
+        action = np.zeros((len(eef), 7))
+        limit = np.where(grip > 0, CARRY_SPEED, 1.0)[:, None]
+        action[:, :3] = np.clip((target - eef) / self.ctl.output_max[:3], -limit, limit)
+        action[:, 3:6] = np.clip(turn / self.ctl.output_max[3:], -1.0, 1.0)
+        action[:, 6] = grip
+        return action
+
+    def _advance(self, i: int, name: str, dist: float, turn: float, eef: np.ndarray, obj: np.ndarray) -> None:
+        self.timer[i] += 1
+        timed = {"settle": SETTLE_MAX, "close": CLOSE_STEPS, "open": OPEN_STEPS}
+        limits = {"down": DOWN_STEPS, "lower": LOWER_STEPS}
+        if name in timed:
+            done = self.timer[i] >= timed[name]
+        elif name == "done":
+            done = False
+        else:
+            done = (dist < REACHED and (name != "above" or turn < TURNED)) or self.timer[i] >= limits.get(name, 1 << 30)
+        if name == "down" and done:  # where the fingers close: held while closing and lifting
+            self.grasp_world[i] = eef
+        if name == "close" and done:  # the height at which the hand holds the object: kept while lowering
+            self.offset_z[i] = eef[2] - obj[2]
+        if done:
+            self.phase[i] += 1
+            self.timer[i] = 0
+
+
+class SpatialExpert(PickPlaceExpert):
+    """LIBERO-Spatial: ``On(bowl, plate)``; grips the bowl's rim where the fingers' closing axis
+    (world x or y) crosses it, one finger inside the bowl."""
+
+    GRIP_DEPTHS = (0.025, 0.018, 0.011)  # m below the rim's top (the rim wall is 3.75 cm tall)
+    SHALLOW_COST = 0.5  # m of reach a centimetre less grip is worth avoiding
+    TURN_COST = 0.02  # m of reach a quarter turn of the hand is worth avoiding
+    RELEASE = 0.01  # m: the bowl's origin is released this high above the plate's
 
     def __init__(self, sim: LiberoSim):
         """Raises: ValueError: the task's goal is not a single ``On(object, object)``."""
         goal = sim.task.goal
         if len(goal) != 1 or goal[0]["predicate"] != "on" or goal[0]["entities"][1]["kind"] != "body":
             raise ValueError(f"{sim.task.task_id} is not a pick-and-place-on-an-object task: goal {goal}")
-        self.sim, self.ctl = sim, PandaController(sim.layout)
         bowl, plate = (e["body"] for e in goal[0]["entities"])
-        self.bowl, self.plate = sim.model.body(bowl).id, sim.model.body(plate).id
-        m = sim.model
-        free = m.jnt_bodyid[m.jnt_type == mujoco.mjtJoint.mjJNT_FREE]
-        self.others = np.array([b for b in free if b not in (self.bowl, self.plate)] + [self.plate])
-        n = sim.num_envs
-        self.phase = np.zeros(n, np.int64)
-        self.timer = np.zeros(n, np.int64)
-        self.grasp = np.zeros((n, 3))  # the grip site's target on the rim
-        self.offset = np.zeros((n, 3))  # grip site minus bowl origin once grasped
+        super().__init__(sim, bowl)
+        self.plate = sim.model.body(plate).id
 
-    def reset(self) -> None:
-        """Start every simulation's episode (call after ``sim.reset``): settle, then plan the grasp."""
-        self.phase[:] = 0
-        self.timer[:] = 0
-
-    def _plan(self, i: int, eef: np.ndarray) -> None:
-        """Grasp simulation ``i``'s bowl at a rim segment on its y axis (the fingers' closing axis),
-        the side farther from other objects, from the settled pose (the segment's own position, so
-        the bowl's yaw and origin offset do not matter)."""
+    def candidates(self, i: int, d: mujoco.MjData) -> list[tuple[np.ndarray, float, float]]:
+        """The rim's ends along world y (yaw 0) and x (a quarter turn) at each grip depth. The rim is
+        the ring of segments at the top in the bowl's own frame, so a tilted bowl is gripped where
+        its rim really is."""
         m = self.sim.model
-        d = mujoco.MjData(m)
-        d.qpos[:] = self.sim.qpos[i]
-        mujoco.mj_kinematics(m, d)
-        geoms = np.flatnonzero((m.geom_bodyid == self.bowl) & (m.geom_contype > 0))
-        tops = d.geom_xpos[geoms, 2] + m.geom_size[geoms, 2]
-        rim = geoms[tops > tops.max() - 0.005]  # the ring of segments at the top
-        centre = d.xpos[self.bowl]
-        best, clearance = None, -1.0
-        for side in (-1.0, 1.0):  # the rim's two ends along y: take the one with more room for a finger
-            seg = rim[np.argmax(side * (d.geom_xpos[rim, 1] - centre[1]) - np.abs(d.geom_xpos[rim, 0] - centre[0]))]
-            room = np.linalg.norm(d.xpos[self.others, :2] - d.geom_xpos[seg, :2], axis=1).min()
-            if room > clearance:
-                best, clearance = seg, room
-        self.grasp[i] = [d.geom_xpos[best, 0], d.geom_xpos[best, 1], tops.max() - GRIP_DEPTH]
+        geoms = self._obj_geoms
+        local = (d.geom_xpos[geoms] - d.xpos[self.obj]) @ d.xmat[self.obj].reshape(3, 3)
+        rim = geoms[local[:, 2] > local[:, 2].max() - 0.005]
+        centre = d.geom_xpos[rim].mean(0)
+        out = []
+        for axis, yaw in ((1, 0.0), (0, np.pi / 2)):
+            across = 1 - axis
+            for side in (-1.0, 1.0):
+                seg = rim[np.argmax(side * (d.geom_xpos[rim, axis] - centre[axis])
+                                    - np.abs(d.geom_xpos[rim, across] - centre[across]))]
+                top = d.geom_xpos[seg, 2] + m.geom_size[seg, 2]
+                for depth in self.GRIP_DEPTHS:
+                    cost = (self.GRIP_DEPTHS[0] - depth) * 100 * self.SHALLOW_COST + (self.TURN_COST if yaw else 0.0)
+                    out.append((np.array([d.geom_xpos[seg, 0], d.geom_xpos[seg, 1], top - depth]), yaw, cost))
+        return out
 
-    def act(self) -> np.ndarray:
-        """Actions [N, 7] for the current state; advances each simulation's phase."""
-        sim = self.sim
-        eef = sim.proprio()["eef_pos"]
-        bowl, plate = sim.field("xpos")[:, self.bowl], sim.field("xpos")[:, self.plate]
-        target, grip = eef.copy(), np.full(len(eef), -1.0)
-        for i, phase in enumerate(self.phase):
-            name = PHASES[phase]
-            if name == "settle":
-                grip[i] = 0.0 if self.timer[i] < SETTLE_STEPS - 1 else -1.0
-                if self.timer[i] == SETTLE_STEPS - 1:
-                    self._plan(i, eef[i])
-            elif name == "above":
-                target[i] = self.grasp[i] + _up(HOVER + GRIP_DEPTH)
-            elif name == "down":
-                target[i] = self.grasp[i]
-            elif name in ("close", "lift"):
-                target[i], grip[i] = self.grasp[i] + _up(LIFT if name == "lift" else 0.0), 1.0
-            elif name in ("carry", "lower"):
-                target[i], grip[i] = plate[i] + self.offset[i] + _up(LIFT if name == "carry" else 0.01), 1.0
-            elif name == "open":
-                target[i] = eef[i]
-            elif name in ("up", "done"):
-                target[i] = plate[i] + self.offset[i] + _up(LIFT)
-            self._advance(i, name, np.linalg.norm(target[i] - eef[i]), eef[i], bowl[i])
-        action = np.zeros((len(eef), 7))
-        limit = np.where(grip > 0, CARRY_SPEED, 1.0)[:, None]
-        action[:, :3] = np.clip((target - eef) / self.ctl.output_max[:3], -limit, limit)
-        action[:, 6] = grip
-        return action
-
-    def _advance(self, i: int, name: str, dist: float, eef: np.ndarray, bowl: np.ndarray) -> None:
-        self.timer[i] += 1
-        timed = {"settle": SETTLE_STEPS, "close": CLOSE_STEPS, "open": OPEN_STEPS}
-        if name in timed:
-            done = self.timer[i] >= timed[name]
-        else:
-            done = name != "done" and (dist < REACHED or (name == "down" and self.timer[i] >= DOWN_STEPS))
-        if name == "close" and done:  # where the hand holds the bowl: carried over the plate as is
-            self.offset[i] = eef - bowl
-        if done:
-            self.phase[i] += 1
-            self.timer[i] = 0
+    def place_points(self) -> np.ndarray:
+        plate = to_numpy(self.sim.field("xpos")[:, self.plate]).copy()
+        plate[:, 2] += self.RELEASE
+        return plate
 
 
-def _up(height: float) -> np.ndarray:
-    return np.array([0.0, 0.0, height])
+class ObjectExpert(PickPlaceExpert):
+    """LIBERO-Object: ``In(object, basket_contain_region)``; grips the object from above near its
+    top, the fingers across its narrower side, and lets it go low over the region's centre."""
+
+    GRIP_BELOW_TOP = 0.025  # m below the object's top where the fingers close
+    MIN_GRIP = 0.012  # m above the object's bottom: the fingertips reach 1.4 cm below the grip site
+    OPENING = 0.075  # m: the widest side the open fingers (8 cm) take
+    DROP = 0.02  # m: the object's bottom is released this high above the region's floor
+
+    def __init__(self, sim: LiberoSim):
+        """Raises: ValueError: the task's goal is not a single ``In(object, region)``."""
+        goal = sim.task.goal
+        if len(goal) != 1 or goal[0]["predicate"] != "in" or goal[0]["entities"][1]["kind"] != "site":
+            raise ValueError(f"{sim.task.task_id} is not a pick-and-place-in-a-region task: goal {goal}")
+        obj, region = goal[0]["entities"]
+        super().__init__(sim, obj["body"])
+        self.site = sim.model.site(region["site"]).id
+        self.region_half_z = float(region["size"][2])
+        self.origin_height = np.zeros(sim.num_envs)  # the object's origin above its bottom, at the plan
+
+    def candidates(self, i: int, d: mujoco.MjData) -> list[tuple[np.ndarray, float, float]]:
+        """The object's top centre, fingers along y or x where that side fits the opening."""
+        lo, hi = geom_boxes(self.sim.model, d, self._obj_geoms)
+        lo, hi = lo.min(0), hi.max(0)
+        centre = (lo + hi) / 2
+        z = max(hi[2] - self.GRIP_BELOW_TOP, lo[2] + self.MIN_GRIP)
+        self.origin_height[i] = d.xpos[self.obj, 2] - lo[2]
+        width = hi - lo
+        out = []
+        for axis, yaw in ((1, 0.0), (0, np.pi / 2)):
+            cost = (0.05 if yaw else 0.0) + (1.0 if width[axis] > self.OPENING else 0.0)
+            out.append((np.array([centre[0], centre[1], z]), yaw, cost))
+        return out
+
+    def place_points(self) -> np.ndarray:
+        site = to_numpy(self.sim.field("site_xpos")[:, self.site]).copy()
+        # The object's bottom DROP above the region's floor (its origin sits origin_height above it).
+        site[:, 2] += -self.region_half_z + self.DROP + self.origin_height
+        return site
+
+
+def expert_for(sim: LiberoSim) -> PickPlaceExpert:
+    """The expert of the sim's suite.
+
+    Raises:
+        ValueError: a suite without an expert (goal, 10).
+    """
+    suite = sim.task.task_id.split("/")[0]
+    experts = {"spatial": SpatialExpert, "object": ObjectExpert}
+    if suite not in experts:
+        raise ValueError(f"no scripted expert for LIBERO suite {suite!r} ({sim.task.task_id}); experts exist for "
+                         f"{', '.join(experts)}")
+    return experts[suite](sim)
 
 
 def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int = 220) -> np.ndarray:
-    """Run the expert from initial states ``state_index`` [N]; returns success at the end, bool [N]."""
+    """Run the suite's expert from initial states ``state_index`` [N]; returns success at the end, bool [N]."""
     sim.reset(state_index)
-    expert = SpatialExpert(sim)
+    expert = expert_for(sim)
     expert.reset()
     for _ in range(max_steps):
         sim.step(expert.ctl(sim, expert.act()))
         if (expert.phase == len(PHASES) - 1).all():
             break
-    return np.asarray(sim.success())
-
-
-def main() -> None:
-    """``python -m sims.libero.expert [--tasks spatial/0 ...] [--states 50]``: success per task, one JSON line each."""
-    import argparse
-    import json
-    import time
-
-    from sims.libero.scene import load_task
-
-    parser = argparse.ArgumentParser(description="Run the LIBERO-Spatial expert from the fixed initial states.")
-    parser.add_argument("--tasks", nargs="+", default=[f"spatial/{i}" for i in range(10)])
-    parser.add_argument("--states", type=int, default=50, help="initial states 0..states-1 (LIBERO: 50)")
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
-    for task_id in args.tasks:
-        start = time.perf_counter()
-        sim = LiberoSim(load_task(task_id), args.states, num_threads=args.threads)
-        ok = run_episodes(sim, np.arange(args.states))
-        print(json.dumps({"task": task_id, "success": int(ok.sum()), "episodes": len(ok),
-                          "seconds": round(time.perf_counter() - start, 1)}), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return to_numpy(sim.success())
