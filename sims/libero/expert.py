@@ -27,6 +27,7 @@ import numpy as np
 from sims.backends import to_numpy
 from sims.libero.controller import PandaController
 from sims.libero.sim import LiberoSim
+from sims.libero.suites import MAX_STEPS
 
 HOVER = 0.08  # m above the grasp point before descending
 LIFT = 0.10  # m lifted at least before carrying
@@ -93,6 +94,14 @@ def _corridor_top(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, 
     return top
 
 
+def _under_hand_top(lo: np.ndarray, hi: np.ndarray, grip: np.ndarray, yaw: float) -> float:
+    """The highest top [m] of boxes (lo, hi) under the hand's footprint with the grip site at
+    ``grip`` (xy); -inf where none is."""
+    (hand_lo, hand_hi), _ = _hand_boxes(grip, yaw)
+    under = ((lo[:, :2] < hand_hi[:2]) & (hi[:, :2] > hand_lo[:2])).all(1)
+    return float(hi[under, 2].max()) if under.any() else -np.inf
+
+
 def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
     """World-frame axis-angle [3] turning orientation ``quat_wxyz`` into rotation matrix ``target``."""
     cur, tq = np.zeros(9), np.zeros(4)
@@ -125,6 +134,7 @@ class PickPlaceExpert:
         self.grasp_world = np.zeros((n, 3))  # where the grip site closed
         self.hover = np.zeros(n)  # grip site height for the approach
         self.carry = np.zeros(n)  # grip site height for the carry
+        self.lowest = np.zeros(n)  # the lowest grip site height over the place point (the hand rests above)
         self.rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's target orientation
         self.held = np.zeros((n, 3))  # grip site minus object origin once grasped
         self.last = np.zeros((n, 3))  # the previous position action
@@ -167,6 +177,9 @@ class PickPlaceExpert:
         hang = grip[2] - olo[:, 2].min()  # the held object's bottom below the grip site
         place = self.place_points()[i]
         self.carry[i] = max(grip[2] + LIFT, _corridor_top(lo, hi, grip, place) + CLEARANCE + hang)
+        # A hand wider than the basket rests on its walls: lower only until the hand is just above them.
+        held = np.append(place[:2] + grip[:2] - d.xpos[self.obj, :2], grip[2])
+        self.lowest[i] = _under_hand_top(lo, hi, held, yaw) - HAND_BOX[2] + 0.005
         cur = np.zeros(9)
         mujoco.mju_quat2Mat(cur, quat)
         c, s = np.cos(yaw), np.sin(yaw)
@@ -210,7 +223,7 @@ class PickPlaceExpert:
                 if np.linalg.norm(offset - self.held[i]) > SLIP:
                     offset = self.held[i]
                 target[i, :2] = place[i, :2] + offset[:2]
-                target[i, 2] = self.carry[i] if name == "carry" else place[i, 2] + self.held[i, 2]
+                target[i, 2] = self.carry[i] if name == "carry" else max(place[i, 2] + self.held[i, 2], self.lowest[i])
                 grip[i] = 1.0
             elif name in ("up", "done"):
                 target[i, 2] = self.carry[i]
@@ -295,8 +308,11 @@ class ObjectExpert(PickPlaceExpert):
 
     GRIP_BELOW_TOP = 0.025  # m below the object's top where the fingers close
     MIN_GRIP = 0.012  # m above the object's bottom: the fingertips reach 1.4 cm below the grip site
-    OPENING = 0.075  # m: the widest side the open fingers (8 cm) take
+    OPENING = 0.066  # m: the widest side the open fingers take (their pads 6.6 cm apart)
+    SHIFTS = (-0.03, -0.015, 0.0, 0.015, 0.03)  # m along the side the fingers do not span
+    EDGE = 0.02  # m: a shifted grasp keeps this much of the object beyond the fingers' centre
     DROP = 0.02  # m: the object's bottom is released this high above the region's floor
+    TURN_COST = 0.05  # m of reach a quarter turn of the hand is worth avoiding
 
     def __init__(self, sim: LiberoSim):
         """Raises: ValueError: the task's goal is not a single ``In(object, region)``."""
@@ -310,17 +326,26 @@ class ObjectExpert(PickPlaceExpert):
         self.origin_height = np.zeros(sim.num_envs)  # the object's origin above its bottom, at the plan
 
     def candidates(self, i: int, d: mujoco.MjData) -> list[tuple[np.ndarray, float, float]]:
-        """The object's top centre, fingers along y or x where that side fits the opening."""
+        """Near the object's top, fingers across a side that fits the opening, at the centre or
+        shifted along the other side (a long box held off-centre keeps the hand off a neighbour)."""
         lo, hi = geom_boxes(self.sim.model, d, self._obj_geoms)
         lo, hi = lo.min(0), hi.max(0)
         centre = (lo + hi) / 2
         z = max(hi[2] - self.GRIP_BELOW_TOP, lo[2] + self.MIN_GRIP)
         self.origin_height[i] = d.xpos[self.obj, 2] - lo[2]
         width = hi - lo
+        # Fingers across a side wider than the opening would wedge the object open-handed: only
+        # where neither side fits (a diagonal box) the narrower one is tried.
+        axes = [(axis, yaw) for axis, yaw in ((1, 0.0), (0, np.pi / 2)) if width[axis] <= self.OPENING]
+        axes = axes or [min(((1, 0.0), (0, np.pi / 2)), key=lambda a: width[a[0]])]
         out = []
-        for axis, yaw in ((1, 0.0), (0, np.pi / 2)):
-            cost = (0.05 if yaw else 0.0) + (1.0 if width[axis] > self.OPENING else 0.0)
-            out.append((np.array([centre[0], centre[1], z]), yaw, cost))
+        for axis, yaw in axes:
+            along = 1 - axis  # the side the fingers do not span
+            room = max(width[along] / 2 - self.EDGE, 0.0)
+            for shift in np.unique(np.clip(self.SHIFTS, -room, room)):
+                grip = np.array([centre[0], centre[1], z])
+                grip[along] += shift
+                out.append((grip, yaw, (self.TURN_COST if yaw else 0.0) + abs(shift)))
         return out
 
     def place_points(self) -> np.ndarray:
@@ -344,8 +369,11 @@ def expert_for(sim: LiberoSim) -> PickPlaceExpert:
     return experts[suite](sim)
 
 
-def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int = 220) -> np.ndarray:
-    """Run the suite's expert from initial states ``state_index`` [N]; returns success at the end, bool [N]."""
+def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int | None = None) -> np.ndarray:
+    """Run the suite's expert from initial states ``state_index`` [N] for at most ``max_steps``
+    (default: the suite's LIBERO limit, :data:`sims.libero.suites.MAX_STEPS`); returns success at
+    the end, bool [N]."""
+    max_steps = MAX_STEPS[sim.task.task_id.split("/")[0]] if max_steps is None else max_steps
     sim.reset(state_index)
     expert = expert_for(sim)
     expert.reset()
