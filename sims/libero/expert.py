@@ -30,13 +30,15 @@ from sims.libero.sim import LiberoSim
 from sims.libero.suites import MAX_STEPS
 
 HOVER = 0.08  # m above the grasp point before descending
-LIFT = 0.10  # m lifted at least before carrying
+LIFT = 0.05  # m lifted at least before carrying (more where the corridor needs it; high carries leave the reach)
 CLEARANCE = 0.03  # m between the fingertips (or a held object's bottom) and a box under the path
+HAND_MARGIN = 0.01  # m between the hand's hull and a box under it
 CLOSE_STEPS, OPEN_STEPS = 8, 6
 REACHED = 0.008  # m: a waypoint counts as reached
 TURNED = 0.05  # rad: the hand's orientation counts as reached
 DOWN_STEPS = 20  # the fingers may rest on a neighbour before reaching the grasp point: close anyway
 LOWER_STEPS = 30  # the object may touch down before its target: open anyway
+CARRY_STEPS = 60  # a carry that has not arrived by then is at the edge of the reach: lower from there
 CARRY_SPEED = 0.6  # fraction of the largest action while holding (fast moves shake the object loose)
 CARRY_ACCEL = 0.15  # the most the position action changes per step while holding (jerks shake it loose)
 SLIP = 0.02  # m: the object moved this far in the hand since the grasp: it is no longer held as grasped
@@ -82,9 +84,9 @@ def _hand_boxes(grip: np.ndarray, yaw: float) -> list[tuple[np.ndarray, np.ndarr
     return out
 
 
-def _corridor_top(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, half: float = HAND_BOX[1]) -> float:
-    """The highest top [m] of boxes (lo, hi) whose xy footprint meets the hand's path from ``a``
-    to ``b`` (xy), the hand inflated to ``half`` on every side; -inf where none does."""
+def _corridor_top(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, half: np.ndarray) -> float:
+    """The highest top [m] of boxes (lo, hi) [G, 3] whose xy footprint meets a footprint of
+    half-sizes ``half`` [2] (x, y) moved from ``a`` to ``b`` (xy); -inf where none does."""
     top = -np.inf
     for t in np.linspace(0.0, 1.0, 12):
         p = a[:2] + t * (b[:2] - a[:2])
@@ -92,6 +94,11 @@ def _corridor_top(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, 
         if meets.any():
             top = max(top, float(hi[meets, 2].max()))
     return top
+
+
+def _half(box: tuple[float, float, float, float], yaw: float) -> np.ndarray:
+    """The xy half-sizes [2] of a hand or finger box with the hand at ``yaw`` (0 or a quarter turn)."""
+    return np.array([box[1], box[0]] if abs(yaw) > 1e-6 else [box[0], box[1]])
 
 
 def _under_hand_top(lo: np.ndarray, hi: np.ndarray, grip: np.ndarray, yaw: float) -> float:
@@ -172,14 +179,22 @@ class PickPlaceExpert:
                 best, best_key = (grip, yaw), key
         grip, yaw = best
         self.grasp[i] = (grip - d.xpos[self.obj]) @ d.xmat[self.obj].reshape(3, 3)
-        self.hover[i] = max(grip[2] + HOVER, _corridor_top(lo, hi, eef, grip) + CLEARANCE - FINGER_BOX[2])
-        olo, _ = geom_boxes(m, d, self._obj_geoms)
-        hang = grip[2] - olo[:, 2].min()  # the held object's bottom below the grip site
-        place = self.place_points()[i]
-        self.carry[i] = max(grip[2] + LIFT, _corridor_top(lo, hi, grip, place) + CLEARANCE + hang)
+        hand, fingers = _half(HAND_BOX, yaw), _half(FINGER_BOX, yaw)
+        # Heights at which the fingertips, the hand's hull and the held object pass over what lies
+        # under their own paths: to the grasp, then from the grasp to over the place point.
+        self.hover[i] = max(grip[2] + HOVER, _corridor_top(lo, hi, eef, grip, fingers) + CLEARANCE - FINGER_BOX[2],
+                            _corridor_top(lo, hi, eef, grip, hand) + HAND_MARGIN - HAND_BOX[2])
+        olo, ohi = geom_boxes(m, d, self._obj_geoms)
+        olo, ohi = olo.min(0), ohi.max(0)
+        hang = grip[2] - olo[2]  # the held object's bottom below the grip site
+        shift = self.place_points()[i, :2] - d.xpos[self.obj, :2]  # the object's origin: grasp -> place
+        centre = (olo[:2] + ohi[:2]) / 2
+        self.carry[i] = max(grip[2] + LIFT,
+                            _corridor_top(lo, hi, grip, grip[:2] + shift, hand) + HAND_MARGIN - HAND_BOX[2],
+                            _corridor_top(lo, hi, centre, centre + shift, (ohi[:2] - olo[:2]) / 2) + CLEARANCE + hang)
         # A hand wider than the basket rests on its walls: lower only until the hand is just above them.
-        held = np.append(place[:2] + grip[:2] - d.xpos[self.obj, :2], grip[2])
-        self.lowest[i] = _under_hand_top(lo, hi, held, yaw) - HAND_BOX[2] + 0.005
+        held = np.append(grip[:2] + shift, grip[2])
+        self.lowest[i] = _under_hand_top(lo, hi, held, yaw) - HAND_BOX[2] + HAND_MARGIN
         cur = np.zeros(9)
         mujoco.mju_quat2Mat(cur, quat)
         c, s = np.cos(yaw), np.sin(yaw)
@@ -241,7 +256,7 @@ class PickPlaceExpert:
     def _advance(self, i: int, name: str, dist: float, turn: float, eef: np.ndarray, obj: np.ndarray) -> None:
         self.timer[i] += 1
         timed = {"settle": SETTLE_MAX, "close": CLOSE_STEPS, "open": OPEN_STEPS}
-        limits = {"down": DOWN_STEPS, "lower": LOWER_STEPS}
+        limits = {"down": DOWN_STEPS, "lower": LOWER_STEPS, "carry": CARRY_STEPS}
         if name in timed:
             done = self.timer[i] >= timed[name]
         elif name == "done":
@@ -261,7 +276,7 @@ class SpatialExpert(PickPlaceExpert):
     """LIBERO-Spatial: ``On(bowl, plate)``; grips the bowl's rim where the fingers' closing axis
     (world x or y) crosses it, one finger inside the bowl."""
 
-    GRIP_DEPTHS = (0.025, 0.018, 0.011)  # m below the rim's top (the rim wall is 3.75 cm tall)
+    GRIP_DEPTHS = (0.03, 0.018, 0.011)  # m below the rim's top (the rim wall is 3.75 cm tall)
     SHALLOW_COST = 0.5  # m of reach a centimetre less grip is worth avoiding
     TURN_COST = 0.1  # m of reach: turning the hand a quarter near the base folds the arm onto joint limits
     RELEASE = 0.01  # m: the bowl's origin is released this high above the plate's
