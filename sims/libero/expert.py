@@ -30,7 +30,7 @@ from sims.libero.sim import LiberoSim
 from sims.libero.suites import MAX_STEPS
 
 HOVER = 0.08  # m above the grasp point before descending
-LIFT = 0.05  # m lifted at least before carrying (more where the corridor needs it; high carries leave the reach)
+LIFT = 0.08  # m lifted at least before carrying (more where the corridor needs it; high carries leave the reach)
 CLEARANCE = 0.03  # m between the fingertips (or a held object's bottom) and a box under the path
 HAND_MARGIN = 0.01  # m between the hand's hull and a box under it
 CLOSE_STEPS, OPEN_STEPS = 8, 6
@@ -181,9 +181,11 @@ class PickPlaceExpert:
         self.grasp[i] = (grip - d.xpos[self.obj]) @ d.xmat[self.obj].reshape(3, 3)
         hand, fingers = _half(HAND_BOX, yaw), _half(FINGER_BOX, yaw)
         # Heights at which the fingertips, the hand's hull and the held object pass over what lies
-        # under their own paths: to the grasp, then from the grasp to over the place point.
-        self.hover[i] = max(grip[2] + HOVER, _corridor_top(lo, hi, eef, grip, fingers) + CLEARANCE - FINGER_BOX[2],
-                            _corridor_top(lo, hi, eef, grip, hand) + HAND_MARGIN - HAND_BOX[2])
+        # under their own paths: to the grasp (turning on the way: both orientations' footprints),
+        # then from the grasp to over the place point.
+        turning = np.maximum(hand, _half(HAND_BOX, 0.0)), np.maximum(fingers, _half(FINGER_BOX, 0.0))
+        self.hover[i] = max(grip[2] + HOVER, _corridor_top(lo, hi, eef, grip, turning[1]) + CLEARANCE - FINGER_BOX[2],
+                            _corridor_top(lo, hi, eef, grip, turning[0]) + HAND_MARGIN - HAND_BOX[2])
         olo, ohi = geom_boxes(m, d, self._obj_geoms)
         olo, ohi = olo.min(0), ohi.max(0)
         hang = grip[2] - olo[2]  # the held object's bottom below the grip site
