@@ -83,7 +83,8 @@ def main() -> None:
             parser.error(f"--tasks {args.tasks} / --states {args.states}: task indices are 0..9, states 1..50")
         results = bench_libero(args.suite, args.tasks, args.states, args.threads)
         if args.json is not None:
-            write_report(args.json, vars(args), results)
+            config = {k: getattr(args, k) for k in ("suite", "tasks", "states", "threads")}
+            write_report(args.json, config, results)
         return
     args.tasks = args.tasks or list(TASK_NAMES)
     unknown = sorted(set(args.tasks) - set(TASK_NAMES))
