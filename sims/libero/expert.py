@@ -119,6 +119,63 @@ def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
     return vel
 
 
+Candidate = tuple[np.ndarray, float, float]  # grip site position [3], hand yaw [rad], cost [m of reach]
+RIM_DEPTHS = (0.03, 0.018, 0.011)  # m below a bowl's rim top (its wall is 3.75 cm tall)
+RIM_SHALLOW_COST = 0.5  # m of reach a centimetre less grip is worth avoiding
+RIM_TURN_COST = 0.1  # m of reach: turning the hand a quarter near the base folds the arm onto joint limits
+GRIP_BELOW_TOP = 0.025  # m below an object's top where the fingers close
+MIN_GRIP = 0.012  # m above an object's bottom: the fingertips reach 1.4 cm below the grip site
+OPENING = 0.066  # m: the widest side the open fingers take (their pads 6.6 cm apart)
+SHIFTS = (-0.03, -0.015, 0.0, 0.015, 0.03)  # m along the side the fingers do not span
+EDGE = 0.02  # m: a shifted grasp keeps this much of the object beyond the fingers' centre
+TOP_TURN_COST = 0.05  # m of reach a quarter turn of the hand is worth avoiding
+
+
+def rim_candidates(m: mujoco.MjModel, d: mujoco.MjData, bowl: int, geoms: np.ndarray) -> list[Candidate]:
+    """Grasps of a bowl (body ``bowl``, collision ``geoms``) by its rim: the rim's ends along world
+    y (yaw 0) and x (a quarter turn), one finger inside, at each of :data:`RIM_DEPTHS`. The rim is
+    the ring of segments at the top in the bowl's own frame, so a tilted bowl is gripped where its
+    rim really is."""
+    local = (d.geom_xpos[geoms] - d.xpos[bowl]) @ d.xmat[bowl].reshape(3, 3)
+    rim = geoms[local[:, 2] > local[:, 2].max() - 0.005]
+    centre = d.geom_xpos[rim].mean(0)
+    out = []
+    for axis, yaw in ((1, 0.0), (0, np.pi / 2)):
+        across = 1 - axis
+        for side in (-1.0, 1.0):
+            seg = rim[np.argmax(side * (d.geom_xpos[rim, axis] - centre[axis])
+                                - np.abs(d.geom_xpos[rim, across] - centre[across]))]
+            top = d.geom_xpos[seg, 2] + m.geom_size[seg, 2]
+            for depth in RIM_DEPTHS:
+                cost = (RIM_DEPTHS[0] - depth) * 100 * RIM_SHALLOW_COST + (RIM_TURN_COST if yaw else 0.0)
+                out.append((np.array([d.geom_xpos[seg, 0], d.geom_xpos[seg, 1], top - depth]), yaw, cost))
+    return out
+
+
+def top_candidates(m: mujoco.MjModel, d: mujoco.MjData, obj: int, geoms: np.ndarray) -> tuple[list[Candidate], float]:
+    """Grasps of an object (body ``obj``, collision ``geoms``) from above near its top, the fingers
+    across a side that fits the opening, at the centre or shifted along the other side (a long box
+    held off-centre keeps the hand off a neighbour); and the object's origin above its bottom [m]."""
+    lo, hi = geom_boxes(m, d, geoms)
+    lo, hi = lo.min(0), hi.max(0)
+    centre = (lo + hi) / 2
+    z = max(hi[2] - GRIP_BELOW_TOP, lo[2] + MIN_GRIP)
+    width = hi - lo
+    # Fingers across a side wider than the opening would wedge the object open-handed: only where
+    # neither side fits (a diagonal box) the narrower one is tried.
+    axes = [(axis, yaw) for axis, yaw in ((1, 0.0), (0, np.pi / 2)) if width[axis] <= OPENING]
+    axes = axes or [min(((1, 0.0), (0, np.pi / 2)), key=lambda a: width[a[0]])]
+    out = []
+    for axis, yaw in axes:
+        along = 1 - axis  # the side the fingers do not span
+        room = max(width[along] / 2 - EDGE, 0.0)
+        for shift in np.unique(np.clip(SHIFTS, -room, room)):
+            grip = np.array([centre[0], centre[1], z])
+            grip[along] += shift
+            out.append((grip, yaw, (TOP_TURN_COST if yaw else 0.0) + abs(shift)))
+    return out, float(d.xpos[obj, 2] - lo[2])
+
+
 class PickPlaceExpert:
     """The phase machine shared by the LIBERO experts (see the module docstring); subclasses give
     the grasp candidates and the place point."""
@@ -153,7 +210,7 @@ class PickPlaceExpert:
         self.last[:] = 0.0
 
     # ------------------------------------------------------------------ subclasses
-    def candidates(self, i: int, d: mujoco.MjData) -> list[tuple[np.ndarray, float, float]]:
+    def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
         """Grasp candidates for simulation ``i`` at its settled pose ``d``: (grip site position [3], yaw [rad], cost [m])."""
         raise NotImplementedError
 
@@ -278,9 +335,6 @@ class SpatialExpert(PickPlaceExpert):
     """LIBERO-Spatial: ``On(bowl, plate)``; grips the bowl's rim where the fingers' closing axis
     (world x or y) crosses it, one finger inside the bowl."""
 
-    GRIP_DEPTHS = (0.03, 0.018, 0.011)  # m below the rim's top (the rim wall is 3.75 cm tall)
-    SHALLOW_COST = 0.5  # m of reach a centimetre less grip is worth avoiding
-    TURN_COST = 0.1  # m of reach: turning the hand a quarter near the base folds the arm onto joint limits
     RELEASE = 0.01  # m: the bowl's origin is released this high above the plate's
 
     def __init__(self, sim: LiberoSim):
@@ -292,26 +346,8 @@ class SpatialExpert(PickPlaceExpert):
         super().__init__(sim, bowl)
         self.plate = sim.model.body(plate).id
 
-    def candidates(self, i: int, d: mujoco.MjData) -> list[tuple[np.ndarray, float, float]]:
-        """The rim's ends along world y (yaw 0) and x (a quarter turn) at each grip depth. The rim is
-        the ring of segments at the top in the bowl's own frame, so a tilted bowl is gripped where
-        its rim really is."""
-        m = self.sim.model
-        geoms = self._obj_geoms
-        local = (d.geom_xpos[geoms] - d.xpos[self.obj]) @ d.xmat[self.obj].reshape(3, 3)
-        rim = geoms[local[:, 2] > local[:, 2].max() - 0.005]
-        centre = d.geom_xpos[rim].mean(0)
-        out = []
-        for axis, yaw in ((1, 0.0), (0, np.pi / 2)):
-            across = 1 - axis
-            for side in (-1.0, 1.0):
-                seg = rim[np.argmax(side * (d.geom_xpos[rim, axis] - centre[axis])
-                                    - np.abs(d.geom_xpos[rim, across] - centre[across]))]
-                top = d.geom_xpos[seg, 2] + m.geom_size[seg, 2]
-                for depth in self.GRIP_DEPTHS:
-                    cost = (self.GRIP_DEPTHS[0] - depth) * 100 * self.SHALLOW_COST + (self.TURN_COST if yaw else 0.0)
-                    out.append((np.array([d.geom_xpos[seg, 0], d.geom_xpos[seg, 1], top - depth]), yaw, cost))
-        return out
+    def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
+        return rim_candidates(self.sim.model, d, self.obj, self._obj_geoms)
 
     def place_points(self) -> np.ndarray:
         plate = to_numpy(self.sim.field("xpos")[:, self.plate]).copy()
@@ -323,13 +359,7 @@ class ObjectExpert(PickPlaceExpert):
     """LIBERO-Object: ``In(object, basket_contain_region)``; grips the object from above near its
     top, the fingers across its narrower side, and lets it go low over the region's centre."""
 
-    GRIP_BELOW_TOP = 0.025  # m below the object's top where the fingers close
-    MIN_GRIP = 0.012  # m above the object's bottom: the fingertips reach 1.4 cm below the grip site
-    OPENING = 0.066  # m: the widest side the open fingers take (their pads 6.6 cm apart)
-    SHIFTS = (-0.03, -0.015, 0.0, 0.015, 0.03)  # m along the side the fingers do not span
-    EDGE = 0.02  # m: a shifted grasp keeps this much of the object beyond the fingers' centre
     DROP = 0.02  # m: the object's bottom is released this high above the region's floor
-    TURN_COST = 0.05  # m of reach a quarter turn of the hand is worth avoiding
 
     def __init__(self, sim: LiberoSim):
         """Raises: ValueError: the task's goal is not a single ``In(object, region)``."""
@@ -342,27 +372,8 @@ class ObjectExpert(PickPlaceExpert):
         self.region_half_z = float(region["size"][2])
         self.origin_height = np.zeros(sim.num_envs)  # the object's origin above its bottom, at the plan
 
-    def candidates(self, i: int, d: mujoco.MjData) -> list[tuple[np.ndarray, float, float]]:
-        """Near the object's top, fingers across a side that fits the opening, at the centre or
-        shifted along the other side (a long box held off-centre keeps the hand off a neighbour)."""
-        lo, hi = geom_boxes(self.sim.model, d, self._obj_geoms)
-        lo, hi = lo.min(0), hi.max(0)
-        centre = (lo + hi) / 2
-        z = max(hi[2] - self.GRIP_BELOW_TOP, lo[2] + self.MIN_GRIP)
-        self.origin_height[i] = d.xpos[self.obj, 2] - lo[2]
-        width = hi - lo
-        # Fingers across a side wider than the opening would wedge the object open-handed: only
-        # where neither side fits (a diagonal box) the narrower one is tried.
-        axes = [(axis, yaw) for axis, yaw in ((1, 0.0), (0, np.pi / 2)) if width[axis] <= self.OPENING]
-        axes = axes or [min(((1, 0.0), (0, np.pi / 2)), key=lambda a: width[a[0]])]
-        out = []
-        for axis, yaw in axes:
-            along = 1 - axis  # the side the fingers do not span
-            room = max(width[along] / 2 - self.EDGE, 0.0)
-            for shift in np.unique(np.clip(self.SHIFTS, -room, room)):
-                grip = np.array([centre[0], centre[1], z])
-                grip[along] += shift
-                out.append((grip, yaw, (self.TURN_COST if yaw else 0.0) + abs(shift)))
+    def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
+        out, self.origin_height[i] = top_candidates(self.sim.model, d, self.obj, self._obj_geoms)
         return out
 
     def place_points(self) -> np.ndarray:
@@ -372,14 +383,61 @@ class ObjectExpert(PickPlaceExpert):
         return site
 
 
+class GoalExpert(PickPlaceExpert):
+    """LIBERO-Goal's pick-and-place tasks, ``On(object, object or region)``: a bowl by its rim,
+    anything else from above; released with its bottom just above the target's surface (the
+    highest collision box of the target, or of the region's object, under the target point).
+    Goal's other tasks (open a drawer, turn on the stove, push the plate, open-and-put-in) have
+    no expert."""
+
+    DROP = 0.01  # m: the object's bottom is released this high above the target's surface
+    FOOTPRINT = 0.01  # m: half-size of the spot under the target point whose surface counts
+
+    def __init__(self, sim: LiberoSim):
+        """Raises: ValueError: the task's goal is not a single ``On(object, object or region)``."""
+        goal = sim.task.goal
+        if len(goal) != 1 or goal[0]["predicate"] != "on" or (goal[0]["entities"][1]["kind"] == "site"
+                                                                and goal[0]["entities"][1]["parent_body"] is None):
+            raise ValueError(f"{sim.task.task_id} is not a pick-and-place-on task (no Goal expert for it): "
+                             f"goal {goal}")
+        obj, target = goal[0]["entities"]
+        super().__init__(sim, obj["body"])
+        m = sim.model
+        self.rim = "bowl" in obj["body"]
+        self.site = m.site(target["site"]).id if target["kind"] == "site" else None
+        self.target = m.body(target["body"]).id if self.site is None else None
+        support = m.body(target["body"] if self.site is None else target["parent_body"]).id
+        collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
+        self._support_geoms = np.flatnonzero(collide & (m.body_rootid[m.geom_bodyid] == m.body_rootid[support]))
+        self.place_z = np.zeros(sim.num_envs)  # the object's origin when released
+
+    def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
+        m = self.sim.model
+        out, origin_height = top_candidates(m, d, self.obj, self._obj_geoms)
+        if self.rim:
+            out = rim_candidates(m, d, self.obj, self._obj_geoms)
+        point = d.site_xpos[self.site] if self.site is not None else d.xpos[self.target]
+        lo, hi = geom_boxes(m, d, self._support_geoms)
+        under = ((lo[:, :2] < point[:2] + self.FOOTPRINT) & (hi[:, :2] > point[:2] - self.FOOTPRINT)).all(1)
+        surface = hi[under, 2].max() if under.any() else point[2]
+        self.place_z[i] = surface + self.DROP + origin_height
+        return out
+
+    def place_points(self) -> np.ndarray:
+        xpos = self.sim.field("site_xpos")[:, self.site] if self.site is not None else self.sim.field("xpos")[:, self.target]
+        point = to_numpy(xpos).copy()
+        point[:, 2] = self.place_z
+        return point
+
+
 def expert_for(sim: LiberoSim) -> PickPlaceExpert:
     """The expert of the sim's suite.
 
     Raises:
-        ValueError: a suite without an expert (goal, 10).
+        ValueError: a suite without an expert (10), or a Goal task that is not pick-and-place.
     """
     suite = sim.task.task_id.split("/")[0]
-    experts = {"spatial": SpatialExpert, "object": ObjectExpert}
+    experts = {"spatial": SpatialExpert, "object": ObjectExpert, "goal": GoalExpert}
     if suite not in experts:
         raise ValueError(f"no scripted expert for LIBERO suite {suite!r} ({sim.task.task_id}); experts exist for "
                          f"{', '.join(experts)}")
