@@ -1,13 +1,15 @@
-"""Scripted experts for LIBERO-Spatial (a bowl onto the plate) and LIBERO-Object (an object into
-the basket), batched over a :class:`sims.libero.sim.LiberoSim`.
+"""Scripted experts for LIBERO-Spatial (a bowl onto the plate), LIBERO-Object (an object into the
+basket) and LIBERO-Goal's pick-and-place tasks (an object onto an object or a region), batched
+over a :class:`sims.libero.sim.LiberoSim`.
 
 A phase machine per simulation on the privileged state (body poses, geom boxes), acting through
 LIBERO's action space (:class:`sims.libero.controller.PandaController`): settle, over the grasp
 point, down, close, lift, carry over the place point, lower, open, up. The plan is made once per
 episode, from the settled scene:
 
-- **Grasp candidates** per expert (the bowl's rim where the fingers' closing axis crosses it; the
-  object's top with the fingers across its narrow side), with the hand's yaw (0 or a quarter turn
+- **Grasp candidates** (:func:`rim_candidates`: the bowl's rim where the fingers' closing axis
+  crosses it; :func:`top_candidates`: the object's top with the fingers across a side that fits
+  the opening), with the hand's yaw (0 or a quarter turn
   about the vertical) and the grip depth. Each is scored by how much the hand's and the fingers'
   boxes at the grasp overlap other objects' collision boxes (a cabinet's top, a neighbour), then
   by reach from the shoulder; the least-overlapping, nearest one wins.
