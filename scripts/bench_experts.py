@@ -1,9 +1,14 @@
 """Success of the scripted experts per task: the ceiling of demonstrations and of SFT on them.
 
     python scripts/bench_experts.py --split validation --episodes 256 --json runs/bench_experts.json
+    python scripts/bench_experts.py --suite libero_spatial --json docs/figures/libero/experts_spatial.json
 
-Each task runs alone (``make_vec_env(task)``) with the clean expert (no DART noise), on fresh
-episodes of ``--split``; success per task with its 95 % Wilson interval.
+Gantry tasks (the default): each task runs alone (``make_vec_env(task)``) with the clean expert
+(no DART noise), on fresh episodes of ``--split``. LIBERO (``--suite``): the suite's expert
+(``sims.libero.expert``) from LIBERO's fixed initial states (``--states``, all 50 by default: the
+LIBERO protocol), one batch-backend ``LiberoSim`` per task holding every episode; a Goal task
+without an expert (not pick-and-place) is reported as such. Success per task with its 95 %
+Wilson interval.
 """
 
 from __future__ import annotations
@@ -25,6 +30,41 @@ from sims.tasks import SPLITS, TASK_NAMES
 from sims.vec_env import make_vec_env
 from vla_rl.evaluate import wilson_interval
 
+LIBERO_EXPERT_SUITES = {"libero_spatial": "spatial", "libero_object": "object", "libero_goal": "goal"}
+
+
+def _result(k: int, n: int) -> dict:
+    return {"success": k / n, "ci95": wilson_interval(k, n), "episodes": n}
+
+
+def bench_libero(suite: str, tasks: list[int], states: int, threads: int | None) -> dict[str, dict]:
+    """The suite's expert on tasks ``tasks`` from initial states ``0..states-1``: {task id: result}."""
+    import time
+
+    import numpy as np
+
+    from sims.libero.expert import run_episodes
+    from sims.libero.scene import load_task
+    from sims.libero.sim import LiberoSim
+
+    results = {}
+    for index in tqdm(tasks, desc=suite):
+        task_id = f"{LIBERO_EXPERT_SUITES[suite]}/{index}"
+        start = time.perf_counter()
+        sim = LiberoSim(load_task(task_id), states, num_threads=threads)
+        try:
+            success = run_episodes(sim, np.arange(states))
+        except ValueError as exc:  # a Goal task that is not pick-and-place: no expert
+            results[task_id] = {"expert": None, "reason": str(exc)}
+            tqdm.write(f"{task_id:10s} no expert")
+            continue
+        k = int(success.sum())
+        results[task_id] = {**_result(k, states), "failed_states": np.flatnonzero(~success).tolist(),
+                            "seconds": round(time.perf_counter() - start, 1)}
+        low, high = results[task_id]["ci95"]
+        tqdm.write(f"{task_id:10s} {k}/{states}  [{low:.1%}, {high:.1%}]  {results[task_id]['seconds']} s")
+    return results
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,9 +72,30 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=256, help="episodes per task (a multiple of --num-envs)")
     parser.add_argument("--num-envs", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1_000_003)
-    parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES)
+    parser.add_argument("--tasks", nargs="+", default=None,
+                        help=f"gantry tasks ({', '.join(TASK_NAMES)}; default all) or, with --suite, task "
+                             "indices 0..9 (default all)")
+    parser.add_argument("--suite", choices=sorted(LIBERO_EXPERT_SUITES), help="a LIBERO suite instead of the gantry")
+    parser.add_argument("--states", type=int, default=50, help="LIBERO: initial states 0..STATES-1 per task")
+    parser.add_argument("--threads", type=int, default=None, help="LIBERO: physics threads (default: all cores)")
     parser.add_argument("--json", type=output_path, help="write {machine, config, results}")
     args = parser.parse_args()
+    if args.suite is not None:
+        try:
+            args.tasks = [int(t) for t in args.tasks] if args.tasks else list(range(10))
+        except ValueError:
+            parser.error(f"--tasks {' '.join(args.tasks)}: with --suite give task indices 0..9")
+        if not all(0 <= t < 10 for t in args.tasks) or not 1 <= args.states <= 50:
+            parser.error(f"--tasks {args.tasks} / --states {args.states}: task indices are 0..9, states 1..50")
+        results = bench_libero(args.suite, args.tasks, args.states, args.threads)
+        if args.json is not None:
+            config = {k: getattr(args, k) for k in ("suite", "tasks", "states", "threads")}
+            write_report(args.json, config, results)
+        return
+    args.tasks = args.tasks or list(TASK_NAMES)
+    unknown = sorted(set(args.tasks) - set(TASK_NAMES))
+    if unknown:
+        parser.error(f"unknown tasks {unknown}; valid: {', '.join(TASK_NAMES)} (LIBERO: --suite)")
     if args.episodes < args.num_envs or args.episodes % args.num_envs:
         parser.error(f"--episodes {args.episodes} must be a positive multiple of --num-envs {args.num_envs}")
 
@@ -46,7 +107,7 @@ def main() -> None:
         finally:
             env.close()
         k, n = int(success.sum()), int(success.size)
-        results[task] = {"success": k / n, "ci95": wilson_interval(k, n), "episodes": n}
+        results[task] = _result(k, n)
         low, high = results[task]["ci95"]
         tqdm.write(f"{task:8s} {k / n:6.1%}  [{low:.1%}, {high:.1%}]  n={n}")
     if args.json is not None:

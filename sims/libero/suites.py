@@ -9,6 +9,9 @@ from pathlib import Path
 LIBERO_SUITE = {"spatial": "libero_spatial", "object": "libero_object", "goal": "libero_goal", "10": "libero_10"}
 SUITES = tuple(LIBERO_SUITE)
 TASKS_PER_SUITE = 10
+# The episode limit LIBERO's evaluation gives each suite, in 20 Hz control steps (its
+# ``max_steps`` in OpenVLA-OFT's and RLinf's LIBERO evaluation scripts).
+MAX_STEPS = {"spatial": 220, "object": 280, "goal": 300, "10": 520}
 
 
 def setup_hint(task_ids: str = "") -> str:

@@ -1,10 +1,11 @@
 """LIBERO on the project's backends: cached tasks load, start from LIBERO's fixed initial states,
 render both cameras, read LIBERO's proprioception; the goal predicates on hand-placed states; the
-batched Panda controller reaches a commanded pose; the Spatial expert places the bowl; bad ids and a missing asset package fail with
-one line naming the fix.
+batched Panda controller reaches a commanded pose; the Spatial expert places the bowl (also beside
+the cabinet, where the hand must keep off it), the Object expert puts an object in the basket, the
+Goal expert a bowl on the stove; bad ids and a missing asset package fail with one line naming the fix.
 
-The module fixture exports one task per suite into the cache if it is missing (installing the
-export toolchain on a fresh machine: 80 s and 1.6 GB once; a task about 4 CPU-seconds).
+The module fixture exports one task per suite, spatial/6 and goal/1, into the cache if missing
+(installing the export toolchain on a fresh machine: 80 s and 1.6 GB once; a task about 4 CPU-seconds).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from sims.libero.controller import PandaController
-from sims.libero.expert import SpatialExpert, run_episodes
+from sims.libero.expert import ObjectExpert, SpatialExpert, expert_for, run_episodes
 from sims.libero.install import check_toolchain, ensure_tasks
 from sims.libero.predicates import GoalPredicates, Kinematics
 from sims.libero.scene import load_task
@@ -21,11 +22,13 @@ from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import parse_task_id
 
 TASKS = ("spatial/0", "object/0", "goal/0", "10/0")
+BESIDE_CABINET = "spatial/6"  # the bowl next to the cookie box, the wooden cabinet behind it
+BOWL_ON_STOVE = "goal/1"  # On(akita_black_bowl_1, flat_stove_1_cook_region)
 
 
 @pytest.fixture(scope="module")
 def cached() -> None:
-    ensure_tasks(list(TASKS))
+    ensure_tasks([*TASKS, BESIDE_CABINET, BOWL_ON_STOVE])
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +200,29 @@ def test_spatial_expert_places_the_bowl_on_the_plate(sims_by_task):
     assert success.tolist() == [True, True]
     with pytest.raises(ValueError, match="not a pick-and-place"):
         SpatialExpert(sims_by_task["goal/0"])
+    with pytest.raises(ValueError, match="no scripted expert for LIBERO suite '10'"):
+        expert_for(sims_by_task["10/0"])
+    with pytest.raises(ValueError, match="not a pick-and-place-on task"):
+        expert_for(sims_by_task["goal/0"])  # Open(the middle drawer)
+
+
+def test_spatial_expert_keeps_the_hand_off_the_cabinet(cached):
+    """spatial/6: gripping the rim on the cabinet's side (or reaching there straight from the start)
+    lands the hand on the cabinet's top; the expert grips the free side and places the bowl."""
+    sim = LiberoSim(load_task(BESIDE_CABINET), 2, num_threads=1)
+    success = run_episodes(sim, np.array([0, 1]))
+    assert success.tolist() == [True, True]
+
+
+def test_goal_expert_puts_the_bowl_on_the_stove(cached):
+    """A region target: the bowl's origin over the cook region's site and touching the stove."""
+    sim = LiberoSim(load_task(BOWL_ON_STOVE), 2, num_threads=1)
+    assert run_episodes(sim, np.array([0, 1])).tolist() == [True, True]
+
+
+def test_object_expert_puts_the_object_in_the_basket(sims_by_task):
+    sim = sims_by_task["object/0"]  # In(alphabet_soup_1, basket_1_contain_region)
+    success = run_episodes(sim, np.array([0, 1]))
+    assert success.tolist() == [True, True], "the task's own In(object, basket region) holds at the end"
+    with pytest.raises(ValueError, match="not a pick-and-place-in-a-region"):
+        ObjectExpert(sims_by_task["spatial/0"])
