@@ -1,8 +1,8 @@
-"""Demonstrations of LIBERO tasks from the scripted Spatial expert, recorded as a LeRobot v3.0 dataset.
+"""Demonstrations of LIBERO tasks from the scripted experts, recorded as a LeRobot v3.0 dataset.
 
-:func:`collect_libero_demos` runs :class:`sims.libero.expert.SpatialExpert` (one per task, acting on
-that task's :class:`~sims.libero.sim.LiberoSim`) in a :class:`sims.libero.vec_env.LiberoVectorEnv`
-of the ``train`` split (LIBERO's fixed initial states with each object shifted by up to 1 cm, so
+:func:`collect_libero_demos` runs the suite's expert (:func:`sims.libero.expert.expert_for`: Spatial,
+Object, Goal's pick-and-place tasks; one per task, acting on that task's
+:class:`~sims.libero.sim.LiberoSim`) in a :class:`sims.libero.vec_env.LiberoVectorEnv` of the ``train`` split (LIBERO's fixed initial states with each object shifted by up to 1 cm, so
 the evaluation states themselves are never demonstrated). Every step records the observation the
 expert acted on and its action; with ``noise`` the executed action is the expert's plus Gaussian
 noise (DART), the label stays the expert's. An episode ends at its first success (recorded up to
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from sims.libero.expert import SpatialExpert
+from sims.libero.expert import PickPlaceExpert, expert_for
 from sims.libero.sim import libero_render_config
 from sims.libero.vec_env import ACTION_DIM, LiberoVectorEnv, make_libero_env
 from vla_rl.demos.collect import PIX_FMT, SPLIT, CollectConfig, _add_episode
@@ -46,12 +46,12 @@ def libero_features(env: LiberoVectorEnv) -> dict[str, dict[str, Any]]:
     return features
 
 
-def _experts(env: LiberoVectorEnv) -> list[SpatialExpert]:
+def _experts(env: LiberoVectorEnv) -> list[PickPlaceExpert]:
     try:
-        return [SpatialExpert(sim) for sim in env.sims]
+        return [expert_for(sim) for sim in env.sims]
     except ValueError as exc:
-        raise ValueError(f"no scripted expert for this LIBERO task ({exc}); sims.libero.expert covers the "
-                         "pick-and-place tasks of LIBERO-Spatial: use task=libero_spatial") from None
+        raise ValueError(f"{exc}; collect LIBERO-Spatial, LIBERO-Object or one of Goal's pick-and-place tasks "
+                         "(libero_goal/1, 2, 4, 6, 8, 9)") from None
 
 
 def _record(env: LiberoVectorEnv, writer: LeRobotWriter, cfg: CollectConfig, bar: tqdm) -> dict[str, int]:
@@ -121,7 +121,7 @@ def collect_libero_demos(cfg: CollectConfig, out: Path, progress: bool = True) -
         with tqdm(total=cfg.episodes, desc=f"demos {cfg.task}", unit="ep", disable=not progress) as bar:
             counts = _record(env, writer, cfg, bar)
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-        source = {"generator": "scripts/collect_demos.py (sims.libero.expert.SpatialExpert)", "split": SPLIT,
+        source = {"generator": "scripts/collect_demos.py (sims.libero.expert.expert_for)", "split": SPLIT,
                   "task_names": list(env.task_names), "max_steps": env.max_episode_steps,
                   "episode_seeds": f"LiberoVectorEnv split {SPLIT!r}, seed {cfg.seed}: a fixed initial state and "
                                    f"object shifts of up to {env.config.jitter} m per episode; meta/episodes "
