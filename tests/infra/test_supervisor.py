@@ -108,18 +108,23 @@ def test_invalid_settings_name_themselves(kwargs, message) -> None:
         Supervisor("the widget", setting="widget.max_restarts", timeout_setting="widget.timeout_s", **kwargs)
 
 
-def test_resilient_service_restarts_each_dead_actor_once_within_its_budget() -> None:
+def test_resilient_service_restarts_each_dead_actor_once_within_its_budget(monkeypatch) -> None:
+    import ray
+
     from infra.llm.service_plane import ResilientService
 
+    killed = []
+    monkeypatch.setattr(ray, "kill", killed.append)  # a real ray.kill would start a local Ray for a plain object
     started = []
     service = ResilientService(lambda: started.append(object()) or started[-1], max_restarts=1, name="reward")
     first = service.actor
     service.restart(first)
     service.restart(first)  # a second caller that saw the same death: already replaced, not counted
-    assert service.restarts == 1 and len(started) == 2 and service.actor is started[1]
+    assert service.restarts == 1 and len(started) == 2 and service.actor is started[1] and killed == [started[0]]
     with pytest.raises(RestartsExhausted, match=r"^the reward actor died 2 times, more than "
                                                 r"ResilientService\(max_restarts=\)=1 allows"):
         service.restart(service.actor)
+    assert not ray.is_initialized()
 
 
 def test_gang_backend_counts_a_new_placement_as_a_restart_and_growth_as_none() -> None:

@@ -45,9 +45,9 @@ def test_without_minilm_the_instructions_get_stand_in_embeddings(monkeypatch):
 
 GPU_SCRIPTS = [ROOT / "scripts" / name for name in ("bench_sims_gpu.py", "sft_rl.py", "llm_rlvr.py", "llm_tiny_model.py")]
 #: What the GPU machine's python3 has (scripts/device/packages.txt's header), as import names;
-#: tokenizers comes with transformers.
+#: tokenizers comes with transformers, PIL (pillow) with matplotlib and imageio.
 GPU_MACHINE_HAS = {"torch", "jax", "numpy", "scipy", "yaml", "tqdm", "rich", "matplotlib", "onnx", "onnxruntime",
-                   "transformers", "tokenizers", "safetensors", "pyarrow", "imageio", "absl", "etils"}
+                   "transformers", "tokenizers", "safetensors", "pyarrow", "imageio", "PIL", "absl", "etils"}
 DEVICE = ROOT / "scripts" / "device"
 
 
