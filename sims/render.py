@@ -128,6 +128,11 @@ class _Worker:
         self.config = config
         self.cols = max(1, min(1024 // config.width, config.tile_frames))
         self.rows = max(1, min(1024 // config.height, -(-config.tile_frames // self.cols)))
+        # MjrContext sizes its offscreen buffer from the model (LIBERO's: 640x480); tiles beyond it
+        # would be drawn outside the buffer and read back as garbage.
+        glob = self.model.vis.global_
+        glob.offwidth = max(glob.offwidth, self.cols * config.width)
+        glob.offheight = max(glob.offheight, self.rows * config.height)
         self.gl = GLContext(self.cols * config.width, self.rows * config.height)
         self.gl.make_current()
         self.vendor = _gl_vendor()
