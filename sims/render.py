@@ -4,7 +4,7 @@ Speed comes from (measured in docs/sims.md):
 
 - the scene: few geoms (the per-draw cost dominates at 64x64 on Mesa's llvmpipe), a table plane
   drawn as one quad, coarse tessellation of round primitives, no sites;
-- fast visual settings: no multisampling (``offsamples=0``), no shadows, reflections, skybox,
+- fast visual settings: no multisampling (``offsamples=0``, or ``RenderConfig.samples=0``), no shadows, reflections, skybox,
   fog or haze;
 - a pool of GL contexts, one per worker thread (MuJoCo's calls release the GIL), each rendering
   a contiguous slice of the environments, with ``LP_NUM_THREADS=0`` (no rasteriser helper
@@ -56,6 +56,8 @@ class RenderConfig:
             the gantry scene has none). MuJoCo's OpenGL renderer always draws them.
         num_contexts: GL contexts (worker threads); None: one per CPU core.
         tile_frames: frames per readback (tiles of one offscreen buffer), at most what fits in 1024x1024.
+        samples: multisampling (MSAA) samples per pixel; None keeps the model's
+            ``visual/quality/offsamples`` (MuJoCo's default and LIBERO's: 4; the fast gantry scene: 0).
     """
 
     width: int = 64
@@ -65,6 +67,7 @@ class RenderConfig:
     num_contexts: int | None = None
     tile_frames: int = 16
     textures: bool = False
+    samples: int | None = None
 
     def validate(self, cameras: tuple[str, ...] = S.CAMERAS) -> None:
         """Raise ValueError naming a bad field and the valid values (``cameras``: the model's)."""
@@ -75,6 +78,8 @@ class RenderConfig:
             raise ValueError(f"frame size {self.width}x{self.height}; width and height must be in [8, 1024]")
         if self.tile_frames < 1 or (self.num_contexts is not None and self.num_contexts < 1):
             raise ValueError("tile_frames and num_contexts must be at least 1")
+        if self.samples is not None and not 0 <= self.samples <= 16:
+            raise ValueError(f"samples={self.samples}; multisampling takes 0 (off) to 16 samples, or None (the model's)")
 
 
 def camera_names(model: mujoco.MjModel) -> tuple[str, ...]:
@@ -133,6 +138,8 @@ class _Worker:
         glob = self.model.vis.global_
         glob.offwidth = max(glob.offwidth, self.cols * config.width)
         glob.offheight = max(glob.offheight, self.rows * config.height)
+        if config.samples is not None:
+            self.model.vis.quality.offsamples = config.samples
         self.gl = GLContext(self.cols * config.width, self.rows * config.height)
         self.gl.make_current()
         self.vendor = _gl_vendor()

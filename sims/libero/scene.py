@@ -31,6 +31,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from sims.libero.lod import apply_visual_lod
 from sims.libero.suites import cache_dir, parse_task_id, setup_hint
 
 # Panda joint servos (N m / rad, N m s / rad): stiff enough to hold a 5 cm step within a control
@@ -39,6 +40,8 @@ ARM_KP = (4500.0, 4500.0, 3500.0, 3500.0, 2000.0, 2000.0, 2000.0)
 ARM_KV = (450.0, 450.0, 350.0, 350.0, 200.0, 200.0, 200.0)
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 HAND_BODY = "robot0_right_hand"  # robosuite's eef body: LIBERO's robot0_eef_quat is its orientation
+#: Triangle budget of a visual-only mesh (:mod:`sims.libero.lod`); None draws LIBERO's full meshes.
+VISUAL_FACES = 2000
 
 
 @dataclass(frozen=True)
@@ -142,9 +145,12 @@ def _servo_arm(spec: mujoco.MjSpec, robot: dict[str, Any]) -> None:
             body.gravcomp = 1.0
 
 
-def build_model(task: LiberoTask) -> tuple[mujoco.MjModel, LiberoLayout]:
-    """Compile the task's scene with joint servos and goal contact sensors (see module docstring)."""
+def build_model(task: LiberoTask, visual_faces: int | None = VISUAL_FACES) -> tuple[mujoco.MjModel, LiberoLayout]:
+    """Compile the task's scene with joint servos and goal contact sensors (see module docstring),
+    its visual-only meshes decimated to at most ``visual_faces`` triangles (None: full meshes)."""
     spec = mujoco.MjSpec.from_file(str(task.model_path))
+    if visual_faces is not None:  # before the colliders move: the raw model's inertia group is robosuite's
+        apply_visual_lod(spec, task.model_path.parent, task.model_path.parents[2], visual_faces)
     _servo_arm(spec, task.robot)
     for geom in spec.geoms:
         if geom.group == 0:  # robosuite's collision group (see module docstring)
