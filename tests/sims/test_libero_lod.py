@@ -102,3 +102,20 @@ def test_decimated_mesh_keeps_its_shape_uvs_and_cache_key(tmp_path):
     assert len(read_mesh(paths[400])["corners"]) <= 400 < len(read_mesh(paths[800])["corners"]) <= 800
     with pytest.raises(ValueError, match="at least 4 triangles"):
         apply_visual_lod(mujoco.MjSpec(), tmp_path, tmp_path, 2)
+
+
+def test_culling_geoms_outside_the_view_leaves_frames_unchanged(sims):
+    """The renderer hides each frame's mesh geoms outside its camera (most of the Panda in the wrist
+    view): the frames are the same pixel for pixel as with every geom drawn."""
+    sim = sims["lod"]
+    sim.reset(np.array([0, 5]))
+    culled = sim.render()
+    worker = sim.renderer._workers[0]
+    geoms, groups = worker.cull_geoms, worker.cull_groups
+    assert (worker.model.geom_group[geoms] != groups).sum() > 10  # the last frame (a wrist view) hid geoms
+    try:
+        worker.cull_geoms = geoms[:0]
+        worker.model.geom_group[geoms] = groups
+        assert np.array_equal(sim.render(), culled)
+    finally:
+        worker.cull_geoms = geoms

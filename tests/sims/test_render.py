@@ -200,3 +200,16 @@ def test_tiles_beyond_the_models_offscreen_size_are_drawn() -> None:
         renderer.close()
     assert rgb[0, 0, 0].max() > 100  # the red box is in the frame (channel 0: red)
     assert (rgb == rgb[:1]).all(), "frames of identical states differ: tiles outside the offscreen buffer"
+
+
+def test_outside_view_culls_only_spheres_wholly_outside() -> None:
+    """The camera at the origin looks along -z with a 90 degree vertical field (aspect 1)."""
+    from sims.render import outside_view
+
+    centres = np.array([[0, 0, -2.0], [0, 0, 2.0], [0, 0, 0.5], [3.0, 0, -1.0], [1.5, 0, -1.0], [0, -5.0, -1.0],
+                        [0, 0, 5.0]])
+    radii = np.array([0.1, 0.1, 1.0, 0.1, 0.4, 0.1, 0.0])
+    out = outside_view(np.zeros(3), np.eye(3).ravel(), 90.0, 1.0, centres, radii)
+    # ahead; behind; straddling the camera; beside; touching the side plane (0.5 / sqrt 2 < 0.4); below;
+    # radius 0 (a plane) is never culled
+    assert out.tolist() == [False, True, False, True, False, True, False]
