@@ -36,7 +36,7 @@ WARP_NCONMAX, WARP_NJMAX = 256, 1024
 def libero_render_config(size: int = 128, cameras: tuple[str, ...] = CAMERAS, samples: int = 0,
                          **kw: Any) -> RenderConfig:
     """A :class:`RenderConfig` of LIBERO's two cameras at ``size`` x ``size``, textures on, no
-    multisampling (LIBERO's model asks for 4 samples: 1.7x the CPU per frame for anti-aliased edges,
+    multisampling (LIBERO's model asks for 4 samples: twice the CPU per frame for anti-aliased edges,
     a mean 2-level difference at 128x128; ``samples=4`` restores it)."""
     return RenderConfig(width=size, height=size, cameras=cameras, textures=True, samples=samples, **kw)
 
