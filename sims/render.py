@@ -9,11 +9,16 @@ Speed comes from (measured in docs/sims.md):
 - a pool of GL contexts, one per worker thread (MuJoCo's calls release the GIL), each rendering
   a contiguous slice of the environments, with ``LP_NUM_THREADS=0`` (no rasteriser helper
   threads, set by ``import sims`` unless already set);
+- culling: each frame hides the mesh geoms whose bounding sphere lies wholly outside its camera's
+  view (:func:`outside_view`; conservative, so frames are unchanged: a LIBERO wrist view draws a
+  third of the scene's mesh triangles);
 - tiling: a worker renders ``tile_frames`` frames into tiles of one offscreen buffer and reads
   them back at once (no measurable gain on llvmpipe at 64x64; fewer GPU syncs with a driver).
   A frame's tile is fixed by its environment's global index, not by its place in the batch: the
   rasteriser rounds a few edge pixels differently at different viewport offsets, and a fixed
-  tile makes an environment's frames the same however a fleet splits the environments.
+  tile makes an environment's frames the same however a fleet splits the environments. Each
+  context's offscreen buffer is made large enough for its tiles (a model's ``offwidth`` /
+  ``offheight`` may be smaller: LIBERO's are 640x480).
 
 Frames come out as uint8 [N, cams, 3, H, W] (and linear depth in metres [N, cams, H, W]). Given
 world points, the renderer also returns where they appear in each camera

@@ -14,8 +14,9 @@ new triangle takes the UV and normal that the original triangle nearest to the n
 centroid has at that corner's position (barycentric in the original triangle's plane). The
 copies are MuJoCo's binary ``.msh`` files (three vertices per triangle, like LIBERO's own scanned
 meshes), cached under ``<cache>/lod/faces-<max_faces>-v<LOD_VERSION>/`` by the source file's path
-below ``<cache>/assets``; a source under the budget leaves a ``.full`` marker so the next build
-need not count its triangles.
+below ``<cache>/assets`` (the export writes those copies once and never replaces them, so the
+path identifies the source); a source under the budget leaves a ``.full`` marker so the next
+build need not count its triangles.
 """
 
 from __future__ import annotations
