@@ -164,6 +164,7 @@ class _Worker:
         glob.offheight = max(glob.offheight, self.rows * config.height)
         if config.samples is not None:
             self.model.vis.quality.offsamples = config.samples
+        self.model.vis.quality.shadowsize = 0  # shadows are never drawn (_FAST_OFF_FLAGS): LIBERO's 4096^2 map is 64 MB
         self.gl = GLContext(self.cols * config.width, self.rows * config.height)
         self.gl.make_current()
         self.vendor = _gl_vendor()
