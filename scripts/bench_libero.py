@@ -15,6 +15,8 @@ reads: ``agentview`` and ``robot0_eye_in_hand`` at 128x128 and the proprioceptio
   ``--threads`` physics threads, the batched EGL renderer) with
   :class:`sims.libero.controller.PandaController`, at each ``--num-envs``: one env-step is
   controller + 25 physics substeps + proprioception + both cameras + the goal, for every env.
+  Its visual meshes are decimated to ``--visual-faces`` triangles (``sims.libero.lod``; default
+  the simulator's, ``full`` for LIBERO's own meshes); the physics is the same either way.
 
 Figures (``results``): ``robosuite`` and each ``batch`` row: ``env_steps_per_s`` and
 ``frames_per_s`` (cameras x env-steps/s); ``robosuite_no_render`` (LIBERO's environment built
