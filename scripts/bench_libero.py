@@ -15,6 +15,8 @@ reads: ``agentview`` and ``robot0_eye_in_hand`` at 128x128 and the proprioceptio
   ``--threads`` physics threads, the batched EGL renderer) with
   :class:`sims.libero.controller.PandaController`, at each ``--num-envs``: one env-step is
   controller + 25 physics substeps + proprioception + both cameras + the goal, for every env.
+  Its visual meshes are decimated to ``--visual-faces`` triangles (``sims.libero.lod``; default
+  the simulator's, ``full`` for LIBERO's own meshes); the physics is the same either way.
 
 Figures (``results``): ``robosuite`` and each ``batch`` row: ``env_steps_per_s`` and
 ``frames_per_s`` (cameras x env-steps/s); ``robosuite_no_render`` (LIBERO's environment built
@@ -50,7 +52,7 @@ from setup_libero_venv import clean_env, ensure_libero_venv
 
 from sims.libero.controller import PandaController
 from sims.libero.install import ensure_tasks
-from sims.libero.scene import load_task
+from sims.libero.scene import VISUAL_FACES, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import LIBERO_SUITE, parse_task_id
 
@@ -79,10 +81,12 @@ def actions_for(kind: str, rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.uniform(-1.0, 1.0, (n, 7)) if kind == "random" else np.zeros((n, 7))
 
 
-def bench_batch(task_id: str, num_envs: int, threads: int, size: int, seconds: float, actions: str) -> dict[str, Any]:
+def bench_batch(task_id: str, num_envs: int, threads: int, size: int, seconds: float, actions: str,
+                visual_faces: int | None = VISUAL_FACES) -> dict[str, Any]:
     """The batch backend's env-steps/s of ``num_envs`` environments, with and without both cameras."""
     start = time.perf_counter()
-    sim = LiberoSim(load_task(task_id), num_envs, render=libero_render_config(size), num_threads=threads)
+    sim = LiberoSim(load_task(task_id), num_envs, render=libero_render_config(size), num_threads=threads,
+                    visual_faces=visual_faces)
     controller = PandaController(sim.layout)
     sim.reset(np.zeros(num_envs, np.int64))
     build_s = time.perf_counter() - start
@@ -188,6 +192,8 @@ def main() -> None:
                         help="LIBERO's interpreter (default: .venv-libero, made if missing)")
     parser.add_argument("--skip-robosuite", action="store_true", help="only the batch side")
     parser.add_argument("--smoke", action="store_true", help="2 envs, 0.3 s per figure (tests)")
+    parser.add_argument("--visual-faces", type=lambda v: None if v == "full" else int(v), default=VISUAL_FACES,
+                        help="triangle budget of LIBERO's visual meshes in the batch backend ('full': none)")
     args = parser.parse_args()
     if args.smoke:
         args.num_envs, args.seconds = [2], 0.3
@@ -210,7 +216,8 @@ def main() -> None:
     results["batch"] = []
     for n in args.num_envs:
         with console.status(f"batch backend, {n} envs"):
-            results["batch"].append(bench_batch(args.task, n, args.threads, args.size, args.seconds, args.actions))
+            results["batch"].append(bench_batch(args.task, n, args.threads, args.size, args.seconds, args.actions,
+                                                   args.visual_faces))
     results.update(speedups(results.get("robosuite"), results.get("robosuite_no_render"), results["batch"]),
                    load_after=load())
     print_table(console, args.task, results)

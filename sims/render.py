@@ -4,16 +4,21 @@ Speed comes from (measured in docs/sims.md):
 
 - the scene: few geoms (the per-draw cost dominates at 64x64 on Mesa's llvmpipe), a table plane
   drawn as one quad, coarse tessellation of round primitives, no sites;
-- fast visual settings: no multisampling (``offsamples=0``), no shadows, reflections, skybox,
+- fast visual settings: no multisampling (``offsamples=0``, or ``RenderConfig.samples=0``), no shadows, reflections, skybox,
   fog or haze;
 - a pool of GL contexts, one per worker thread (MuJoCo's calls release the GIL), each rendering
   a contiguous slice of the environments, with ``LP_NUM_THREADS=0`` (no rasteriser helper
   threads, set by ``import sims`` unless already set);
+- culling: each frame hides the mesh geoms whose bounding sphere lies wholly outside its camera's
+  view (:func:`outside_view`; conservative, so frames are unchanged: a LIBERO wrist view draws a
+  third of the scene's mesh triangles);
 - tiling: a worker renders ``tile_frames`` frames into tiles of one offscreen buffer and reads
   them back at once (no measurable gain on llvmpipe at 64x64; fewer GPU syncs with a driver).
   A frame's tile is fixed by its environment's global index, not by its place in the batch: the
   rasteriser rounds a few edge pixels differently at different viewport offsets, and a fixed
-  tile makes an environment's frames the same however a fleet splits the environments.
+  tile makes an environment's frames the same however a fleet splits the environments. Each
+  context's offscreen buffer is made large enough for its tiles (a model's ``offwidth`` /
+  ``offheight`` may be smaller: LIBERO's are 640x480).
 
 Frames come out as uint8 [N, cams, 3, H, W] (and linear depth in metres [N, cams, H, W]). Given
 world points, the renderer also returns where they appear in each camera
@@ -34,6 +39,7 @@ import numpy as np
 
 from sims import scene as S
 
+_CULLED_GROUP = 5  # geoms outside a frame's view go here for that frame; the renderer's option hides it
 _FAST_OFF_FLAGS = (
     mujoco.mjtRndFlag.mjRND_SHADOW,
     mujoco.mjtRndFlag.mjRND_REFLECTION,
@@ -56,6 +62,8 @@ class RenderConfig:
             the gantry scene has none). MuJoCo's OpenGL renderer always draws them.
         num_contexts: GL contexts (worker threads); None: one per CPU core.
         tile_frames: frames per readback (tiles of one offscreen buffer), at most what fits in 1024x1024.
+        samples: multisampling (MSAA) samples per pixel; None keeps the model's
+            ``visual/quality/offsamples`` (MuJoCo's default and LIBERO's: 4; the fast gantry scene: 0).
     """
 
     width: int = 64
@@ -65,6 +73,7 @@ class RenderConfig:
     num_contexts: int | None = None
     tile_frames: int = 16
     textures: bool = False
+    samples: int | None = None
 
     def validate(self, cameras: tuple[str, ...] = S.CAMERAS) -> None:
         """Raise ValueError naming a bad field and the valid values (``cameras``: the model's)."""
@@ -75,6 +84,8 @@ class RenderConfig:
             raise ValueError(f"frame size {self.width}x{self.height}; width and height must be in [8, 1024]")
         if self.tile_frames < 1 or (self.num_contexts is not None and self.num_contexts < 1):
             raise ValueError("tile_frames and num_contexts must be at least 1")
+        if self.samples is not None and not 0 <= self.samples <= 16:
+            raise ValueError(f"samples={self.samples}; multisampling takes 0 (off) to 16 samples, or None (the model's)")
 
 
 def camera_names(model: mujoco.MjModel) -> tuple[str, ...]:
@@ -97,6 +108,24 @@ def project_points(cam_pos: np.ndarray, cam_mat: np.ndarray, fovy_deg: float, as
         uv = np.stack([local[:, 0] / (depth * tan_half * aspect), -local[:, 1] / (depth * tan_half)], axis=-1)
     uv[depth <= 0] = np.nan
     return uv
+
+
+def outside_view(cam_pos: np.ndarray, cam_mat: np.ndarray, fovy_deg: float, aspect: float, centres: np.ndarray,
+                 radii: np.ndarray) -> np.ndarray:
+    """Which bounding spheres (``centres`` [G, 3], ``radii`` [G]) lie wholly outside a pinhole
+    camera's view (MuJoCo's ``cam_xpos`` [3] / ``cam_xmat`` [9], looking along -z), bool [G].
+
+    Conservative: a sphere that touches the view pyramid (or straddles the camera) is inside, so
+    hiding the outside ones leaves the frame unchanged. A radius of 0 (planes) never culls.
+    """
+    local = (centres - cam_pos) @ cam_mat.reshape(3, 3)
+    depth = -local[:, 2]
+    tan_y = np.tan(np.deg2rad(fovy_deg) / 2.0)
+    tan_x = tan_y * aspect
+    # distance from a side plane of the pyramid: (|x| - depth tan) cos = (|x| - depth tan) / sqrt(1 + tan^2)
+    beyond_x = (np.abs(local[:, 0]) - depth * tan_x) > radii * np.sqrt(1.0 + tan_x * tan_x)
+    beyond_y = (np.abs(local[:, 1]) - depth * tan_y) > radii * np.sqrt(1.0 + tan_y * tan_y)
+    return (radii > 0) & ((depth < -radii) | beyond_x | beyond_y)
 
 
 #: What the batch renderer does on NVIDIA's EGL driver (measured on an H200, 64x64 RGB): about 377
@@ -128,6 +157,14 @@ class _Worker:
         self.config = config
         self.cols = max(1, min(1024 // config.width, config.tile_frames))
         self.rows = max(1, min(1024 // config.height, -(-config.tile_frames // self.cols)))
+        # MjrContext sizes its offscreen buffer from the model (LIBERO's: 640x480); tiles beyond it
+        # would be drawn outside the buffer and read back as garbage.
+        glob = self.model.vis.global_
+        glob.offwidth = max(glob.offwidth, self.cols * config.width)
+        glob.offheight = max(glob.offheight, self.rows * config.height)
+        if config.samples is not None:
+            self.model.vis.quality.offsamples = config.samples
+        self.model.vis.quality.shadowsize = 0  # shadows are never drawn (_FAST_OFF_FLAGS): LIBERO's 4096^2 map is 64 MB
         self.gl = GLContext(self.cols * config.width, self.rows * config.height)
         self.gl.make_current()
         self.vendor = _gl_vendor()
@@ -138,6 +175,12 @@ class _Worker:
             self.scene.flags[flag] = 0
         self.option = mujoco.MjvOption()
         self.option.sitegroup[:] = 0  # sites are markers for code, not for cameras
+        self.option.geomgroup[_CULLED_GROUP] = 0
+        drawn = np.flatnonzero((self.model.geom_type == mujoco.mjtGeom.mjGEOM_MESH)
+                               & np.isin(self.model.geom_group, np.flatnonzero(self.option.geomgroup)))
+        #: Mesh geoms the cameras draw: each frame hides those outside its camera's view (:func:`outside_view`).
+        self.cull_geoms = drawn
+        self.cull_groups = self.model.geom_group[drawn].copy()
         self.cameras = []
         self.aspect = config.width / config.height
         for name in config.cameras:
@@ -193,6 +236,11 @@ class _Worker:
                                                               m.cam_fovy[cam.fixedcamid], self.aspect, points[i])
                 row, col = divmod(t, self.cols)
                 rect = mujoco.MjrRect(col * cfg.width, row * cfg.height, cfg.width, cfg.height)
+                if len(self.cull_geoms):
+                    cam_id = self.cameras[c].fixedcamid
+                    out = outside_view(d.cam_xpos[cam_id], d.cam_xmat[cam_id], m.cam_fovy[cam_id], self.aspect,
+                                       d.geom_xpos[self.cull_geoms], m.geom_rbound[self.cull_geoms])
+                    m.geom_group[self.cull_geoms] = np.where(out, _CULLED_GROUP, self.cull_groups)
                 mujoco.mjv_updateScene(m, d, self.option, None, self.cameras[c],
                                        mujoco.mjtCatBit.mjCAT_ALL, self.scene)
                 mujoco.mjr_render(rect, self.scene, self.context)

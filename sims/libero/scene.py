@@ -32,6 +32,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from sims.libero.lod import apply_visual_lod
 from sims.libero.suites import cache_dir, parse_task_id, setup_hint
 
 # Panda joint servos (N m / rad, N m s / rad): stiff enough to hold a 5 cm step within a control
@@ -40,6 +41,8 @@ ARM_KP = (4500.0, 4500.0, 3500.0, 3500.0, 2000.0, 2000.0, 2000.0)
 ARM_KV = (450.0, 450.0, 350.0, 350.0, 200.0, 200.0, 200.0)
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 HAND_BODY = "robot0_right_hand"  # robosuite's eef body: LIBERO's robot0_eef_quat is its orientation
+#: Triangle budget of a visual-only mesh (:mod:`sims.libero.lod`); None draws LIBERO's full meshes.
+VISUAL_FACES = 2000
 
 
 @dataclass(frozen=True)
@@ -180,12 +183,16 @@ def _shrink_textures(spec: mujoco.MjSpec, folder: Path, max_size: int) -> None:
         tex.data = pixels.tobytes()
 
 
-def build_model(task: LiberoTask, max_texture: int | None = None) -> tuple[mujoco.MjModel, LiberoLayout]:
+def build_model(task: LiberoTask, max_texture: int | None = None,
+                visual_faces: int | None = VISUAL_FACES) -> tuple[mujoco.MjModel, LiberoLayout]:
     """Compile the task's scene with joint servos and goal contact sensors (see module docstring); with
-    ``max_texture``, 2D textures larger than that many pixels a side are downscaled to it."""
+    ``max_texture``, 2D textures larger than that many pixels a side are downscaled to it; its visual-only
+    meshes decimated to at most ``visual_faces`` triangles (None: full meshes)."""
     spec = mujoco.MjSpec.from_file(str(task.model_path))
     if max_texture is not None:
         _shrink_textures(spec, task.model_path.parent, max_texture)
+    if visual_faces is not None:  # before the colliders move: the raw model's inertia group is robosuite's
+        apply_visual_lod(spec, task.model_path.parent, task.model_path.parents[2], visual_faces)
     _servo_arm(spec, task.robot)
     for geom in spec.geoms:
         if geom.group == 0:  # robosuite's collision group (see module docstring)

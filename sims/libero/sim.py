@@ -26,7 +26,7 @@ import numpy as np
 
 from sims.backends import BatchBackend
 from sims.libero.predicates import GoalPredicates, Kinematics
-from sims.libero.scene import CAMERAS, LiberoLayout, LiberoTask, build_model
+from sims.libero.scene import CAMERAS, VISUAL_FACES, LiberoLayout, LiberoTask, build_model
 from sims.render import BatchRenderer, RenderConfig
 
 _FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "sensordata")
@@ -34,9 +34,12 @@ _FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "senso
 WARP_NCONMAX, WARP_NJMAX = 256, 1024
 
 
-def libero_render_config(size: int = 128, cameras: tuple[str, ...] = CAMERAS, **kw: Any) -> RenderConfig:
-    """A :class:`RenderConfig` of LIBERO's two cameras at ``size`` x ``size``, textures on."""
-    return RenderConfig(width=size, height=size, cameras=cameras, textures=True, **kw)
+def libero_render_config(size: int = 128, cameras: tuple[str, ...] = CAMERAS, samples: int = 0,
+                         **kw: Any) -> RenderConfig:
+    """A :class:`RenderConfig` of LIBERO's two cameras at ``size`` x ``size``, textures on, no
+    multisampling (LIBERO's model asks for 4 samples: twice the CPU per frame for anti-aliased edges,
+    a mean 2-level difference at 128x128; ``samples=4`` restores it)."""
+    return RenderConfig(width=size, height=size, cameras=cameras, textures=True, samples=samples, **kw)
 
 
 class _NoColours:
@@ -50,11 +53,13 @@ class LiberoSim:
 
     def __init__(self, task: LiberoTask, num_envs: int, *, backend: str = "batch", render: RenderConfig | None = None,
                  warp_device: str = "auto", num_threads: int | None = None,
-                 model: tuple[mujoco.MjModel, LiberoLayout] | None = None):
+                 model: tuple[mujoco.MjModel, LiberoLayout] | None = None, visual_faces: int | None = VISUAL_FACES):
         """Args: task (:func:`sims.libero.scene.load_task`); num_envs; backend ("batch" or "warp");
         render: frames to produce (None: none); warp_device; num_threads (batch; None: all CPUs);
         model: the task's :func:`~sims.libero.scene.build_model` result to share (None: build it; a
-        LIBERO model takes about 0.5 GB, mostly textures).
+        LIBERO model takes about 0.5 GB, mostly textures); visual_faces: triangle budget of each
+        visual-only mesh when the model is built here (:mod:`sims.libero.lod`; None: LIBERO's full
+        meshes; physics is the same either way).
 
         Raises:
             ValueError: an unknown backend.
@@ -62,7 +67,7 @@ class LiberoSim:
         if backend not in ("batch", "warp"):
             raise ValueError(f"unknown backend {backend!r} for LIBERO; valid backends: batch, warp")
         self.task, self.num_envs, self.backend_name = task, num_envs, backend
-        self.model, self.layout = model or build_model(task)
+        self.model, self.layout = model or build_model(task, visual_faces=visual_faces)
         self.goal = GoalPredicates(task.goal, self.model, self.layout.contact_sensor)
         self.render_config = render
         self.renderer = None

@@ -129,4 +129,4 @@ def test_docs_table_equals_the_committed_json():
         for shown, value in zip(row[2:], expected[2:]):
             digits = len(shown.partition(".")[2])
             assert abs(float(shown.replace(",", "")) - value) <= 0.5 * 10**-digits + 1e-9, (row, expected)
-    assert r["best_speedup"] == max(r["speedup"].values()) and r["target_met"] is False
+    assert r["best_speedup"] == max(r["speedup"].values()) and r["target_met"] == (r["best_speedup"] >= 20)

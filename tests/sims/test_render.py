@@ -176,3 +176,40 @@ def test_nvidia_egl_steers_to_the_warp_renderer(monkeypatch) -> None:
                                             r"env.backend=warp"):
         renderer = R.BatchRenderer(model, RenderConfig(num_contexts=1))
     assert renderer.gl_vendor == "NVIDIA Corporation"
+
+
+def test_tiles_beyond_the_models_offscreen_size_are_drawn() -> None:
+    """A model whose offscreen buffer (``offwidth``/``offheight``, LIBERO's 640x480) is smaller than
+    the renderer's tiles: every environment of one state still gets the same frame."""
+    from sims.render import BatchRenderer
+
+    xml = """<mujoco><visual><global offwidth="64" offheight="64"/></visual><worldbody>
+      <light pos="0 0 3"/><camera name="front" pos="0 -1 0.3" xyaxes="1 0 0 0 0.3 1"/>
+      <geom type="box" size="0.2 0.2 0.2" rgba="0.9 0.2 0.1 1"/></worldbody></mujoco>"""
+    model = mujoco.MjModel.from_xml_string(xml)
+
+    class _Layout:
+        colour_geoms = np.zeros(0, np.int64)
+
+    renderer = BatchRenderer(model, RenderConfig(width=32, height=32, cameras=("front",), num_contexts=1,
+                                                 tile_frames=8))
+    try:
+        n = 8  # tiles 0..7 span 256 pixels of a 64-pixel-wide model buffer
+        rgb = renderer.render(np.zeros((n, 0)), np.zeros((n, 0, 3)), np.zeros((n, 0, 4)), _Layout())["rgb"]
+    finally:
+        renderer.close()
+    assert rgb[0, 0, 0].max() > 100  # the red box is in the frame (channel 0: red)
+    assert (rgb == rgb[:1]).all(), "frames of identical states differ: tiles outside the offscreen buffer"
+
+
+def test_outside_view_culls_only_spheres_wholly_outside() -> None:
+    """The camera at the origin looks along -z with a 90 degree vertical field (aspect 1)."""
+    from sims.render import outside_view
+
+    centres = np.array([[0, 0, -2.0], [0, 0, 2.0], [0, 0, 0.5], [3.0, 0, -1.0], [1.5, 0, -1.0], [0, -5.0, -1.0],
+                        [0, 0, 5.0]])
+    radii = np.array([0.1, 0.1, 1.0, 0.1, 0.4, 0.1, 0.0])
+    out = outside_view(np.zeros(3), np.eye(3).ravel(), 90.0, 1.0, centres, radii)
+    # ahead; behind; straddling the camera; beside; touching the side plane (0.5 / sqrt 2 < 0.4); below;
+    # radius 0 (a plane) is never culled
+    assert out.tolist() == [False, True, False, True, False, True, False]
