@@ -127,18 +127,47 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     """The gymnasium and TensorDict edges of a vector env whose core is ``reset_arrays`` / ``step_arrays``.
 
     A subclass sets ``num_envs``, ``single_action_space``, ``device`` (None: numpy on the host, else the
-    torch device of its arrays), ``_ax`` (the module of its arrays) and ``_obs`` (the last observation,
-    None before the first reset), and implements ``reset_arrays(seed, mask)`` and ``step_arrays(action)``
-    (see :meth:`SimVectorEnv.step_arrays`).
+    torch device of its arrays), ``_ax`` (the module of its arrays), ``config`` (its ``group_size``),
+    ``_seed`` and ``_episode`` (the episode stream's seed and each environment's episode count, int [N])
+    and ``_obs`` (the last observation, None before the first reset), and implements
+    ``_start_episodes(ids)``, ``_observe_reset()`` (refresh ``_obs``) and ``step_arrays(action)`` (see
+    :meth:`SimVectorEnv.step_arrays`).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
     num_envs: int
     device: Any
+    config: Any
     _ax: Any
     _obs: dict[str, Any] | None
+    _seed: int
+    _episode: np.ndarray
 
     def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
+        """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
+        if mask is None:
+            ids = np.arange(self.num_envs)
+        else:
+            mask = np.asarray(mask)
+            if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
+                raise ValueError(f"reset mask must be a bool array of shape ({self.num_envs},); "
+                                 f"got {mask.dtype} {mask.shape}")
+            ids = np.flatnonzero(mask)
+        if seed is not None:  # restart the episode streams of the environments reset here
+            self._seed = int(seed)
+            self._episode[ids] = 0
+        else:  # group members may have run different numbers of episodes: they restart together
+            g = self.config.group_size
+            self._episode[ids] = self._episode.reshape(-1, g).max(axis=1)[ids // g]
+        if len(ids):
+            self._start_episodes(ids)
+        self._observe_reset()
+        return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
+
+    def _start_episodes(self, ids: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _observe_reset(self) -> None:
         raise NotImplementedError
 
     def step_arrays(self, action: Any) -> dict[str, Any]:
@@ -407,26 +436,8 @@ class SimVectorEnv(ArrayVectorEnv):
         return {"observation": obs, "final_observation": final, "reward": reward,
                 "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
 
-    def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
-        """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
-        if mask is None:
-            ids = np.arange(self.num_envs)
-        else:
-            mask = np.asarray(mask)
-            if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
-                raise ValueError(f"reset mask must be a bool array of shape ({self.num_envs},); "
-                                 f"got {mask.dtype} {mask.shape}")
-            ids = np.flatnonzero(mask)
-        if seed is not None:  # restart the episode streams of the environments reset here
-            self._seed = int(seed)
-            self._episode[ids] = 0
-        else:  # group members may have run different numbers of episodes: they restart together
-            g = self.config.group_size
-            self._episode[ids] = self._episode.reshape(-1, g).max(axis=1)[ids // g]
-        if len(ids):
-            self._start_episodes(ids)
+    def _observe_reset(self) -> None:
         self._obs, self._shaped, _ = self._observe()
-        return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
 
     def entity_phrases(self) -> list[tuple[str, str]]:
         """Each environment's current episode's entities as instructions name them, ``("red block", "blue target")``."""

@@ -46,7 +46,7 @@ from sims.libero.scene import LiberoLayout, LiberoTask, build_model, load_lan, l
 from sims.libero.sim import LiberoSim
 from sims.libero.suites import SUITES, TASKS_PER_SUITE, parse_task_id
 from sims.render import RenderConfig
-from sims.vec_env import ArrayVectorEnv
+from sims.vec_env import ArrayVectorEnv, EnvConfig
 
 PREFIX = "libero_"
 LIBERO_SPLITS = ("train", "validation", "fixed", "lan")
@@ -84,41 +84,36 @@ def resolve_libero_task(task: str) -> tuple[str, ...]:
                          f"with suite one of {', '.join(SUITES)} (e.g. libero_spatial, libero_goal/3)") from None
 
 
+GANTRY_ONLY = ("frame_skip", "max_delta", "env_offset", "task_weights", "warp_deterministic", "warp_uncaptured")
+"""Fields of :class:`sims.EnvConfig` that a LIBERO env does not read (see :class:`LiberoEnvConfig`)."""
+
+
 @dataclass(frozen=True)
-class LiberoEnvConfig:
-    """Configuration of a :class:`LiberoVectorEnv` (see the module docstring).
+class LiberoEnvConfig(EnvConfig):
+    """Configuration of a :class:`LiberoVectorEnv` (see the module docstring): the fields of
+    :class:`sims.EnvConfig` (one description of a simulator env), with LIBERO's defaults and meaning where
+    they differ, and LIBERO's own fields.
 
     Attributes:
         task: ``libero_<suite>`` or ``libero_<suite>/<i>``.
         num_envs: environments N (at least one group per task).
-        seed: base seed of the ``train`` / ``validation`` episode streams.
         split: one of :data:`LIBERO_SPLITS`.
         render: camera frames (None: none); LIBERO's textures are always on, and its ``num_contexts`` GL
             contexts (None: one per CPU core) are shared out over the tasks, at least one each.
-        backend: ``batch`` or ``warp``; warp_device: the Warp backend's device.
-        num_threads: physics threads of the batch backend (None: all CPUs).
-        group_size: consecutive groups of this many environments start every episode from the same state.
-        terminate_on_success: end an episode at its first success.
+        backend: ``batch`` or ``warp``.
         reward: ``success`` only (LIBERO's goals are predicates; there is no shaped reward).
-        success_bonus: added to the reward at every successful step.
         max_steps: episode length in control steps (None: :data:`MAX_STEPS` of the suite).
         settle_steps: control steps held still before an episode's first observation.
         jitter: largest x/y shift of each free object in the ``train`` and ``validation`` splits, metres.
         cache: the task cache (None: :func:`sims.libero.suites.cache_dir`'s default).
+
+    The gantry-only fields (``frame_skip``, ``max_delta``: LIBERO's controller runs at the task's 20 Hz;
+    ``env_offset``, ``task_weights``, ``warp_deterministic``, ``warp_uncaptured``) must keep their defaults.
     """
 
     task: str = "libero_spatial"
     num_envs: int = 10
-    seed: int = 0
-    split: str = "train"
-    render: RenderConfig | None = None
-    backend: str = "batch"
-    warp_device: str = "auto"
-    num_threads: int | None = None
-    group_size: int = 1
-    terminate_on_success: bool = True
     reward: str = "success"
-    success_bonus: float = 0.0
     max_steps: int | None = None
     settle_steps: int = SETTLE_STEPS
     jitter: float = 0.01
@@ -131,6 +126,10 @@ class LiberoEnvConfig:
             ValueError: a bad field, naming it and the fix.
         """
         ids = resolve_libero_task(self.task)
+        unused = [f"{name}={getattr(self, name)!r}" for name in GANTRY_ONLY
+                  if getattr(self, name) != getattr(EnvConfig, name)]
+        if unused:
+            raise ValueError(f"{', '.join(unused)}: gantry-only settings a LIBERO env does not use; leave them unset")
         if self.split not in LIBERO_SPLITS:
             raise ValueError(f"split={self.split!r} is not a LIBERO split; valid: {', '.join(LIBERO_SPLITS)}")
         if self.reward != "success":
@@ -355,24 +354,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
         return {"observation": obs, "final_observation": final, "reward": reward,
                 "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
 
-    def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
-        """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
-        ids = np.arange(self.num_envs)
-        if mask is not None:
-            mask = np.asarray(mask)
-            if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
-                raise ValueError(f"reset mask must be a bool array of shape ({self.num_envs},); got {mask.dtype} {mask.shape}")
-            ids = np.flatnonzero(mask)
-        if seed is not None:
-            self._seed = int(seed)
-            self._episode[ids] = 0
-        else:  # group members may have run different numbers of episodes: they restart together
-            g = self.config.group_size
-            self._episode[ids] = self._episode.reshape(-1, g).max(axis=1)[ids // g]
-        if len(ids):
-            self._start_episodes(ids)
+    def _observe_reset(self) -> None:
         self._obs, _ = self._observe()
-        return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
 
     def get_state(self) -> dict[str, Any]:
         """Not offered: LIBERO episodes start from velocities the batch backend's replay log does not hold.

@@ -126,6 +126,9 @@ def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
         LiberoEnvConfig(task="libero_spatial/0", split="paraphrase").validate()
     with pytest.raises(ValueError, match=r"num_envs=4 .* use num_envs >= 10"):
         LiberoEnvConfig(task="libero_spatial", num_envs=4).validate()
+    with pytest.raises(ValueError, match=r"^env_offset=10: gantry-only settings a LIBERO env does not use"):
+        LiberoEnvConfig(task="libero_spatial/0", env_offset=10).validate()
+    assert isinstance(LiberoEnvConfig(), sims.EnvConfig)  # one description of a simulator env
     with pytest.raises(FileNotFoundError, match=r"not in the cache .*setup_libero.py --tasks spatial/0"):
         LiberoVectorEnv(LiberoEnvConfig(task="libero_spatial/0", cache=str(tmp_path)))
     meta = (load_task("spatial/0").model_path.parent / "task.json").read_text()
