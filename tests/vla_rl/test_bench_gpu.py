@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,11 +65,16 @@ def test_package_check_follows_imports_into_the_project(monkeypatch, capsys):
     assert "missing Python modules: imageio_ffmpeg (imported by vla_rl/demos/" in capsys.readouterr().err
 
 
+def _normalised(dist: str) -> str:
+    """A distribution name as the package index compares them (PEP 503): fast_simplification = fast-simplification."""
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
 def test_prepared_wheels_cover_every_module_the_gpu_scripts_import():
     lines = (line.split("#")[0].strip() for line in (DEVICE / "packages.txt").read_text().splitlines())
-    dists = {line.lower() for line in lines if line}
+    dists = {_normalised(line) for line in lines if line}
     shipped = {module for module, owners in importlib.metadata.packages_distributions().items()
-               if {o.lower() for o in owners} & dists}
+               if {_normalised(o) for o in owners} & dists}
     needed = set(check_imports.required_modules(GPU_SCRIPTS))
     assert {"imageio_ffmpeg", "sortedcontainers", "mujoco_warp", "warp"} <= needed
     assert needed - shipped - GPU_MACHINE_HAS == set()
