@@ -96,6 +96,9 @@ class StopRequest:
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._request)
+            # Restart system calls the signal interrupts: C code that does not retry on EINTR (gloo's
+            # socket reads in a data-parallel all-reduce) would otherwise fail mid-collective.
+            signal.siginterrupt(signal.SIGTERM, False)
         return self
 
     def __exit__(self, *exc: object) -> None:
