@@ -26,10 +26,9 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from infra.common.files import atomic_path
-from sims.libero.expert import PHASES, expert_for
+from sims.libero.expert import run_episodes
 from sims.libero.scene import CAMERAS, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
-from sims.libero.suites import MAX_STEPS
 
 
 def run(task_id: str, state: int, size: int, max_steps: int | None) -> tuple[list[np.ndarray], bool, str]:
@@ -37,19 +36,18 @@ def run(task_id: str, state: int, size: int, max_steps: int | None) -> tuple[lis
     step (the first before any action), whether it succeeded, and the task's instruction."""
     task = load_task(task_id)
     sim = LiberoSim(task, 1, render=libero_render_config(size, num_contexts=1), num_threads=1)
+    frames: list[np.ndarray] = []
+    bar = tqdm(desc=f"{task_id} state {state}", unit="step")
+
+    def record() -> None:
+        frames.append(np.asarray(sim.render())[0])
+        bar.update()
+
     try:
-        sim.reset(np.array([state]))
-        expert = expert_for(sim)
-        expert.reset()
-        frames = [np.asarray(sim.render())[0]]
-        limit = MAX_STEPS[task_id.split("/")[0]] if max_steps is None else max_steps
-        for _ in tqdm(range(limit), desc=f"{task_id} state {state}"):
-            sim.step(expert.ctl(sim, expert.act()))
-            frames.append(np.asarray(sim.render())[0])
-            if (expert.phase == len(PHASES) - 1).all():
-                break
-        return frames, bool(np.asarray(sim.success())[0]), task.instruction
+        success = run_episodes(sim, np.array([state]), max_steps, on_step=record)
+        return frames, bool(success[0]), task.instruction
     finally:
+        bar.close()
         sim.close()
 
 

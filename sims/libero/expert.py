@@ -23,6 +23,8 @@ episode, from the settled scene:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mujoco
 import numpy as np
 
@@ -446,16 +448,22 @@ def expert_for(sim: LiberoSim) -> PickPlaceExpert:
     return experts[suite](sim)
 
 
-def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int | None = None) -> np.ndarray:
+def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int | None = None,
+                 on_step: Callable[[], None] | None = None) -> np.ndarray:
     """Run the suite's expert from initial states ``state_index`` [N] for at most ``max_steps``
-    (default: the suite's LIBERO limit, :data:`sims.libero.suites.MAX_STEPS`); returns success at
-    the end, bool [N]."""
+    (default: the suite's LIBERO limit, :data:`sims.libero.suites.MAX_STEPS`), calling ``on_step``
+    after the reset and after every control step (to record frames); returns success at the end,
+    bool [N]."""
     max_steps = MAX_STEPS[sim.task.task_id.split("/")[0]] if max_steps is None else max_steps
     sim.reset(state_index)
     expert = expert_for(sim)
     expert.reset()
+    if on_step is not None:
+        on_step()
     for _ in range(max_steps):
         sim.step(expert.ctl(sim, expert.act()))
+        if on_step is not None:
+            on_step()
         if (expert.phase == len(PHASES) - 1).all():
             break
     return to_numpy(sim.success())
