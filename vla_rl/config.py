@@ -215,6 +215,10 @@ class SFTConfig:
     token_dropout: float = 0.0
     """Language augmentation (``policy.language: tokens``): the probability that each token of a frame's
     instruction is hidden from the policy, so that no single word of a training template is relied on."""
+    image_shift: int = 0
+    """Image augmentation: each camera image of a frame is shifted by up to ``image_shift`` pixels in x and
+    y (edge pixels repeated, a DrQ-style random shift), so that the policy does not key on exact pixel
+    positions of the few scenes its demonstrations show. 0 disables it."""
     token_tail_cut: bool = False
     """With ``token_dropout``: also hide, in each minibatch, every token past the largest number of tokens
     any of its frames kept, so the longest instructions (push and stack, two entities) often lose their
@@ -493,6 +497,7 @@ RANGES: dict[str, Range] = {
     "sft.iterations": AT_LEAST_1, "sft.updates": AT_LEAST_1, "sft.batch_size": AT_LEAST_1,
     "sft.template_mix": Range(0, 4), "sft.instruction_noise": Range(0, 2),
     "sft.token_dropout": Range(0, 0.9),
+    "sft.image_shift": Range(0, 32),
     **{f"{algo}.optim.{key}": r for algo in ("ppo", "grpo", "distill", "sft") for key, r in OPTIM_RANGES.items()},
     "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
     "log.video_every": AT_LEAST_1, **{f"fleet.{key}": r for key, r in FLEET_RANGES.items()},

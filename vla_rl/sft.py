@@ -12,7 +12,8 @@ The policy's auxiliary perception losses are added where the dataset carries the
 Language augmentation (``sft.template_mix``, ``sft.instruction_noise``, ``sft.token_dropout``) hands
 the policy a perturbed instruction embedding per frame (``instruction_embedding``, which takes the
 place of the indexed one): the recorded instructions are a few templates, and an unaugmented policy
-learns their exact embeddings and loses 20-40 pp on paraphrases it never saw.
+learns their exact embeddings and loses 20-40 pp on paraphrases it never saw. Image augmentation
+(``sft.image_shift``, :func:`random_shift`) moves each camera image by a few pixels.
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ def paraphrase_table(instructions: list[str], groups: list[tuple[str, ...]]) -> 
             members[i] = rows
     width = max(len(m) for m in members)
     return torch.tensor([m + [m[0]] * (width - len(m)) for m in members], dtype=torch.int64)
+
+
+def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """``images`` uint8 ``[B, C, 3, H, W]``, each of the B x C images shifted by its own offsets in
+    ``[-pad, pad]`` pixels in x and y (the trainer's torch RNG); pixels shifted in from outside repeat
+    the edge (replicate padding, then a crop back to H x W). Same shape and dtype."""
+    b, c, ch, h, w = images.shape
+    flat = images.reshape(b * c, ch, h, w).permute(0, 2, 3, 1)  # [BC, H, W, 3]: gather whole pixels
+    offsets = torch.randint(-pad, pad + 1, (b * c, 2), device=images.device)
+    rows = (torch.arange(h, device=images.device) + offsets[:, :1]).clamp(0, h - 1)  # [BC, H]
+    cols = (torch.arange(w, device=images.device) + offsets[:, 1:]).clamp(0, w - 1)  # [BC, W]
+    which = torch.arange(b * c, device=images.device)[:, None, None]
+    shifted = flat[which, rows[:, :, None], cols[:, None, :]]  # [BC, H, W, 3]
+    return shifted.permute(0, 3, 1, 2).reshape(b, c, ch, h, w)
 
 
 class LanguageAugment:
@@ -192,6 +207,8 @@ class SFT(Algorithm):
             mb = batch[start : start + self.cfg.batch_size]
             if self.augment is not None:
                 mb["obs"][INSTRUCTION_EMBEDDING] = self.augment(mb["obs"]["instruction"].cpu()).to(self.device)
+            if self.cfg.image_shift > 0 and "rgb" in mb["obs"].keys():  # noqa: SIM118 (TensorDict has no `in`)
+                mb["obs"]["rgb"] = random_shift(mb["obs"]["rgb"], self.cfg.image_shift)
             dist, _, aux = self.policy.evaluate_terms(mb["obs"])
             nll = -dist.log_prob(mb["action"]).mean()
             entropy = dist.entropy()

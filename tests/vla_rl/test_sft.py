@@ -84,7 +84,7 @@ def test_rl_from_the_sft_checkpoint_starts_at_its_success_and_warms_the_critic_u
 def test_sft_of_the_default_vla_lowers_its_loss_on_pixels(demos, tmp_path):
     cfg = load_config(CONFIG_DIR / "default.yaml", [f"out_dir={tmp_path}", "name=vla", "algo=sft",
                                                     f"sft.dataset={demos}", "sft.iterations=4", "sft.updates=10",
-                                                    "sft.batch_size=64", "eval.every=0", *QUIET])
+                                                    "sft.batch_size=64", "sft.image_shift=2", "eval.every=0", *QUIET])
     trainer = Trainer(cfg)
     trainer.train()
     trainer.close()
@@ -114,6 +114,25 @@ def test_sft_and_init_from_refuse_bad_input(tmp_path, demos):
         _state_job(tmp_path, "x", "ppo.optim.ref_kl_coef=0.1")
     with pytest.raises(ConfigError, match="does not issue"):
         Trainer(_state_job(tmp_path, "x", "algo=sft", f"sft.dataset={demos}", "env.task=push"))
+
+
+def test_random_shift_moves_each_camera_image_by_its_own_offset_within_the_pad():
+    from vla_rl.sft import random_shift
+
+    images = torch.randint(0, 256, (6, 2, 3, 12, 10), dtype=torch.uint8)
+    assert torch.equal(random_shift(images, 0), images)
+    torch.manual_seed(0)
+    out = random_shift(images, 2)
+    assert out.shape == images.shape and out.dtype == torch.uint8
+    offsets = set()
+    for b in range(6):
+        for c in range(2):
+            padded = torch.nn.functional.pad(images[b, c].float()[None], (2, 2, 2, 2), mode="replicate")[0]
+            found = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
+                     if torch.equal(padded[:, 2 + dy:14 + dy, 2 + dx:12 + dx].to(torch.uint8), out[b, c])]
+            assert found, "every image is a replicate-padded crop within 2 pixels"
+            offsets.add(found[0])
+    assert len(offsets) > 3, "offsets are drawn per image and camera"
 
 
 def test_language_augmentation_moves_toward_templates_of_the_same_meaning():
