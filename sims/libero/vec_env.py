@@ -372,13 +372,39 @@ class LiberoVectorEnv(ArrayVectorEnv):
     def _observe_reset(self) -> None:
         self._obs, _ = self._observe()
 
+    # ----------------------------------------------------------------------------- snapshots
+    _EPISODE_FIELDS = ("_steps", "_episode", "state_index")
+
     def get_state(self) -> dict[str, Any]:
-        """Not offered: LIBERO episodes start from velocities the batch backend's replay log does not hold.
+        """A snapshot of every environment (plain data): each task's physics (its backend's snapshot),
+        episode steps, episode counts and initial-state indices [N], the seed, whether it was reset.
+
+        The next episodes' initial states follow from the seed and the episode counts (the jittered
+        splits draw from ``(seed, group, episode)``, the fixed ones play states in order), so
+        :meth:`set_state` on an env of the same :class:`LiberoEnvConfig` continues bit for bit.
+        """
+        return {"tasks": list(self.task_names), "split": self.config.split, "seed": self._seed,
+                "started": self._obs is not None, "sims": [sim.get_state() for sim in self.sims],
+                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
 
         Raises:
-            NotImplementedError: always (the trainer then resumes with fresh episodes, with a warning).
+            ValueError: the snapshot is of other tasks, another split or number of environments.
         """
-        raise NotImplementedError("LIBERO environments do not snapshot; a resumed run restarts their episodes")
+        saved = (list(state["tasks"]), state["split"], *(np.shape(state[k]) for k in self._EPISODE_FIELDS))
+        ours = (list(self.task_names), self.config.split, *(getattr(self, k).shape for k in self._EPISODE_FIELDS))
+        if saved != ours:
+            raise ValueError(f"environment snapshot of tasks, split and sizes {saved} does not fit this env's {ours}; "
+                             "build the env with the config it was saved with")
+        for sim, sim_state in zip(self.sims, state["sims"], strict=True):
+            sim.restore(sim_state)
+        for key in self._EPISODE_FIELDS:
+            setattr(self, key, np.array(state[key], dtype=np.int64))
+        self._seed = int(state["seed"])
+        # An observation is a function of the current state (the autoreset ones too: taken after the reset).
+        self._obs = self._observe()[0] if state["started"] else None
 
     def close(self, **kwargs: Any) -> None:
         """Release the renderers' GL contexts."""
