@@ -8,6 +8,8 @@ task and its _lan variant into the cache if they are missing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -160,6 +162,28 @@ def test_a_snapshot_refuses_an_env_of_another_config(cached):
     state["sims"][0]["rows"] = state["sims"][0]["rows"][:1]
     with pytest.raises(ValueError, match=r"cannot be restored into a batch of"):
         _env(max_steps=5).set_state(state)
+
+
+def test_visual_faces_from_a_training_config_reaches_the_env_and_bad_values_are_one_line(cached):
+    """``env.visual_faces`` sets the mesh detail the trainer's LIBERO env draws (null: LIBERO's full meshes), each
+    setting its own shared model; a budget below the minimum, or the key on a gantry task, is a one-line error."""
+    from sims.libero.scene import MIN_VISUAL_FACES, VISUAL_FACES
+    from vla_rl.envs import make_env
+
+    faces = {}
+    for value in ("null", "400", str(VISUAL_FACES)):
+        cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", f"env.visual_faces={value}"])
+        env = make_env(dataclasses.replace(cfg.env, render=False), seed=0, num_envs=2)  # no GL contexts needed
+        faces[value] = int(env.sims[0].model.mesh_facenum.sum())
+        env.close()
+    assert faces["null"] > faces[str(VISUAL_FACES)] > faces["400"], faces  # full > 2000 per mesh > 400 per mesh
+    assert shared_model(load_task("spatial/0"))[0].mesh_facenum.sum() == faces[str(VISUAL_FACES)]  # the default
+    with pytest.raises(ConfigError, match=rf"^env.visual_faces=50 must be at least {MIN_VISUAL_FACES}$"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.visual_faces=50"])
+    with pytest.raises(ConfigError, match=r"^env.visual_faces=1000 sets the mesh detail of LIBERO scenes; .*remove it$"):
+        load_config(CONFIG_DIR / "default.yaml", ["env.visual_faces=1000"])
+    with pytest.raises(ValueError, match=r"^visual_faces=3: give at least .*or None for LIBERO's full meshes$"):
+        LiberoEnvConfig(task="libero_spatial/0", visual_faces=3).validate()
 
 
 def test_a_suite_renders_its_tasks_side_by_side_with_the_frames_each_task_renders_alone(cached):
