@@ -25,6 +25,10 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
   ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
   same scenes with paraphrased instructions and the variant's own 50 fixed initial states.
+- **Snapshots**: :meth:`LiberoVectorEnv.get_state` / :meth:`~LiberoVectorEnv.set_state` (plain data, for
+  checkpoints) continue bit for bit in an env of the same config, frames included.
+- **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.lod`; None: LIBERO's
+  full meshes); frames only, the physics is the same.
 """
 
 from __future__ import annotations
