@@ -3,7 +3,8 @@
 A backend holds ``num_envs`` simulations of one model and offers:
 
 - ``set_state(ids, qpos, mocap_pos, ctrl)``: start those simulations afresh from these values
-  (velocities, warm starts and time zeroed);
+  (velocities, warm starts and time zeroed; ``batch`` and ``warp`` also take ``qvel=`` [n, nv], the
+  velocities to start from);
 - ``step(ctrl)``: apply controls [N, nu] to all simulations and advance ``frame_skip`` substeps;
 - ``qpos``, ``qvel``, ``mocap_pos``: the current state, arrays of the backend's module ``xp``;
 - ``xp``: the array module that :func:`sims.tasks.task_signals` runs with (``numpy``, ``jax.numpy``,
@@ -76,7 +77,8 @@ class BatchBackend:
         self._base = 0
         self._log: list[np.ndarray] = []
         self._start_step = np.zeros(num_envs, np.int64)
-        self._start = {"qpos": self._qpos.copy(), "mocap_pos": self._mocap_pos.copy(), "ctrl": self._ctrl.copy()}
+        self._start = {"qpos": self._qpos.copy(), "qvel": self._qvel.copy(), "mocap_pos": self._mocap_pos.copy(),
+                       "ctrl": self._ctrl.copy()}
 
     def compile(self, fn: Any) -> Any:
         """``fn`` as this backend runs it (numpy: as it is)."""
@@ -94,19 +96,25 @@ class BatchBackend:
     def mocap_pos(self) -> np.ndarray:
         return self._mocap_pos
 
-    def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
-        """Restart simulations ``ids`` from these positions, mocap placements and controls."""
-        self._start_sims(ids, qpos, mocap_pos, ctrl)
-        self._start["qpos"][ids], self._start["mocap_pos"][ids], self._start["ctrl"][ids] = qpos, mocap_pos, ctrl
+    def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray,
+                  qvel: np.ndarray | None = None) -> None:
+        """Restart simulations ``ids`` from these positions, mocap placements and controls, at rest or with
+        velocities ``qvel`` [n, nv]."""
+        qvel = np.zeros((len(ids), self.model.nv)) if qvel is None else qvel
+        self._start_sims(ids, qpos, qvel, mocap_pos, ctrl)
+        for key, value in (("qpos", qpos), ("qvel", qvel), ("mocap_pos", mocap_pos), ("ctrl", ctrl)):
+            self._start[key][ids] = value
         self._start_step[ids] = self._t
         drop = int(self._start_step.min()) - self._base
         if drop > 0:  # no running episode needs these controls any more
             del self._log[:drop]
             self._base += drop
 
-    def _start_sims(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
+    def _start_sims(self, ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray, mocap_pos: np.ndarray,
+                    ctrl: np.ndarray) -> None:
         self.batch.reset(ids, stage=mujoco.mjtStage.mjSTAGE_NONE)
         self._qpos[ids] = qpos
+        self._qvel[ids] = qvel
         self._mocap_pos[ids] = mocap_pos
         self._ctrl[ids] = ctrl
 
@@ -135,8 +143,9 @@ class BatchBackend:
             raise ValueError(f"simulator snapshot of shape {rows.shape} cannot be restored into a batch of "
                              f"{self.batch.state.shape} (num_envs x state size); build the env as it was saved")
         ids = np.arange(rows.shape[0])
-        start = state["start"]
-        self._start_sims(ids, start["qpos"], start["mocap_pos"], start["ctrl"])
+        # A snapshot without start velocities (written before set_state took them) started at rest.
+        start = {"qvel": np.zeros((len(ids), self.model.nv)), **state["start"]}
+        self._start_sims(ids, start["qpos"], start["qvel"], start["mocap_pos"], start["ctrl"])
         for t in range(len(controls)):
             live = ids[offset <= t]
             if len(live):

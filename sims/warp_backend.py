@@ -312,8 +312,9 @@ class WarpBackend:
     def mocap_pos(self) -> torch.Tensor:
         return self._mocap_pos
 
-    def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray) -> None:
-        """Restart worlds ``ids`` (velocities, warm starts, sleep, time zeroed) from these values."""
+    def set_state(self, ids: np.ndarray, qpos: np.ndarray, mocap_pos: np.ndarray, ctrl: np.ndarray,
+                  qvel: np.ndarray | None = None) -> None:
+        """Restart worlds ``ids`` (warm starts, sleep, time zeroed; velocities zeroed, or ``qvel`` [n, nv]) from these values."""
         idx = torch.as_tensor(ids, device=self.device)
         self._reset_mask.zero_()
         self._reset_mask[idx] = True
@@ -322,6 +323,8 @@ class WarpBackend:
         self._qpos[idx] = self.ax.asarray(qpos)
         self._mocap_pos[idx] = self.ax.asarray(mocap_pos)
         self._ctrl[idx] = self.ax.asarray(ctrl)
+        if qvel is not None:
+            self._qvel[idx] = self.ax.asarray(qvel)
 
     def step(self, ctrl: torch.Tensor) -> None:
         """Apply ``ctrl`` [N, nu] and advance every world by ``frame_skip`` substeps.

@@ -41,6 +41,7 @@ from rlcore.update_config import (
     Range,
     out_of_range,
 )
+from sims.libero.scene import MIN_VISUAL_FACES, VISUAL_FACES
 from vla_rl.fleet.section import FLEET_RANGES, FleetConfig, validate_fleet
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -95,6 +96,9 @@ class TrainEnvConfig:
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None
     """Episode length limit (gymnasium and LIBERO); ``None`` keeps the environment's own limit (LIBERO's per suite)."""
+    visual_faces: int | None = VISUAL_FACES
+    """LIBERO only: triangle budget of each visual-only mesh (decimated copies, ``sims.libero.lod``; at least
+    ``sims.libero.scene.MIN_VISUAL_FACES``); ``null`` draws LIBERO's full meshes. Frames only: physics is the same."""
     terminate_on_success: bool = _SIMS.terminate_on_success
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
     reward: str = _SIMS.reward
@@ -116,7 +120,11 @@ class TrainEnvConfig:
         _check_numbers(self, "env.")
         if is_libero(self):
             _check_libero_env(self)
-        elif self.kind == "sims":
+            return
+        if self.visual_faces != VISUAL_FACES:
+            raise ConfigError(f"env.visual_faces={self.visual_faces} sets the mesh detail of LIBERO scenes; "
+                              f"env.task={self.task!r} has none: remove it")
+        if self.kind == "sims":
             from sims.tasks import TASK_NAMES
 
             valid = [*TASK_NAMES, "suite", "libero_<suite>", "libero_<suite>/<i>"]
@@ -489,7 +497,7 @@ RANGES: dict[str, Range] = {
     "seed": Range(0, 2**31 - 1), "total_env_steps": AT_LEAST_1, "stop_success": FRACTION,
     "checkpoint_every": AT_LEAST_1, "torch_threads": AT_LEAST_1, "init_log_std": Range(-10, 2),
     "env.num_envs": AT_LEAST_1, "env.image_size": Range(8, 1024), "env.max_episode_steps": AT_LEAST_1,
-    "env.success_bonus": Range(0, 100),
+    "env.success_bonus": Range(0, 100), "env.visual_faces": Range(MIN_VISUAL_FACES),
     "ppo.rollout_steps": AT_LEAST_1, "ppo.gamma": FRACTION, "ppo.gae_lambda": FRACTION, "ppo.vf_coef": NON_NEGATIVE,
     **{f"grpo.{key}": r for key, r in GRPO_RANGES.items() if not key.startswith("optim.")},
     "distill.rollout_steps": AT_LEAST_1, "distill.teacher_iterations": NON_NEGATIVE,

@@ -249,7 +249,8 @@ def _make_libero(cfg: TrainEnvConfig, n: int, *, seed: int, split: str, group_si
     return make_libero_env(cfg.task, n, seed=seed, split=split, render=render, backend=cfg.backend,
                            warp_device=cfg.warp_device, num_threads=num_threads, group_size=group_size,
                            terminate_on_success=cfg.terminate_on_success, reward=cfg.reward,
-                           success_bonus=cfg.success_bonus, max_steps=cfg.max_episode_steps)
+                           success_bonus=cfg.success_bonus, max_steps=cfg.max_episode_steps,
+                           visual_faces=cfg.visual_faces)
 
 
 def make_env(

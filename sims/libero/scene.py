@@ -43,6 +43,8 @@ CAMERAS = ("agentview", "robot0_eye_in_hand")
 HAND_BODY = "robot0_right_hand"  # robosuite's eef body: LIBERO's robot0_eef_quat is its orientation
 #: Triangle budget of a visual-only mesh (:mod:`sims.libero.lod`); None draws LIBERO's full meshes.
 VISUAL_FACES = 2000
+#: The smallest budget an env config accepts: below it a scanned object keeps too few triangles to show its shape.
+MIN_VISUAL_FACES = 100
 
 
 @dataclass(frozen=True)

@@ -127,13 +127,26 @@ class LiberoSim:
         (LIBERO's first action is what moves it).
         """
         ids = np.asarray(ids)
-        self.backend.set_state(ids, qpos, np.zeros((len(ids), self.model.nmocap, 3)), self.hold_ctrl(qpos))
-        self.backend.qvel[ids] = self.ax.asarray(qvel) if self.ax is not np else qvel
+        # The velocities go through the backend's set_state, whose snapshot replays episodes from their start.
+        self.backend.set_state(ids, qpos, np.zeros((len(ids), self.model.nmocap, 3)), self.hold_ctrl(qpos), qvel=qvel)
         self.forward()
 
     def step(self, ctrl: Any) -> None:
         """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps), then forward."""
         self.backend.step(ctrl)
+        self.forward()
+
+    def get_state(self) -> dict[str, Any]:
+        """A snapshot of every simulation (the backend's: plain numpy arrays), for :meth:`restore`."""
+        return self.backend.get_state()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`get_state`'s snapshot (of a sim of the same task, backend and size) bit for bit.
+
+        Raises:
+            ValueError: the snapshot is of another model or number of simulations.
+        """
+        self.backend.restore(state)
         self.forward()
 
     def current_ctrl(self) -> Any:

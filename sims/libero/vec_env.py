@@ -25,6 +25,10 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
   ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
   same scenes with paraphrased instructions and the variant's own 50 fixed initial states.
+- **Snapshots**: :meth:`LiberoVectorEnv.get_state` / :meth:`~LiberoVectorEnv.set_state` (plain data, for
+  checkpoints) continue bit for bit in an env of the same config, frames included.
+- **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.lod`; None: LIBERO's
+  full meshes); frames only, the physics is the same.
 """
 
 from __future__ import annotations
@@ -43,7 +47,15 @@ import numpy as np
 
 from sims.backends import to_numpy
 from sims.libero.controller import PandaController
-from sims.libero.scene import LiberoLayout, LiberoTask, build_model, load_lan, load_task
+from sims.libero.scene import (
+    MIN_VISUAL_FACES,
+    VISUAL_FACES,
+    LiberoLayout,
+    LiberoTask,
+    build_model,
+    load_lan,
+    load_task,
+)
 from sims.libero.sim import LiberoSim
 from sims.libero.suites import SUITES, TASKS_PER_SUITE, parse_task_id
 from sims.render import RenderConfig
@@ -107,6 +119,8 @@ class LiberoEnvConfig(EnvConfig):
         settle_steps: control steps held still before an episode's first observation.
         jitter: largest x/y shift of each free object in the ``train`` and ``validation`` splits, metres.
         cache: the task cache (None: :func:`sims.libero.suites.cache_dir`'s default).
+        visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.lod`; at least
+            :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
 
     The gantry-only fields (``frame_skip``, ``max_delta``: LIBERO's controller runs at the task's 20 Hz;
     ``env_offset``, ``task_weights``, ``warp_deterministic``, ``warp_uncaptured``) must keep their defaults.
@@ -119,6 +133,7 @@ class LiberoEnvConfig(EnvConfig):
     settle_steps: int = SETTLE_STEPS
     jitter: float = 0.01
     cache: str | None = None
+    visual_faces: int | None = VISUAL_FACES
 
     def validate(self) -> tuple[str, ...]:
         """Check the fields; return the task ids.
@@ -147,6 +162,9 @@ class LiberoEnvConfig(EnvConfig):
             raise ValueError(f"max_steps={self.max_steps} must be >= 1 (or None) and settle_steps={self.settle_steps} >= 0")
         if not 0.0 <= self.jitter <= 0.05 or not 0.0 <= self.success_bonus <= 100.0:
             raise ValueError(f"jitter={self.jitter} must be in [0, 0.05] m and success_bonus={self.success_bonus} in [0, 100]")
+        if self.visual_faces is not None and self.visual_faces < MIN_VISUAL_FACES:
+            raise ValueError(f"visual_faces={self.visual_faces}: give at least {MIN_VISUAL_FACES} triangles per visual mesh "
+                             f"(default {VISUAL_FACES}), or None for LIBERO's full meshes")
         return ids
 
 
@@ -173,15 +191,17 @@ MAX_TEXTURE = 512
 """Textures larger than this many pixels a side are downscaled (:func:`sims.libero.scene.build_model`): at
 128 x 128 the frames differ by 0.1 levels on average (at most 4) from the full ones, and a scene with one
 GL context takes 0.87 GB instead of 1.5 GB (spatial/0, measured)."""
-_MODELS: dict[Path, tuple[mujoco.MjModel, LiberoLayout]] = {}
+_MODELS: dict[tuple[Path, int | None], tuple[mujoco.MjModel, LiberoLayout]] = {}
 
 
-def shared_model(task: LiberoTask) -> tuple[mujoco.MjModel, LiberoLayout]:
-    """The task's compiled model (textures at most :data:`MAX_TEXTURE`), built once per process: a trainer's
-    training and evaluation envs (and a task's ``_lan`` variant, the same scene) share it."""
-    if task.model_path not in _MODELS:
-        _MODELS[task.model_path] = build_model(task, MAX_TEXTURE)
-    return _MODELS[task.model_path]
+def shared_model(task: LiberoTask, visual_faces: int | None = VISUAL_FACES) -> tuple[mujoco.MjModel, LiberoLayout]:
+    """The task's compiled model (textures at most :data:`MAX_TEXTURE`, visual meshes at most ``visual_faces``
+    triangles, None: full), built once per process and setting: a trainer's training and evaluation envs (and a
+    task's ``_lan`` variant, the same scene) share it."""
+    key = (task.model_path, visual_faces)
+    if key not in _MODELS:
+        _MODELS[key] = build_model(task, MAX_TEXTURE, visual_faces)
+    return _MODELS[key]
 
 
 class LiberoVectorEnv(ArrayVectorEnv):
@@ -216,7 +236,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
             contexts = max(1, (config.render.num_contexts or os.cpu_count() or 1) // k)
             render = dataclasses.replace(config.render, textures=True, num_contexts=contexts)
         self.sims = [LiberoSim(t, int(self.bounds[i + 1] - self.bounds[i]), backend=config.backend, render=render,
-                               warp_device=config.warp_device, num_threads=config.num_threads, model=shared_model(t))
+                               warp_device=config.warp_device, num_threads=config.num_threads,
+                               model=shared_model(t, config.visual_faces))
                      for i, t in enumerate(tasks)]
         self._controllers = [PandaController(sim.layout) for sim in self.sims]
         # Each task renders with its own GL contexts; with more tasks than cores every task has one, so
@@ -372,13 +393,39 @@ class LiberoVectorEnv(ArrayVectorEnv):
     def _observe_reset(self) -> None:
         self._obs, _ = self._observe()
 
+    # ----------------------------------------------------------------------------- snapshots
+    _EPISODE_FIELDS = ("_steps", "_episode", "state_index")
+
     def get_state(self) -> dict[str, Any]:
-        """Not offered: LIBERO episodes start from velocities the batch backend's replay log does not hold.
+        """A snapshot of every environment (plain data): each task's physics (its backend's snapshot),
+        episode steps, episode counts and initial-state indices [N], the seed, whether it was reset.
+
+        The next episodes' initial states follow from the seed and the episode counts (the jittered
+        splits draw from ``(seed, group, episode)``, the fixed ones play states in order), so
+        :meth:`set_state` on an env of the same :class:`LiberoEnvConfig` continues bit for bit.
+        """
+        return {"tasks": list(self.task_names), "split": self.config.split, "seed": self._seed,
+                "started": self._obs is not None, "sims": [sim.get_state() for sim in self.sims],
+                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
 
         Raises:
-            NotImplementedError: always (the trainer then resumes with fresh episodes, with a warning).
+            ValueError: the snapshot is of other tasks, another split or number of environments.
         """
-        raise NotImplementedError("LIBERO environments do not snapshot; a resumed run restarts their episodes")
+        saved = (list(state["tasks"]), state["split"], *(np.shape(state[k]) for k in self._EPISODE_FIELDS))
+        ours = (list(self.task_names), self.config.split, *(getattr(self, k).shape for k in self._EPISODE_FIELDS))
+        if saved != ours:
+            raise ValueError(f"environment snapshot of tasks, split and sizes {saved} does not fit this env's {ours}; "
+                             "build the env with the config it was saved with")
+        for sim, sim_state in zip(self.sims, state["sims"], strict=True):
+            sim.restore(sim_state)
+        for key in self._EPISODE_FIELDS:
+            setattr(self, key, np.array(state[key], dtype=np.int64))
+        self._seed = int(state["seed"])
+        # An observation is a function of the current state (the autoreset ones too: taken after the reset).
+        self._obs = self._observe()[0] if state["started"] else None
 
     def close(self, **kwargs: Any) -> None:
         """Release the renderers' GL contexts."""

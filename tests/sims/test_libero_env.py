@@ -8,6 +8,8 @@ task and its _lan variant into the cache if they are missing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -113,6 +115,75 @@ def test_jittered_splits_are_seeded_grouped_and_near_libero_states(cached):
     assert 1e-4 < np.abs(shift).max() < 0.015, "objects moved by up to the 1 cm jitter (and settling)"
     a.reset_arrays(seed=4)
     assert not np.array_equal(a.sims[0].qpos, b.sims[0].qpos)
+
+
+def _play(env: LiberoVectorEnv, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
+    """Step ``actions`` [K, N, 7]; every step's observation (rgb included), final observation, reward and dones."""
+    outs = []
+    for action in actions:
+        out = env.step_arrays(action)
+        outs.append({**{f"obs/{k}": v for k, v in out["observation"].items()},
+                     **{f"final/{k}": v for k, v in out["final_observation"].items()},
+                     **{k: out[k] for k in ("reward", "terminated", "truncated", "success")}})
+    return outs
+
+
+@pytest.mark.parametrize("split", ["train", "fixed"])
+def test_a_snapshot_mid_episode_continues_bit_for_bit_in_a_fresh_env(cached, split):
+    """The snapshot, through the checkpoint codec (data only), continues exactly in a fresh env: across an autoreset
+    (max_steps=5: the next episodes start 2 steps after it) into the jittered or fixed split's next initial states."""
+    from infra.common.checkpoint_io import dumps, loads
+
+    actions = np.random.default_rng(0).uniform(-1, 1, (9, 2, 7)).astype(np.float32)
+    env = _env(split, render=RENDER, max_steps=5)
+    env.reset_arrays(seed=7)
+    _play(env, actions[:3])
+    snapshot = loads(dumps({"env": env.get_state()}, "test"), "test", "snapshot", "")["env"]
+    straight = _play(env, actions[3:])
+    env.close()
+    fresh = _env(split, render=RENDER, max_steps=5)
+    fresh.reset_arrays(seed=1)  # other episodes: the snapshot replaces them
+    fresh.set_state(snapshot)
+    resumed = _play(fresh, actions[3:])
+    fresh.close()
+    assert straight[1]["truncated"].all()  # an autoreset inside the window
+    for t, (a, b) in enumerate(zip(straight, resumed)):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"step {t}: {key}")
+    assert not np.array_equal(straight[0]["obs/rgb"], straight[-1]["obs/rgb"])  # the frames do move
+
+
+def test_a_snapshot_refuses_an_env_of_another_config(cached):
+    env = _env(max_steps=5)
+    env.reset_arrays(seed=0)
+    state = env.get_state()
+    with pytest.raises(ValueError, match=r"does not fit this env's .*build the env with the config it was saved with"):
+        _env("fixed").set_state(state)
+    state["sims"][0]["rows"] = state["sims"][0]["rows"][:1]
+    with pytest.raises(ValueError, match=r"cannot be restored into a batch of"):
+        _env(max_steps=5).set_state(state)
+
+
+def test_visual_faces_from_a_training_config_reaches_the_env_and_bad_values_are_one_line(cached):
+    """``env.visual_faces`` sets the mesh detail the trainer's LIBERO env draws (null: LIBERO's full meshes), each
+    setting its own shared model; a budget below the minimum, or the key on a gantry task, is a one-line error."""
+    from sims.libero.scene import MIN_VISUAL_FACES, VISUAL_FACES
+    from vla_rl.envs import make_env
+
+    faces = {}
+    for value in ("null", "400", str(VISUAL_FACES)):
+        cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", f"env.visual_faces={value}"])
+        env = make_env(dataclasses.replace(cfg.env, render=False), seed=0, num_envs=2)  # no GL contexts needed
+        faces[value] = int(env.sims[0].model.mesh_facenum.sum())
+        env.close()
+    assert faces["null"] > faces[str(VISUAL_FACES)] > faces["400"], faces  # full > 2000 per mesh > 400 per mesh
+    assert shared_model(load_task("spatial/0"))[0].mesh_facenum.sum() == faces[str(VISUAL_FACES)]  # the default
+    with pytest.raises(ConfigError, match=rf"^env.visual_faces=50 must be at least {MIN_VISUAL_FACES}$"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.visual_faces=50"])
+    with pytest.raises(ConfigError, match=r"^env.visual_faces=1000 sets the mesh detail of LIBERO scenes; .*remove it$"):
+        load_config(CONFIG_DIR / "default.yaml", ["env.visual_faces=1000"])
+    with pytest.raises(ValueError, match=r"^visual_faces=3: give at least .*or None for LIBERO's full meshes$"):
+        LiberoEnvConfig(task="libero_spatial/0", visual_faces=3).validate()
 
 
 def test_a_suite_renders_its_tasks_side_by_side_with_the_frames_each_task_renders_alone(cached):

@@ -83,3 +83,33 @@ def test_vector_env_runs_on_warp_like_batch():
     assert w["truncated"].all() and b["truncated"].all() and warp.state_index.tolist() == [2, 3]
     warp.close()
     batch.close()
+
+
+@pytest.mark.slow
+def test_a_warp_snapshot_continues_bit_for_bit_in_a_fresh_env():
+    """The vector env's snapshot on Warp's CPU device (the device arrays, through the checkpoint codec) continues
+    exactly in a fresh env, across an autoreset (max_steps=4: the next episodes start 1 step after it)."""
+    pytest.importorskip("mujoco_warp")
+    torch = pytest.importorskip("torch")
+    import sims
+    from infra.common.checkpoint_io import dumps, loads
+
+    ensure_tasks([TASK])
+    kw = {"split": "train", "backend": "warp", "warp_device": "cpu", "max_steps": 4, "num_threads": 1}
+    actions = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (8, 2, 7)).astype(np.float32))
+    env = sims.make_vec_env(f"libero_{TASK}", 2, **kw)
+    env.reset_arrays(seed=0)
+    for action in actions[:3]:
+        env.step_arrays(action)
+    snapshot = loads(dumps({"env": env.get_state()}, "test"), "test", "snapshot", "")["env"]
+    want = [env.step_arrays(action) for action in actions[3:]]
+    fresh = sims.make_vec_env(f"libero_{TASK}", 2, **kw)
+    fresh.reset_arrays(seed=5)
+    fresh.set_state(snapshot)
+    got = [fresh.step_arrays(action) for action in actions[3:]]
+    assert want[0]["truncated"].all()
+    for t, (a, b) in enumerate(zip(want, got)):
+        for key in ("reward", "terminated", "truncated"):
+            assert torch.equal(a[key], b[key]), (t, key)
+        for key in a["observation"]:
+            assert torch.equal(a["observation"][key], b["observation"][key]), (t, key)

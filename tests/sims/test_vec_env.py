@@ -252,6 +252,21 @@ def test_snapshot_restores_bit_for_bit_with_sleeping_bodies(render: bool) -> Non
     restored.close()
 
 
+def test_a_snapshot_without_start_velocities_restores_its_episodes_from_rest() -> None:
+    # Snapshots written before the batch backend logged start velocities (checkpoints of earlier runs).
+    env = make_vec_env("reach", 2, seed=0, num_threads=1)
+    env.reset_arrays(seed=0)
+    actions = np.random.default_rng(1).uniform(-1, 1, (10, 2, ACTION_DIM)).astype(np.float32)
+    _replay(env, actions[:5])
+    snapshot = env.get_state()
+    del snapshot["backend"]["start"]["qvel"]
+    expected = _replay(env, actions[5:])
+    restored = make_vec_env("reach", 2, seed=0, num_threads=1)
+    restored.set_state(snapshot)
+    for want, have in zip(expected, _replay(restored, actions[5:])):
+        np.testing.assert_array_equal(want["state"], have["state"])
+
+
 def test_snapshot_of_another_size_is_refused() -> None:
     env = make_vec_env("reach", 4, seed=0)
     env.reset_arrays(seed=0)

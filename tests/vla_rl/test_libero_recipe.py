@@ -4,7 +4,8 @@ environments, 16x16 frames of both cameras, 3-step episodes), then LIBERO's prot
 The demonstrations are the Spatial expert's (3 steps are too few to succeed: failures are kept),
 written by the recipe as a LeRobot v3 dataset; SFT and PPO each run; both checkpoints are tested
 on the fixed and the _lan splits with per-task Wilson intervals; scripts/eval_libero.py writes the
-protocol JSON with the simulator caveat. Needs the LIBERO cache (spatial/0 and its _lan variant:
+protocol JSON with the simulator caveat. A LIBERO training run crashed and resumed equals the
+uninterrupted one (its environments snapshot). Needs the LIBERO cache (spatial/0 and its _lan variant:
 exported by the fixture if missing).
 """
 
@@ -81,3 +82,40 @@ def test_memory_estimate_counts_libero_scenes_and_contexts(cached):
     # in the evaluation envs: the lower bound is gigabytes, not the gantry's 220 KiB per environment.
     assert need.envs >= 10 * LIBERO_SCENE_BYTES and evaluation < need.total
     assert need.frames >= 2 * 10 * LIBERO_CONTEXT_BYTES and need.total > 10 * 2**30
+
+
+def _libero_job(out_dir, name: str):
+    from vla_rl.config import load_config
+
+    return load_config(CONFIG_DIR / "libero.yaml", [*STAGE, "total_env_steps=24", "ppo.rollout_steps=4",
+                                                    "ppo.optim.num_minibatches=2", "checkpoint_every=1", "eval.every=2",
+                                                    f"out_dir={out_dir}", f"name={name}"])
+
+
+def test_a_resumed_libero_run_equals_the_uninterrupted_one(cached, tmp_path, interrupted_training):
+    """Three PPO iterations of 4 steps (episodes of 3: the checkpoint falls mid-episode), crashed after two and
+    resumed: the environments continue from the checkpoint's snapshot, so weights, carried frames and the
+    last iteration's losses and evaluations equal the uninterrupted run's, and no re-reset warning is given."""
+    import warnings
+
+    from vla_rl.trainer import Trainer
+
+    straight = Trainer(_libero_job(tmp_path, "straight"))
+    straight.train()
+    straight.close()
+    first = Trainer(_libero_job(tmp_path, "resumed"))
+    interrupted_training(first, after=2)
+    first.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = Trainer(_libero_job(tmp_path, "resumed"), resume=True)
+        assert resumed.iteration == 2
+        resumed.train()
+    resumed.close()
+    weights_a, weights_b = straight.policy.state_dict(), resumed.policy.state_dict()
+    assert [k for k in weights_a if not torch.equal(weights_a[k], weights_b[k])] == []
+    assert (straight.collector.obs == resumed.collector.obs).all()  # rgb of both cameras included
+    row_a, row_b = straight.log.rows[-1], resumed.log.rows[-1]
+    for key in ("policy_loss", "value_loss", "approx_kl", "eval/validation/success", "eval/fixed/return"):
+        assert row_a[key] == row_b[key], key
+    assert not [w for w in caught if "environment state" in str(w.message)], [str(w.message) for w in caught]
