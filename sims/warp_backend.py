@@ -457,9 +457,10 @@ class WarpBackend:
             side = max(1, round(max(config.width, config.height) * TEXTURE_FRACTION))
             filtered = [prefilter_texture(texture_pixels(model, t), side) for t in range(model.ntex)]
             texture_mean = np.array([f[..., :3].mean() for f in filtered])
-            registry = [wp.Texture2D(f, filter_mode=wp.TextureFilterMode.LINEAR) for f in filtered]
+            registry = [wp.Texture2D(f, filter_mode=wp.TextureFilterMode.LINEAR, device=self.wp_device)
+                        for f in filtered]
             self._rc.textures_registry = registry
-            self._rc.textures = wp.array(registry, dtype=wp.Texture2D)
+            self._rc.textures = wp.array(registry, dtype=wp.Texture2D, device=self.wp_device)
             self._rc.use_textures = True  # read when the render kernel is built, at the first render
         shininess, specular = gl_materials(model, texture_mean)
         if model.nmat:
