@@ -2,12 +2,14 @@
 
     python scripts/bench_experts.py --split validation --episodes 256 --json runs/bench_experts.json
     python scripts/bench_experts.py --suite libero_spatial --json docs/figures/libero/experts_spatial.json
+    python scripts/bench_experts.py --suite libero_spatial --tasks 0 6 --backend warp --warp-device cpu
 
 Gantry tasks (the default): each task runs alone (``make_vec_env(task)``) with the clean expert
 (no DART noise), on fresh episodes of ``--split``. LIBERO (``--suite``): the suite's expert
 (``sims.libero.expert``) from LIBERO's fixed initial states (``--states``, all 50 by default: the
-LIBERO protocol), one batch-backend ``LiberoSim`` per task holding every episode; a Goal task
-without an expert (not pick-and-place) is reported as such. Success per task with its 95 %
+LIBERO protocol), one ``LiberoSim`` per task holding every episode, on the batch backend or
+(``--backend warp``) on MuJoCo Warp's ``--warp-device``; a Goal task without an expert (not
+pick-and-place) is reported as such. Success per task with its 95 %
 Wilson interval.
 """
 
@@ -37,8 +39,9 @@ def _result(k: int, n: int) -> dict:
     return {"success": k / n, "ci95": wilson_interval(k, n), "episodes": n}
 
 
-def bench_libero(suite: str, tasks: list[int], states: int, threads: int | None) -> dict[str, dict]:
-    """The suite's expert on tasks ``tasks`` from initial states ``0..states-1``: {task id: result}."""
+def bench_libero(suite: str, tasks: list[int], states: int, threads: int | None, backend: str = "batch",
+                 warp_device: str = "auto") -> dict[str, dict]:
+    """The suite's expert on tasks ``tasks`` from initial states ``0..states-1`` on ``backend``: {task id: result}."""
     import time
 
     import numpy as np
@@ -51,7 +54,7 @@ def bench_libero(suite: str, tasks: list[int], states: int, threads: int | None)
     for index in tqdm(tasks, desc=suite):
         task_id = f"{LIBERO_EXPERT_SUITES[suite]}/{index}"
         start = time.perf_counter()
-        sim = LiberoSim(load_task(task_id), states, num_threads=threads)
+        sim = LiberoSim(load_task(task_id), states, backend=backend, warp_device=warp_device, num_threads=threads)
         try:
             success = run_episodes(sim, np.arange(states))
         except ValueError as exc:  # a Goal task that is not pick-and-place: no expert
@@ -78,6 +81,8 @@ def main() -> None:
     parser.add_argument("--suite", choices=sorted(LIBERO_EXPERT_SUITES), help="a LIBERO suite instead of the gantry")
     parser.add_argument("--states", type=int, default=50, help="LIBERO: initial states 0..STATES-1 per task")
     parser.add_argument("--threads", type=int, default=None, help="LIBERO: physics threads (default: all cores)")
+    parser.add_argument("--backend", default="batch", choices=("batch", "warp"), help="LIBERO: the simulator backend")
+    parser.add_argument("--warp-device", default="auto", help="LIBERO, --backend warp: cpu, cuda:N or auto")
     parser.add_argument("--json", type=output_path, help="write {machine, config, results}")
     args = parser.parse_args()
     if args.suite is not None:
@@ -87,9 +92,9 @@ def main() -> None:
             parser.error(f"--tasks {' '.join(args.tasks)}: with --suite give task indices 0..9")
         if not all(0 <= t < 10 for t in args.tasks) or not 1 <= args.states <= 50:
             parser.error(f"--tasks {args.tasks} / --states {args.states}: task indices are 0..9, states 1..50")
-        results = bench_libero(args.suite, args.tasks, args.states, args.threads)
+        results = bench_libero(args.suite, args.tasks, args.states, args.threads, args.backend, args.warp_device)
         if args.json is not None:
-            config = {k: getattr(args, k) for k in ("suite", "tasks", "states", "threads")}
+            config = {k: getattr(args, k) for k in ("suite", "tasks", "states", "threads", "backend", "warp_device")}
             write_report(args.json, config, results)
         return
     args.tasks = args.tasks or list(TASK_NAMES)

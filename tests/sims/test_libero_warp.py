@@ -1,5 +1,6 @@
 """A LIBERO scene on MuJoCo Warp (Warp's CPU device) against the batch backend: the same initial
-state, proprioception and goal; the same controller code moves both alike; both cameras render.
+state, proprioception and goal; the same controller code moves both alike; both cameras render
+and their frames agree; the Spatial expert succeeds alike.
 
 Marked slow: mujoco_warp compiles the kernels of a LIBERO scene (mesh collisions) once per machine
 (about 5 minutes on 2 loaded cores, then cached under ~/.cache/warp), and each control step of
@@ -13,17 +14,21 @@ import pytest
 
 from sims.backends import to_numpy
 from sims.libero.controller import PandaController
+from sims.libero.expert import run_episodes
 from sims.libero.install import ensure_tasks
-from sims.libero.scene import load_task
+from sims.libero.scene import build_model, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 
-TASK, STEPS = "spatial/0", 3
+TASK, STEPS = "spatial/0", 10
 PROPRIO_TOL = 1e-3  # float32 (Warp) against float64 (MuJoCo C) over STEPS control steps
-# Mean absolute difference to EGL, levels of 255: measured 12.7 (agentview) and 13.5 (wrist) at
-# 64x64 (both drawing the 2,000-triangle visual meshes; EGL without multisampling). The same
-# geometry and colours, but Warp's ray tracer maps the textures differently (the table's wood
-# grain and the walls): the issue's 12-level parity target is not met on LIBERO yet.
-FRAME_MAD_TOL = 25.0
+# Mean absolute difference to EGL, levels of 255, at 64x64 (both drawing the 2,000-triangle visual
+# meshes; EGL without multisampling): the issue's parity target. Measured 2.5 (agentview) and 4.4
+# (wrist) at the start, 2.5 and 6.7 after the STEPS steps (the hand raised, the wrist view's
+# headlight lights the table past 1: OpenGL clamps the lit colour before multiplying it by the
+# texture, the ray tracer after). The ray tracer's materials and textures are set as OpenGL draws
+# them (sims.warp_backend.gl_materials, prefilter_texture); without that 12.7 and 13.5 at the start,
+# most of it the table's specular.
+FRAME_MAD_TOL = 12.0
 
 
 @pytest.mark.slow
@@ -46,6 +51,7 @@ def test_warp_agrees_with_batch_on_a_libero_scene():
             action[:, 6] = -1.0
             sim.step(ctl(sim, sim.ax.asarray(action)))
             out.append({k: to_numpy(v) for k, v in sim.proprio().items()})
+        out[-1]["rgb"] = to_numpy(sim.render())
         trace[name] = out
     sims["batch"].close()
     batch, warp = trace["batch"], trace["warp"]
@@ -54,9 +60,25 @@ def test_warp_agrees_with_batch_on_a_libero_scene():
             np.testing.assert_allclose(w[key], b[key], atol=PROPRIO_TOL, err_msg=f"{key} at step {t}")
     assert not warp[0]["success"].any() and not batch[0]["success"].any()
     assert (np.abs(batch[-1]["eef_pos"] - batch[0]["eef_pos"]) > 0.005).all(), "the controller moved the hand in x, y, z"
-    mad = np.abs(warp[0]["rgb"].astype(np.float32) - batch[0]["rgb"].astype(np.float32)).mean(axis=(0, 2, 3, 4))
     assert warp[0]["rgb"].shape == (2, 2, 3, 64, 64)
-    assert (mad < FRAME_MAD_TOL).all(), f"warp frames differ from EGL's by {mad} levels (agentview, wrist)"
+    for t in (0, STEPS):
+        mad = np.abs(warp[t]["rgb"].astype(np.float32) - batch[t]["rgb"].astype(np.float32)).mean(axis=(0, 2, 3, 4))
+        print(f"step {t}: mean absolute frame difference {mad} (agentview, wrist)")
+        assert (mad < FRAME_MAD_TOL).all(), f"warp frames differ from EGL's by {mad} levels (agentview, wrist) at step {t}"
+
+
+@pytest.mark.slow
+def test_spatial_expert_succeeds_on_warp_like_batch():
+    """The Spatial expert (planned on the host from each backend's own states) places the bowl on
+    the plate from the same fixed initial states on Warp's CPU device as on batch (no frames)."""
+    pytest.importorskip("mujoco_warp")
+    ensure_tasks([TASK])
+    task = load_task(TASK)
+    shared = build_model(task)
+    states = np.array([0, 1])
+    batch = run_episodes(LiberoSim(task, 2, num_threads=1, model=shared), states)
+    warp = run_episodes(LiberoSim(task, 2, backend="warp", warp_device="cpu", model=shared), states)
+    assert batch.tolist() == [True, True] and warp.tolist() == [True, True], f"batch {batch}, warp {warp}"
 
 
 @pytest.mark.slow

@@ -270,3 +270,31 @@ def test_experts_succeed_on_warp_as_on_batch() -> None:
 @pytest.mark.slow
 def test_experts_succeed_on_warp_as_on_batch_over_256_episodes() -> None:
     _expert_parity(256)
+
+
+def test_materials_are_lit_and_textured_as_opengl_draws_them() -> None:
+    """gl_materials: shininess 0 keeps OpenGL's full specular (mujoco_warp drops the term at exponent
+    0), a textured material's specular is scaled by its texture's mean colour (OpenGL multiplies the
+    specular by the texture), an untextured one is left alone; prefilter_texture box-filters a
+    texture to the side asked for, keeping its mean, as float RGBA."""
+    import mujoco
+
+    from sims.warp_backend import MIN_SHININESS, gl_materials, prefilter_texture
+
+    checker = (np.indices((256, 128)).sum(0) % 2 * 200).astype(np.uint8)  # mean 100 of 255
+    pixels = np.repeat(checker[..., None], 3, axis=2)
+    small = prefilter_texture(pixels, 16)
+    assert small.shape == (16, 8, 4) and small.dtype == np.float32
+    np.testing.assert_allclose(small[..., :3], 100 / 255, atol=1e-6)  # the mipmap level's average
+    np.testing.assert_allclose(small[..., 3], 1.0)
+    assert prefilter_texture(pixels[:8, :8], 16).shape == (8, 8, 4)  # small textures stay as they are
+
+    model = mujoco.MjModel.from_xml_string("""<mujoco><asset>
+      <texture name="wood" type="2d" builtin="checker" width="64" height="64" rgb1="0 0 0" rgb2="1 1 1"/>
+      <material name="textured" texture="wood" specular="0.2" shininess="0"/>
+      <material name="plain" specular="0.5" shininess="0.3"/>
+    </asset><worldbody><geom type="box" size="1 1 1" material="textured"/></worldbody></mujoco>""")
+    shininess, specular = gl_materials(model, np.array([small[..., :3].mean()]))
+    np.testing.assert_allclose(shininess, [MIN_SHININESS, 0.3], rtol=1e-6)
+    np.testing.assert_allclose(specular, [0.2 * 100 / 255, 0.5], rtol=1e-5)
+    np.testing.assert_allclose(gl_materials(model, None)[1], [0.2, 0.5], rtol=1e-6)  # no textures drawn
