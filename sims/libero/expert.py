@@ -24,6 +24,7 @@ episode, from the settled scene:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import mujoco
 import numpy as np
@@ -58,10 +59,12 @@ HAND_BOX = (0.045, 0.11, 0.022, 0.15)
 FINGER_BOX = (0.015, 0.05, -0.014, 0.05)
 ROBOT_PREFIXES = ("robot0_", "gripper0_", "mount0_")
 NEGLIGIBLE_OVERLAP = 2e-6  # m^3 (2 cm^3): AABBs of rotated meshes overlap a little where nothing touches
+UP = np.array([0.0, 0.0, 1.0])
 SHOULDER_HEIGHT = 0.333  # m: the Panda's second joint above its base
 # Beyond about 0.8 m from the shoulder the elbow straightens onto its joint limit and the
 # least-squares step (which knows no limits) lets the hand sag: such grasps cost extra.
 COMFORT_REACH, REACH_COST = 0.80, 3.0
+ASIDE_MARGIN = 0.03  # m an object set aside keeps off its neighbours and off a drawer's path
 
 
 def geom_boxes(m: mujoco.MjModel, d: mujoco.MjData, geoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -121,6 +124,29 @@ def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
     vel = np.zeros(3)
     mujoco.mju_quat2Vel(vel, tq if tq[0] >= 0 else -tq, 1.0)
     return vel
+
+
+def _snapshot(sim: LiberoSim, i: int) -> mujoco.MjData:
+    """Simulation ``i``'s current positions with body, geom and site poses (no contacts)."""
+    d = mujoco.MjData(sim.model)
+    d.qpos[:] = to_numpy(sim.qpos[i])
+    mujoco.mj_kinematics(sim.model, d)
+    return d
+
+
+def _quat_mat(quat_wxyz: np.ndarray) -> np.ndarray:
+    """The rotation matrix [3, 3] of a unit quaternion (w, x, y, z)."""
+    out = np.zeros(9)
+    mujoco.mju_quat2Mat(out, quat_wxyz)
+    return out.reshape(3, 3)
+
+
+def _turn(axis: np.ndarray, angle: float) -> np.ndarray:
+    """The rotation matrix [3, 3] of ``angle`` [rad] about unit ``axis`` [3]."""
+    quat, out = np.zeros(4), np.zeros(9)
+    mujoco.mju_axisAngle2Quat(quat, axis, angle)
+    mujoco.mju_quat2Mat(out, quat)
+    return out.reshape(3, 3)
 
 
 Candidate = tuple[np.ndarray, float, float]  # grip site position [3], hand yaw [rad], cost [m of reach]
@@ -207,11 +233,17 @@ class PickPlaceExpert:
         self.held = np.zeros((n, 3))  # grip site minus object origin once grasped
         self.last = np.zeros((n, 3))  # the previous position action
 
-    def reset(self) -> None:
-        """Start every simulation's episode (call after ``sim.reset``): settle, then plan."""
-        self.phase[:] = 0
-        self.timer[:] = 0
-        self.last[:] = 0.0
+    def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
+        """Start simulations ``ids``' (default all) episodes (call after ``sim.reset``): settle
+        (LIBERO's steps; ``settle=False``: only until the object rests), then plan."""
+        ids = slice(None) if ids is None else ids
+        self.phase[ids] = 0
+        self.timer[ids] = 0 if settle else SETTLE_STEPS - 1
+        self.last[ids] = 0.0
+
+    def finished(self) -> np.ndarray:
+        """Whether each simulation's script has ended, bool [N]."""
+        return self.phase == len(PHASES) - 1
 
     # ------------------------------------------------------------------ subclasses
     def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
@@ -226,9 +258,7 @@ class PickPlaceExpert:
     def _plan(self, i: int, eef: np.ndarray, quat: np.ndarray) -> None:
         """Choose simulation ``i``'s grasp and heights from its settled state (see module docstring)."""
         m = self.sim.model
-        d = mujoco.MjData(m)
-        d.qpos[:] = to_numpy(self.sim.qpos[i])
-        mujoco.mj_kinematics(m, d)
+        d = _snapshot(self.sim, i)
         lo, hi = geom_boxes(m, d, self._scene_geoms)
         shoulder = d.xpos[self._shoulder] + np.array([0.0, 0.0, SHOULDER_HEIGHT])
         best, best_key = None, None
@@ -258,10 +288,7 @@ class PickPlaceExpert:
         # A hand wider than the basket rests on its walls: lower only until the hand is just above them.
         held = np.append(grip[:2] + shift, grip[2])
         self.lowest[i] = _under_hand_top(lo, hi, held, yaw) - HAND_BOX[2] + HAND_MARGIN
-        cur = np.zeros(9)
-        mujoco.mju_quat2Mat(cur, quat)
-        c, s = np.cos(yaw), np.sin(yaw)
-        self.rot[i] = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]) @ cur.reshape(3, 3)
+        self.rot[i] = _turn(UP, yaw) @ _quat_mat(quat)
 
     # ------------------------------------------------------------------ acting
     def act(self) -> np.ndarray:
@@ -400,9 +427,9 @@ class GoalExpert(PickPlaceExpert):
     def __init__(self, sim: LiberoSim):
         """Raises: ValueError: the task's goal is not a single ``On(object, object or region)``."""
         goal = sim.task.goal
-        if len(goal) != 1 or goal[0]["predicate"] != "on" or (goal[0]["entities"][1]["kind"] == "site"
+        if len(goal) != 1 or goal[0]["predicate"] not in ("on", "in") or (goal[0]["entities"][1]["kind"] == "site"
                                                                 and goal[0]["entities"][1]["parent_body"] is None):
-            raise ValueError(f"{sim.task.task_id} is not a pick-and-place-on task (no Goal expert for it): "
+            raise ValueError(f"{sim.task.task_id} is not a pick-and-place task onto or into an object: "
                              f"goal {goal}")
         obj, target = goal[0]["entities"]
         super().__init__(sim, obj["body"])
@@ -434,14 +461,405 @@ class GoalExpert(PickPlaceExpert):
         return point
 
 
-def expert_for(sim: LiberoSim) -> PickPlaceExpert:
-    """The expert of the sim's suite.
+@dataclass(frozen=True)
+class Step:
+    """One step of a :class:`MotionExpert`'s script: the gripper action held through it (-1 open,
+    1 closed), the control steps after which it ends anyway (``limit``) and before which it does
+    not (``hold``: the fingers closing or opening), and its largest position action (``speed``, a
+    fraction of the controller's)."""
+
+    name: str
+    grip: float = -1.0
+    limit: int = 60
+    hold: int = 0
+    speed: float = 1.0
+    reach_ends: bool = True  # False: only :meth:`MotionExpert.arrived` or the limit end it (a target that leads)
+
+
+class MotionExpert:
+    """A script of :class:`Step` s per simulation for the tasks that move an articulation or push:
+    after LIBERO's settle steps, :meth:`plan` reads the settled scene once; then each step drives
+    the grip site to :meth:`target`'s point with the hand turned to its orientation, and ends where
+    both are reached (or :meth:`arrived` says so, or at its limit). Subclasses: :class:`DrawerExpert`
+    (a handle pull), :class:`KnobExpert` (a knob turn), :class:`PushExpert` (a push)."""
+
+    STEPS: tuple[Step, ...] = ()
+
+    def __init__(self, sim: LiberoSim):
+        self.sim, self.ctl = sim, PandaController(sim.layout)
+        m, n = sim.model, sim.num_envs
+        collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
+        robot = np.array([m.body(b).name.startswith(ROBOT_PREFIXES) for b in range(m.nbody)])
+        self._collide = collide & ~robot[m.geom_bodyid]  # the scene's collision geoms (no robot)
+        self.phase = np.zeros(n, np.int64)  # 0: settling; k: STEPS[k - 1]; len(STEPS) + 1: done
+        self.timer = np.zeros(n, np.int64)
+        self.start_rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's orientation when planned
+
+    def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
+        """Start simulations ``ids``' (default all) scripts (call after ``sim.reset``), after
+        LIBERO's settle steps (``settle=False``: at once)."""
+        ids = slice(None) if ids is None else ids
+        self.phase[ids] = 0
+        self.timer[ids] = 0 if settle else SETTLE_STEPS - 1
+
+    def finished(self) -> np.ndarray:
+        """Whether each simulation's script has ended, bool [N]."""
+        return self.phase > len(self.STEPS)
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        """Plan simulation ``i``'s script from its settled pose ``d`` (``self.start_rot[i]`` is set)."""
+        raise NotImplementedError
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Simulation ``i``'s grip site target [3] and hand orientation [3, 3] in ``step`` (grip site at ``eef``)."""
+        raise NotImplementedError
+
+    def arrived(self, i: int, step: Step) -> bool:
+        """Whether ``step`` has done its work in simulation ``i`` before reaching its target."""
+        return False
+
+    def act(self) -> np.ndarray:
+        """Actions [N, 7] for the current state; advances each simulation's script."""
+        sim = self.sim
+        eef = to_numpy(sim.proprio()["eef_pos"])
+        quat = to_numpy(sim.field("xquat")[:, sim.layout.hand_body])
+        n = len(eef)
+        target, grip, speed, turn = eef.copy(), np.zeros(n), np.ones(n), np.zeros((n, 3))
+        for i in range(n):
+            if self.phase[i] == 0:  # LIBERO's settle steps, the gripper idle
+                self.timer[i] += 1
+                if self.timer[i] >= SETTLE_STEPS:
+                    self.start_rot[i] = _quat_mat(quat[i])
+                    self.plan(i, _snapshot(sim, i))
+                    self.phase[i], self.timer[i] = 1, 0
+                continue
+            step = self.STEPS[min(self.phase[i], len(self.STEPS)) - 1]  # done: hold the last step
+            target[i], rot = self.target(i, step, eef[i])
+            turn[i] = _rotation_error(rot, quat[i])
+            grip[i], speed[i] = step.grip, step.speed
+            if self.phase[i] > len(self.STEPS):
+                continue
+            self.timer[i] += 1
+            reached = (step.reach_ends and np.linalg.norm(target[i] - eef[i]) < REACHED
+                       and np.linalg.norm(turn[i]) < TURNED)
+            if self.timer[i] >= step.limit or (self.timer[i] >= step.hold and (reached or self.arrived(i, step))):
+                self.phase[i] += 1
+                self.timer[i] = 0
+        action = np.zeros((n, 7))
+        move = (target - eef) / self.ctl.output_max[:3]
+        action[:, :3] = np.clip(move, -speed[:, None], speed[:, None])
+        action[:, 3:6] = np.clip(turn / self.ctl.output_max[3:], -1.0, 1.0)
+        action[:, 6] = grip
+        return action
+
+
+class DrawerExpert(MotionExpert):
+    """Opens a drawer (a slide joint) by its handle: the hand turned to face the drawer's front,
+    fingers pointing at it and closing vertically on the handle's bar (the drawers' handles sit one
+    above another, so the bar is reached from the front, not from above), pulled out along the
+    joint to its open end, let go, and backed off and up while turning back to its starting orientation."""
+
+    FRONT = 0.10  # m in front of the handle where the hand turns to face the drawer
+    BACK = 0.06  # m the hand backs off after letting go
+    RISE = 0.05  # m it rises while turning back
+    OPENED = 0.01  # m (of joint travel) before the end counts as open
+    STEPS = (Step("front", limit=80), Step("reach", limit=40),
+             Step("close", grip=1.0, hold=CLOSE_STEPS, limit=CLOSE_STEPS),
+             Step("pull", grip=1.0, limit=80, speed=0.4), Step("open", hold=OPEN_STEPS, limit=OPEN_STEPS),
+             Step("restore", limit=40))
+
+    def __init__(self, sim: LiberoSim, joint: str):
+        """Args: sim; joint: the drawer's slide joint (opening moves it to its range's far end).
+
+        Raises: ValueError: ``joint`` is not a slide joint.
+        """
+        super().__init__(sim)
+        m, n = sim.model, sim.num_envs
+        self.joint = m.joint(joint).id
+        if m.jnt_type[self.joint] != mujoco.mjtJoint.mjJNT_SLIDE:
+            raise ValueError(f"{joint} is not a drawer's slide joint (type {m.jnt_type[self.joint]})")
+        lo, hi = m.jnt_range[self.joint]
+        self.sign = -1.0 if abs(lo) > abs(hi) else 1.0  # closed near 0: opening goes to the far end
+        self.end = lo if self.sign < 0 else hi
+        self._qadr = m.jnt_qposadr[self.joint]
+        self._geoms = np.flatnonzero(self._collide & (m.geom_bodyid == m.jnt_bodyid[self.joint]))
+        self.grasp = np.zeros((n, 3))  # the handle bar's centre: the grip site closes there
+        self.out = np.zeros((n, 3))  # the drawer's opening direction (horizontal unit)
+        self.pull_rot = np.tile(np.eye(3), (n, 1, 1))
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        out = self.sign * d.xaxis[self.joint]
+        out[2] = 0.0
+        self.out[i] = out / np.linalg.norm(out)
+        lo, hi = geom_boxes(self.sim.model, d, self._geoms)
+        centre = (lo + hi) / 2
+        self.grasp[i] = centre[np.argmax(centre @ self.out[i])]  # the bar: the drawer's part furthest out
+        # Fingers (the hand's z) pointing into the drawer, closing (its y) vertically: of the two
+        # such orientations, the one nearer the current one.
+        best = None
+        for up in (UP, -UP):
+            rot = np.stack([np.cross(up, -self.out[i]), up, -self.out[i]], axis=1)
+            angle = np.arccos(np.clip((np.trace(rot @ self.start_rot[i].T) - 1) / 2, -1.0, 1.0))
+            if best is None or angle < best[0]:
+                best = (angle, rot)
+        self.pull_rot[i] = best[1]
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        travel = abs(self.end) * self.out[i]
+        point = {"front": self.grasp[i] + self.FRONT * self.out[i], "reach": self.grasp[i], "close": self.grasp[i],
+                 "pull": self.grasp[i] + travel, "open": self.grasp[i] + travel,
+                 "restore": self.grasp[i] + travel + self.BACK * self.out[i] + self.RISE * UP}[step.name]
+        return point, self.start_rot[i] if step.name == "restore" else self.pull_rot[i]
+
+    def arrived(self, i: int, step: Step) -> bool:
+        q = float(to_numpy(self.sim.qpos[i, self._qadr]))
+        return step.name == "pull" and abs(q - self.end) < self.OPENED
+
+
+class KnobExpert(MotionExpert):
+    """Turns a knob (a hinge about the vertical) past its threshold: grips it from above on the
+    hinge's axis near its top, the fingers across its narrower side (:func:`top_candidates`),
+    twists the hand about the axis, lets go and lifts."""
+
+    TWIST = 1.0  # rad the hand turns (LIBERO's TurnOn asks 0.5)
+    STEPS = (Step("above", limit=80), Step("down", limit=DOWN_STEPS),
+             Step("close", grip=1.0, hold=CLOSE_STEPS, limit=CLOSE_STEPS), Step("twist", grip=1.0, limit=40),
+             Step("open", hold=OPEN_STEPS, limit=OPEN_STEPS), Step("up", limit=30))
+
+    def __init__(self, sim: LiberoSim, joint: str, direction: float):
+        """Args: sim; joint: the knob's hinge; direction: +1 to turn it to larger angles, -1 smaller.
+
+        Raises: ValueError: ``joint`` is not a hinge about the vertical.
+        """
+        super().__init__(sim)
+        m, n = sim.model, sim.num_envs
+        self.joint = m.joint(joint).id
+        self.body = m.jnt_bodyid[self.joint]
+        self.direction = direction
+        self._geoms = np.flatnonzero(self._collide & (m.geom_bodyid == self.body))
+        self.grasp = np.zeros((n, 3))
+        self.grip_rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's orientation at the grasp
+        self.twist_rot = np.tile(np.eye(3), (n, 1, 1))
+        if m.jnt_type[self.joint] != mujoco.mjtJoint.mjJNT_HINGE:
+            raise ValueError(f"{joint} is not a knob's hinge joint (type {m.jnt_type[self.joint]})")
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        axis = d.xaxis[self.joint]
+        if abs(axis[2]) < 0.9:
+            raise ValueError(f"{self.sim.model.joint(self.joint).name} turns about {axis.round(2)}, not the "
+                             "vertical: the knob expert twists the hand about the vertical only")
+        candidates, _ = top_candidates(self.sim.model, d, self.body, self._geoms)
+        grip, yaw, _ = min(candidates, key=lambda c: c[2])
+        self.grasp[i] = [*d.xanchor[self.joint, :2], grip[2]]  # on the axis: the twist turns the knob in place
+        self.grip_rot[i] = _turn(UP, yaw) @ self.start_rot[i]
+        self.twist_rot[i] = _turn(axis * self.direction, self.TWIST) @ self.grip_rot[i]
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        point = self.grasp[i] + (HOVER * UP if step.name in ("above", "up") else 0.0)
+        return point, self.twist_rot[i] if step.name in ("twist", "open", "up") else self.grip_rot[i]
+
+
+class PushExpert(MotionExpert):
+    """Pushes an object over the table until its origin is over a point (a region's centre), with
+    the closed fingertips low against it. The push starts either behind the object or, for a flat
+    one such as a plate, on its floor (the fingers then push its far rim from inside); of those
+    starts and two hand yaws, the one whose hand and fingers overlap least with the scene's
+    collision boxes wins (the hand must not land on a neighbour's handle). While pushing, the
+    target is re-aimed at every step from the object's current position, so a sideways drift is
+    corrected."""
+
+    GAP = 0.02  # m between the object's side and the fingers at an outside start
+    INSIDE = 0.35  # fraction of the object's radius behind its centre where an inside start is
+    RIM = 0.6  # fraction of the object's radius ahead of its centre where an inside push meets the rim
+    TIP_HEIGHT = 0.006  # m: the fingertips above the object's bottom while pushing
+    AHEAD = 0.05  # m the target leads the pushing point
+    CLOSE_ENOUGH = 0.01  # m between the object's origin and the point: the push has arrived
+    STEPS = (Step("above", grip=1.0, limit=80), Step("down", grip=1.0, limit=DOWN_STEPS),
+             Step("push", grip=1.0, limit=120, speed=0.3, reach_ends=False), Step("up", grip=1.0, limit=30))
+
+    def __init__(self, sim: LiberoSim, obj_body: str, site: str):
+        """Args: sim; obj_body: the body pushed; site: the site over which its origin should end."""
+        super().__init__(sim)
+        m, n = sim.model, sim.num_envs
+        self.obj, self.site = m.body(obj_body).id, m.site(site).id
+        own = m.body_rootid[m.geom_bodyid] == self.obj
+        self._obj_geoms = np.flatnonzero(self._collide & own)
+        self._scene_geoms = np.flatnonzero(self._collide & ~own)
+        self.start = np.zeros((n, 3))  # the fingertips' grip site before pushing
+        self.lead = np.zeros(n)  # m: where the pushing point sits ahead of the object's origin along the push
+        self.rot = np.tile(np.eye(3), (n, 1, 1))
+
+    def _remaining(self, i: int) -> tuple[np.ndarray, float]:
+        """The push's unit direction [3] (horizontal) and the distance [m] left, from the current state."""
+        delta = to_numpy(self.sim.field("site_xpos")[i, self.site]) - to_numpy(self.sim.field("xpos")[i, self.obj])
+        delta[2] = 0.0
+        dist = float(np.linalg.norm(delta))
+        return delta / max(dist, 1e-9), dist
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        m = self.sim.model
+        olo, ohi = geom_boxes(m, d, self._obj_geoms)
+        olo, ohi = olo.min(0), ohi.max(0)
+        radius = float(np.max(ohi[:2] - olo[:2]) / 2)
+        u, _ = self._remaining(i)
+        centre = d.xpos[self.obj]
+        z = olo[2] + self.TIP_HEIGHT - FINGER_BOX[2]  # the grip site above the fingertips
+        lo, hi = geom_boxes(m, d, self._scene_geoms)
+        best = None
+        # Outside, the fingers push the object's near side; inside, its far rim's inner wall.
+        for behind, lead in ((radius + FINGER_BOX[0] + self.GAP, -radius), (self.INSIDE * radius, self.RIM * radius)):
+            # A quarter turn clockwise seen from above: the other way the arm folds onto its joint
+            # limits over the plate beside the cabinet (goal/5).
+            for yaw in (0.0, -np.pi / 2):
+                start = np.array([*(centre[:2] - behind * u[:2]), z])
+                key = (max(sum(_overlap(lo, hi, blo, bhi) for blo, bhi in _hand_boxes(start, yaw)),
+                           NEGLIGIBLE_OVERLAP), behind < radius)  # outside first where both are clear
+                if best is None or key < best[0]:
+                    best = (key, start, lead, yaw)
+        _, self.start[i], self.lead[i], yaw = best
+        self.rot[i] = _turn(UP, yaw) @ self.start_rot[i]
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if step.name == "push":
+            u, dist = self._remaining(i)
+            obj = to_numpy(self.sim.field("xpos")[i, self.obj])
+            point = obj + u * (self.lead[i] + min(self.AHEAD, dist))
+            point[2] = self.start[i, 2]
+        elif step.name == "up":
+            point = np.array([*eef[:2], self.start[i, 2] + HOVER])
+        else:
+            point = self.start[i] + (HOVER * UP if step.name == "above" else 0.0)
+        return point, self.rot[i]
+
+    def arrived(self, i: int, step: Step) -> bool:
+        return step.name == "push" and self._remaining(i)[1] < self.CLOSE_ENOUGH
+
+
+class AsideExpert(PickPlaceExpert):
+    """Moves an object off a drawer's path before the drawer opens (goal/3's bowl lies in front of
+    the cabinet, under where the opened top drawer would hang over it): picks it (a bowl by its
+    rim, anything else from above) and sets it down on the table at the nearest free spot, one
+    whose footprint (plus :data:`ASIDE_MARGIN`) meets no other object's collision box and stays
+    :data:`ASIDE_MARGIN` off the drawer's footprint swept over its travel and the hand's room in
+    front of it."""
+
+    DROP = 0.01  # m: the object's origin is released this high above where it rested
+    GRID = np.arange(-0.24, 0.2401, 0.02)  # m: offsets of the spots tried, each axis
+    MAX_REACH = 0.78  # m from the shoulder to a spot (further, the placing hand sags)
+
+    def __init__(self, sim: LiberoSim, obj_body: str, drawer: DrawerExpert):
+        super().__init__(sim, obj_body)
+        self.drawer = drawer
+        self.rim = "bowl" in obj_body
+        self.place = np.zeros((sim.num_envs, 3))
+
+    def _free_spot(self, d: mujoco.MjData) -> np.ndarray:
+        """The nearest free spot's origin [3] (see the class docstring); the object's own place if none is free."""
+        m, dr = self.sim.model, self.drawer
+        olo, ohi = geom_boxes(m, d, self._obj_geoms)
+        olo, ohi = olo.min(0), ohi.max(0)
+        lo, hi = geom_boxes(m, d, self._scene_geoms)
+        keep = hi[:, 2] > olo[2] + 0.005  # not the table under it
+        lo, hi = lo[keep, :2], hi[keep, :2]
+        # The drawer's travel and, beyond it, where the hand turns in front of the handle and backs off.
+        out = dr.sign * d.xaxis[dr.joint, :2] * (abs(dr.end) + dr.FRONT)
+        slo, shi = geom_boxes(m, d, dr._geoms)
+        slo, shi = slo.min(0)[:2], shi.max(0)[:2]
+        slo, shi = np.minimum(slo, slo + out) - ASIDE_MARGIN, np.maximum(shi, shi + out) + ASIDE_MARGIN
+        half = (ohi[:2] - olo[:2]) / 2 + ASIDE_MARGIN
+        centre = (olo[:2] + ohi[:2]) / 2
+        shoulder = d.xpos[self._shoulder, :2]
+        best = None
+        for dx in self.GRID:
+            for dy in self.GRID:
+                c = centre + np.array([dx, dy])
+                blocked = ((lo < c + half) & (hi > c - half)).all(1).any() or ((slo < c + half) & (shi > c - half)).all()
+                if not blocked and np.linalg.norm(c - shoulder) < self.MAX_REACH and (best is None or dx * dx + dy * dy < best[0]):
+                    best = (dx * dx + dy * dy, np.array([dx, dy, self.DROP]))
+        return d.xpos[self.obj] + (best[1] if best is not None else np.array([0.0, 0.0, self.DROP]))
+
+    def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
+        m = self.sim.model
+        self.place[i] = self._free_spot(d)
+        if self.rim:
+            return rim_candidates(m, d, self.obj, self._obj_geoms)
+        return top_candidates(m, d, self.obj, self._obj_geoms)[0]
+
+    def place_points(self) -> np.ndarray:
+        return self.place
+
+
+class SequenceExpert:
+    """Experts one after another in each simulation: the next one's script starts (and plans from
+    the scene as it then is) where the previous one's has ended."""
+
+    def __init__(self, sim: LiberoSim, experts: list[PickPlaceExpert | MotionExpert]):
+        self.sim, self.experts, self.ctl = sim, experts, experts[0].ctl
+        self.stage = np.zeros(sim.num_envs, np.int64)
+
+    def reset(self, ids: np.ndarray | None = None) -> None:
+        """Start simulations ``ids``' (default all) first expert (call after ``sim.reset``)."""
+        self.stage[slice(None) if ids is None else ids] = 0
+        self.experts[0].reset(ids)
+
+    def finished(self) -> np.ndarray:
+        return (self.stage == len(self.experts) - 1) & self.experts[-1].finished()
+
+    def act(self) -> np.ndarray:
+        """Actions [N, 7]: each simulation's from its current expert (the others' are not used)."""
+        for k, expert in enumerate(self.experts[:-1]):
+            handover = np.flatnonzero((self.stage == k) & expert.finished())
+            self.stage[handover] = k + 1
+            self.experts[k + 1].reset(handover, settle=False)  # the scene settled before the first
+        actions = [expert.act() if (self.stage == k).any() else None for k, expert in enumerate(self.experts)]
+        return np.stack([actions[k][i] for i, k in enumerate(self.stage)])
+
+
+Expert = PickPlaceExpert | MotionExpert | SequenceExpert
+
+
+def goal_expert(sim: LiberoSim) -> Expert:
+    """LIBERO-Goal's expert for the sim's task, by the goal's form: ``Open`` a drawer:
+    :class:`DrawerExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; an object onto a
+    region of the table itself (no object under it): :class:`PushExpert` (Goal's "push the plate");
+    into a region of a closed drawer: the drawer opened, then :class:`GoalExpert`; any other
+    ``On``/``In``: :class:`GoalExpert`.
 
     Raises:
-        ValueError: a suite without an expert (10), or a Goal task that is not pick-and-place.
+        ValueError: a goal of another form (more than one predicate, ``Close``).
+    """
+    goal, m = sim.task.goal, sim.model
+    pred = goal[0] if len(goal) == 1 else {"predicate": f"{len(goal)} predicates"}
+    kind = pred["predicate"]
+    if kind in ("open", "turnon", "turnoff"):
+        rule = pred["joints"]
+        joint = m.joint(int(np.flatnonzero(m.jnt_qposadr == rule["qpos_adr"][0])[0])).name
+        if kind == "open":
+            return DrawerExpert(sim, joint)
+        return KnobExpert(sim, joint, 1.0 if rule["op"] in (">", ">=") else -1.0)
+    if kind in ("on", "in") and pred["entities"][1]["kind"] == "site":
+        obj, region = pred["entities"]
+        if region["parent_body"] is None:
+            return PushExpert(sim, obj["body"], region["site"])
+        body = m.site_bodyid[m.site(region["site"]).id]
+        slides = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
+        if slides:
+            drawer = DrawerExpert(sim, m.joint(slides[0]).name)
+            return SequenceExpert(sim, [AsideExpert(sim, obj["body"], drawer), drawer, GoalExpert(sim)])
+    if kind in ("on", "in"):
+        return GoalExpert(sim)
+    raise ValueError(f"no Goal expert for {sim.task.task_id}'s goal {goal}: experts open drawers, turn knobs, "
+                     "push onto table regions and pick and place onto or into objects")
+
+
+def expert_for(sim: LiberoSim) -> Expert:
+    """The expert of the sim's task (Spatial, Object: one each; Goal: :func:`goal_expert`).
+
+    Raises:
+        ValueError: a suite without an expert (10), or a Goal goal of another form.
     """
     suite = sim.task.task_id.split("/")[0]
-    experts = {"spatial": SpatialExpert, "object": ObjectExpert, "goal": GoalExpert}
+    experts = {"spatial": SpatialExpert, "object": ObjectExpert, "goal": goal_expert}
     if suite not in experts:
         raise ValueError(f"no scripted expert for LIBERO suite {suite!r} ({sim.task.task_id}); experts exist for "
                          f"{', '.join(experts)}")
@@ -464,6 +882,6 @@ def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int | None 
         sim.step(expert.ctl(sim, expert.act()))
         if on_step is not None:
             on_step()
-        if (expert.phase == len(PHASES) - 1).all():
+        if expert.finished().all():
             break
     return to_numpy(sim.success())
