@@ -64,6 +64,7 @@ SHOULDER_HEIGHT = 0.333  # m: the Panda's second joint above its base
 # Beyond about 0.8 m from the shoulder the elbow straightens onto its joint limit and the
 # least-squares step (which knows no limits) lets the hand sag: such grasps cost extra.
 COMFORT_REACH, REACH_COST = 0.80, 3.0
+WRIST_TOP = 0.35  # m above the grip site that the wrist and forearm occupy over a grasp from above
 ASIDE_MARGIN = 0.03  # m an object set aside keeps off its neighbours and off a drawer's path
 
 
@@ -114,6 +115,14 @@ def _under_hand_top(lo: np.ndarray, hi: np.ndarray, grip: np.ndarray, yaw: float
     (hand_lo, hand_hi), _ = _hand_boxes(grip, yaw)
     under = ((lo[:, :2] < hand_hi[:2]) & (hi[:, :2] > hand_lo[:2])).all(1)
     return float(hi[under, 2].max()) if under.any() else -np.inf
+
+
+def _column_clear(lo: np.ndarray, hi: np.ndarray, grip: np.ndarray, yaw: float) -> bool:
+    """Whether the column over the hand's box (the wrist and forearm, up to :data:`WRIST_TOP` above
+    the grip site ``grip`` [3]) meets none of boxes (lo, hi) [G, 3]."""
+    (hand_lo, hand_hi), _ = _hand_boxes(grip, yaw)
+    hand_lo[2], hand_hi[2] = hand_hi[2], grip[2] + WRIST_TOP
+    return _overlap(lo, hi, hand_lo, hand_hi) == 0.0
 
 
 def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
@@ -210,6 +219,8 @@ class PickPlaceExpert:
     """The phase machine shared by the LIBERO experts (see the module docstring); subclasses give
     the grasp candidates and the place point."""
 
+    CARRY_EXTRA = 0.0  # m added to the carry height the corridor asks
+
     def __init__(self, sim: LiberoSim, obj_body: str):
         """Args: sim; obj_body: the body the expert picks (the goal's first argument)."""
         self.sim, self.ctl = sim, PandaController(sim.layout)
@@ -282,7 +293,7 @@ class PickPlaceExpert:
         hang = grip[2] - olo[2]  # the held object's bottom below the grip site
         shift = self.place_points()[i, :2] - d.xpos[self.obj, :2]  # the object's origin: grasp -> place
         centre = (olo[:2] + ohi[:2]) / 2
-        self.carry[i] = max(grip[2] + LIFT,
+        self.carry[i] = self.CARRY_EXTRA + max(grip[2] + LIFT,
                             _corridor_top(lo, hi, grip, grip[:2] + shift, hand) + HAND_MARGIN - HAND_BOX[2],
                             _corridor_top(lo, hi, centre, centre + shift, (ohi[:2] - olo[:2]) / 2) + CLEARANCE + hang)
         # A hand wider than the basket rests on its walls: lower only until the hand is just above them.
@@ -474,6 +485,7 @@ class Step:
     hold: int = 0
     speed: float = 1.0
     reach_ends: bool = True  # False: only :meth:`MotionExpert.arrived` or the limit end it (a target that leads)
+    reached: float = REACHED  # m from the target that counts as reached (a via point needs less)
 
 
 class MotionExpert:
@@ -540,7 +552,7 @@ class MotionExpert:
             if self.phase[i] > len(self.STEPS):
                 continue
             self.timer[i] += 1
-            reached = (step.reach_ends and np.linalg.norm(target[i] - eef[i]) < REACHED
+            reached = (step.reach_ends and np.linalg.norm(target[i] - eef[i]) < step.reached
                        and np.linalg.norm(turn[i]) < TURNED)
             if self.timer[i] >= step.limit or (self.timer[i] >= step.hold and (reached or self.arrived(i, step))):
                 self.phase[i] += 1
@@ -563,10 +575,10 @@ class DrawerExpert(MotionExpert):
     BACK = 0.06  # m the hand backs off after letting go
     RISE = 0.05  # m it rises while turning back
     OPENED = 0.01  # m (of joint travel) before the end counts as open
-    STEPS = (Step("front", limit=80), Step("reach", limit=40),
+    STEPS = (Step("front", limit=80, reached=0.02), Step("reach", limit=40),
              Step("close", grip=1.0, hold=CLOSE_STEPS, limit=CLOSE_STEPS),
              Step("pull", grip=1.0, limit=80, speed=0.4), Step("open", hold=OPEN_STEPS, limit=OPEN_STEPS),
-             Step("restore", limit=40))
+             Step("restore", limit=40, reached=0.03))
 
     def __init__(self, sim: LiberoSim, joint: str):
         """Args: sim; joint: the drawer's slide joint (opening moves it to its range's far end).
@@ -740,12 +752,12 @@ class AsideExpert(PickPlaceExpert):
     the cabinet, under where the opened top drawer would hang over it): picks it (a bowl by its
     rim, anything else from above) and sets it down on the table at the nearest free spot, one
     whose footprint (plus :data:`ASIDE_MARGIN`) meets no other object's collision box and stays
-    :data:`ASIDE_MARGIN` off the drawer's footprint swept over its travel and the hand's room in
-    front of it."""
+    :data:`ASIDE_MARGIN` off the drawer's footprint swept over its travel."""
 
     DROP = 0.01  # m: the object's origin is released this high above where it rested
     GRID = np.arange(-0.24, 0.2401, 0.02)  # m: offsets of the spots tried, each axis
-    MAX_REACH = 0.78  # m from the shoulder to a spot (further, the placing hand sags)
+    MIN_REACH, MAX_REACH = 0.5, 0.78  # m from the shoulder to a spot (nearer, the arm folds onto its
+    # limits and cannot lift; further, the placing hand sags)
 
     def __init__(self, sim: LiberoSim, obj_body: str, drawer: DrawerExpert):
         super().__init__(sim, obj_body)
@@ -761,8 +773,7 @@ class AsideExpert(PickPlaceExpert):
         lo, hi = geom_boxes(m, d, self._scene_geoms)
         keep = hi[:, 2] > olo[2] + 0.005  # not the table under it
         lo, hi = lo[keep, :2], hi[keep, :2]
-        # The drawer's travel and, beyond it, where the hand turns in front of the handle and backs off.
-        out = dr.sign * d.xaxis[dr.joint, :2] * (abs(dr.end) + dr.FRONT)
+        out = dr.sign * d.xaxis[dr.joint, :2] * abs(dr.end)  # the hand pulls above the table's objects
         slo, shi = geom_boxes(m, d, dr._geoms)
         slo, shi = slo.min(0)[:2], shi.max(0)[:2]
         slo, shi = np.minimum(slo, slo + out) - ASIDE_MARGIN, np.maximum(shi, shi + out) + ASIDE_MARGIN
@@ -774,7 +785,7 @@ class AsideExpert(PickPlaceExpert):
             for dy in self.GRID:
                 c = centre + np.array([dx, dy])
                 blocked = ((lo < c + half) & (hi > c - half)).all(1).any() or ((slo < c + half) & (shi > c - half)).all()
-                if not blocked and np.linalg.norm(c - shoulder) < self.MAX_REACH and (best is None or dx * dx + dy * dy < best[0]):
+                if not blocked and self.MIN_REACH < np.linalg.norm(c - shoulder) < self.MAX_REACH and (best is None or dx * dx + dy * dy < best[0]):
                     best = (dx * dx + dy * dy, np.array([dx, dy, self.DROP]))
         return d.xpos[self.obj] + (best[1] if best is not None else np.array([0.0, 0.0, self.DROP]))
 
@@ -787,6 +798,46 @@ class AsideExpert(PickPlaceExpert):
 
     def place_points(self) -> np.ndarray:
         return self.place
+
+
+class DrawerPlaceExpert(GoalExpert):
+    """:class:`GoalExpert` into a region inside an opened drawer: the release point moves out of
+    the region's centre along the drawer's opening until the object's footprint clears the
+    cabinet's front (its fixed frame), so the object drops through the opening instead of onto
+    the cabinet's top."""
+
+    MARGIN = 0.01  # m between the object's side and the cabinet's front
+    # A bowl held by its rim sags up to ~2.5 cm in the fingers while carried: over the opened
+    # drawer's front panel it would push the drawer shut.
+    CARRY_EXTRA = 0.03
+
+    def __init__(self, sim: LiberoSim, drawer: DrawerExpert):
+        super().__init__(sim)
+        m = sim.model
+        self.drawer = drawer
+        frame = m.body_parentid[m.jnt_bodyid[drawer.joint]]
+        self._frame_geoms = np.flatnonzero(drawer._collide & (m.geom_bodyid == frame))
+        self.place_xy = np.zeros((sim.num_envs, 2))
+
+    def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
+        m, dr = self.sim.model, self.drawer
+        # The opened drawer's handle hangs above the table at the height of the wrist over a grasp
+        # next to it, which the hand's box does not reach: such grasps go where others are left.
+        lo, hi = geom_boxes(m, d, self._scene_geoms)
+        out = [c for c in super().candidates(i, d) if _column_clear(lo, hi, c[0], c[1])] or super().candidates(i, d)
+        u = dr.sign * d.xaxis[dr.joint, :2]
+        u /= np.linalg.norm(u)
+        lo, hi = geom_boxes(m, d, self._frame_geoms)
+        face = float(((lo[:, :2] + hi[:, :2]) / 2 @ u + (hi[:, :2] - lo[:, :2]) / 2 @ np.abs(u)).max())
+        olo, ohi = geom_boxes(m, d, self._obj_geoms)
+        reach = float((ohi.max(0)[:2] - olo.min(0)[:2]) / 2 @ np.abs(u))  # the object's half-size along u
+        point = d.site_xpos[self.site, :2]
+        along = max(float(point @ u), face + reach + self.MARGIN)
+        self.place_xy[i] = point + u * (along - float(point @ u))
+        return out
+
+    def place_points(self) -> np.ndarray:
+        return np.concatenate([self.place_xy, self.place_z[:, None]], axis=1)
 
 
 class SequenceExpert:
@@ -845,7 +896,7 @@ def goal_expert(sim: LiberoSim) -> Expert:
         slides = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
         if slides:
             drawer = DrawerExpert(sim, m.joint(slides[0]).name)
-            return SequenceExpert(sim, [AsideExpert(sim, obj["body"], drawer), drawer, GoalExpert(sim)])
+            return SequenceExpert(sim, [AsideExpert(sim, obj["body"], drawer), drawer, DrawerPlaceExpert(sim, drawer)])
     if kind in ("on", "in"):
         return GoalExpert(sim)
     raise ValueError(f"no Goal expert for {sim.task.task_id}'s goal {goal}: experts open drawers, turn knobs, "
