@@ -1,6 +1,6 @@
 """Scripted experts for LIBERO-Spatial (a bowl onto the plate), LIBERO-Object (an object into the
-basket) and LIBERO-Goal's pick-and-place tasks (an object onto an object or a region), batched
-over a :class:`sims.libero.sim.LiberoSim`.
+basket) and LIBERO-Goal (an object onto an object or a region; a drawer opened; the stove turned
+on; the bowl put in the top drawer), batched over a :class:`sims.libero.sim.LiberoSim`.
 
 A phase machine per simulation on the privileged state (body poses, geom boxes), acting through
 LIBERO's action space (:class:`sims.libero.controller.PandaController`): settle, over the grasp
@@ -19,6 +19,15 @@ episode, from the settled scene:
 - **Closed-loop placing.** While carrying and lowering, the target is the place point plus the
   *current* grip-to-object offset, so an object that slipped in the fingers still lands on target.
 - The hand's orientation is held (or turned to the planned yaw) by the rotation part of the action.
+
+LIBERO-Goal's articulation tasks run a script of steps instead (:class:`MotionExpert`, planned
+once from the settled scene, same controller): :class:`DrawerExpert` opens a drawer by its
+handle (the hand turned to face the drawer, fingers closing vertically on the bar, pulled along
+the slide joint), :class:`KnobExpert` turns the stove's knob (gripped on the hinge's axis, the
+hand twisted about it). "Open the top drawer and put the bowl inside" chains three experts
+(:class:`SequenceExpert`): the bowl set aside off the drawer's path (:class:`AsideExpert`), the
+drawer opened, the bowl put in (:class:`DrawerPlaceExpert`). "Push the plate" (goal/5) has no
+expert. :func:`expert_for` picks the expert of a task.
 """
 
 from __future__ import annotations
@@ -426,17 +435,16 @@ class ObjectExpert(PickPlaceExpert):
 
 
 class GoalExpert(PickPlaceExpert):
-    """LIBERO-Goal's pick-and-place tasks, ``On(object, object or region)``: a bowl by its rim,
-    anything else from above; released with its bottom just above the target's surface (the
-    highest collision box of the target, or of the region's object, under the target point).
-    Goal's other tasks (open a drawer, turn on the stove, push the plate, open-and-put-in) have
-    no expert."""
+    """LIBERO-Goal's pick-and-place tasks, ``On``/``In(object, object or an object's region)``: a
+    bowl by its rim, anything else from above; released with its bottom just above the target's
+    surface (the highest collision box of the target, or of the region's object, under the target
+    point). Goal's other tasks: :func:`goal_expert`."""
 
     DROP = 0.01  # m: the object's bottom is released this high above the target's surface
     FOOTPRINT = 0.01  # m: half-size of the spot under the target point whose surface counts
 
     def __init__(self, sim: LiberoSim):
-        """Raises: ValueError: the task's goal is not a single ``On(object, object or region)``."""
+        """Raises: ValueError: the task's goal is not a single ``On``/``In(object, object or an object's region)``."""
         goal = sim.task.goal
         if len(goal) != 1 or goal[0]["predicate"] not in ("on", "in") or (goal[0]["entities"][1]["kind"] == "site"
                                                                 and goal[0]["entities"][1]["parent_body"] is None):
@@ -484,7 +492,6 @@ class Step:
     limit: int = 60
     hold: int = 0
     speed: float = 1.0
-    reach_ends: bool = True  # False: only :meth:`MotionExpert.arrived` or the limit end it (a target that leads)
     reached: float = REACHED  # m from the target that counts as reached (a via point needs less)
 
 
@@ -493,7 +500,7 @@ class MotionExpert:
     after LIBERO's settle steps, :meth:`plan` reads the settled scene once; then each step drives
     the grip site to :meth:`target`'s point with the hand turned to its orientation, and ends where
     both are reached (or :meth:`arrived` says so, or at its limit). Subclasses: :class:`DrawerExpert`
-    (a handle pull), :class:`KnobExpert` (a knob turn), :class:`PushExpert` (a push)."""
+    (a handle pull), :class:`KnobExpert` (a knob turn)."""
 
     STEPS: tuple[Step, ...] = ()
 
@@ -552,8 +559,7 @@ class MotionExpert:
             if self.phase[i] > len(self.STEPS):
                 continue
             self.timer[i] += 1
-            reached = (step.reach_ends and np.linalg.norm(target[i] - eef[i]) < step.reached
-                       and np.linalg.norm(turn[i]) < TURNED)
+            reached = np.linalg.norm(target[i] - eef[i]) < step.reached and np.linalg.norm(turn[i]) < TURNED
             if self.timer[i] >= step.limit or (self.timer[i] >= step.hold and (reached or self.arrived(i, step))):
                 self.phase[i] += 1
                 self.timer[i] = 0
@@ -669,82 +675,6 @@ class KnobExpert(MotionExpert):
     def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         point = self.grasp[i] + (HOVER * UP if step.name in ("above", "up") else 0.0)
         return point, self.twist_rot[i] if step.name in ("twist", "open", "up") else self.grip_rot[i]
-
-
-class PushExpert(MotionExpert):
-    """Pushes an object over the table until its origin is over a point (a region's centre), with
-    the closed fingertips low against it. The push starts either behind the object or, for a flat
-    one such as a plate, on its floor (the fingers then push its far rim from inside); of those
-    starts and two hand yaws, the one whose hand and fingers overlap least with the scene's
-    collision boxes wins (the hand must not land on a neighbour's handle). While pushing, the
-    target is re-aimed at every step from the object's current position, so a sideways drift is
-    corrected."""
-
-    GAP = 0.02  # m between the object's side and the fingers at an outside start
-    INSIDE = 0.35  # fraction of the object's radius behind its centre where an inside start is
-    RIM = 0.6  # fraction of the object's radius ahead of its centre where an inside push meets the rim
-    TIP_HEIGHT = 0.006  # m: the fingertips above the object's bottom while pushing
-    AHEAD = 0.05  # m the target leads the pushing point
-    CLOSE_ENOUGH = 0.01  # m between the object's origin and the point: the push has arrived
-    STEPS = (Step("above", grip=1.0, limit=80), Step("down", grip=1.0, limit=DOWN_STEPS),
-             Step("push", grip=1.0, limit=120, speed=0.3, reach_ends=False), Step("up", grip=1.0, limit=30))
-
-    def __init__(self, sim: LiberoSim, obj_body: str, site: str):
-        """Args: sim; obj_body: the body pushed; site: the site over which its origin should end."""
-        super().__init__(sim)
-        m, n = sim.model, sim.num_envs
-        self.obj, self.site = m.body(obj_body).id, m.site(site).id
-        own = m.body_rootid[m.geom_bodyid] == self.obj
-        self._obj_geoms = np.flatnonzero(self._collide & own)
-        self._scene_geoms = np.flatnonzero(self._collide & ~own)
-        self.start = np.zeros((n, 3))  # the fingertips' grip site before pushing
-        self.lead = np.zeros(n)  # m: where the pushing point sits ahead of the object's origin along the push
-        self.rot = np.tile(np.eye(3), (n, 1, 1))
-
-    def _remaining(self, i: int) -> tuple[np.ndarray, float]:
-        """The push's unit direction [3] (horizontal) and the distance [m] left, from the current state."""
-        delta = to_numpy(self.sim.field("site_xpos")[i, self.site]) - to_numpy(self.sim.field("xpos")[i, self.obj])
-        delta[2] = 0.0
-        dist = float(np.linalg.norm(delta))
-        return delta / max(dist, 1e-9), dist
-
-    def plan(self, i: int, d: mujoco.MjData) -> None:
-        m = self.sim.model
-        olo, ohi = geom_boxes(m, d, self._obj_geoms)
-        olo, ohi = olo.min(0), ohi.max(0)
-        radius = float(np.max(ohi[:2] - olo[:2]) / 2)
-        u, _ = self._remaining(i)
-        centre = d.xpos[self.obj]
-        z = olo[2] + self.TIP_HEIGHT - FINGER_BOX[2]  # the grip site above the fingertips
-        lo, hi = geom_boxes(m, d, self._scene_geoms)
-        best = None
-        # Outside, the fingers push the object's near side; inside, its far rim's inner wall.
-        for behind, lead in ((radius + FINGER_BOX[0] + self.GAP, -radius), (self.INSIDE * radius, self.RIM * radius)):
-            # A quarter turn clockwise seen from above: the other way the arm folds onto its joint
-            # limits over the plate beside the cabinet (goal/5).
-            for yaw in (0.0, -np.pi / 2):
-                start = np.array([*(centre[:2] - behind * u[:2]), z])
-                key = (max(sum(_overlap(lo, hi, blo, bhi) for blo, bhi in _hand_boxes(start, yaw)),
-                           NEGLIGIBLE_OVERLAP), behind < radius)  # outside first where both are clear
-                if best is None or key < best[0]:
-                    best = (key, start, lead, yaw)
-        _, self.start[i], self.lead[i], yaw = best
-        self.rot[i] = _turn(UP, yaw) @ self.start_rot[i]
-
-    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if step.name == "push":
-            u, dist = self._remaining(i)
-            obj = to_numpy(self.sim.field("xpos")[i, self.obj])
-            point = obj + u * (self.lead[i] + min(self.AHEAD, dist))
-            point[2] = self.start[i, 2]
-        elif step.name == "up":
-            point = np.array([*eef[:2], self.start[i, 2] + HOVER])
-        else:
-            point = self.start[i] + (HOVER * UP if step.name == "above" else 0.0)
-        return point, self.rot[i]
-
-    def arrived(self, i: int, step: Step) -> bool:
-        return step.name == "push" and self._remaining(i)[1] < self.CLOSE_ENOUGH
 
 
 class AsideExpert(PickPlaceExpert):
@@ -871,13 +801,14 @@ Expert = PickPlaceExpert | MotionExpert | SequenceExpert
 
 def goal_expert(sim: LiberoSim) -> Expert:
     """LIBERO-Goal's expert for the sim's task, by the goal's form: ``Open`` a drawer:
-    :class:`DrawerExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; an object onto a
-    region of the table itself (no object under it): :class:`PushExpert` (Goal's "push the plate");
-    into a region of a closed drawer: the drawer opened, then :class:`GoalExpert`; any other
-    ``On``/``In``: :class:`GoalExpert`.
+    :class:`DrawerExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region of a
+    closed drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer
+    opened, the object put in (:class:`DrawerPlaceExpert`); any other ``On``/``In`` onto or into
+    an object: :class:`GoalExpert`.
 
     Raises:
-        ValueError: a goal of another form (more than one predicate, ``Close``).
+        ValueError: a goal of another form (more than one predicate, ``Close``, an object onto a
+            region of the table itself: Goal's "push the plate", goal/5).
     """
     goal, m = sim.task.goal, sim.model
     pred = goal[0] if len(goal) == 1 else {"predicate": f"{len(goal)} predicates"}
@@ -891,7 +822,9 @@ def goal_expert(sim: LiberoSim) -> Expert:
     if kind in ("on", "in") and pred["entities"][1]["kind"] == "site":
         obj, region = pred["entities"]
         if region["parent_body"] is None:
-            return PushExpert(sim, obj["body"], region["site"])
+            raise ValueError(f"no Goal expert for {sim.task.task_id} (push {obj['body']} onto the table region "
+                             f"{region['site']}): experts open drawers, turn knobs and pick and place onto or into "
+                             "objects")
         body = m.site_bodyid[m.site(region["site"]).id]
         slides = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
         if slides:
@@ -900,7 +833,7 @@ def goal_expert(sim: LiberoSim) -> Expert:
     if kind in ("on", "in"):
         return GoalExpert(sim)
     raise ValueError(f"no Goal expert for {sim.task.task_id}'s goal {goal}: experts open drawers, turn knobs, "
-                     "push onto table regions and pick and place onto or into objects")
+                     "pick and place onto or into objects")
 
 
 def expert_for(sim: LiberoSim) -> Expert:
