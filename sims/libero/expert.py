@@ -505,6 +505,7 @@ class MotionExpert:
     STEPS: tuple[Step, ...] = ()
 
     def __init__(self, sim: LiberoSim):
+        """Args: sim: the simulations the script acts on (one plan per simulation)."""
         self.sim, self.ctl = sim, PandaController(sim.layout)
         m, n = sim.model, sim.num_envs
         collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
@@ -690,6 +691,7 @@ class AsideExpert(PickPlaceExpert):
     # limits and cannot lift; further, the placing hand sags)
 
     def __init__(self, sim: LiberoSim, obj_body: str, drawer: DrawerExpert):
+        """Args: sim; obj_body: the object moved; drawer: the expert that opens the drawer next."""
         super().__init__(sim, obj_body)
         self.drawer = drawer
         self.rim = "bowl" in obj_body
@@ -742,6 +744,7 @@ class DrawerPlaceExpert(GoalExpert):
     CARRY_EXTRA = 0.03
 
     def __init__(self, sim: LiberoSim, drawer: DrawerExpert):
+        """Args: sim; drawer: the expert that opened the drawer (its joint and opening direction)."""
         super().__init__(sim)
         m = sim.model
         self.drawer = drawer
@@ -775,6 +778,7 @@ class SequenceExpert:
     the scene as it then is) where the previous one's has ended."""
 
     def __init__(self, sim: LiberoSim, experts: list[PickPlaceExpert | MotionExpert]):
+        """Args: sim; experts: built on ``sim``, in the order they act."""
         self.sim, self.experts, self.ctl = sim, experts, experts[0].ctl
         self.stage = np.zeros(sim.num_envs, np.int64)
 
@@ -784,6 +788,7 @@ class SequenceExpert:
         self.experts[0].reset(ids)
 
     def finished(self) -> np.ndarray:
+        """Whether each simulation's last expert has ended, bool [N]."""
         return (self.stage == len(self.experts) - 1) & self.experts[-1].finished()
 
     def act(self) -> np.ndarray:
