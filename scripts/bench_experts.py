@@ -8,8 +8,8 @@ Gantry tasks (the default): each task runs alone (``make_vec_env(task)``) with t
 (no DART noise), on fresh episodes of ``--split``. LIBERO (``--suite``): the suite's expert
 (``sims.libero.expert``) from LIBERO's fixed initial states (``--states``, all 50 by default: the
 LIBERO protocol), one ``LiberoSim`` per task holding every episode, on the batch backend or
-(``--backend warp``) on MuJoCo Warp's ``--warp-device``; a Goal task without an expert (not
-pick-and-place) is reported as such. Success per task with its 95 %
+(``--backend warp``) on MuJoCo Warp's ``--warp-device``; a Goal task without an expert (goal/5,
+the plate push) is reported as such. Success per task with its 95 %
 Wilson interval.
 """
 
@@ -57,7 +57,7 @@ def bench_libero(suite: str, tasks: list[int], states: int, threads: int | None,
         sim = LiberoSim(load_task(task_id), states, backend=backend, warp_device=warp_device, num_threads=threads)
         try:
             success = run_episodes(sim, np.arange(states))
-        except ValueError as exc:  # a Goal task that is not pick-and-place: no expert
+        except ValueError as exc:  # a Goal task without an expert (goal/5)
             results[task_id] = {"expert": None, "reason": str(exc)}
             tqdm.write(f"{task_id:10s} no expert")
             continue

@@ -1,6 +1,6 @@
 """Scripted experts for LIBERO-Spatial (a bowl onto the plate), LIBERO-Object (an object into the
-basket) and LIBERO-Goal's pick-and-place tasks (an object onto an object or a region), batched
-over a :class:`sims.libero.sim.LiberoSim`.
+basket) and LIBERO-Goal (an object onto an object or a region; a drawer opened; the stove turned
+on; the bowl put in the top drawer), batched over a :class:`sims.libero.sim.LiberoSim`.
 
 A phase machine per simulation on the privileged state (body poses, geom boxes), acting through
 LIBERO's action space (:class:`sims.libero.controller.PandaController`): settle, over the grasp
@@ -19,11 +19,21 @@ episode, from the settled scene:
 - **Closed-loop placing.** While carrying and lowering, the target is the place point plus the
   *current* grip-to-object offset, so an object that slipped in the fingers still lands on target.
 - The hand's orientation is held (or turned to the planned yaw) by the rotation part of the action.
+
+LIBERO-Goal's articulation tasks run a script of steps instead (:class:`MotionExpert`, planned
+once from the settled scene, same controller): :class:`DrawerExpert` opens a drawer by its
+handle (the hand turned to face the drawer, fingers closing vertically on the bar, pulled along
+the slide joint), :class:`KnobExpert` turns the stove's knob (gripped on the hinge's axis, the
+hand twisted about it). "Open the top drawer and put the bowl inside" chains three experts
+(:class:`SequenceExpert`): the bowl set aside off the drawer's path (:class:`AsideExpert`), the
+drawer opened, the bowl put in (:class:`DrawerPlaceExpert`). "Push the plate" (goal/5) has no
+expert. :func:`expert_for` picks the expert of a task.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import mujoco
 import numpy as np
@@ -58,10 +68,13 @@ HAND_BOX = (0.045, 0.11, 0.022, 0.15)
 FINGER_BOX = (0.015, 0.05, -0.014, 0.05)
 ROBOT_PREFIXES = ("robot0_", "gripper0_", "mount0_")
 NEGLIGIBLE_OVERLAP = 2e-6  # m^3 (2 cm^3): AABBs of rotated meshes overlap a little where nothing touches
+UP = np.array([0.0, 0.0, 1.0])
 SHOULDER_HEIGHT = 0.333  # m: the Panda's second joint above its base
 # Beyond about 0.8 m from the shoulder the elbow straightens onto its joint limit and the
 # least-squares step (which knows no limits) lets the hand sag: such grasps cost extra.
 COMFORT_REACH, REACH_COST = 0.80, 3.0
+WRIST_TOP = 0.35  # m above the grip site that the wrist and forearm occupy over a grasp from above
+ASIDE_MARGIN = 0.03  # m an object set aside keeps off its neighbours and off a drawer's path
 
 
 def geom_boxes(m: mujoco.MjModel, d: mujoco.MjData, geoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,6 +126,14 @@ def _under_hand_top(lo: np.ndarray, hi: np.ndarray, grip: np.ndarray, yaw: float
     return float(hi[under, 2].max()) if under.any() else -np.inf
 
 
+def _column_clear(lo: np.ndarray, hi: np.ndarray, grip: np.ndarray, yaw: float) -> bool:
+    """Whether the column over the hand's box (the wrist and forearm, up to :data:`WRIST_TOP` above
+    the grip site ``grip`` [3]) meets none of boxes (lo, hi) [G, 3]."""
+    (hand_lo, hand_hi), _ = _hand_boxes(grip, yaw)
+    hand_lo[2], hand_hi[2] = hand_hi[2], grip[2] + WRIST_TOP
+    return _overlap(lo, hi, hand_lo, hand_hi) == 0.0
+
+
 def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
     """World-frame axis-angle [3] turning orientation ``quat_wxyz`` into rotation matrix ``target``."""
     cur, tq = np.zeros(9), np.zeros(4)
@@ -121,6 +142,29 @@ def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
     vel = np.zeros(3)
     mujoco.mju_quat2Vel(vel, tq if tq[0] >= 0 else -tq, 1.0)
     return vel
+
+
+def _snapshot(sim: LiberoSim, i: int) -> mujoco.MjData:
+    """Simulation ``i``'s current positions with body, geom and site poses (no contacts)."""
+    d = mujoco.MjData(sim.model)
+    d.qpos[:] = to_numpy(sim.qpos[i])
+    mujoco.mj_kinematics(sim.model, d)
+    return d
+
+
+def _quat_mat(quat_wxyz: np.ndarray) -> np.ndarray:
+    """The rotation matrix [3, 3] of a unit quaternion (w, x, y, z)."""
+    out = np.zeros(9)
+    mujoco.mju_quat2Mat(out, quat_wxyz)
+    return out.reshape(3, 3)
+
+
+def _turn(axis: np.ndarray, angle: float) -> np.ndarray:
+    """The rotation matrix [3, 3] of ``angle`` [rad] about unit ``axis`` [3]."""
+    quat, out = np.zeros(4), np.zeros(9)
+    mujoco.mju_axisAngle2Quat(quat, axis, angle)
+    mujoco.mju_quat2Mat(out, quat)
+    return out.reshape(3, 3)
 
 
 Candidate = tuple[np.ndarray, float, float]  # grip site position [3], hand yaw [rad], cost [m of reach]
@@ -184,6 +228,8 @@ class PickPlaceExpert:
     """The phase machine shared by the LIBERO experts (see the module docstring); subclasses give
     the grasp candidates and the place point."""
 
+    CARRY_EXTRA = 0.0  # m added to the carry height the corridor asks
+
     def __init__(self, sim: LiberoSim, obj_body: str):
         """Args: sim; obj_body: the body the expert picks (the goal's first argument)."""
         self.sim, self.ctl = sim, PandaController(sim.layout)
@@ -207,11 +253,17 @@ class PickPlaceExpert:
         self.held = np.zeros((n, 3))  # grip site minus object origin once grasped
         self.last = np.zeros((n, 3))  # the previous position action
 
-    def reset(self) -> None:
-        """Start every simulation's episode (call after ``sim.reset``): settle, then plan."""
-        self.phase[:] = 0
-        self.timer[:] = 0
-        self.last[:] = 0.0
+    def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
+        """Start simulations ``ids``' (default all) episodes (call after ``sim.reset``): settle
+        (LIBERO's steps; ``settle=False``: only until the object rests), then plan."""
+        ids = slice(None) if ids is None else ids
+        self.phase[ids] = 0
+        self.timer[ids] = 0 if settle else SETTLE_STEPS - 1
+        self.last[ids] = 0.0
+
+    def finished(self) -> np.ndarray:
+        """Whether each simulation's script has ended, bool [N]."""
+        return self.phase == len(PHASES) - 1
 
     # ------------------------------------------------------------------ subclasses
     def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
@@ -226,9 +278,7 @@ class PickPlaceExpert:
     def _plan(self, i: int, eef: np.ndarray, quat: np.ndarray) -> None:
         """Choose simulation ``i``'s grasp and heights from its settled state (see module docstring)."""
         m = self.sim.model
-        d = mujoco.MjData(m)
-        d.qpos[:] = to_numpy(self.sim.qpos[i])
-        mujoco.mj_kinematics(m, d)
+        d = _snapshot(self.sim, i)
         lo, hi = geom_boxes(m, d, self._scene_geoms)
         shoulder = d.xpos[self._shoulder] + np.array([0.0, 0.0, SHOULDER_HEIGHT])
         best, best_key = None, None
@@ -252,16 +302,13 @@ class PickPlaceExpert:
         hang = grip[2] - olo[2]  # the held object's bottom below the grip site
         shift = self.place_points()[i, :2] - d.xpos[self.obj, :2]  # the object's origin: grasp -> place
         centre = (olo[:2] + ohi[:2]) / 2
-        self.carry[i] = max(grip[2] + LIFT,
+        self.carry[i] = self.CARRY_EXTRA + max(grip[2] + LIFT,
                             _corridor_top(lo, hi, grip, grip[:2] + shift, hand) + HAND_MARGIN - HAND_BOX[2],
                             _corridor_top(lo, hi, centre, centre + shift, (ohi[:2] - olo[:2]) / 2) + CLEARANCE + hang)
         # A hand wider than the basket rests on its walls: lower only until the hand is just above them.
         held = np.append(grip[:2] + shift, grip[2])
         self.lowest[i] = _under_hand_top(lo, hi, held, yaw) - HAND_BOX[2] + HAND_MARGIN
-        cur = np.zeros(9)
-        mujoco.mju_quat2Mat(cur, quat)
-        c, s = np.cos(yaw), np.sin(yaw)
-        self.rot[i] = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]) @ cur.reshape(3, 3)
+        self.rot[i] = _turn(UP, yaw) @ _quat_mat(quat)
 
     # ------------------------------------------------------------------ acting
     def act(self) -> np.ndarray:
@@ -388,21 +435,20 @@ class ObjectExpert(PickPlaceExpert):
 
 
 class GoalExpert(PickPlaceExpert):
-    """LIBERO-Goal's pick-and-place tasks, ``On(object, object or region)``: a bowl by its rim,
-    anything else from above; released with its bottom just above the target's surface (the
-    highest collision box of the target, or of the region's object, under the target point).
-    Goal's other tasks (open a drawer, turn on the stove, push the plate, open-and-put-in) have
-    no expert."""
+    """LIBERO-Goal's pick-and-place tasks, ``On``/``In(object, object or an object's region)``: a
+    bowl by its rim, anything else from above; released with its bottom just above the target's
+    surface (the highest collision box of the target, or of the region's object, under the target
+    point). Goal's other tasks: :func:`goal_expert`."""
 
     DROP = 0.01  # m: the object's bottom is released this high above the target's surface
     FOOTPRINT = 0.01  # m: half-size of the spot under the target point whose surface counts
 
     def __init__(self, sim: LiberoSim):
-        """Raises: ValueError: the task's goal is not a single ``On(object, object or region)``."""
+        """Raises: ValueError: the task's goal is not a single ``On``/``In(object, object or an object's region)``."""
         goal = sim.task.goal
-        if len(goal) != 1 or goal[0]["predicate"] != "on" or (goal[0]["entities"][1]["kind"] == "site"
+        if len(goal) != 1 or goal[0]["predicate"] not in ("on", "in") or (goal[0]["entities"][1]["kind"] == "site"
                                                                 and goal[0]["entities"][1]["parent_body"] is None):
-            raise ValueError(f"{sim.task.task_id} is not a pick-and-place-on task (no Goal expert for it): "
+            raise ValueError(f"{sim.task.task_id} is not a pick-and-place task onto or into an object: "
                              f"goal {goal}")
         obj, target = goal[0]["entities"]
         super().__init__(sim, obj["body"])
@@ -434,14 +480,375 @@ class GoalExpert(PickPlaceExpert):
         return point
 
 
-def expert_for(sim: LiberoSim) -> PickPlaceExpert:
-    """The expert of the sim's suite.
+@dataclass(frozen=True)
+class Step:
+    """One step of a :class:`MotionExpert`'s script: the gripper action held through it (-1 open,
+    1 closed), the control steps after which it ends anyway (``limit``) and before which it does
+    not (``hold``: the fingers closing or opening), and its largest position action (``speed``, a
+    fraction of the controller's)."""
+
+    name: str
+    grip: float = -1.0
+    limit: int = 60
+    hold: int = 0
+    speed: float = 1.0
+    reached: float = REACHED  # m from the target that counts as reached (a via point needs less)
+
+
+class MotionExpert:
+    """A script of :class:`Step` s per simulation for the tasks that move an articulation or push:
+    after LIBERO's settle steps, :meth:`plan` reads the settled scene once; then each step drives
+    the grip site to :meth:`target`'s point with the hand turned to its orientation, and ends where
+    both are reached (or :meth:`arrived` says so, or at its limit). Subclasses: :class:`DrawerExpert`
+    (a handle pull), :class:`KnobExpert` (a knob turn)."""
+
+    STEPS: tuple[Step, ...] = ()
+
+    def __init__(self, sim: LiberoSim):
+        """Args: sim: the simulations the script acts on (one plan per simulation)."""
+        self.sim, self.ctl = sim, PandaController(sim.layout)
+        m, n = sim.model, sim.num_envs
+        collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
+        robot = np.array([m.body(b).name.startswith(ROBOT_PREFIXES) for b in range(m.nbody)])
+        self._collide = collide & ~robot[m.geom_bodyid]  # the scene's collision geoms (no robot)
+        self.phase = np.zeros(n, np.int64)  # 0: settling; k: STEPS[k - 1]; len(STEPS) + 1: done
+        self.timer = np.zeros(n, np.int64)
+        self.start_rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's orientation when planned
+
+    def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
+        """Start simulations ``ids``' (default all) scripts (call after ``sim.reset``), after
+        LIBERO's settle steps (``settle=False``: at once)."""
+        ids = slice(None) if ids is None else ids
+        self.phase[ids] = 0
+        self.timer[ids] = 0 if settle else SETTLE_STEPS - 1
+
+    def finished(self) -> np.ndarray:
+        """Whether each simulation's script has ended, bool [N]."""
+        return self.phase > len(self.STEPS)
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        """Plan simulation ``i``'s script from its settled pose ``d`` (``self.start_rot[i]`` is set)."""
+        raise NotImplementedError
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Simulation ``i``'s grip site target [3] and hand orientation [3, 3] in ``step`` (grip site at ``eef``)."""
+        raise NotImplementedError
+
+    def arrived(self, i: int, step: Step) -> bool:
+        """Whether ``step`` has done its work in simulation ``i`` before reaching its target."""
+        return False
+
+    def act(self) -> np.ndarray:
+        """Actions [N, 7] for the current state; advances each simulation's script."""
+        sim = self.sim
+        eef = to_numpy(sim.proprio()["eef_pos"])
+        quat = to_numpy(sim.field("xquat")[:, sim.layout.hand_body])
+        n = len(eef)
+        target, grip, speed, turn = eef.copy(), np.zeros(n), np.ones(n), np.zeros((n, 3))
+        for i in range(n):
+            if self.phase[i] == 0:  # LIBERO's settle steps, the gripper idle
+                self.timer[i] += 1
+                if self.timer[i] >= SETTLE_STEPS:
+                    self.start_rot[i] = _quat_mat(quat[i])
+                    self.plan(i, _snapshot(sim, i))
+                    self.phase[i], self.timer[i] = 1, 0
+                continue
+            step = self.STEPS[min(self.phase[i], len(self.STEPS)) - 1]  # done: hold the last step
+            target[i], rot = self.target(i, step, eef[i])
+            turn[i] = _rotation_error(rot, quat[i])
+            grip[i], speed[i] = step.grip, step.speed
+            if self.phase[i] > len(self.STEPS):
+                continue
+            self.timer[i] += 1
+            reached = np.linalg.norm(target[i] - eef[i]) < step.reached and np.linalg.norm(turn[i]) < TURNED
+            if self.timer[i] >= step.limit or (self.timer[i] >= step.hold and (reached or self.arrived(i, step))):
+                self.phase[i] += 1
+                self.timer[i] = 0
+        action = np.zeros((n, 7))
+        move = (target - eef) / self.ctl.output_max[:3]
+        action[:, :3] = np.clip(move, -speed[:, None], speed[:, None])
+        action[:, 3:6] = np.clip(turn / self.ctl.output_max[3:], -1.0, 1.0)
+        action[:, 6] = grip
+        return action
+
+
+class DrawerExpert(MotionExpert):
+    """Opens a drawer (a slide joint) by its handle: the hand turned to face the drawer's front,
+    fingers pointing at it and closing vertically on the handle's bar (the drawers' handles sit one
+    above another, so the bar is reached from the front, not from above), pulled out along the
+    joint to its open end, let go, and backed off and up while turning back to its starting orientation."""
+
+    FRONT = 0.10  # m in front of the handle where the hand turns to face the drawer
+    BACK = 0.06  # m the hand backs off after letting go
+    RISE = 0.05  # m it rises while turning back
+    OPENED = 0.01  # m (of joint travel) before the end counts as open
+    STEPS = (Step("front", limit=80, reached=0.02), Step("reach", limit=40),
+             Step("close", grip=1.0, hold=CLOSE_STEPS, limit=CLOSE_STEPS),
+             Step("pull", grip=1.0, limit=80, speed=0.4), Step("open", hold=OPEN_STEPS, limit=OPEN_STEPS),
+             Step("restore", limit=40, reached=0.03))
+
+    def __init__(self, sim: LiberoSim, joint: str):
+        """Args: sim; joint: the drawer's slide joint (opening moves it to its range's far end).
+
+        Raises: ValueError: ``joint`` is not a slide joint.
+        """
+        super().__init__(sim)
+        m, n = sim.model, sim.num_envs
+        self.joint = m.joint(joint).id
+        if m.jnt_type[self.joint] != mujoco.mjtJoint.mjJNT_SLIDE:
+            raise ValueError(f"{joint} is not a drawer's slide joint (type {m.jnt_type[self.joint]})")
+        lo, hi = m.jnt_range[self.joint]
+        self.sign = -1.0 if abs(lo) > abs(hi) else 1.0  # closed near 0: opening goes to the far end
+        self.end = lo if self.sign < 0 else hi
+        self._qadr = m.jnt_qposadr[self.joint]
+        self._geoms = np.flatnonzero(self._collide & (m.geom_bodyid == m.jnt_bodyid[self.joint]))
+        self.grasp = np.zeros((n, 3))  # the handle bar's centre: the grip site closes there
+        self.out = np.zeros((n, 3))  # the drawer's opening direction (horizontal unit)
+        self.pull_rot = np.tile(np.eye(3), (n, 1, 1))
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        out = self.sign * d.xaxis[self.joint]
+        out[2] = 0.0
+        self.out[i] = out / np.linalg.norm(out)
+        lo, hi = geom_boxes(self.sim.model, d, self._geoms)
+        centre = (lo + hi) / 2
+        self.grasp[i] = centre[np.argmax(centre @ self.out[i])]  # the bar: the drawer's part furthest out
+        # Fingers (the hand's z) pointing into the drawer, closing (its y) vertically: of the two
+        # such orientations, the one nearer the current one.
+        best = None
+        for up in (UP, -UP):
+            rot = np.stack([np.cross(up, -self.out[i]), up, -self.out[i]], axis=1)
+            angle = np.arccos(np.clip((np.trace(rot @ self.start_rot[i].T) - 1) / 2, -1.0, 1.0))
+            if best is None or angle < best[0]:
+                best = (angle, rot)
+        self.pull_rot[i] = best[1]
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        travel = abs(self.end) * self.out[i]
+        point = {"front": self.grasp[i] + self.FRONT * self.out[i], "reach": self.grasp[i], "close": self.grasp[i],
+                 "pull": self.grasp[i] + travel, "open": self.grasp[i] + travel,
+                 "restore": self.grasp[i] + travel + self.BACK * self.out[i] + self.RISE * UP}[step.name]
+        return point, self.start_rot[i] if step.name == "restore" else self.pull_rot[i]
+
+    def arrived(self, i: int, step: Step) -> bool:
+        q = float(to_numpy(self.sim.qpos[i, self._qadr]))
+        return step.name == "pull" and abs(q - self.end) < self.OPENED
+
+
+class KnobExpert(MotionExpert):
+    """Turns a knob (a hinge about the vertical) past its threshold: grips it from above on the
+    hinge's axis near its top, the fingers across its narrower side (:func:`top_candidates`),
+    twists the hand about the axis, lets go and lifts."""
+
+    TWIST = 1.0  # rad the hand turns (LIBERO's TurnOn asks 0.5)
+    STEPS = (Step("above", limit=80), Step("down", limit=DOWN_STEPS),
+             Step("close", grip=1.0, hold=CLOSE_STEPS, limit=CLOSE_STEPS), Step("twist", grip=1.0, limit=40),
+             Step("open", hold=OPEN_STEPS, limit=OPEN_STEPS), Step("up", limit=30))
+
+    def __init__(self, sim: LiberoSim, joint: str, direction: float):
+        """Args: sim; joint: the knob's hinge; direction: +1 to turn it to larger angles, -1 smaller.
+
+        Raises: ValueError: ``joint`` is not a hinge about the vertical.
+        """
+        super().__init__(sim)
+        m, n = sim.model, sim.num_envs
+        self.joint = m.joint(joint).id
+        self.body = m.jnt_bodyid[self.joint]
+        self.direction = direction
+        self._geoms = np.flatnonzero(self._collide & (m.geom_bodyid == self.body))
+        self.grasp = np.zeros((n, 3))
+        self.grip_rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's orientation at the grasp
+        self.twist_rot = np.tile(np.eye(3), (n, 1, 1))
+        if m.jnt_type[self.joint] != mujoco.mjtJoint.mjJNT_HINGE:
+            raise ValueError(f"{joint} is not a knob's hinge joint (type {m.jnt_type[self.joint]})")
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        axis = d.xaxis[self.joint]
+        if abs(axis[2]) < 0.9:
+            raise ValueError(f"{self.sim.model.joint(self.joint).name} turns about {axis.round(2)}, not the "
+                             "vertical: the knob expert twists the hand about the vertical only")
+        candidates, _ = top_candidates(self.sim.model, d, self.body, self._geoms)
+        grip, yaw, _ = min(candidates, key=lambda c: c[2])
+        self.grasp[i] = [*d.xanchor[self.joint, :2], grip[2]]  # on the axis: the twist turns the knob in place
+        self.grip_rot[i] = _turn(UP, yaw) @ self.start_rot[i]
+        self.twist_rot[i] = _turn(axis * self.direction, self.TWIST) @ self.grip_rot[i]
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        point = self.grasp[i] + (HOVER * UP if step.name in ("above", "up") else 0.0)
+        return point, self.twist_rot[i] if step.name in ("twist", "open", "up") else self.grip_rot[i]
+
+
+class AsideExpert(PickPlaceExpert):
+    """Moves an object off a drawer's path before the drawer opens (goal/3's bowl lies in front of
+    the cabinet, under where the opened top drawer would hang over it): picks it (a bowl by its
+    rim, anything else from above) and sets it down on the table at the nearest free spot, one
+    whose footprint (plus :data:`ASIDE_MARGIN`) meets no other object's collision box and stays
+    :data:`ASIDE_MARGIN` off the drawer's footprint swept over its travel."""
+
+    DROP = 0.01  # m: the object's origin is released this high above where it rested
+    GRID = np.arange(-0.24, 0.2401, 0.02)  # m: offsets of the spots tried, each axis
+    MIN_REACH, MAX_REACH = 0.5, 0.78  # m from the shoulder to a spot (nearer, the arm folds onto its
+    # limits and cannot lift; further, the placing hand sags)
+
+    def __init__(self, sim: LiberoSim, obj_body: str, drawer: DrawerExpert):
+        """Args: sim; obj_body: the object moved; drawer: the expert that opens the drawer next."""
+        super().__init__(sim, obj_body)
+        self.drawer = drawer
+        self.rim = "bowl" in obj_body
+        self.place = np.zeros((sim.num_envs, 3))
+
+    def _free_spot(self, d: mujoco.MjData) -> np.ndarray:
+        """The nearest free spot's origin [3] (see the class docstring); the object's own place if none is free."""
+        m, dr = self.sim.model, self.drawer
+        olo, ohi = geom_boxes(m, d, self._obj_geoms)
+        olo, ohi = olo.min(0), ohi.max(0)
+        lo, hi = geom_boxes(m, d, self._scene_geoms)
+        keep = hi[:, 2] > olo[2] + 0.005  # not the table under it
+        lo, hi = lo[keep, :2], hi[keep, :2]
+        out = dr.sign * d.xaxis[dr.joint, :2] * abs(dr.end)  # the hand pulls above the table's objects
+        slo, shi = geom_boxes(m, d, dr._geoms)
+        slo, shi = slo.min(0)[:2], shi.max(0)[:2]
+        slo, shi = np.minimum(slo, slo + out) - ASIDE_MARGIN, np.maximum(shi, shi + out) + ASIDE_MARGIN
+        half = (ohi[:2] - olo[:2]) / 2 + ASIDE_MARGIN
+        centre = (olo[:2] + ohi[:2]) / 2
+        shoulder = d.xpos[self._shoulder, :2]
+        best = None
+        for dx in self.GRID:
+            for dy in self.GRID:
+                c = centre + np.array([dx, dy])
+                blocked = ((lo < c + half) & (hi > c - half)).all(1).any() or ((slo < c + half) & (shi > c - half)).all()
+                if not blocked and self.MIN_REACH < np.linalg.norm(c - shoulder) < self.MAX_REACH and (best is None or dx * dx + dy * dy < best[0]):
+                    best = (dx * dx + dy * dy, np.array([dx, dy, self.DROP]))
+        return d.xpos[self.obj] + (best[1] if best is not None else np.array([0.0, 0.0, self.DROP]))
+
+    def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
+        m = self.sim.model
+        self.place[i] = self._free_spot(d)
+        if self.rim:
+            return rim_candidates(m, d, self.obj, self._obj_geoms)
+        return top_candidates(m, d, self.obj, self._obj_geoms)[0]
+
+    def place_points(self) -> np.ndarray:
+        return self.place
+
+
+class DrawerPlaceExpert(GoalExpert):
+    """:class:`GoalExpert` into a region inside an opened drawer: the release point moves out of
+    the region's centre along the drawer's opening until the object's footprint clears the
+    cabinet's front (its fixed frame), so the object drops through the opening instead of onto
+    the cabinet's top."""
+
+    MARGIN = 0.01  # m between the object's side and the cabinet's front
+    # A bowl held by its rim sags up to ~2.5 cm in the fingers while carried: over the opened
+    # drawer's front panel it would push the drawer shut.
+    CARRY_EXTRA = 0.03
+
+    def __init__(self, sim: LiberoSim, drawer: DrawerExpert):
+        """Args: sim; drawer: the expert that opened the drawer (its joint and opening direction)."""
+        super().__init__(sim)
+        m = sim.model
+        self.drawer = drawer
+        frame = m.body_parentid[m.jnt_bodyid[drawer.joint]]
+        self._frame_geoms = np.flatnonzero(drawer._collide & (m.geom_bodyid == frame))
+        self.place_xy = np.zeros((sim.num_envs, 2))
+
+    def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
+        m, dr = self.sim.model, self.drawer
+        # The opened drawer's handle hangs above the table at the height of the wrist over a grasp
+        # next to it, which the hand's box does not reach: such grasps go where others are left.
+        lo, hi = geom_boxes(m, d, self._scene_geoms)
+        out = [c for c in super().candidates(i, d) if _column_clear(lo, hi, c[0], c[1])] or super().candidates(i, d)
+        u = dr.sign * d.xaxis[dr.joint, :2]
+        u /= np.linalg.norm(u)
+        lo, hi = geom_boxes(m, d, self._frame_geoms)
+        face = float(((lo[:, :2] + hi[:, :2]) / 2 @ u + (hi[:, :2] - lo[:, :2]) / 2 @ np.abs(u)).max())
+        olo, ohi = geom_boxes(m, d, self._obj_geoms)
+        reach = float((ohi.max(0)[:2] - olo.min(0)[:2]) / 2 @ np.abs(u))  # the object's half-size along u
+        point = d.site_xpos[self.site, :2]
+        along = max(float(point @ u), face + reach + self.MARGIN)
+        self.place_xy[i] = point + u * (along - float(point @ u))
+        return out
+
+    def place_points(self) -> np.ndarray:
+        return np.concatenate([self.place_xy, self.place_z[:, None]], axis=1)
+
+
+class SequenceExpert:
+    """Experts one after another in each simulation: the next one's script starts (and plans from
+    the scene as it then is) where the previous one's has ended."""
+
+    def __init__(self, sim: LiberoSim, experts: list[PickPlaceExpert | MotionExpert]):
+        """Args: sim; experts: built on ``sim``, in the order they act."""
+        self.sim, self.experts, self.ctl = sim, experts, experts[0].ctl
+        self.stage = np.zeros(sim.num_envs, np.int64)
+
+    def reset(self, ids: np.ndarray | None = None) -> None:
+        """Start simulations ``ids``' (default all) first expert (call after ``sim.reset``)."""
+        self.stage[slice(None) if ids is None else ids] = 0
+        self.experts[0].reset(ids)
+
+    def finished(self) -> np.ndarray:
+        """Whether each simulation's last expert has ended, bool [N]."""
+        return (self.stage == len(self.experts) - 1) & self.experts[-1].finished()
+
+    def act(self) -> np.ndarray:
+        """Actions [N, 7]: each simulation's from its current expert (the others' are not used)."""
+        for k, expert in enumerate(self.experts[:-1]):
+            handover = np.flatnonzero((self.stage == k) & expert.finished())
+            self.stage[handover] = k + 1
+            self.experts[k + 1].reset(handover, settle=False)  # the scene settled before the first
+        actions = [expert.act() if (self.stage == k).any() else None for k, expert in enumerate(self.experts)]
+        return np.stack([actions[k][i] for i, k in enumerate(self.stage)])
+
+
+Expert = PickPlaceExpert | MotionExpert | SequenceExpert
+
+
+def goal_expert(sim: LiberoSim) -> Expert:
+    """LIBERO-Goal's expert for the sim's task, by the goal's form: ``Open`` a drawer:
+    :class:`DrawerExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region of a
+    closed drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer
+    opened, the object put in (:class:`DrawerPlaceExpert`); any other ``On``/``In`` onto or into
+    an object: :class:`GoalExpert`.
 
     Raises:
-        ValueError: a suite without an expert (10), or a Goal task that is not pick-and-place.
+        ValueError: a goal of another form (more than one predicate, ``Close``, an object onto a
+            region of the table itself: Goal's "push the plate", goal/5).
+    """
+    goal, m = sim.task.goal, sim.model
+    pred = goal[0] if len(goal) == 1 else {"predicate": f"{len(goal)} predicates"}
+    kind = pred["predicate"]
+    if kind in ("open", "turnon", "turnoff"):
+        rule = pred["joints"]
+        joint = m.joint(int(np.flatnonzero(m.jnt_qposadr == rule["qpos_adr"][0])[0])).name
+        if kind == "open":
+            return DrawerExpert(sim, joint)
+        return KnobExpert(sim, joint, 1.0 if rule["op"] in (">", ">=") else -1.0)
+    if kind in ("on", "in") and pred["entities"][1]["kind"] == "site":
+        obj, region = pred["entities"]
+        if region["parent_body"] is None:
+            raise ValueError(f"no Goal expert for {sim.task.task_id} (push {obj['body']} onto the table region "
+                             f"{region['site']}): experts open drawers, turn knobs and pick and place onto or into "
+                             "objects")
+        body = m.site_bodyid[m.site(region["site"]).id]
+        slides = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
+        if slides:
+            drawer = DrawerExpert(sim, m.joint(slides[0]).name)
+            return SequenceExpert(sim, [AsideExpert(sim, obj["body"], drawer), drawer, DrawerPlaceExpert(sim, drawer)])
+    if kind in ("on", "in"):
+        return GoalExpert(sim)
+    raise ValueError(f"no Goal expert for {sim.task.task_id}'s goal {goal}: experts open drawers, turn knobs, "
+                     "pick and place onto or into objects")
+
+
+def expert_for(sim: LiberoSim) -> Expert:
+    """The expert of the sim's task (Spatial, Object: one each; Goal: :func:`goal_expert`).
+
+    Raises:
+        ValueError: a suite without an expert (10), or a Goal goal of another form.
     """
     suite = sim.task.task_id.split("/")[0]
-    experts = {"spatial": SpatialExpert, "object": ObjectExpert, "goal": GoalExpert}
+    experts = {"spatial": SpatialExpert, "object": ObjectExpert, "goal": goal_expert}
     if suite not in experts:
         raise ValueError(f"no scripted expert for LIBERO suite {suite!r} ({sim.task.task_id}); experts exist for "
                          f"{', '.join(experts)}")
@@ -464,6 +871,6 @@ def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int | None 
         sim.step(expert.ctl(sim, expert.act()))
         if on_step is not None:
             on_step()
-        if (expert.phase == len(PHASES) - 1).all():
+        if expert.finished().all():
             break
     return to_numpy(sim.success())

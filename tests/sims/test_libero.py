@@ -2,7 +2,8 @@
 render both cameras, read LIBERO's proprioception; the goal predicates on hand-placed states; the
 batched Panda controller reaches a commanded pose; the Spatial expert places the bowl (also beside
 the cabinet, where the hand must keep off it), the Object expert puts an object in the basket, the
-Goal expert a bowl on the stove; bad ids and a missing asset package fail with one line naming the fix.
+Goal experts put a bowl on the stove, open the middle drawer, turn on the stove and put the bowl in
+the top drawer; bad ids and a missing asset package fail with one line naming the fix.
 
 The module fixture exports one task per suite, spatial/6 and goal/1, into the cache if missing
 (installing the export toolchain on a fresh machine: 80 s and 1.6 GB once; a task about 4 CPU-seconds).
@@ -14,7 +15,16 @@ import numpy as np
 import pytest
 
 from sims.libero.controller import PandaController
-from sims.libero.expert import ObjectExpert, SpatialExpert, expert_for, run_episodes
+from sims.libero.expert import (
+    DrawerExpert,
+    GoalExpert,
+    KnobExpert,
+    ObjectExpert,
+    SequenceExpert,
+    SpatialExpert,
+    expert_for,
+    run_episodes,
+)
 from sims.libero.install import check_toolchain, ensure_tasks
 from sims.libero.predicates import GoalPredicates, Kinematics
 from sims.libero.scene import load_task
@@ -24,11 +34,14 @@ from sims.libero.suites import parse_task_id
 TASKS = ("spatial/0", "object/0", "goal/0", "10/0")
 BESIDE_CABINET = "spatial/6"  # the bowl next to the cookie box, the wooden cabinet behind it
 BOWL_ON_STOVE = "goal/1"  # On(akita_black_bowl_1, flat_stove_1_cook_region)
+STOVE_ON = "goal/7"  # TurnOn(flat_stove_1): the knob's hinge past 0.5 rad
+BOWL_IN_DRAWER = "goal/3"  # In(akita_black_bowl_1, wooden_cabinet_1_top_region), the drawer closed at the start
+PUSH_PLATE = "goal/5"  # On(plate_1, main_table_stove_front_region): no expert
 
 
 @pytest.fixture(scope="module")
 def cached() -> None:
-    ensure_tasks([*TASKS, BESIDE_CABINET, BOWL_ON_STOVE])
+    ensure_tasks([*TASKS, BESIDE_CABINET, BOWL_ON_STOVE, STOVE_ON, BOWL_IN_DRAWER, PUSH_PLATE])
 
 
 @pytest.fixture(scope="module")
@@ -202,8 +215,8 @@ def test_spatial_expert_places_the_bowl_on_the_plate(sims_by_task):
         SpatialExpert(sims_by_task["goal/0"])
     with pytest.raises(ValueError, match="no scripted expert for LIBERO suite '10'"):
         expert_for(sims_by_task["10/0"])
-    with pytest.raises(ValueError, match="not a pick-and-place-on task"):
-        expert_for(sims_by_task["goal/0"])  # Open(the middle drawer)
+    with pytest.raises(ValueError, match="not a pick-and-place task"):
+        GoalExpert(sims_by_task["goal/0"])  # Open(the middle drawer)
 
 
 def test_spatial_expert_keeps_the_hand_off_the_cabinet(cached):
@@ -218,6 +231,38 @@ def test_goal_expert_puts_the_bowl_on_the_stove(cached):
     """A region target: the bowl's origin over the cook region's site and touching the stove."""
     sim = LiberoSim(load_task(BOWL_ON_STOVE), 2, num_threads=1)
     assert run_episodes(sim, np.array([0, 1])).tolist() == [True, True]
+
+
+def test_goal_expert_opens_the_middle_drawer(sims_by_task):
+    """Open(middle drawer): the hand faces the drawer, grips the handle's bar and pulls the slide
+    joint past LIBERO's -0.14 m (closed at the start: the goal fails there)."""
+    sim = sims_by_task["goal/0"]
+    sim.reset(np.array([0, 1]))
+    assert not sim.success().any()
+    assert isinstance(expert_for(sim), DrawerExpert)
+    assert run_episodes(sim, np.array([0, 1])).tolist() == [True, True]
+    assert (sim.qpos[:, sim.task.goal[0]["joints"]["qpos_adr"][0]] < -0.14).all()
+
+
+def test_goal_expert_turns_on_the_stove(cached):
+    """TurnOn(stove): the knob gripped on its hinge's axis and twisted past 0.5 rad."""
+    sim = LiberoSim(load_task(STOVE_ON), 3, num_threads=1)
+    sim.reset(np.array([0, 1, 2]))
+    assert not sim.success().any()
+    assert isinstance(expert_for(sim), KnobExpert)
+    assert run_episodes(sim, np.array([0, 1, 2])).tolist() == [True, True, True]
+
+
+def test_goal_expert_puts_the_bowl_in_the_top_drawer(cached):
+    """In(bowl, top drawer's region): the bowl set aside off the drawer's path, the drawer pulled
+    open, the bowl put in through the opening, within LIBERO's 300 steps."""
+    sim = LiberoSim(load_task(BOWL_IN_DRAWER), 2, num_threads=1)
+    sim.reset(np.array([0, 2]))
+    assert isinstance(expert_for(sim), SequenceExpert)
+    assert run_episodes(sim, np.array([0, 2])).tolist() == [True, True]
+    sim = LiberoSim(load_task(PUSH_PLATE), 1, num_threads=1)
+    with pytest.raises(ValueError, match="no Goal expert for goal/5"):
+        expert_for(sim)
 
 
 def test_object_expert_puts_the_object_in_the_basket(sims_by_task):

@@ -1,7 +1,7 @@
 """Demonstrations of LIBERO tasks from the scripted experts, recorded as a LeRobot v3.0 dataset.
 
 :func:`collect_libero_demos` runs the suite's expert (:func:`sims.libero.expert.expert_for`: Spatial,
-Object, Goal's pick-and-place tasks; one per task, acting on that task's
+Object, Goal's tasks but goal/5; one per task, acting on that task's
 :class:`~sims.libero.sim.LiberoSim`) in a :class:`sims.libero.vec_env.LiberoVectorEnv` of the ``train`` split (LIBERO's fixed initial states with each object shifted by up to 1 cm, so
 the evaluation states themselves are never demonstrated). Every step records the observation the
 expert acted on and its action; with ``noise`` the executed action is the expert's plus Gaussian
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from sims.libero.expert import PickPlaceExpert, expert_for
+from sims.libero.expert import Expert, expert_for
 from sims.libero.sim import libero_render_config
 from sims.libero.vec_env import ACTION_DIM, LiberoVectorEnv, make_libero_env
 from vla_rl.demos.collect import PIX_FMT, SPLIT, CollectConfig, _add_episode
@@ -46,12 +46,12 @@ def libero_features(env: LiberoVectorEnv) -> dict[str, dict[str, Any]]:
     return features
 
 
-def _experts(env: LiberoVectorEnv) -> list[PickPlaceExpert]:
+def _experts(env: LiberoVectorEnv) -> list[Expert]:
     try:
         return [expert_for(sim) for sim in env.sims]
     except ValueError as exc:
-        raise ValueError(f"{exc}; collect LIBERO-Spatial, LIBERO-Object or one of Goal's pick-and-place tasks "
-                         "(libero_goal/1, 2, 4, 6, 8, 9)") from None
+        raise ValueError(f"{exc}; collect LIBERO-Spatial, LIBERO-Object or one of Goal's tasks with an expert "
+                         "(libero_goal/0-4, 6-9)") from None
 
 
 def _record(env: LiberoVectorEnv, writer: LeRobotWriter, cfg: CollectConfig, bar: tqdm) -> dict[str, int]:
