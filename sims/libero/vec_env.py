@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,11 +239,6 @@ class LiberoVectorEnv(ArrayVectorEnv):
                                model=shared_model(t, config.visual_faces))
                      for i, t in enumerate(tasks)]
         self._controllers = [PandaController(sim.layout) for sim in self.sims]
-        # Each task renders with its own GL contexts; with more tasks than cores every task has one, so
-        # the tasks render side by side (one thread per core) rather than one after another.
-        threads = min(k, os.cpu_count() or 1)
-        self._render_pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="libero-tasks")
-                             if render is not None and config.backend == "batch" and threads > 1 else None)
         self._ax = self.sims[0].ax
         self.device = getattr(self._ax, "device", None)
         self.num_envs = n
@@ -334,8 +328,13 @@ class LiberoVectorEnv(ArrayVectorEnv):
             proprio.append(ax.astype(p["state"], ax.float32))
             state.append(ax.concatenate([ax.astype(p["joint_pos"], ax.float32), ax.astype(objects, ax.float32), pad], axis=1))
             success.append(sim.success())
-        if self.config.render is not None:
-            frames = self._render(ids)
+            if self.config.render is not None:
+                rows = None
+                if ids is not None:
+                    lo, hi = self.bounds[k], self.bounds[k + 1]
+                    rows = ids[(ids >= lo) & (ids < hi)] - lo
+                if rows is None or len(rows):
+                    frames.append(sim.render(rows))
         render_s = time.perf_counter() - start
         sel = slice(None) if ids is None else ax.asarray(ids)
         task = self.env_task if ids is None else self.env_task[ids]
@@ -345,20 +344,6 @@ class LiberoVectorEnv(ArrayVectorEnv):
             obs["rgb"] = ax.concatenate([ax.asarray(f) for f in frames], axis=0)
             self.timings["render"] += render_s
         return obs, ax.concatenate(success, axis=0)[sel]
-
-    def _render(self, ids: np.ndarray | None) -> list[Any]:
-        """Each task's frames ``[n_k, cams, 3, H, W]`` of environments ``ids`` (None: all), tasks with none left out."""
-        jobs = []
-        for k, sim in enumerate(self.sims):
-            rows = None
-            if ids is not None:
-                lo, hi = self.bounds[k], self.bounds[k + 1]
-                rows = ids[(ids >= lo) & (ids < hi)] - lo
-            if rows is None or len(rows):
-                jobs.append((sim, rows))
-        if self._render_pool is None:
-            return [sim.render(rows) for sim, rows in jobs]
-        return list(self._render_pool.map(lambda job: job[0].render(job[1]), jobs))
 
     # ----------------------------------------------------------------------------- core
     def step_arrays(self, action: Any) -> dict[str, Any]:
@@ -429,8 +414,6 @@ class LiberoVectorEnv(ArrayVectorEnv):
 
     def close(self, **kwargs: Any) -> None:
         """Release the renderers' GL contexts."""
-        if self._render_pool is not None:
-            self._render_pool.shutdown()
         for sim in self.sims:
             sim.close()
 

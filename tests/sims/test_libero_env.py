@@ -117,6 +117,7 @@ def test_jittered_splits_are_seeded_grouped_and_near_libero_states(cached):
     assert not np.array_equal(a.sims[0].qpos, b.sims[0].qpos)
 
 
+<<<<<<< HEAD
 def _play(env: LiberoVectorEnv, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
     """Step ``actions`` [K, N, 7]; every step's observation (rgb included), final observation, reward and dones."""
     outs = []
@@ -198,6 +199,8 @@ def test_a_suite_renders_its_tasks_side_by_side_with_the_frames_each_task_render
     env.close()
 
 
+=======
+>>>>>>> main
 def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
     for bad in ("libero_kitchen", "libero_spatial/10", "libero_"):
         with pytest.raises(ValueError, match=r"use libero_<suite> or libero_<suite>/<0..9>.*spatial, object, goal, 10"):
