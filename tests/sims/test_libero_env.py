@@ -117,7 +117,6 @@ def test_jittered_splits_are_seeded_grouped_and_near_libero_states(cached):
     assert not np.array_equal(a.sims[0].qpos, b.sims[0].qpos)
 
 
-<<<<<<< HEAD
 def _play(env: LiberoVectorEnv, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
     """Step ``actions`` [K, N, 7]; every step's observation (rgb included), final observation, reward and dones."""
     outs = []
@@ -187,20 +186,6 @@ def test_visual_faces_from_a_training_config_reaches_the_env_and_bad_values_are_
         LiberoEnvConfig(task="libero_spatial/0", visual_faces=3).validate()
 
 
-def test_a_suite_renders_its_tasks_side_by_side_with_the_frames_each_task_renders_alone(cached):
-    ensure_lan([f"spatial/{i}" for i in range(10)])
-    env = sims.make_vec_env("libero_spatial", 10, split="fixed", num_threads=1, render=RENDER, max_steps=2)
-    assert env._render_pool is not None and env._render_pool._max_workers == 2  # two cores here (and in CI)
-    obs = env.reset_arrays(seed=0)
-    obs = env.step_arrays(np.tile(HOLD[:1], (10, 1)))["observation"]
-    alone = np.concatenate([sim.render(None) for sim in env.sims])
-    np.testing.assert_array_equal(obs["rgb"], alone)
-    assert len({frame.tobytes() for frame in obs["rgb"][:, 0]}) == 10, "each task's own scene"
-    env.close()
-
-
-=======
->>>>>>> main
 def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
     for bad in ("libero_kitchen", "libero_spatial/10", "libero_"):
         with pytest.raises(ValueError, match=r"use libero_<suite> or libero_<suite>/<0..9>.*spatial, object, goal, 10"):
