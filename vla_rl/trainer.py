@@ -151,9 +151,6 @@ class Trainer:
             )
         self.start_time = time.perf_counter()
         torch.set_num_threads(cfg.torch_threads)
-        # Subnormal floats take x86's slow microcode path; Adam's second moments of near-zero gradients
-        # become subnormal (9 % of a LIBERO SFT run's optimiser state after 70 iterations), so flush them to zero.
-        torch.set_flush_denormal(True)
         seed_everything(cfg.seed)
         try:  # before anything is built: a CUDA run on a machine without CUDA is a config error
             self.device = resolve_device(cfg.device)

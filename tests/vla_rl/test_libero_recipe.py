@@ -89,7 +89,7 @@ def _libero_job(out_dir, name: str):
 
     return load_config(CONFIG_DIR / "libero.yaml", [*STAGE, "total_env_steps=24", "ppo.rollout_steps=4",
                                                     "ppo.optim.num_minibatches=2", "checkpoint_every=1", "eval.every=2",
-                                                    f"out_dir={out_dir}", f"name={name}"])
+                                                    "log.video=false", f"out_dir={out_dir}", f"name={name}"])
 
 
 def test_a_resumed_libero_run_equals_the_uninterrupted_one(cached, tmp_path, interrupted_training):
