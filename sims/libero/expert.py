@@ -136,9 +136,8 @@ def _column_clear(lo: np.ndarray, hi: np.ndarray, grip: np.ndarray, yaw: float) 
 
 def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
     """World-frame axis-angle [3] turning orientation ``quat_wxyz`` into rotation matrix ``target``."""
-    cur, tq = np.zeros(9), np.zeros(4)
-    mujoco.mju_quat2Mat(cur, quat_wxyz)
-    mujoco.mju_mat2Quat(tq, (target @ cur.reshape(3, 3).T).reshape(-1))
+    tq = np.zeros(4)
+    mujoco.mju_mat2Quat(tq, (target @ _quat_mat(quat_wxyz).T).reshape(-1))
     vel = np.zeros(3)
     mujoco.mju_quat2Vel(vel, tq if tq[0] >= 0 else -tq, 1.0)
     return vel
@@ -161,10 +160,9 @@ def _quat_mat(quat_wxyz: np.ndarray) -> np.ndarray:
 
 def _turn(axis: np.ndarray, angle: float) -> np.ndarray:
     """The rotation matrix [3, 3] of ``angle`` [rad] about unit ``axis`` [3]."""
-    quat, out = np.zeros(4), np.zeros(9)
+    quat = np.zeros(4)
     mujoco.mju_axisAngle2Quat(quat, axis, angle)
-    mujoco.mju_quat2Mat(out, quat)
-    return out.reshape(3, 3)
+    return _quat_mat(quat)
 
 
 Candidate = tuple[np.ndarray, float, float]  # grip site position [3], hand yaw [rad], cost [m of reach]
@@ -332,9 +330,7 @@ class PickPlaceExpert:
             else:
                 turn[i] = _rotation_error(self.rot[i], quat[i])
             if name in ("above", "down"):  # the grasp follows the object while it still settles or slides
-                rot = np.zeros(9)
-                mujoco.mju_quat2Mat(rot, obj_quat[i])
-                target[i] = obj[i] + rot.reshape(3, 3) @ self.grasp[i]
+                target[i] = obj[i] + _quat_mat(obj_quat[i]) @ self.grasp[i]
                 if name == "above":
                     target[i, 2] = self.hover[i]
             elif name in ("close", "lift"):
