@@ -301,7 +301,7 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
 
     Returns:
         ``{protocol: {...settings, caveat}, checkpoint, splits: {split: {suites: {suite: rate}, tasks:
-        {task_id: rate + instruction}}}}``, each rate ``{success, episodes, ci95}`` (95 % Wilson).
+        {task_id: rate + instruction}, wall_s}}}``, each rate ``{success, episodes, ci95}`` (95 % Wilson).
 
     Raises:
         ValueError: a checkpoint not of a LIBERO run, an unknown split, or envs_per_task not dividing
@@ -328,6 +328,7 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
         "policy": "deterministic (the mode action)", "mujoco": mujoco.__version__,
         "caveat": LIBERO_CAVEAT.format(mujoco=mujoco.__version__)}}
     for split in splits:
+        start = time.perf_counter()
         result = evaluate_checkpoint(path, split, episodes_per_task * len(ids), envs_per_task * len(ids),
                                      device=device, record=False)
         report = result.report()
@@ -339,7 +340,8 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
         suites: dict[str, list[EpisodeResult]] = {}
         for e in result.episodes:
             suites.setdefault(result.task_names[e.task].split("/")[0], []).append(e)
-        out["splits"][split] = {"suites": {s: _rate(group) for s, group in suites.items()}, "tasks": tasks}
+        out["splits"][split] = {"suites": {s: _rate(group) for s, group in suites.items()}, "tasks": tasks,
+                                "wall_s": time.perf_counter() - start}
     return out
 
 

@@ -239,7 +239,7 @@ def _test_libero(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
         k = round(sum(t["success"] * t["episodes"] for t in r["tasks"].values()))
         out[split] = {"success": k / n, "ci95": list(wilson_interval(k, n)), "episodes": n,
                       **{f"success_{t}": v["success"] for t, v in r["tasks"].items()},
-                      "tasks": r["tasks"], "suites": r["suites"]}
+                      "tasks": r["tasks"], "suites": r["suites"], "wall_s": r["wall_s"]}
     return out
 
 

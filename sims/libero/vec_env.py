@@ -21,7 +21,8 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   the other environments do not move. An episode ends at success (``terminate_on_success``) or
   after LIBERO's step limit for the suite (:data:`MAX_STEPS`). Splits (:data:`LIBERO_SPLITS`):
   ``train`` and ``validation``: a fixed initial state drawn at random with every free object
-  shifted by up to ``jitter`` metres in x and y (each split its own seed stream); ``fixed``: the 50
+  shifted by up to ``jitter`` metres in x and y, an object that LIBERO places on another free
+  object by its support's shift (:func:`jitter_roots`; each split its own seed stream); ``fixed``: the 50
   fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
   ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
   same scenes with paraphrased instructions and the variant's own 50 fixed initial states.
@@ -167,6 +168,36 @@ class LiberoEnvConfig(EnvConfig):
         return ids
 
 
+def jitter_roots(states: np.ndarray, free_qpos: np.ndarray, tol: float = 1e-4) -> np.ndarray:
+    """Which free object's jitter each free object takes: its own, or its support's.
+
+    LIBERO places an object that stands on another free object (spatial/5's bowl on the ramekin) at
+    its support's x, y, so in every fixed state the two share x and y (to ``tol``) and the first is
+    higher. Shifting them independently changes what settling does (there: the centred bowl slides
+    5.5 cm off the ramekin and leans on it, an off-centre one stays on top), so a jittered start would
+    not look like LIBERO's; such an object moves with its support (transitively, for stacks).
+
+    Args:
+        states: qpos of the fixed initial states, [S, nq].
+        free_qpos: qpos address of each free joint, [F].
+
+    Returns:
+        For each free object the index (into ``free_qpos``) whose shift it takes, int64 [F].
+    """
+    xy = np.stack([states[:, a:a + 2] for a in free_qpos], axis=1)  # [S, F, 2]
+    z = states[:, free_qpos + 2]  # [S, F]
+    support = np.arange(len(free_qpos))
+    for a in range(len(free_qpos)):
+        below = [b for b in range(len(free_qpos))
+                 if b != a and np.abs(xy[:, a] - xy[:, b]).max() < tol and (z[:, a] > z[:, b]).all()]
+        if below:  # the nearest one below is what it stands on
+            support[a] = max(below, key=lambda b: z[:, b].mean())
+    roots = support
+    for _ in range(len(free_qpos)):
+        roots = support[roots]
+    return roots
+
+
 def settle(model: mujoco.MjModel, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.ndarray,
            nstep: int) -> tuple[np.ndarray, np.ndarray]:
     """Positions and velocities [n, nq], [n, nv] after ``nstep`` physics steps from each row under ``ctrl`` [n, nu]
@@ -249,6 +280,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
         self._object_qpos = [np.setdiff1d(np.arange(s.model.nq), r) for s, r in zip(self.sims, robot)]
         self.state_dim = 7 + max(len(q) for q in self._object_qpos)
         self._free_qpos = [s.model.jnt_qposadr[s.model.jnt_type == mujoco.mjtJoint.mjJNT_FREE] for s in self.sims]
+        self._jitter_root = [jitter_roots(s.task.init_states[:, 1:1 + s.model.nq], f)
+                             for s, f in zip(self.sims, self._free_qpos)]
         self._settled: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # fixed states, settled once
         self._spaces(render)
         self._seed = config.seed
@@ -298,7 +331,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
             rng = np.random.default_rng([self._seed, int(m), int(e), _STREAM[cfg.split]])
             index[r] = rng.integers(len(states))
             qpos[r], qvel[r] = states[index[r], 1:1 + nq], states[index[r], 1 + nq:1 + nq + nv]
-            shift = rng.uniform(-cfg.jitter, cfg.jitter, (len(self._free_qpos[k]), 2))
+            shift = rng.uniform(-cfg.jitter, cfg.jitter, (len(self._free_qpos[k]), 2))[self._jitter_root[k]]
             for adr, (dx, dy) in zip(self._free_qpos[k], shift):
                 qpos[r, adr:adr + 2] += (dx, dy)
         qpos, qvel = settle(sim.model, qpos, qvel, sim.hold_ctrl(qpos), nstep)
