@@ -18,6 +18,7 @@ same command continues an interrupted recipe.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -134,7 +135,7 @@ class RecipeConfig:
                                   "(LIBERO's protocol plays each initial state once per task)")
         else:
             check_task_weights(self.demos.task_weights, env.task, "demos.task_weights")
-        _check_same_language(configs["sft"].policy, configs["rl"].policy)
+        _check_rl_fits_sft(configs["sft"].policy, configs["rl"].policy)
 
 
 class RecipeStopped(RuntimeError):
@@ -202,13 +203,14 @@ def stage_configs(recipe: RecipeConfig) -> dict[str, TrainConfig]:
     return out
 
 
-_LANGUAGE_FIELDS = ("language", "language_tokens", "language_heads", "language_width")
+_SHARED_POLICY_FIELDS = ("language", "language_tokens", "language_heads", "language_width", "head.chunk")
 
 
-def _check_same_language(sft: Any, rl: Any) -> None:
-    """RL loads the SFT checkpoint, so both stages must read instructions the same way."""
-    for key in _LANGUAGE_FIELDS:
-        a, b = getattr(sft, key, None), getattr(rl, key, None)
+def _check_rl_fits_sft(sft: Any, rl: Any) -> None:
+    """RL loads the SFT checkpoint, so both stages must read instructions the same way and act in
+    chunks of the same length."""
+    for key in _SHARED_POLICY_FIELDS:
+        a, b = (functools.reduce(lambda obj, name: getattr(obj, name, None), key.split("."), cfg) for cfg in (sft, rl))
         if a != b:
             raise ConfigError(f"sft.policy.{key}={a!r} but rl.policy.{key}={b!r}: RL starts from the SFT "
                               f"checkpoint, so set both to the same value")

@@ -62,6 +62,8 @@ def test_recipe_config_errors_before_anything_runs(tmp_path):
         "push": 3, "stack": 2}
     with pytest.raises(ConfigError, match=r"sft\.policy\.language='tokens' but rl\.policy\.language='sentence'"):
         load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["rl.policy.language=sentence", f"out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"sft\.policy\.head\.chunk=4 but rl\.policy\.head\.chunk=1"):
+        load_recipe(CONFIG_DIR / "libero_spatial.yaml", ["rl.policy.head.chunk=1", f"out_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"sft\.token_dropout=0\.25 hides instruction tokens"):
         load_recipe(CONFIG_DIR / "suite_sft_rl.yaml", ["sft.policy.language=sentence", "rl.policy.language=sentence",
                                                        f"out_dir={tmp_path}"])
