@@ -145,11 +145,17 @@ def write_msh(path: Path, mesh: dict[str, np.ndarray]) -> None:
     os.replace(tmp, path)  # concurrent builders write the same bytes; a reader never sees half a file
 
 
+def lod_copy_path(source: Path, assets: Path, max_faces: int, cache: Path) -> Path:
+    """Where the decimated copy of ``source`` (a mesh file under ``assets``) lives; the same path with
+    the suffix ``.full`` is the marker of a source within the budget."""
+    rel = source.resolve().relative_to(assets.resolve())
+    return lod_dir(cache, max_faces) / rel.with_name(rel.name + ".msh")
+
+
 def lod_file(source: Path, assets: Path, max_faces: int, cache: Path) -> Path | None:
     """The decimated copy of ``source`` (a mesh file under ``assets``), made if missing, or None if
     ``source`` has at most ``max_faces`` triangles."""
-    rel = source.resolve().relative_to(assets.resolve())
-    out = lod_dir(cache, max_faces) / rel.with_name(rel.name + ".msh")
+    out = lod_copy_path(source, assets, max_faces, cache)
     full = out.with_suffix(".full")
     if out.is_file():
         return out
