@@ -21,7 +21,7 @@ reads: ``agentview`` and ``robot0_eye_in_hand`` at 128x128 and the proprioceptio
 Figures (``results``): ``robosuite`` and each ``batch`` row: ``env_steps_per_s`` and
 ``frames_per_s`` (cameras x env-steps/s); ``robosuite_no_render`` (LIBERO's environment built
 without cameras) and batch's ``no_render_env_steps_per_s`` (the same step without rendering):
-where the time goes; batch's ``build_s``; ``speedup`` (batch env-steps/s over robosuite's, per
+where the time goes; batch's ``build_s`` and ``first_step_s``; ``speedup`` (batch env-steps/s over robosuite's, per
 ``num_envs``), ``best_speedup`` against the issue's target of 20x, ``no_render_speedup``; the
 load average (``uptime``) before and after each part, as other work on the machine slows both.
 ``cpu_ms_per_env_step`` (the process's CPU time over the timed steps, all threads, per env-step)
@@ -44,6 +44,7 @@ from typing import Any
 os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import mujoco
 import numpy as np
 from bench_report import output_path, write_report
 from rich.console import Console
@@ -52,7 +53,7 @@ from setup_libero_venv import clean_env, ensure_libero_venv
 
 from sims.libero.controller import PandaController
 from sims.libero.install import ensure_tasks
-from sims.libero.scene import VISUAL_FACES, load_task
+from sims.libero.scene import VISUAL_FACES, LiberoLayout, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import LIBERO_SUITE, parse_task_id
 
@@ -65,14 +66,18 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def rate_and_cpu(fn: Callable[[], None], seconds: float, min_calls: int = 3) -> tuple[float, float]:
+def rate_and_cpu(fn: Callable[[], None], seconds: float, min_calls: int = 3,
+                 sync: Callable[[], None] = lambda: None) -> tuple[float, float]:
     """Calls per second of ``fn`` over about ``seconds`` after one warm-up call, and the process's CPU
-    seconds per call (all its threads: physics, GL contexts): the second moves less with other load."""
+    seconds per call (all its threads: physics, GL contexts): the second moves less with other load.
+    ``sync`` waits for the device's queued work (a GPU's), before the clock starts and stops."""
     fn()
+    sync()
     calls, start, cpu = 0, time.perf_counter(), time.process_time()
     while calls < min_calls or time.perf_counter() - start < seconds:
         fn()
         calls += 1
+    sync()
     return calls / (time.perf_counter() - start), (time.process_time() - cpu) / calls
 
 
@@ -81,14 +86,34 @@ def actions_for(kind: str, rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.uniform(-1.0, 1.0, (n, 7)) if kind == "random" else np.zeros((n, 7))
 
 
-def bench_batch(task_id: str, num_envs: int, threads: int, size: int, seconds: float, actions: str,
-                visual_faces: int | None = VISUAL_FACES) -> dict[str, Any]:
-    """The batch backend's env-steps/s of ``num_envs`` environments, with and without both cameras."""
+def device_sync(sim: LiberoSim) -> Callable[[], None]:
+    """What waits for ``sim``'s queued device work: a CUDA synchronise on the warp backend's GPU, else nothing."""
+    device = getattr(sim.backend, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def bench_sim(task_id: str, num_envs: int, size: int, seconds: float, actions: str,
+              visual_faces: int | None = VISUAL_FACES, *, backend: str = "batch", threads: int = 2,
+              warp_device: str = "cpu", model: tuple[mujoco.MjModel, LiberoLayout] | None = None) -> dict[str, Any]:
+    """Env-steps/s of ``num_envs`` environments on ``backend`` ("batch", or "warp" on ``warp_device``),
+    with and without both cameras at ``size`` x ``size``; ``model``: the task's
+    :func:`~sims.libero.scene.build_model` result to reuse (None: built here, inside ``build_s``).
+
+    ``build_s`` is the sim's construction and first reset (the warp backend's device model and
+    renderer), ``first_step_s`` the first full step (on warp: kernel compilation and CUDA graph
+    capture); warp rows add ``graphs_captured``.
+    """
     start = time.perf_counter()
-    sim = LiberoSim(load_task(task_id), num_envs, render=libero_render_config(size), num_threads=threads,
-                    visual_faces=visual_faces)
+    sim = LiberoSim(load_task(task_id), num_envs, backend=backend, render=libero_render_config(size),
+                    num_threads=threads, warp_device=warp_device, model=model, visual_faces=visual_faces)
     controller = PandaController(sim.layout)
     sim.reset(np.zeros(num_envs, np.int64))
+    sync = device_sync(sim)
+    sync()
     build_s = time.perf_counter() - start
     rng = np.random.default_rng(0)
     obs: dict[str, Any] = {}
@@ -100,16 +125,23 @@ def bench_batch(task_id: str, num_envs: int, threads: int, size: int, seconds: f
             obs["rgb"] = sim.render()
 
     try:
-        full, cpu = rate_and_cpu(lambda: step(True), seconds)
+        start = time.perf_counter()
+        step(True)
+        sync()
+        first_step_s = time.perf_counter() - start
+        full, cpu = rate_and_cpu(lambda: step(True), seconds, sync=sync)
         rgb = obs["rgb"]
-        assert rgb.shape == (num_envs, 2, 3, size, size), rgb.shape  # both cameras in every step
-        no_render, cpu_no_render = rate_and_cpu(lambda: step(False), seconds)
+        assert tuple(rgb.shape) == (num_envs, 2, 3, size, size), rgb.shape  # both cameras in every step
+        no_render, cpu_no_render = rate_and_cpu(lambda: step(False), seconds, sync=sync)
     finally:
         sim.close()
-    return {"num_envs": num_envs, "env_steps_per_s": full * num_envs, "frames_per_s": 2 * full * num_envs,
-            "cpu_ms_per_env_step": 1e3 * cpu / num_envs, "no_render_env_steps_per_s": no_render * num_envs,
-            "no_render_cpu_ms_per_env_step": 1e3 * cpu_no_render / num_envs, "build_s": round(build_s, 2),
-            "load_after": load()}
+    row = {"num_envs": num_envs, "env_steps_per_s": full * num_envs, "frames_per_s": 2 * full * num_envs,
+           "cpu_ms_per_env_step": 1e3 * cpu / num_envs, "no_render_env_steps_per_s": no_render * num_envs,
+           "no_render_cpu_ms_per_env_step": 1e3 * cpu_no_render / num_envs, "build_s": round(build_s, 2),
+           "first_step_s": round(first_step_s, 2), "load_after": load()}
+    if backend == "warp":
+        row["graphs_captured"] = sim.backend.graphs_captured
+    return row
 
 
 def bench_robosuite(python: Path, task_id: str, size: int, seconds: float, actions: str,
@@ -216,8 +248,8 @@ def main() -> None:
     results["batch"] = []
     for n in args.num_envs:
         with console.status(f"batch backend, {n} envs"):
-            results["batch"].append(bench_batch(args.task, n, args.threads, args.size, args.seconds, args.actions,
-                                                   args.visual_faces))
+            results["batch"].append(bench_sim(args.task, n, args.size, args.seconds, args.actions, args.visual_faces,
+                                              threads=args.threads))
     results.update(speedups(results.get("robosuite"), results.get("robosuite_no_render"), results["batch"]),
                    load_after=load())
     print_table(console, args.task, results)

@@ -1,4 +1,4 @@
-# Sourced by call1.sh, call2.sh and call3.sh (prepare.sh copies it into each transfer): the
+# Sourced by call1.sh to call4.sh (prepare.sh and prepare_libero.sh copy it into each transfer): the
 # environment the project's GPU scripts run in on the GPU machine, and xz through Python's lzma
 # (the machine's python3 has it; its tar and xz tools are not relied on).
 export PYTHONPATH=/tmp/site MUJOCO_GL=egl PYOPENGL_PLATFORM=egl XLA_PYTHON_CLIENT_PREALLOCATE=false

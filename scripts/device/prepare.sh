@@ -5,6 +5,7 @@
 #   .dev2/  the core's second piece (warp.so is 299 MB, 78 MB as xz)
 #   .dev3/  imageio-ffmpeg, its ffmpeg binary as xz (173 MB, 48 MB as xz): only video needs it
 #   .gl/    NVIDIA's GL loader packages for EGL
+#   .dev4/  the LIBERO Spatial suite's tasks from the task cache, as xz (prepare_libero.sh, run last)
 # Versions are the ones in .venv, so the GPU runs what the tests ran. Run once here (a few minutes,
 # mostly xz):   bash scripts/device/prepare.sh
 # Then on the GPU machine, each command within 30 s of the last (what one sent is gone in the next;
@@ -12,11 +13,14 @@
 #   bash .dev1/call1.sh                              (carry .dev1 .gl)
 #   bash .dev2/call2.sh [COMMAND]                    (carry .dev2; default bench_gpu.sh into $OUT)
 #   bash .dev3/call3.sh bash scripts/gpu_recipe.sh "$OUT"   (carry .dev3)
+#   bash .dev4/call4.sh [COMMAND]                    (carry .dev4; default bench_libero_gpu.sh into $OUT)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(git -C "$here" rev-parse --show-toplevel)
 cd "$root"
-for d in /.dev1/ /.dev2/ /.dev3/ /.gl/; do grep -qxF "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+exclude=$(git rev-parse --git-path info/exclude)  # the main checkout's, also from a worktree
+mkdir -p "$(dirname "$exclude")"
+for d in /.dev1/ /.dev2/ /.dev3/ /.dev4/ /.gl/; do grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 rm -rf .dev1 .dev2 .dev3 .gl
@@ -75,3 +79,4 @@ for dirs in ((".dev1", ".gl"), (".dev2",), (".dev3",)):
     if mib > 64:
         sys.exit(1)
 PY
+bash "$here/prepare_libero.sh"

@@ -44,7 +44,8 @@ def test_without_minilm_the_instructions_get_stand_in_embeddings(monkeypatch):
     assert torch.allclose(emb.norm(dim=-1), torch.ones(len(table)))
 
 
-GPU_SCRIPTS = [ROOT / "scripts" / name for name in ("bench_sims_gpu.py", "sft_rl.py", "llm_rlvr.py", "llm_tiny_model.py")]
+GPU_SCRIPTS = [ROOT / "scripts" / name
+               for name in ("bench_sims_gpu.py", "sft_rl.py", "llm_rlvr.py", "llm_tiny_model.py", "bench_libero_gpu.py")]
 #: What the GPU machine's python3 has (scripts/device/packages.txt's header), as import names;
 #: tokenizers comes with transformers, PIL (pillow) with matplotlib and imageio.
 GPU_MACHINE_HAS = {"torch", "jax", "numpy", "scipy", "yaml", "tqdm", "rich", "matplotlib", "onnx", "onnxruntime",
@@ -81,13 +82,19 @@ def test_prepared_wheels_cover_every_module_the_gpu_scripts_import():
 
 
 def test_device_scripts_parse_and_carry_what_each_call_unpacks():
-    for script in ("prepare.sh", "call1.sh", "call2.sh", "call3.sh", "gpu_env.sh"):
+    for script in ("prepare.sh", "prepare_libero.sh", "call1.sh", "call2.sh", "call3.sh", "call4.sh", "gpu_env.sh"):
         assert subprocess.run(["bash", "-n", str(DEVICE / script)]).returncode == 0, script
     prepare = (DEVICE / "prepare.sh").read_text()
+    prepare_libero = (DEVICE / "prepare_libero.sh").read_text()
     for made in (".dev1/warp_pkg.tar.xz", ".dev1/warp.so.xz.1", ".dev2/warp.so.xz.2", ".dev3/ffmpeg.xz",
-                 ".dev3/imageio_ffmpeg_pkg.tar.xz", ".dev3/ffmpeg_name"):
+                 ".dev3/imageio_ffmpeg_pkg.tar.xz", ".dev3/ffmpeg_name", ".dev4/libero_bundle.tar.xz"):
         call = (DEVICE / f"call{made[4]}.sh").read_text()
-        assert made in prepare and made in call, made
+        assert made in (prepare_libero if made.startswith(".dev4") else prepare) and made in call, made
+    # prepare.sh builds .dev4 too, every call gets gpu_env.sh, and call4 points the task cache at the bundle.
+    assert 'bash "$here/prepare_libero.sh"' in prepare and "/.dev4/" in prepare
+    assert 'cp "$here/call4.sh" "$here/gpu_env.sh" .dev4/' in prepare_libero
+    call4 = (DEVICE / "call4.sh").read_text()
+    assert "export VLA_RL_LIBERO_CACHE=/tmp/libero-cache" in call4 and "scripts/bench_libero_gpu.sh" in call4
 
 
 def test_gpu_env_unpacks_split_xz_with_python_alone(tmp_path):
@@ -123,3 +130,41 @@ def test_bench_gpu_smoke_writes_every_figure(tmp_path):
     assert math.isclose(training["ratio_colocated_vs_inprocess"],
                         training["colocated"]["env_steps_per_s"] / training["inprocess"]["env_steps_per_s"])
     assert "skipped" in training["pipelined_vs_colocated"] and training["warp_determinism"] == "off"
+
+
+def test_libero_gpu_target_is_judged_on_the_best_128_row():
+    import bench_libero_gpu
+
+    rows = [{"size": 128, "num_envs": 256, "env_steps_per_s": 40e3}, {"size": 128, "num_envs": 1024, "failed": "OOM"},
+            {"size": 128, "num_envs": 4096, "env_steps_per_s": 120e3}, {"size": 64, "num_envs": 256, "skipped": "budget"},
+            {"size": 64, "num_envs": 1024, "env_steps_per_s": 90e3}]
+    out = bench_libero_gpu.summary(rows)
+    assert out["best_env_steps_per_s"] == {"128": 120e3, "64": 90e3} and out["target_met"] is True
+    assert bench_libero_gpu.summary(rows[:2])["target_met"] is False
+    assert bench_libero_gpu.summary(rows[3:])["target_met"] is None  # no 128x128 figure: not judged
+
+
+@pytest.mark.slow  # a LIBERO scene on Warp's CPU device: ~1 min with the kernel cache warm, ~6 min cold
+def test_bench_libero_gpu_smoke_writes_every_figure(tmp_path):
+    pytest.importorskip("mujoco_warp")
+    from sims.libero.install import ensure_tasks
+
+    ensure_tasks(["spatial/0"])
+    out = tmp_path / "bench_libero_gpu.json"
+    env = {**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "PYTHON": sys.executable}
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "bench_libero_gpu.sh"), str(out), "--smoke"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["config"]["device"] == "cpu" and report["config"]["smoke"] is True
+    (row,) = report["results"]["rows"]
+    assert (row["task"], row["size"], row["num_envs"]) == ("spatial/0", 16, 2), row
+    for key in ("env_steps_per_s", "frames_per_s", "no_render_env_steps_per_s", "cpu_ms_per_env_step", "build_s",
+                "first_step_s"):
+        assert row[key] > 0, key
+    assert row["frames_per_s"] == pytest.approx(2 * row["env_steps_per_s"])
+    assert row["graphs_captured"] == {"step": False, "render": False}  # no CUDA graphs on Warp's CPU device
+    results = report["results"]
+    assert results["model_build_s"]["spatial/0"] > 0 and results["best_env_steps_per_s"] == {"16": row["env_steps_per_s"]}
+    assert results["target_env_steps_per_s"] == 100_000 and results["target_met"] is None  # no 128x128 row
+    assert "Warp's CPU device" in report["config"]["device_name"]
