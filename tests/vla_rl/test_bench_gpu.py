@@ -144,7 +144,7 @@ def test_libero_gpu_target_is_judged_on_the_best_128_row():
     assert bench_libero_gpu.summary(rows[3:])["target_met"] is None  # no 128x128 figure: not judged
 
 
-@pytest.mark.slow  # a LIBERO scene on Warp's CPU device: ~1 min with the kernel cache warm, ~6 min cold
+@pytest.mark.slow  # a LIBERO scene on Warp's CPU device: 15 s here with the kernel cache warm, ~6 min cold
 def test_bench_libero_gpu_smoke_writes_every_figure(tmp_path):
     pytest.importorskip("mujoco_warp")
     from sims.libero.install import ensure_tasks
