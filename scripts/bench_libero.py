@@ -32,6 +32,7 @@ less with that load than wall-clock figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -46,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mujoco
 import numpy as np
-from bench_report import output_path, write_report
+from bench_report import device_sync, output_path, write_report
 from rich.console import Console
 from rich.table import Table
 from setup_libero_venv import clean_env, ensure_libero_venv
@@ -86,16 +87,6 @@ def actions_for(kind: str, rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.uniform(-1.0, 1.0, (n, 7)) if kind == "random" else np.zeros((n, 7))
 
 
-def device_sync(sim: LiberoSim) -> Callable[[], None]:
-    """What waits for ``sim``'s queued device work: a CUDA synchronise on the warp backend's GPU, else nothing."""
-    device = getattr(sim.backend, "device", None)
-    if getattr(device, "type", None) == "cuda":
-        import torch
-
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
-
-
 def bench_sim(task_id: str, num_envs: int, size: int, seconds: float, actions: str,
               visual_faces: int | None = VISUAL_FACES, *, backend: str = "batch", threads: int = 2,
               warp_device: str = "cpu", model: tuple[mujoco.MjModel, LiberoLayout] | None = None) -> dict[str, Any]:
@@ -112,7 +103,8 @@ def bench_sim(task_id: str, num_envs: int, size: int, seconds: float, actions: s
                     num_threads=threads, warp_device=warp_device, model=model, visual_faces=visual_faces)
     controller = PandaController(sim.layout)
     sim.reset(np.zeros(num_envs, np.int64))
-    sync = device_sync(sim)
+    device = getattr(sim.backend, "device", None)
+    sync = functools.partial(device_sync, device)
     sync()
     build_s = time.perf_counter() - start
     rng = np.random.default_rng(0)

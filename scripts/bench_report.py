@@ -40,6 +40,14 @@ def _gpu() -> str | None:
     return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or None
 
 
+def device_sync(device: Any) -> None:
+    """Wait for the work queued on ``device`` when it is a CUDA device (timings of GPU work end there); else nothing."""
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 def machine_info() -> dict[str, Any]:
     """Where the figures were measured: cores, CPU and GPU model, load, package versions."""
     versions = {}

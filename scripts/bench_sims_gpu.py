@@ -48,26 +48,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import torch
-from bench_report import output_path, write_report
+from bench_report import device_sync, output_path, write_report
 from bench_train_device import measure_training
 
 from sims.render import RenderConfig
 from sims.vec_env import ACTION_DIM, EnvConfig, make_vec_env
 
 
-def _sync(device: torch.device | None) -> None:
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _rate(fn, calls: int, device: torch.device | None) -> float:
     """Calls per second of ``fn`` over ``calls`` calls, after one warm-up call, device synchronised."""
     fn()
-    _sync(device)
+    device_sync(device)
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-    _sync(device)
+    device_sync(device)
     return calls / (time.perf_counter() - start)
 
 
