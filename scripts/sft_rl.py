@@ -12,7 +12,6 @@ checkpoints: {sft, rl}, wall_s}``; relaunching the same command continues an int
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-from bench_report import machine_info, output_path
+from bench_report import output_path, write_report
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
@@ -46,11 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeStopped as exc:
         print(str(exc))
         return 0
-    report = {"machine": machine_info(), **out}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    tmp.replace(args.json)
+    write_report(args.json, out["config"], out["results"], **{k: v for k, v in out.items() if k not in ("config", "results")})
     for stage, results in out["results"].items():
         for split, r in results.items():
             if isinstance(r, dict) and "ci95" in r:  # (a LIBERO stage also holds its protocol)
