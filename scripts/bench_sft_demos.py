@@ -6,7 +6,7 @@
 
 Each count N runs ``scripts/sft_rl.py`` with ``demos.episodes=N stages=[sft]`` under its own name
 (``<name>-demos-N``; a finished one is reused) and tests the SFT checkpoint on fresh episodes of the
-test splits. Writes ``{machine, config, points: [{episodes, results, wall_s}]}`` and the curve.
+test splits. Writes ``{git, machine, config, results: {points: [{episodes, results, wall_s}]}}`` (after each count) and the curve.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ instructed in training), each from its own seed stream. ``--instruction`` (repea
 ``--instructions-file`` (one template per line) replace the split's instructions: ``{a}`` and
 ``{b}`` are filled with each episode's entities ("red block"), and success is the task's own
 predicate, so give templates that describe ``--task``. Prints success overall, per task and per
-instruction; ``--json PATH`` writes ``{machine, config, results}``; ``--video PATH`` saves
+instruction; ``--json PATH`` writes ``{git, machine, config, results}``; ``--video PATH`` saves
 environment 0's first episode.
 """
 

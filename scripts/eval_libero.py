@@ -8,7 +8,7 @@ Each task of the run's env plays its split's fixed initial states 0..E-1 once ea
 ``--episodes-per-task``, LIBERO's 50), after LIBERO's 10 settling steps, up to LIBERO's step limit
 of the suite, with the deterministic policy. Splits: ``fixed`` (LIBERO's own states and
 instructions) and ``lan`` (LIBERO-PRO's paraphrased instructions, held out from training, with that
-variant's fixed states). Writes ``{machine, config, results}``; ``results.protocol.caveat`` states
+variant's fixed states). Writes ``{git, machine, config, results}``; ``results.protocol.caveat`` states
 how this simulator differs from the one LIBERO's published numbers come from (docs/sims.md).
 """
 

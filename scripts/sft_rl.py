@@ -5,7 +5,7 @@
     python scripts/sft_rl.py --config configs/reach_sft_rl.yaml --json runs/reach_sft_rl.json
     python scripts/sft_rl.py seed=1 sft.sft.iterations=400 rl.total_env_steps=1000000 --json out.json
 
-Writes ``{machine, config, results: {sft: {split: {success, ci95, success_<task>...}}, rl: {...}},
+Writes ``{git, machine, config, results: {sft: {split: {success, ci95, success_<task>...}}, rl: {...}},
 checkpoints: {sft, rl}, wall_s}``; relaunching the same command continues an interrupted recipe.
 """
 
