@@ -10,6 +10,11 @@
   one by one (each timed) while a new pod arrives after each, so that about 1,000 always wait.
 * ``dynamic``: the trace replayed with its arrival and departure times through ``submit`` /
   ``release`` (``infra.replay.dynamic``), at the trace's speed and with arrivals compressed.
+
+Each part also measures a baseline policy (``--baseline``, FGD by default: the scoring fgd-strand
+builds on) in the same run on the same machine, the two schedulers fed the same pods in lockstep, and
+reports ``baseline_<policy>`` and ``ratio_<figure>_vs_<policy>``: a ratio moves less than the
+absolute times with the machine and its load. The JSON is rewritten after each part.
 """
 
 from __future__ import annotations
