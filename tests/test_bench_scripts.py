@@ -142,3 +142,21 @@ def test_cited_benchmark_writes_the_quoted_keys(name, smoke, inputs, request, tm
         value = value_at(results, key)
         assert value is not None and (not isinstance(value, float) or value == value), (key, value)  # not NaN
     assert {"git", "machine", "config"} <= set(report) and report["machine"]["load_average_at_end"]
+
+
+def printed(value: float, shown: str) -> bool:
+    """``value`` rounded to the digits of ``shown`` is ``shown``."""
+    digits = len(shown.partition(".")[2])
+    return abs(value - float(shown.replace(",", ""))) <= 0.5 * 10**-digits + 1e-9
+
+
+def test_readme_simulators_row_quotes_the_ratios_first_and_equals_the_json():
+    row = next(line for line in DOCS[0].read_text().splitlines() if line.startswith("| [Simulators]"))
+    full, gym, frames, rate, cpu = re.search(
+        r"\| (\S+)x raw physics \((\S+)x gymnasium's .*?; frames (\S+)x \((\S+) frames/s on a 2-core (.+?), load", row
+    ).groups()
+    report = json.loads((ROOT / "docs" / "figures" / "bench" / "bench_sims_quiet.json").read_text())
+    r = report["results"]
+    assert printed(r["ratio_full_step_vs_raw_physics"], full) and printed(r["ratio_full_step_vs_gym_async"], gym)
+    assert printed(r["ratio_render_vs_default_renderer"], frames) and printed(r["render_frames_per_s"], rate)
+    assert report["machine"]["cores"] == 2 and report["machine"]["cpu_model"] == cpu
