@@ -59,7 +59,7 @@ CITED: dict[str, Smoke | Elsewhere] = {
         "back_to_back_ms", "after_work_ms", "batched_ms", "batched_socket_ms")),
     "bench_multiplex.py": Smoke(("--jobs", "2", "--gpus", "12", "--iterations", "1", "--slowdowns", "1.1,3",
                                  "--router-requests", "200"), ("multiplex", "router", "services", "targets")),
-    "bench_placement.py": Smoke(("--iterations", "2", "--rounds", "1", *TINY_JOB), (
+    "bench_placement.py": Smoke(("--iterations", "2", "--rounds", "1", *TINY_JOB, "env.num_envs=4"), (  # 2 per shard: pipelined splits them
         "inprocess.env_steps_per_s", "colocated.env_steps_per_s", "disaggregated.env_steps_per_s",
         "pipelined.env_steps_per_s", "comparisons.ray_overhead_pct_colocated",
         "comparisons.ratio_pipelined_vs_colocated"), slow=True),
