@@ -193,7 +193,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seconds", type=float, default=3.0, help="timing window per figure")
     parser.add_argument("--gym-copies", type=int, default=8, help="AsyncVectorEnv processes")
-    parser.add_argument("--mjx-envs", type=int, default=64, help="MJX batch")
+    parser.add_argument("--mjx-envs", type=int, default=8,
+                        help="MJX batch (at 16+ XLA's CPU runtime has hung on the 2-core VM, cause unknown)")
     parser.add_argument("--skip-mjx", action="store_true")
     parser.add_argument("--warp-steps", type=int, default=10, help="timed calls per Warp figure")
     parser.add_argument("--skip-warp", action="store_true")
