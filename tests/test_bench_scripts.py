@@ -67,7 +67,7 @@ CITED: dict[str, Smoke | Elsewhere] = {
     "bench_libero.py": Elsewhere("tests/sims/test_bench_libero.py::test_robosuite_side_and_ratio"),
     "bench_halfcheetah.py": Elsewhere("tests/vla_rl/test_bench_halfcheetah.py::test_commands_run_the_shipped_jobs_pinned_to_cores"),
     "bench_language_dev.py": Smoke(("--checkpoint", "{checkpoint}", "--phrasings", "{phrasings}", "--episodes", "2"),
-                                   ("success", "ci95", "episodes", "tasks.reach.success")),
+                                   ("success", "ci95", "episodes", "tasks.reach.success"), slow=True),  # trains first
 }
 """How each cited benchmark is smoke-run."""
 
