@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="LIBERO: physics threads (default: all cores)")
     parser.add_argument("--backend", default="batch", choices=("batch", "warp"), help="LIBERO: the simulator backend")
     parser.add_argument("--warp-device", default="auto", help="LIBERO, --backend warp: cpu, cuda:N or auto")
-    parser.add_argument("--json", type=output_path, help="write {machine, config, results}")
+    parser.add_argument("--json", type=output_path, help="write {git, machine, config, results}")
     args = parser.parse_args()
     if args.suite is not None:
         try:

@@ -276,7 +276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="job whose PPO iteration --split-iterations times (default: the VLA reach job)")
     parser.add_argument("--split-iterations", type=int, default=0, help="iterations timed per phase (0: none)")
     parser.add_argument("--out-dir", type=output_path, default=Path("runs/bench_halfcheetah"), help="run directories")
-    parser.add_argument("--json", type=output_path, default=None, help="write {machine, config, results} here")
+    parser.add_argument("--json", type=output_path, default=None, help="write {git, machine, config, results} here")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                         help="combine the seeds of these reports into --json (runs nothing)")
     args = parser.parse_args(argv)

@@ -12,7 +12,6 @@ pooled) and per task, with 95 % Wilson intervals.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 import yaml
-from bench_report import machine_info, output_path
+from bench_report import output_path, write_report
 from tqdm import tqdm
 
 from vla_rl.evaluate import evaluate_checkpoint, wilson_interval
@@ -59,11 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dev phrasings, validation episodes: {100 * overall['success']:.1f} % (n={total}); "
           + ", ".join(f"{t} {100 * r['success']:.0f} %" for t, r in tasks.items()))
     if args.json:
-        out = {"machine": machine_info(), "config": {"checkpoint": str(args.checkpoint), "phrasings": phrasings,
-                                                     "episodes_per_task": args.episodes, "split": "validation"},
-               "results": {**overall, "tasks": tasks}}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
+        write_report(args.json, {"checkpoint": str(args.checkpoint), "phrasings": phrasings,
+                                 "episodes_per_task": args.episodes, "split": "validation"}, {**overall, "tasks": tasks})
     return 0
 
 

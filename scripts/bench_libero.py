@@ -237,11 +237,15 @@ def main() -> None:
                     results[key] = bench_robosuite(python, args.task, args.size, args.seconds, args.actions, cameras)
                 except RuntimeError as err:
                     sys.exit(f"bench_libero: {err}")
+            if args.json:  # each part written as it ends: a failure later keeps it
+                write_report(args.json, vars(args), results)
     results["batch"] = []
     for n in args.num_envs:
         with console.status(f"batch backend, {n} envs"):
             results["batch"].append(bench_sim(args.task, n, args.size, args.seconds, args.actions, args.visual_faces,
                                               threads=args.threads))
+        if args.json:
+            write_report(args.json, vars(args), results)
     results.update(speedups(results.get("robosuite"), results.get("robosuite_no_render"), results["batch"]),
                    load_after=load())
     print_table(console, args.task, results)

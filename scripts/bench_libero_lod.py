@@ -66,6 +66,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = [{"visual_faces": "full", "samples": 0, "drawn_triangles": triangles,
                                    "cpu_ms_per_frame": round(ms, 2)}]
     print(rows[0], flush=True)
+    if args.json:
+        write_report(args.json, vars(args), {"task": args.task, "rows": rows})
     for faces, samples in [(None, 4)] + [(b, 0) for b in args.budgets]:
         rgb, triangles, ms = frames(args.task, args.envs, args.size, args.repeats, faces, samples)
         diff = np.abs(rgb - ref)
@@ -74,8 +76,8 @@ def main() -> None:
                      "mean_abs_wrist": round(float(diff[:, 1].mean()), 2),
                      "p99_abs": float(np.percentile(diff, 99)), "max_abs": int(diff.max())})
         print(rows[-1], flush=True)
-    if args.json:
-        write_report(args.json, vars(args), {"task": args.task, "load_after": os.getloadavg(), "rows": rows})
+        if args.json:  # after each row: a failure later keeps the rows before it
+            write_report(args.json, vars(args), {"task": args.task, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import os
 import shutil
 import statistics
@@ -137,6 +138,20 @@ def print_table(results: dict[str, dict[str, float]], extra: dict[str, Any]) -> 
             console.print(f"{key}: {value:.3f} (median of rounds: {rounds})")
 
 
+def report_config(args: argparse.Namespace, cfg) -> dict:
+    """The benchmark's settings and the first mode's resolved job config, for the JSON."""
+    return {
+        "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
+        "iterations": args.iterations, "warmup_iterations": 1, "rounds": args.rounds, "statistic": "median",
+        "comparisons": "median of per-round ratios", "num_envs": cfg.env.num_envs,
+        "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
+        "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
+        "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
+                    "gpu_model": cfg.fleet.cluster.gpu_model},
+        "job": dataclasses.asdict(cfg),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every requested mode, print the table, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -177,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                     for mode in ray_modes:
                         console.print(f"round {r + 1}/{args.rounds}: [bold]{mode}[/bold] on the local Ray cluster ...")
                         rounds[mode].append(summarize(run_mode(mode_config(args, mode, out_dir, r)), warmup=1))
+            if args.json:  # after each round: a failure later keeps the rounds before it
+                write_report(args.json, report_config(args, configs[modes[0]]),
+                             {"rounds": {m: rounds[m] for m in modes if rounds[m]}})
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     results = {mode: median_of(rounds[mode]) for mode in modes}
@@ -184,17 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = ratios(rounds)
     print_table(results, extra)
     if args.json:
-        cfg = configs[modes[0]]
-        config = {
-            "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
-            "iterations": args.iterations, "warmup_iterations": 1, "rounds": args.rounds, "statistic": "median",
-            "comparisons": "median of per-round ratios", "num_envs": cfg.env.num_envs,
-            "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
-            "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
-            "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
-                        "gpu_model": cfg.fleet.cluster.gpu_model},
-        }
-        write_report(args.json, config, {**results, "comparisons": extra})
+        write_report(args.json, report_config(args, configs[modes[0]]), {**results, "comparisons": extra, "rounds": rounds})
         console.print(f"wrote {args.json}")
     return 0
 

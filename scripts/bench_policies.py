@@ -14,7 +14,6 @@ The language encoder is replaced by a random stand-in here: MiniLM never runs pe
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -115,6 +114,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     breakdown: dict[str, dict[str, int]] = {}
     print(f"batch {args.batch}, {args.threads} torch thread(s), median of {args.repeats} calls")
+    config = {"batch": args.batch, "repeats": args.repeats, "threads": args.threads}
     for label, (policy, obs) in cases(args.batch).items():
         results[label] = measure(policy, obs, args.repeats)
         breakdown[label] = parameter_breakdown(policy)
@@ -124,10 +124,8 @@ def main() -> None:
             f"forward+backward {r['forward_backward_ms']:6.1f} ms (cpu {r['forward_backward_cpu_ms']:6.1f})",
             flush=True,
         )
-    if args.json:
-        write_report(args.json, {"batch": args.batch, "repeats": args.repeats, "threads": args.threads,
-                                 "load_average_1min": os.getloadavg()[0]},
-                     {"per_policy": results, "params_by_module": breakdown})
+        if args.json:  # after each policy: a failure later keeps the rows before it
+            write_report(args.json, config, {"per_policy": results, "params_by_module": breakdown})
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import numpy as np
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import ray
-from bench_report import output_path, write_report
+from bench_report import BenchReport, output_path
 
 from vla_rl.fleet.channel import SocketClient, SocketServer
 
@@ -109,29 +109,25 @@ def main(argv: list[str] | None = None) -> int:
 
     ray.init(num_cpus=args.shards + 2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              _system_config={"max_direct_call_object_size": 1 << 20})  # as the fleet's local cluster
+    report = BenchReport(args.json, vars(args))
     try:
         caller = ray.remote(Caller).remote(ray.remote(Echo).remote())
         ray.get(caller.run.remote(10, 0.0, args.envs))  # warm-up
-        results = {
-            "back_to_back_ms": ray.get(caller.run.remote(args.calls, 0.0, args.envs)),
-            "after_work_ms": ray.get(caller.run.remote(args.calls, args.work_ms / 1e3, args.envs)),
-        }
+        report.add("back_to_back_ms", ray.get(caller.run.remote(args.calls, 0.0, args.envs)))
+        report.add("after_work_ms", ray.get(caller.run.remote(args.calls, args.work_ms / 1e3, args.envs)))
         batcher = ray.remote(max_concurrency=4 * args.shards)(Batcher).remote(args.shards)
         path = ray.get(batcher.socket_path.remote())
         for key, socket_path in (("batched_ms", ""), ("batched_socket_ms", path)):
             callers = [ray.remote(Caller).remote(batcher, socket_path) for _ in range(args.shards)]
             ray.get([c.run.remote(10, args.work_ms / 1e3, args.envs) for c in callers])
             per_shard = ray.get([c.run.remote(args.calls, args.work_ms / 1e3, args.envs) for c in callers])
-            results[key] = statistics.median(per_shard)
+            report.add(key, statistics.median(per_shard))
             for c in callers:
                 ray.kill(c)
         ray.get(batcher.close_socket.remote())
     finally:
         ray.shutdown()
-    for key, value in results.items():
-        print(f"{key}: {value:.2f}")
     if args.json:
-        write_report(args.json, vars(args) | {"json": str(args.json)}, results)
         print(f"wrote {args.json}")
     return 0
 

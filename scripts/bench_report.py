@@ -1,43 +1,27 @@
 """The benchmark JSON contract shared by every ``scripts/bench_*.py`` (see docs/ARCHITECTURE.md).
 
-One object ``{"machine": ..., "config": ..., "results": ...}`` whose result keys name the figure
-and its unit. Scripts import it as a sibling module (``from bench_report import write_report``):
+One object ``{"git": ..., "machine": ..., "config": ..., "results": ...}`` (the first three from
+:func:`infra.common.provenance.provenance`) whose result keys name the figure and its unit. A script
+writes it again after each part (:class:`BenchReport`), so a part that fails keeps the ones before
+it. Scripts import it as a sibling module (``from bench_report import write_report``):
 ``python scripts/bench_x.py`` puts ``scripts/`` first on ``sys.path``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import os
-import platform
-import subprocess
+import math
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from infra.common.files import unwritable, write_atomic
+from infra.common.provenance import load_average, provenance
 
-_PACKAGES = ("numpy", "torch", "mujoco", "jax", "ray", "tensordict", "gymnasium", "stable-baselines3")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def _gpu() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or None
+LOAD_AT_START = load_average()
+"""The load when the script started (it imports this module first thing)."""
 
 
 def device_sync(device: Any) -> None:
@@ -46,24 +30,6 @@ def device_sync(device: Any) -> None:
         import torch
 
         torch.cuda.synchronize(device)
-
-
-def machine_info() -> dict[str, Any]:
-    """Where the figures were measured: cores, CPU and GPU model, load, package versions."""
-    versions = {}
-    for name in _PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return {
-        "cores": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "gpu": _gpu(),
-        "python": platform.python_version(),
-        "load_average_at_start": list(os.getloadavg()),
-        "packages": versions,
-    }
 
 
 def output_path(text: str) -> Path:
@@ -75,10 +41,82 @@ def output_path(text: str) -> Path:
     return Path(text)
 
 
-def write_report(path: str | Path, config: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
-    """Write the report atomically (temp file + rename) and return it."""
-    report = {"machine": machine_info(), "config": config, "results": results}
+def plain(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` (e.g. ``vars(args)``) with paths as strings: JSON types."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in config.items()}
+
+
+def write_report(path: str | Path, config: Mapping[str, Any], results: Any,
+                 load_at_start: Sequence[float] = LOAD_AT_START, **extra: Any) -> dict[str, Any]:
+    """Write ``{git, machine, config, results, **extra}`` to ``path`` atomically (temp file + rename) and
+    return it. ``load_at_start``: the load when the run began (default: when this module was imported)."""
+    report = {**provenance(plain(config), load_at_start), "results": results, **extra}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(report, indent=2, default=str).encode())
     return report
+
+
+def shown(value: Any) -> str:
+    """Any measured value as printed: numbers with thousands separators and two decimals, text as it is,
+    the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if (math.isfinite(value) and abs(value) >= 0.01) or value == 0 else f"{value:.3g}"
+    return json.dumps(value, default=str)
+
+
+def _print(name: str, value: Any, indent: str = "") -> None:
+    """``name: value``; a dict as an indented block, one line per key."""
+    if isinstance(value, dict) and value:
+        print(f"{indent}{name}:", flush=True)
+        for key, item in value.items():
+            _print(str(key), item, indent + "  ")
+    else:
+        print(f"{indent}{name}: {shown(value)}", flush=True)
+
+
+class BenchReport:
+    """A benchmark's results, written to ``path`` (when given) after every part and printed as they arrive.
+
+    A part that raises is recorded under ``results["errors"][name]`` with its traceback printed, and the
+    next part runs: :attr:`failed` says whether any did (the script then exits non-zero).
+    """
+
+    def __init__(self, path: str | Path | None, config: Mapping[str, Any]):
+        self.path, self.config = path, dict(config)
+        self.results: dict[str, Any] = {}
+
+    def add(self, name: str, value: Any) -> None:
+        """Record and print one figure (any JSON value), then rewrite the file."""
+        self.results[name] = value
+        _print(name, value)
+        self.write()
+
+    def part(self, name: str, measure: Callable[[], Mapping[str, Any]]) -> bool:
+        """Run ``measure`` and record each of its figures; on an exception, record it and return ``False``."""
+        try:
+            figures = measure()
+        except Exception as exc:  # one failed part must not lose the others
+            traceback.print_exc()
+            self.results.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
+            self.write()
+            return False
+        for key, value in figures.items():
+            self.add(key, value)
+        return True
+
+    @property
+    def failed(self) -> bool:
+        """Whether a part raised."""
+        return bool(self.results.get("errors"))
+
+    def write(self) -> None:
+        """Write the report as it stands (nothing without a path)."""
+        if self.path is not None:
+            write_report(self.path, self.config, self.results)

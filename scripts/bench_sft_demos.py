@@ -6,13 +6,13 @@
 
 Each count N runs ``scripts/sft_rl.py`` with ``demos.episodes=N stages=[sft]`` under its own name
 (``<name>-demos-N``; a finished one is reused) and tests the SFT checkpoint on fresh episodes of the
-test splits. Writes ``{machine, config, points: [{episodes, results, wall_s}]}`` and the curve.
+test splits. Writes ``{git, machine, config, results: {points: [{episodes, results, wall_s}]}}`` (after each count) and the curve.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -23,7 +23,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-from bench_report import machine_info, output_path
+from bench_report import output_path, write_report
 
 from vla_rl.config import ConfigError
 from vla_rl.recipe import load_recipe, run_recipe
@@ -52,10 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         paraphrase = out["results"]["sft"].get("paraphrase")
         if paraphrase:
             print(f"{n:6d} demonstrations: SFT {paraphrase['success']:.1%} on paraphrase (n={paraphrase['episodes']})")
-    report = {"machine": machine_info(), "config": {"overrides": args.overrides, "config": str(args.config or "")},
-              "points": points}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2, default=str))
+        write_report(args.json, {"overrides": args.overrides, "config": str(args.config or ""),
+                                 "recipes": [dataclasses.asdict(r) for r in recipes]}, {"points": points})
     if args.png and "paraphrase" in points[0]["results"]:
         plot_demos_curve(points, "paraphrase", args.png)
     return 0

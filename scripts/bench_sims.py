@@ -24,11 +24,11 @@ Figures (``results`` keys name the figure and unit):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -37,10 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gymnasium as gym
 import mujoco
 import numpy as np
-from bench_report import output_path, write_report
+from bench_report import BenchReport, output_path
 from bench_sims_gpu import measure_warp
-from rich.console import Console
-from rich.table import Table
 
 import sims
 from sims import tasks as T
@@ -187,7 +185,7 @@ def render_sweep(n: int, seconds: float) -> dict:
     return out
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=output_path, help="write the figures here (atomically)")
     parser.add_argument("--task", default="reach", choices=[*sims.TASK_NAMES, "suite"])
@@ -195,7 +193,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seconds", type=float, default=3.0, help="timing window per figure")
     parser.add_argument("--gym-copies", type=int, default=8, help="AsyncVectorEnv processes")
-    parser.add_argument("--mjx-envs", type=int, default=64, help="MJX batch")
+    parser.add_argument("--mjx-envs", type=int, default=8,
+                        help="MJX batch (at 16+ XLA's CPU runtime has hung on the 2-core VM, cause unknown)")
     parser.add_argument("--skip-mjx", action="store_true")
     parser.add_argument("--warp-steps", type=int, default=10, help="timed calls per Warp figure")
     parser.add_argument("--skip-warp", action="store_true")
@@ -204,48 +203,50 @@ def main() -> None:
     args = parser.parse_args()
     if args.render_only:
         print(bench_render(args.envs, args.render_only, args.seconds))
-        return
+        return 0
 
-    console = Console()
-    results: dict = {}
-    with console.status("full step vs raw mujoco.batch physics"):
-        results.update(bench_full_and_raw(args.task, args.envs, args.threads, args.seconds))
-    with console.status(f"gymnasium AsyncVectorEnv, {args.gym_copies} processes"):
-        results["gym_async_steps_per_s"] = bench_gym_async(args.task, args.gym_copies, args.seconds)
-    results["ratio_full_step_vs_gym_async"] = results["full_step_steps_per_s"] / results["gym_async_steps_per_s"]
-    with console.status("batched renderer, 64x64 RGB, one camera"):
-        results["render_frames_per_s"] = bench_render(args.envs, args.threads, args.seconds)
-    with console.status("mujoco.Renderer with default settings"):
-        results["default_renderer_frames_per_s"] = bench_default_renderer(32, args.seconds)
-    results["ratio_render_vs_default_renderer"] = (results["render_frames_per_s"]
-                                                   / results["default_renderer_frames_per_s"])
-    with console.status("full step with 64x64 RGB observations"):
-        results["full_step_render_steps_per_s"] = bench_full_render(args.task, args.envs, args.threads,
-                                                                    args.seconds)
-    if not args.skip_sweep:
-        with console.status("render sweep: GL contexts x LP_NUM_THREADS"):
-            results["render_frames_per_s_sweep"] = render_sweep(args.envs, args.seconds)
-    if not args.skip_mjx:
-        with console.status("MJX on the CPU (includes XLA compilation)"):
-            results.update(bench_mjx(args.task, args.mjx_envs, args.seconds))
-    if not args.skip_warp:
-        with console.status("Warp backend on Warp's CPU device"):
-            warp = measure_warp(args.task, args.envs, "cpu", args.warp_steps)
-        results.update({"warp_cpu_" + k.removeprefix("warp_"): v for k, v in warp.items()})
-
-    table = Table(title=f"sims benchmark: {args.task}, {args.envs} envs, {args.threads} threads")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for key, value in results.items():
-        shown = json.dumps({k: round(v) for k, v in value.items()}) if isinstance(value, dict) else f"{value:,.2f}"
-        table.add_row(key, shown)
-    console.print(table)
+    config = {k: v for k, v in vars(args).items() if k not in ("json", "render_only")}
+    config["frame_skip"] = EnvConfig().frame_skip
+    print(f"sims benchmark: {args.task}, {args.envs} envs, {args.threads} threads", flush=True)
+    report = BenchReport(args.json, config)
+    for name, measure in parts(args):
+        print(f"-- {name}", flush=True)
+        report.part(name, measure)
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("json", "render_only")}
-        config["frame_skip"] = EnvConfig().frame_skip
-        write_report(args.json, config, results)
-        console.print(f"wrote {args.json}")
+        print(f"wrote {args.json}")
+    return 1 if report.failed else 0
 
+
+def parts(args: argparse.Namespace) -> list[tuple[str, Callable[[], dict]]]:
+    """The benchmark's parts in order, each returning its figures; the ratios are measured in the same part
+    as their baseline, on the same machine in the same run."""
+    def against_gym() -> dict:
+        full = bench_full_and_raw(args.task, args.envs, args.threads, args.seconds)
+        gym_rate = bench_gym_async(args.task, args.gym_copies, args.seconds)
+        return {**full, "gym_async_steps_per_s": gym_rate,
+                "ratio_full_step_vs_gym_async": full["full_step_steps_per_s"] / gym_rate}
+
+    def render() -> dict:
+        ours, default = bench_render(args.envs, args.threads, args.seconds), bench_default_renderer(32, args.seconds)
+        return {"render_frames_per_s": ours, "default_renderer_frames_per_s": default,
+                "ratio_render_vs_default_renderer": ours / default}
+
+    def warp() -> dict:
+        figures = measure_warp(args.task, args.envs, "cpu", args.warp_steps)
+        return {"warp_cpu_" + k.removeprefix("warp_"): v for k, v in figures.items()}
+
+    out = [("full step vs raw mujoco.batch physics and gymnasium AsyncVectorEnv", against_gym),
+           ("batched renderer vs mujoco.Renderer with default settings, 64x64 RGB", render),
+           ("full step with 64x64 RGB observations", lambda: {
+               "full_step_render_steps_per_s": bench_full_render(args.task, args.envs, args.threads, args.seconds)})]
+    if not args.skip_sweep:
+        out.append(("render sweep: GL contexts x LP_NUM_THREADS",
+                    lambda: {"render_frames_per_s_sweep": render_sweep(args.envs, args.seconds)}))
+    if not args.skip_mjx:
+        out.append(("MJX on the CPU (includes XLA compilation)", lambda: bench_mjx(args.task, args.mjx_envs, args.seconds)))
+    if not args.skip_warp:
+        out.append(("Warp backend on Warp's CPU device", warp))
+    return out
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

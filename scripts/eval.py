@@ -12,14 +12,14 @@ instructed in training), each from its own seed stream. ``--instruction`` (repea
 ``--instructions-file`` (one template per line) replace the split's instructions: ``{a}`` and
 ``{b}`` are filled with each episode's entities ("red block"), and success is the task's own
 predicate, so give templates that describe ``--task``. Prints success overall, per task and per
-instruction; ``--json PATH`` writes ``{machine, config, results}``; ``--video PATH`` saves
+instruction; ``--json PATH`` writes ``{git, machine, config, results}``; ``--video PATH`` saves
 environment 0's first episode.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when l
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
-from bench_report import machine_info, output_path
+from bench_report import output_path, write_report
 
 from infra.common.runlog import upscale
 from sims.libero.vec_env import LIBERO_SPLITS
@@ -107,15 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                      **({"fps": 20} if args.video.suffix == ".mp4" else {"duration": 50}))
         print(f"video: {args.video}")
     if args.json:
-        out = {
-            "machine": machine_info(),
-            "config": {"checkpoint": str(args.checkpoint), "split": args.split, "task": args.task or cfg.env.task,
-                       "templates": templates, "episodes": report["episodes"], "seed": seed,
-                       "num_envs": args.num_envs or cfg.eval.num_envs, "device": args.device},
-            "results": report | {"steps_per_s": result.steps_per_s},
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
+        config = {"checkpoint": str(args.checkpoint), "split": args.split, "task": args.task or cfg.env.task,
+                  "templates": templates, "episodes": report["episodes"], "seed": seed,
+                  "num_envs": args.num_envs or cfg.eval.num_envs, "device": args.device, "trained_with": dataclasses.asdict(cfg)}
+        write_report(args.json, config, report | {"steps_per_s": result.steps_per_s})
     return 0
 
 

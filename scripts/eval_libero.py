@@ -8,14 +8,13 @@ Each task of the run's env plays its split's fixed initial states 0..E-1 once ea
 ``--episodes-per-task``, LIBERO's 50), after LIBERO's 10 settling steps, up to LIBERO's step limit
 of the suite, with the deterministic policy. Splits: ``fixed`` (LIBERO's own states and
 instructions) and ``lan`` (LIBERO-PRO's paraphrased instructions, held out from training, with that
-variant's fixed states). Writes ``{machine, config, results}``; ``results.protocol.caveat`` states
+variant's fixed states). Writes ``{git, machine, config, results}``; ``results.protocol.caveat`` states
 how this simulator differs from the one LIBERO's published numbers come from (docs/sims.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -25,9 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when l
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
-from bench_report import machine_info, output_path
+from bench_report import output_path, write_report
 
-from infra.common.files import write_atomic
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
 from vla_rl.evaluate import libero_protocol
@@ -54,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             low, high = rate["ci95"]
             print(f"{split:6s} {name:14s} {rate['success']:6.1%}  [{low:.1%}, {high:.1%}]  n={rate['episodes']}")
     config = {k.replace("-", "_"): str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.json, json.dumps({"machine": machine_info(), "config": config, "results": results}, indent=2).encode())
+    write_report(args.json, config, results)
     print(results["protocol"]["caveat"])
     return 0
 

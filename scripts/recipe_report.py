@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 
-from bench_report import output_path
+from bench_report import output_path, write_report
 
 from vla_rl.recipe_table import per_task_table, plot_per_task, summary
 
@@ -40,7 +40,7 @@ def main() -> None:
     if args.png:
         plot_per_task(runs, "paraphrase", args.png)
     if args.json:
-        args.json.write_text(json.dumps(stats, indent=2) + "\n")
+        write_report(args.json, {"results": args.results}, stats)
 
 
 if __name__ == "__main__":

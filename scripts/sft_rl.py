@@ -5,14 +5,13 @@
     python scripts/sft_rl.py --config configs/reach_sft_rl.yaml --json runs/reach_sft_rl.json
     python scripts/sft_rl.py seed=1 sft.sft.iterations=400 rl.total_env_steps=1000000 --json out.json
 
-Writes ``{machine, config, results: {sft: {split: {success, ci95, success_<task>...}}, rl: {...}},
+Writes ``{git, machine, config, results: {sft: {split: {success, ci95, success_<task>...}}, rl: {...}},
 checkpoints: {sft, rl}, wall_s}``; relaunching the same command continues an interrupted recipe.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-from bench_report import machine_info, output_path
+from bench_report import output_path, write_report
 
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
@@ -46,11 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeStopped as exc:
         print(str(exc))
         return 0
-    report = {"machine": machine_info(), **out}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    tmp.replace(args.json)
+    write_report(args.json, out["config"], out["results"], **{k: v for k, v in out.items() if k not in ("config", "results")})
     for stage, results in out["results"].items():
         for split, r in results.items():
             if isinstance(r, dict) and "ci95" in r:  # (a LIBERO stage also holds its protocol)

@@ -22,6 +22,7 @@ import yaml
 from tqdm import tqdm
 
 from infra.common.files import atomic_path, write_atomic
+from infra.common.provenance import load_average, provenance
 from infra.common.typed_config import ConfigError
 
 CONFIG, METRICS, CURVES, SUMMARY = "config.yaml", "metrics.csv", "curves.png", "summary.json"
@@ -123,6 +124,7 @@ class RunLog:
     ) -> None:
         self.run_dir = run_dir
         self.cfg = cfg
+        self.config, self.load_at_start = config, load_average()
         self.curves = curves
         self.rows: list[dict[str, float]] = []
         self.wandb_run = None
@@ -199,9 +201,10 @@ class RunLog:
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
-        """Write ``summary`` (JSON types) to ``summary.json``: the run ended."""
+        """Write ``summary`` (JSON types) to ``summary.json`` with its provenance (commit, config, machine,
+        load: :func:`~infra.common.provenance.provenance`): the run ended."""
         path = self.run_dir / SUMMARY
-        write_atomic(path, json.dumps(summary, indent=2).encode())
+        write_atomic(path, json.dumps({**summary, **provenance(self.config, self.load_at_start)}, indent=2).encode())
         return path
 
     def video_due(self, evaluation: int, last: bool) -> bool:

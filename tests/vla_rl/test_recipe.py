@@ -101,7 +101,7 @@ def test_the_demonstrations_curve_runs_sft_alone_once_per_count(tmp_path, script
     args = ["--config", str(CONFIG_DIR / "reach_sft_rl.yaml"), *TINY, f"out_dir={tmp_path}", "test.splits=[paraphrase]",
             "--episodes", "20", "40", "--json", str(out), "--png", str(png)]
     assert main(args) == 0
-    points = json.loads(out.read_text())["points"]
+    points = json.loads(out.read_text())["results"]["points"]
     assert [p["episodes"] for p in points] == [20, 40] and png.stat().st_size > 0
     for n, point in zip((20, 40), points):
         root = tmp_path / f"reach-sft-rl-demos-{n}"
