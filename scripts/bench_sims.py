@@ -242,7 +242,7 @@ def main() -> None:
     console.print(table)
     if args.json:
         config = {k: v for k, v in vars(args).items() if k not in ("json", "render_only")}
-        config["frame_skip"] = EnvConfig().frame_skip
+        config["frame_skip"] = EnvConfig.frame_skip
         write_report(args.json, config, results)
         console.print(f"wrote {args.json}")
 

@@ -14,7 +14,7 @@ API converts to numpy at its edge, the TensorDict view hands the tensors on as t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode
 from sims import scene as S
 from sims import tasks as T
 from sims.backends import BACKENDS, MJX_WARP_REMOVED, make_backend, to_numpy
+from sims.registry import suite_of
 from sims.render import RenderConfig
 
 ACTION_DIM = 4
@@ -32,93 +33,112 @@ REWARDS = ("dense", "progress", "success")
 
 
 @dataclass(frozen=True)
-class EnvConfig:
-    """Configuration of a :class:`SimVectorEnv`.
+class VecEnvConfig:
+    """The settings every suite's vector env reads; a suite's config dataclass adds its own fields
+    (:class:`EnvConfig` for the gantry tasks, :class:`sims.libero.vec_env.LiberoEnvConfig` for LIBERO).
 
     Attributes:
-        task: a task name or ``"suite"`` (a task sampled per environment and episode).
-        num_envs: number of environments N (the trainer's ``env.num_envs`` takes this default).
-        seed: base seed; episode k of group g is sampled from ``(seed, g, k)``.
-        split: the episodes' split (:data:`sims.tasks.SPLITS`): ``train``, ``validation``,
-            ``paraphrase`` (held-out templates) or ``composition`` (held-out task x entity x colour
-            combinations); each draws from its own seed stream.
+        task: a task name of the suite (``sims.suite_of(task)`` is its suite).
+        num_envs: number of environments N.
+        seed: base seed of the episode streams.
+        split: the episodes' split, one of the suite's ``splits``.
         render: camera observations (None: state only).
-        backend: ``"batch"`` (mujoco.batch, CPU threads), ``"mjx"`` (JAX) or ``"warp"`` (MuJoCo
-            Warp on ``warp_device``, rendering on the device too).
+        backend: the physics backend, one of :data:`sims.backends.BACKENDS` the suite runs on.
         warp_device: the Warp backend's device: ``"cpu"``, ``"cuda:N"``, or ``"auto"`` (the first
             GPU Warp finds, else the CPU). Observations come as torch tensors on it.
-        warp_deterministic: the Warp backend runs mujoco_warp's ``DeterminismType.ALL`` (run-to-run
-            identical results on a GPU, at a cost in speed and memory; at most about 4,300 worlds of
-            the suite, checked before allocation). Off by default.
-        warp_uncaptured: on CUDA, step the Warp backend without CUDA graphs (about 100x slower);
-            otherwise a failed graph capture is an error.
         group_size: consecutive groups of this many environments share every episode's initial
-            state (layout, colours, instruction), as GRPO needs; 1 for independent environments.
-        env_offset: global index of this set's first environment, when a fleet of shards splits
-            one large set: environment i draws its episodes as environment ``env_offset + i`` would,
-            so the shards together equal one set of the same total size.
-        num_threads: physics threads for the batch backend (None: all CPUs).
-        frame_skip: physics substeps per control step (timestep 10 ms: 40 ms per step).
-        max_delta: largest gripper move per control step, metres.
+            state, as GRPO needs; 1 for independent environments.
+        num_threads: physics threads and GL contexts (None: one per CPU).
         terminate_on_success: end an episode (``terminated``) at its first success.
-        reward: what a step pays (:data:`REWARDS`). ``dense``: the task's shaped reward at the new
-            state, in [0, 2.5]; it is positive at every step, so with ``terminate_on_success`` a near
-            miss held to the step limit (a block 1.5 cm above its target earns about 90 % of a
-            success's reward per step) can return more than finishing early. ``progress``: the change of that shaped reward over the step
-            (potential-based shaping: a whole episode returns its final minus its initial shaping, so
-            hovering earns nothing and finishing stops no income). ``success``: 1 at the step the task
-            succeeds, else 0 (sparse).
-        success_bonus: added to the reward of every step at which the task succeeds, in every
-            ``reward`` mode.
-        task_weights: relative sampling weight of each task of the resolved task names (``"suite"``:
-            ``sims.tasks.TASK_NAMES`` order) in the ``train`` split; ``None`` samples them uniformly. The
-            other splits always sample uniformly, so evaluation figures do not depend on it.
+        success_bonus: added to the reward of every step at which the task succeeds, in [0, 100].
     """
 
-    task: str = "reach"
+    task: str
     num_envs: int = 32
     seed: int = 0
     split: str = "train"
     render: RenderConfig | None = None
     backend: str = "batch"
     warp_device: str = "auto"
-    warp_deterministic: bool = False
-    warp_uncaptured: bool = False
     group_size: int = 1
-    env_offset: int = 0
     num_threads: int | None = None
-    frame_skip: int = 4
-    max_delta: float = 0.03
     terminate_on_success: bool = True
-    reward: str = "dense"
     success_bonus: float = 0.0
-    task_weights: tuple[float, ...] | None = None
 
     def validate(self) -> None:
-        """Check the fields (sims imports nothing of infra, so its configs raise a plain ``ValueError``).
+        """Check the shared fields (sims imports nothing of infra, so its configs raise a plain ``ValueError``).
 
         Raises:
             ValueError: a field out of range, naming the field and the valid values.
         """
-        task_names = T.resolve_tasks(self.task)
-        T.check_split(self.split, task_names)
         if self.backend == "mjx-warp":
             raise ValueError(MJX_WARP_REMOVED)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}; valid backends: {', '.join(BACKENDS)}")
         if self.num_envs < 1:
             raise ValueError(f"num_envs={self.num_envs}; it must be at least 1")
-        if self.group_size < 1 or self.num_envs % self.group_size or self.env_offset % self.group_size:
-            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs} "
-                             f"and env_offset={self.env_offset}")
-        if self.env_offset < 0:
-            raise ValueError(f"env_offset={self.env_offset}; it must be >= 0")
+        if self.group_size < 1 or self.num_envs % self.group_size:
+            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs}")
+        if not 0.0 <= self.success_bonus <= 100.0:
+            raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
+
+
+@dataclass(frozen=True)
+class EnvConfig(VecEnvConfig):
+    """Configuration of a :class:`SimVectorEnv`: the gantry tasks' settings over :class:`VecEnvConfig`'s.
+
+    Attributes:
+        task: a task name or ``"suite"`` (a task sampled per environment and episode); the split
+            (:data:`sims.tasks.SPLITS`): ``train``, ``validation``, ``paraphrase`` (held-out templates) or
+            ``composition`` (held-out task x entity x colour combinations), each from its own seed stream;
+            episode k of group g is sampled from ``(seed, g, k)``.
+        backend: ``"batch"`` (mujoco.batch, CPU threads), ``"mjx"`` (JAX) or ``"warp"`` (MuJoCo
+            Warp on ``warp_device``, rendering on the device too).
+        warp_deterministic: the Warp backend runs mujoco_warp's ``DeterminismType.ALL`` (run-to-run
+            identical results on a GPU, at a cost in speed and memory; at most about 4,300 worlds of
+            the suite, checked before allocation). Off by default.
+        warp_uncaptured: on CUDA, step the Warp backend without CUDA graphs (about 100x slower);
+            otherwise a failed graph capture is an error.
+        env_offset: global index of this set's first environment, when a fleet of shards splits
+            one large set: environment i draws its episodes as environment ``env_offset + i`` would,
+            so the shards together equal one set of the same total size.
+        frame_skip: physics substeps per control step (timestep 10 ms: 40 ms per step).
+        max_delta: largest gripper move per control step, metres.
+        reward: what a step pays (:data:`REWARDS`). ``dense``: the task's shaped reward at the new
+            state, in [0, 2.5]; it is positive at every step, so with ``terminate_on_success`` a near
+            miss held to the step limit (a block 1.5 cm above its target earns about 90 % of a
+            success's reward per step) can return more than finishing early. ``progress``: the change of that shaped reward over the step
+            (potential-based shaping: a whole episode returns its final minus its initial shaping, so
+            hovering earns nothing and finishing stops no income). ``success``: 1 at the step the task
+            succeeds, else 0 (sparse). ``success_bonus`` is added in every mode.
+        task_weights: relative sampling weight of each task of the resolved task names (``"suite"``:
+            ``sims.tasks.TASK_NAMES`` order) in the ``train`` split; ``None`` samples them uniformly. The
+            other splits always sample uniformly, so evaluation figures do not depend on it.
+    """
+
+    warp_deterministic: bool = False
+    warp_uncaptured: bool = False
+    env_offset: int = 0
+    frame_skip: int = 4
+    max_delta: float = 0.03
+    reward: str = "dense"
+    task_weights: tuple[float, ...] | None = None
+
+    def validate(self) -> None:
+        """Check the fields.
+
+        Raises:
+            ValueError: a field out of range, naming the field and the valid values.
+        """
+        task_names = T.resolve_tasks(self.task)
+        T.check_split(self.split, task_names)
+        super().validate()
+        if self.env_offset < 0 or self.env_offset % self.group_size:
+            raise ValueError(f"env_offset={self.env_offset} must be >= 0 and a multiple of group_size={self.group_size}")
         if self.frame_skip < 1 or self.max_delta <= 0:
             raise ValueError(f"frame_skip={self.frame_skip} and max_delta={self.max_delta} must be positive")
         if self.reward not in REWARDS:
             raise ValueError(f"reward={self.reward!r}; valid rewards: {', '.join(REWARDS)}")
-        if not 0.0 <= self.success_bonus <= 100.0:
-            raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
         if self.task_weights is not None:
             T.check_task_weights(self.task_weights, task_names)
 
@@ -163,6 +183,16 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
             self._start_episodes(ids)
         self._observe_reset()
         return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
+
+    @property
+    def control_hz(self) -> float:
+        """Control steps per second of simulated time."""
+        raise NotImplementedError
+
+    def episode_tags(self, i: int) -> dict[str, Any]:
+        """What identifies environment ``i``'s current episode beyond its index and count (a dataset's per-episode
+        metadata); none by default."""
+        return {}
 
     def _start_episodes(self, ids: np.ndarray) -> None:
         raise NotImplementedError
@@ -439,6 +469,11 @@ class SimVectorEnv(ArrayVectorEnv):
     def _observe_reset(self) -> None:
         self._obs, self._shaped, _ = self._observe()
 
+    @property
+    def control_hz(self) -> float:
+        """Control steps per second: one per ``frame_skip`` physics steps (25 Hz by default)."""
+        return 1.0 / (self.config.frame_skip * self.model.opt.timestep)
+
     def entity_phrases(self) -> list[tuple[str, str]]:
         """Each environment's current episode's entities as instructions name them, ``("red block", "blue target")``."""
         return [(T.entity_phrase(int(a), int(c[a]) if a < T.NUM_COLOURED else 0),
@@ -503,22 +538,17 @@ def _obs_td(obs: dict[str, Any], n: int, device: Any = None):
 def make_vec_env(task: str, num_envs: int, *, seed: int = 0, split: str = "train",
                  render: RenderConfig | bool | None = None, backend: str = "batch", group_size: int = 1,
                  **kwargs: Any) -> ArrayVectorEnv:
-    """Create N environments of ``task`` (a task name or ``"suite"``); see :class:`EnvConfig`.
+    """Create N environments of ``task``, in the suite that claims it (:func:`sims.registry.suite_of`: a gantry
+    task name or ``"suite"``, a LIBERO ``libero_spatial`` or ``libero_goal/3``, ...).
 
-    ``render=True`` renders 64x64 RGB from the front camera; pass a :class:`RenderConfig` for more.
-    Other keyword arguments are :class:`EnvConfig` fields. A LIBERO task (``libero_spatial``,
-    ``libero_goal/3``) gives a :class:`sims.libero.vec_env.LiberoVectorEnv` instead, its keyword
-    arguments :class:`sims.libero.vec_env.LiberoEnvConfig` fields.
+    ``render=True`` renders the suite's default frames (64x64 RGB of the front camera for the gantry tasks);
+    pass a :class:`RenderConfig` for more. Other keyword arguments are fields of the suite's config
+    (:class:`EnvConfig`, :class:`sims.libero.vec_env.LiberoEnvConfig`).
     """
-    if task.startswith("libero_"):
-        from sims.libero.vec_env import make_libero_env
-
-        return make_libero_env(task, num_envs, seed=seed, split=split, render=render, backend=backend,
-                               group_size=group_size, **kwargs)
+    suite = suite_of(task)
     if render is True:
-        render = RenderConfig()
+        render = suite.render()
     elif render is False:
         render = None
-    config = replace(EnvConfig(), task=task, num_envs=num_envs, seed=seed, split=split,
-                     render=render, backend=backend, group_size=group_size, **kwargs)
-    return SimVectorEnv(config)
+    return suite.make(suite.config(task=task, num_envs=num_envs, seed=seed, split=split, render=render,
+                                   backend=backend, group_size=group_size, **kwargs))

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 
 import sims
+from infra.common.files import unwritable
 from infra.common.runlog import LogConfig
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
 from rlcore.update_config import (
@@ -42,15 +43,23 @@ from rlcore.update_config import (
     out_of_range,
 )
 from sims.libero.scene import MIN_VISUAL_FACES, VISUAL_FACES
+from sims.registry import task_forms
 from vla_rl.fleet.section import FLEET_RANGES, FleetConfig, validate_fleet
+from vla_rl.memory import check_run_memory
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_POLICY = "vla"
 """The model of a config whose ``policy`` section names none."""
 
 
-_SIMS = sims.EnvConfig()
+_SIMS = sims.EnvConfig
 _FRAMES = sims.RenderConfig()
+GYM_SPLITS = ("train", "validation")
+"""Splits of a gymnasium env (one stream of episodes, evaluated as ``train`` and ``validation``)."""
+SUITE_ONLY = {"visual_faces": "visual_faces", "max_episode_steps": "max_steps", "warp_deterministic": "warp_deterministic",
+              "warp_uncaptured": "warp_uncaptured", "task_weights": "task_weights"}
+"""Settings of :class:`TrainEnvConfig` that only some suites' configs have (the section's key -> the suite config's
+field): a suite whose config lacks the field refuses a value other than the section's default."""
 
 
 @dataclass
@@ -65,7 +74,7 @@ class TrainEnvConfig:
 
     kind: Literal["sims", "gym"] = "sims"
     """``sims``: the project's batched MuJoCo tasks; ``gym``: any gymnasium environment id."""
-    task: str = _SIMS.task
+    task: str = "reach"
     """Task name of ``sims`` (or ``suite`` for all tasks; ``libero_<suite>`` or ``libero_<suite>/<i>`` for LIBERO, e.g.
     ``libero_spatial``), or a gymnasium id such as ``HalfCheetah-v5``."""
     num_envs: int = _SIMS.num_envs
@@ -118,20 +127,13 @@ class TrainEnvConfig:
         """Raise :class:`ConfigError` naming the first bad value: the numbers, a ``sims`` task, backend, reward,
         cameras and task weights. A gymnasium id is looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
         _check_numbers(self, "env.")
-        if is_libero(self):
-            _check_libero_env(self)
+        if self.kind == "sims":
+            _check_suite_env(self, env_suite(self))
             return
         if self.visual_faces != VISUAL_FACES:
             raise ConfigError(f"env.visual_faces={self.visual_faces} sets the mesh detail of LIBERO scenes; "
                               f"env.task={self.task!r} has none: remove it")
-        if self.kind == "sims":
-            from sims.tasks import TASK_NAMES
-
-            valid = [*TASK_NAMES, "suite", "libero_<suite>", "libero_<suite>/<i>"]
-            if self.task not in valid:
-                raise ConfigError(f"env.task={self.task!r} is not a sims task; valid: {', '.join(valid)}")
-            _check_sims_env(self)
-        elif self.task_weights:
+        if self.task_weights:
             raise ConfigError(f"env.task_weights weighs the tasks of a sims suite; env.kind={self.kind!r} has one "
                               "task: remove it")
 
@@ -258,11 +260,8 @@ class EvalConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first number out of its range or an unknown split."""
-        from sims.libero.vec_env import LIBERO_SPLITS
-        from sims.tasks import SPLITS
-
         _check_numbers(self, "eval.")
-        known = (*SPLITS, *(s for s in LIBERO_SPLITS if s not in SPLITS))
+        known = tuple(dict.fromkeys(split for suite in sims.suites() for split in suite.splits))
         bad_splits = sorted(set(self.splits) - set(known))
         if bad_splits:
             raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(known)}")
@@ -367,16 +366,11 @@ class TrainConfig:
         Raises:
             ConfigError: The first problem found, naming its key and the fix.
         """
-        from infra.common.files import unwritable
-        from vla_rl.memory import check_run_memory  # it imports this module
-
         self.validate()
         if self.env.kind == "gym":
             _check_gym_id(self.env.task)
-        if is_libero(self.env):
-            from sims.libero.install import missing_variants
-
-            if message := missing_variants(self.env.task, with_lan="lan" in self.eval.splits):
+        else:
+            if message := env_suite(self.env).missing_files(self.env.task, "lan" in self.eval.splits):
                 raise ConfigError(message)
         if inputs:
             _check_files(self)
@@ -539,75 +533,66 @@ def _check_ranges(section: Any, ranges: dict[str, Range], prefix: str = "") -> N
         raise ConfigError(message)
 
 
-def _check_sims_env(env: TrainEnvConfig) -> None:
-    """The ``sims``-only settings: backend, reward and cameras."""
-    from sims.backends import BACKENDS
-    from sims.scene import CAMERAS
-    from sims.vec_env import REWARDS
+def env_suite(env: TrainEnvConfig) -> sims.Suite:
+    """The registered suite of a ``sims`` env section's task (``sims.suite_of``).
 
-    if env.backend not in BACKENDS:
-        raise ConfigError(f"env.backend={env.backend!r} is not a sims backend; valid: {', '.join(BACKENDS)}")
-    if env.reward not in REWARDS:
-        raise ConfigError(f"env.reward={env.reward!r} is not a sims reward; valid: {', '.join(REWARDS)}")
+    Raises:
+        ConfigError: no suite claims ``env.task``, listing every suite's task names.
+    """
+    try:
+        return sims.suite_of(env.task)
+    except ValueError:
+        raise ConfigError(f"env.task={env.task!r} is not a sims task; valid: {', '.join(task_forms())}") from None
+
+
+def _check_suite_env(env: TrainEnvConfig, suite: sims.Suite) -> None:
+    """A ``sims`` env's task name, backend, reward, cameras, task weights and the settings only some suites have,
+    against what its suite offers (its cached files: :meth:`TrainConfig.check`)."""
+    try:
+        suite.resolve(env.task)
+    except ValueError as exc:
+        raise ConfigError(f"env.task: {exc}") from exc
+    if env.backend not in suite.backends:
+        raise ConfigError(f"env.backend={env.backend!r} is not a sims backend; valid: {', '.join(suite.backends)} "
+                          f"({suite.name} tasks)")
+    if env.reward not in suite.rewards:
+        raise ConfigError(f"env.reward={env.reward!r} is not a sims reward; valid: {', '.join(suite.rewards)} "
+                          f"({suite.name} tasks)")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", env.warp_device):
         raise ConfigError(f"env.warp_device={env.warp_device!r}; valid: auto, cpu, cuda, cuda:N")
+    fields = {f.name for f in dataclasses.fields(suite.config)}
+    for key, name in SUITE_ONLY.items():
+        value = getattr(env, key)
+        if name not in fields and value != getattr(TrainEnvConfig, key, None) and value:
+            raise ConfigError(f"env.{key}={value} is a setting of another suite; the {suite.name} suite "
+                              f"(env.task={env.task}) has none: remove it")
     check_task_weights(env.task_weights, env.task, "env.task_weights")
-    unknown = [c for c in env.cameras if c not in CAMERAS]
+    unknown = [c for c in env.cameras if c not in suite.cameras]
     if unknown or not env.cameras or len(set(env.cameras)) < len(env.cameras):
-        raise ConfigError(
-            f"env.cameras={list(env.cameras)} must name distinct cameras (at least one); valid: {', '.join(CAMERAS)}"
-        )
-
-
-def is_libero(env: TrainEnvConfig) -> bool:
-    """Whether ``env`` names LIBERO tasks (``env.task=libero_<suite>`` or ``libero_<suite>/<i>``)."""
-    return env.kind == "sims" and env.task.startswith("libero_")
+        raise ConfigError(f"env.cameras={list(env.cameras)} must name distinct cameras (at least one); valid: "
+                          f"{', '.join(suite.cameras)}")
+    if env.depth and not suite.depth:
+        raise ConfigError(f"env.depth=true: the {suite.name} suite renders RGB frames only; set env.depth=false")
 
 
 def env_splits(env: TrainEnvConfig) -> tuple[str, ...]:
-    """The episode splits ``env``'s task offers (``sims.tasks.SPLITS``; LIBERO's ``sims.libero.vec_env.LIBERO_SPLITS``)."""
-    if is_libero(env):
-        from sims.libero.vec_env import LIBERO_SPLITS
-
-        return LIBERO_SPLITS
-    from sims.tasks import SPLITS
-
-    return SPLITS
-
-
-def _check_libero_env(env: TrainEnvConfig) -> None:
-    """A LIBERO env's task name, cameras, reward, backend and task weights (its cached files: :meth:`TrainConfig.check`)."""
-    from sims.libero.scene import CAMERAS
-    from sims.libero.vec_env import resolve_libero_task
-
-    try:
-        resolve_libero_task(env.task)
-    except ValueError as exc:
-        raise ConfigError(f"env.task: {exc}") from exc
-    if env.reward != "success":
-        raise ConfigError(f"env.reward={env.reward!r}: LIBERO tasks pay success only (their goals are predicates, "
-                          "with no shaping); set env.reward=success")
-    if env.backend not in ("batch", "warp"):
-        raise ConfigError(f"env.backend={env.backend!r}: LIBERO runs on the batch and warp backends")
-    if env.task_weights:
-        raise ConfigError("env.task_weights weighs the gantry suite's tasks; a LIBERO env splits its environments "
-                          "evenly over its tasks: remove it")
-    if env.depth or not env.cameras or len(set(env.cameras)) < len(env.cameras) or set(env.cameras) - set(CAMERAS):
-        raise ConfigError(f"env.cameras={list(env.cameras)}, env.depth={env.depth}: a LIBERO env renders RGB of "
-                          f"distinct cameras among {', '.join(CAMERAS)} (no depth)")
+    """The episode splits ``env``'s task offers (its suite's; a gymnasium env's :data:`GYM_SPLITS`)."""
+    return env_suite(env).splits if env.kind == "sims" else GYM_SPLITS
 
 
 def check_task_weights(weights: dict[str, Any], task: str, key: str) -> None:
     """Raise :class:`ConfigError` unless ``weights`` (config ``key``) weighs tasks of ``task`` by numbers >= 0,
-    not all of them 0 (a task not named weighs 1)."""
-    from sims.tasks import task_weight_tuple
-
+    not all of them 0 (a task not named weighs 1), in a suite that samples its tasks by weight."""
     if not weights:
         return
+    suite = sims.suite_of(task)
+    if suite.weigh is None:
+        raise ConfigError(f"{key} weighs the tasks of a suite that samples them by weight; the {suite.name} suite "
+                          "splits its environments evenly over its tasks: remove it")
     if any(isinstance(v, bool) or not isinstance(v, int | float) for v in weights.values()):
         raise ConfigError(f"{key}={weights}: each weight must be a number >= 0 (unnamed tasks weigh 1)")
     try:
-        task_weight_tuple(task, weights)
+        suite.weigh(task, weights)
     except ValueError as exc:
         raise ConfigError(f"{key}: {exc}") from exc
 
@@ -628,9 +613,9 @@ def _check_algo(cfg: TrainConfig) -> None:
             "algo=distill needs distill.teacher=PATH, a checkpoint of a state-policy run, e.g. "
             "python scripts/train.py --config configs/reach_state_ppo.yaml name=teacher, then distill.teacher=runs/teacher"
         )
-    if cfg.algo == "sft" and cfg.sft.template_mix > 0 and is_libero(cfg.env):
-        raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes the gantry tasks' templates; a LIBERO task "
-                          "has one instruction: set sft.template_mix=0")
+    if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind == "sims" and not env_suite(cfg.env).templates:
+        raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes a task's instruction templates; the "
+                          f"{env_suite(cfg.env).name} suite's tasks have one instruction each: set sft.template_mix=0")
     if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind != "sims":
         raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes templates of the sims tasks; env.kind="
                           f"{cfg.env.kind!r} has none: set sft.template_mix=0 (sft.instruction_noise works on any env)")
