@@ -150,8 +150,12 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     torch device of its arrays), ``_ax`` (the module of its arrays), ``config`` (its ``group_size``),
     ``_seed`` and ``_episode`` (the episode stream's seed and each environment's episode count, int [N])
     and ``_obs`` (the last observation, None before the first reset), and implements
-    ``_start_episodes(ids)``, ``_observe_reset()`` (refresh ``_obs``) and ``step_arrays(action)`` (see
-    :meth:`SimVectorEnv.step_arrays`).
+    ``_start_episodes(ids)``, ``_observe(ids)`` (the observation of environments ``ids``, None: all, first in
+    a tuple of what it computes), ``_observe_reset()`` (refresh ``_obs``) and ``step_arrays(action)`` (see
+    :meth:`SimVectorEnv.step_arrays`, which ends with :meth:`_autoreset`). Snapshots: the class lists its
+    per-environment episode arrays in ``_EPISODE_FIELDS`` and implements ``_physics_state()``,
+    ``_snapshot_fit()``, ``_restore_physics(state)`` and ``_restored(started)``; :meth:`get_state` and
+    :meth:`set_state` are written here once.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
@@ -195,6 +199,71 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
         return {}
 
     def _start_episodes(self, ids: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _observe(self, ids: np.ndarray | None = None) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def _autoreset(self, final: dict[str, Any], done: np.ndarray) -> tuple[dict[str, Any], tuple[Any, ...] | None]:
+        """SAME_STEP autoreset: start the next episode of the environments ``done`` (bool [N]).
+
+        Returns:
+            The observation after the step: ``final`` (left as it is, the final observation) with the
+            environments that ended replaced by their next episode's first observation; and, when some ended,
+            ``(rows, *rest)``: their indices (as the env's array module) and the rest of :meth:`_observe`'s
+            result for them (the gantry env's shaped reward and success), else None.
+        """
+        if not done.any():
+            return final, None
+        ax, ids = self._ax, np.flatnonzero(done)
+        self._start_episodes(ids)
+        fresh, *rest = self._observe(ids)
+        obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
+        rows = ax.asarray(ids)
+        for key, value in fresh.items():
+            obs[key][rows] = value
+        return obs, (rows, *rest)
+
+    # ----------------------------------------------------------------------------- snapshots
+    _EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def get_state(self) -> dict[str, Any]:
+        """A snapshot of every environment (plain data): the physics (``_physics_state``), the episode arrays
+        ``_EPISODE_FIELDS``, the seed and whether the env was reset. :meth:`set_state` on an env built with the
+        same config continues bit for bit (the next episodes follow from the seed and the episode counts)."""
+        return {**self._physics_state(), "seed": self._seed, "started": self._obs is not None,
+                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
+
+        Raises:
+            ValueError: the snapshot does not fit this env (other tasks, split or sizes), naming both.
+        """
+        saved, ours = self._snapshot_fit(state), self._snapshot_fit()
+        if saved != ours:
+            raise ValueError(f"environment snapshot of {saved} does not fit this env's {ours}; "
+                             "build the env with the config it was saved with")
+        self._restore_physics(state)
+        for key in self._EPISODE_FIELDS:
+            setattr(self, key, np.array(state[key], dtype=getattr(self, key).dtype))
+        self._seed = int(state["seed"])
+        self._restored(bool(state["started"]))
+
+    def _physics_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _snapshot_fit(self, state: dict[str, Any] | None = None) -> tuple[Any, ...]:
+        """What a snapshot (None: this env) must share with this env to be restored in it (by default the
+        episode arrays' shapes)."""
+        src = state if state is not None else {k: getattr(self, k) for k in self._EPISODE_FIELDS}
+        return tuple(np.shape(src[k]) for k in self._EPISODE_FIELDS)
+
+    def _restore_physics(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _restored(self, started: bool) -> None:
+        """After a restore: re-derive what follows from the state (the last observation, if it was reset)."""
         raise NotImplementedError
 
     def _observe_reset(self) -> None:
@@ -450,16 +519,10 @@ class SimVectorEnv(ArrayVectorEnv):
         # Episode bookkeeping is the host's (resets sample episodes there): N bools come back.
         terminated = to_numpy(success).copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self._max_steps[self._task]) & ~terminated
-        done = terminated | truncated
         final = obs
-        if done.any():
-            ids = np.flatnonzero(done)
-            self._start_episodes(ids)
-            fresh, fresh_shaped, _ = self._observe(ids)
-            obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
-            rows = ax.asarray(ids)
-            for key, value in fresh.items():
-                obs[key][rows] = value
+        obs, reset = self._autoreset(final, terminated | truncated)
+        if reset is not None:  # ``progress`` continues from the new episodes' shaped reward
+            rows, fresh_shaped, _ = reset
             shaped = ax.asarray(shaped, copy=True)
             shaped[rows] = fresh_shaped
         self._obs, self._shaped = obs, shaped
@@ -489,32 +552,18 @@ class SimVectorEnv(ArrayVectorEnv):
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS = ("_task", "_a", "_b", "_instruction", "_colours", "_steps", "_episode")
 
-    def get_state(self) -> dict[str, Any]:
-        """A snapshot of every environment: physics (with sleep and warm-start state), episodes, counters.
+    def _physics_state(self) -> dict[str, Any]:
+        """The backend's snapshot (physics with sleep and warm-start state)."""
+        return {"backend": self._backend.get_state()}
 
-        :meth:`set_state` on an env built with the same :class:`EnvConfig` continues bit for bit.
-        """
-        return {"backend": self._backend.get_state(), "seed": self._seed, "started": self._obs is not None,
-                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
-
-        Raises:
-            ValueError: the snapshot is of another number of environments.
-        """
-        for key in self._EPISODE_FIELDS:
-            value = np.asarray(state[key])
-            if value.shape != getattr(self, key).shape:
-                raise ValueError(f"environment snapshot has {key} of shape {value.shape}, this env "
-                                 f"{getattr(self, key).shape}; build the env with the config it was saved with")
+    def _restore_physics(self, state: dict[str, Any]) -> None:
         self._backend.restore(state["backend"])
-        for key in self._EPISODE_FIELDS:
-            setattr(self, key, np.array(state[key], dtype=getattr(self, key).dtype))
-        self._seed = int(state["seed"])
+
+    def _restored(self, started: bool) -> None:
         self._sync_episodes()
         # The shaped reward is a function of the state, so ``progress`` needs nothing more in the snapshot.
-        self._obs, self._shaped = self._observe()[:2] if state["started"] else (None, None)
+        self._obs, self._shaped = self._observe()[:2] if started else (None, None)
+
 
 def _numpy(tree: Any) -> Any:
     """Numpy arrays for the arrays of a (nested) dict of numpy arrays or torch tensors."""

@@ -561,18 +561,25 @@ def _check_suite_env(env: TrainEnvConfig, suite: sims.Suite) -> None:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", env.warp_device):
         raise ConfigError(f"env.warp_device={env.warp_device!r}; valid: auto, cpu, cuda, cuda:N")
     fields = {f.name for f in dataclasses.fields(suite.config)}
-    for key, name in SUITE_ONLY.items():
-        value = getattr(env, key)
-        if name not in fields and value != getattr(TrainEnvConfig, key, None) and value:
-            raise ConfigError(f"env.{key}={value} is a setting of another suite; the {suite.name} suite "
+    for key in named_suite_settings(env):
+        if SUITE_ONLY[key] not in fields:
+            raise ConfigError(f"env.{key}={getattr(env, key)} is a setting of another suite; the {suite.name} suite "
                               f"(env.task={env.task}) has none: remove it")
     check_task_weights(env.task_weights, env.task, "env.task_weights")
+    if not env.render:  # the frame settings are unused
+        return
     unknown = [c for c in env.cameras if c not in suite.cameras]
     if unknown or not env.cameras or len(set(env.cameras)) < len(env.cameras):
         raise ConfigError(f"env.cameras={list(env.cameras)} must name distinct cameras (at least one); valid: "
                           f"{', '.join(suite.cameras)}")
     if env.depth and not suite.depth:
         raise ConfigError(f"env.depth=true: the {suite.name} suite renders RGB frames only; set env.depth=false")
+
+
+def named_suite_settings(env: TrainEnvConfig) -> dict[str, Any]:
+    """The settings of :data:`SUITE_ONLY` that ``env`` sets to other than the section's defaults, by section key."""
+    default = TrainEnvConfig()
+    return {key: getattr(env, key) for key in SUITE_ONLY if getattr(env, key) != getattr(default, key)}
 
 
 def env_splits(env: TrainEnvConfig) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 import sims
-from vla_rl.config import TrainEnvConfig
+from vla_rl.config import SUITE_ONLY, TrainEnvConfig, named_suite_settings
 
 
 class GymTensorEnv:
@@ -233,11 +233,13 @@ def sims_env_config(
         task=cfg.task, num_envs=num_envs, seed=seed, split=split, render=render, backend=cfg.backend,
         warp_device=cfg.warp_device, group_size=group_size, num_threads=num_threads,
         terminate_on_success=cfg.terminate_on_success, success_bonus=cfg.success_bonus,
-        # The suite-only settings (TrainConfig.validate refused those set for a suite without them).
-        reward=cfg.reward, warp_deterministic=cfg.warp_deterministic, warp_uncaptured=cfg.warp_uncaptured,
-        env_offset=env_offset, task_weights=suite.weigh(cfg.task, cfg.task_weights) if cfg.task_weights else None,
-        max_steps=cfg.max_episode_steps, visual_faces=cfg.visual_faces,
+        reward=cfg.reward, env_offset=env_offset,
     )
+    # The suite-only settings the section names (TrainConfig.validate refused those a suite lacks); unnamed, the
+    # suite config's own defaults hold.
+    settings |= {SUITE_ONLY[key]: value for key, value in named_suite_settings(cfg).items()}
+    if cfg.task_weights:
+        settings["task_weights"] = suite.weigh(cfg.task, cfg.task_weights)
     fields = {f.name for f in dataclasses.fields(suite.config)}
     if env_offset and "env_offset" not in fields:
         raise ValueError(f"env_offset={env_offset}: {suite.name} environments are not sharded; use "

@@ -382,21 +382,12 @@ class LiberoVectorEnv(ArrayVectorEnv):
         for k, (sim, ctl) in enumerate(zip(self.sims, self._controllers)):
             sim.step(ctl(sim, action[self.bounds[k]:self.bounds[k + 1]]))
         self._steps += 1
-        obs, success = self._observe()
+        final, success = self._observe()
         reward = ax.astype(success, ax.float32) * (1.0 + self.config.success_bonus)
         ok = to_numpy(success).astype(bool)
         terminated = ok.copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self._max_steps[self.env_task]) & ~terminated
-        done = terminated | truncated
-        final = obs
-        if done.any():
-            ids = np.flatnonzero(done)
-            self._start_episodes(ids)
-            fresh, _ = self._observe(ids)
-            obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
-            rows = ax.asarray(ids)
-            for key, value in fresh.items():
-                obs[key][rows] = value
+        obs, _ = self._autoreset(final, terminated | truncated)
         self._obs = obs
         return {"observation": obs, "final_observation": final, "reward": reward,
                 "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
@@ -407,36 +398,25 @@ class LiberoVectorEnv(ArrayVectorEnv):
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS = ("_steps", "_episode", "state_index")
 
-    def get_state(self) -> dict[str, Any]:
-        """A snapshot of every environment (plain data): each task's physics (its backend's snapshot),
-        episode steps, episode counts and initial-state indices [N], the seed, whether it was reset.
+    def _physics_state(self) -> dict[str, Any]:
+        """Each task's physics (its backend's snapshot), with the tasks and split it belongs to (the next
+        episodes' initial states follow from the seed and the episode counts: the jittered splits draw from
+        ``(seed, group, episode)``, the fixed ones play states in order)."""
+        return {"tasks": list(self.task_names), "split": self.config.split, "sims": [sim.get_state() for sim in self.sims]}
 
-        The next episodes' initial states follow from the seed and the episode counts (the jittered
-        splits draw from ``(seed, group, episode)``, the fixed ones play states in order), so
-        :meth:`set_state` on an env of the same :class:`LiberoEnvConfig` continues bit for bit.
-        """
-        return {"tasks": list(self.task_names), "split": self.config.split, "seed": self._seed,
-                "started": self._obs is not None, "sims": [sim.get_state() for sim in self.sims],
-                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
+    def _snapshot_fit(self, state: dict[str, Any] | None = None) -> tuple[Any, ...]:
+        """The tasks, split and episode arrays' shapes of a snapshot (None: this env)."""
+        if state is None:
+            return (list(self.task_names), self.config.split, *super()._snapshot_fit())
+        return (list(state["tasks"]), state["split"], *super()._snapshot_fit(state))
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
-
-        Raises:
-            ValueError: the snapshot is of other tasks, another split or number of environments.
-        """
-        saved = (list(state["tasks"]), state["split"], *(np.shape(state[k]) for k in self._EPISODE_FIELDS))
-        ours = (list(self.task_names), self.config.split, *(getattr(self, k).shape for k in self._EPISODE_FIELDS))
-        if saved != ours:
-            raise ValueError(f"environment snapshot of tasks, split and sizes {saved} does not fit this env's {ours}; "
-                             "build the env with the config it was saved with")
+    def _restore_physics(self, state: dict[str, Any]) -> None:
         for sim, sim_state in zip(self.sims, state["sims"], strict=True):
             sim.restore(sim_state)
-        for key in self._EPISODE_FIELDS:
-            setattr(self, key, np.array(state[key], dtype=np.int64))
-        self._seed = int(state["seed"])
+
+    def _restored(self, started: bool) -> None:
         # An observation is a function of the current state (the autoreset ones too: taken after the reset).
-        self._obs = self._observe()[0] if state["started"] else None
+        self._obs = self._observe()[0] if started else None
 
     def close(self, **kwargs: Any) -> None:
         """Release the renderers' GL contexts."""
