@@ -47,8 +47,6 @@ class EvalProtocol:
     fixed_states: bool = False
     """Each task plays the split's fixed initial states ``0 .. episodes - 1`` once (``episodes`` per task,
     ``num_envs`` per task dividing it), as LIBERO evaluates; otherwise fresh episodes of each split overall."""
-    splits: tuple[str, ...] = ("train", "paraphrase", "composition")
-    """The test splits a recipe evaluates by default."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from tensordict import TensorDict
 from torch import nn
 
 import sims
+from sims.libero.vec_env import MAX_STEPS, SETTLE_STEPS
 from vla_rl.rollout import EpisodeResult, EpisodeStats, Timer, env_step
 
 
@@ -310,7 +311,6 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
     """
     import mujoco
 
-    from sims.libero.vec_env import MAX_STEPS, SETTLE_STEPS
     from vla_rl.checkpoint import load_checkpoint
 
     if episodes_per_task < 1 or envs_per_task < 1 or episodes_per_task % envs_per_task:

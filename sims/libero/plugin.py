@@ -100,6 +100,6 @@ SUITE = register(Suite(
     action_names=("dx", "dy", "dz", "drx", "dry", "drz", "gripper"),
     robot_type="panda_libero",
     demo_terminates=False,  # the env would restart a simulation under its expert's running plan
-    protocol=EvalProtocol(fixed_states=True, splits=("fixed", "lan")),
+    protocol=EvalProtocol(fixed_states=True),
     missing_files=missing_variants,
 ))

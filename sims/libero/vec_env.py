@@ -1,7 +1,7 @@
 """LIBERO tasks as a vector environment behind the trainer's interface (docs/ARCHITECTURE.md, "sims -> vla_rl").
 
-``make_libero_env("libero_spatial", num_envs)`` (or ``sims.make_vec_env`` with a task name that
-starts with ``libero_``) gives a :class:`LiberoVectorEnv`: ``libero_<suite>`` runs the suite's ten
+``sims.make_vec_env("libero_spatial", num_envs)`` (the LIBERO suite's entry in :mod:`sims.registry`,
+:mod:`sims.libero.plugin`, claims the task names ``libero_...``) gives a :class:`LiberoVectorEnv`: ``libero_<suite>`` runs the suite's ten
 tasks (environments split into one contiguous block per task, one :class:`~sims.libero.sim.LiberoSim`
 each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal``, ``10``.
 
@@ -422,15 +422,3 @@ class LiberoVectorEnv(ArrayVectorEnv):
         """Release the renderers' GL contexts."""
         for sim in self.sims:
             sim.close()
-
-
-def make_libero_env(task: str, num_envs: int, **kwargs: Any) -> LiberoVectorEnv:
-    """N environments of LIBERO ``task``; keyword arguments are :class:`LiberoEnvConfig` fields
-    (``render=True``: both cameras at 128 x 128)."""
-    if kwargs.get("render") is True:
-        from sims.libero.sim import libero_render_config
-
-        kwargs["render"] = libero_render_config(128)
-    elif kwargs.get("render") is False:
-        kwargs["render"] = None
-    return LiberoVectorEnv(LiberoEnvConfig(task=task, num_envs=num_envs, **kwargs))
