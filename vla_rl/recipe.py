@@ -131,7 +131,8 @@ class RecipeConfig:
         if env_suite(env).protocol.fixed_states and self.test.episodes % self.test.num_envs:
             raise ConfigError(f"test.num_envs={self.test.num_envs} must divide test.episodes={self.test.episodes} "
                               f"({env_suite(env).name}'s protocol plays each fixed initial state once per task)")
-        _check_rl_fits_sft(configs["sft"].policy, configs["rl"].policy)
+        if "rl" in self.stages:  # an SFT-only recipe never loads its checkpoint into the RL stage
+            _check_rl_fits_sft(configs["sft"].policy, configs["rl"].policy)
 
 
 class RecipeStopped(RuntimeError):
