@@ -206,7 +206,7 @@ def main() -> int:
         return 0
 
     config = {k: v for k, v in vars(args).items() if k not in ("json", "render_only")}
-    config["frame_skip"] = EnvConfig().frame_skip
+    config["frame_skip"] = EnvConfig.frame_skip
     print(f"sims benchmark: {args.task}, {args.envs} envs, {args.threads} threads", flush=True)
     report = BenchReport(args.json, config)
     for name, measure in parts(args):

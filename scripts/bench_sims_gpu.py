@@ -151,7 +151,7 @@ def main() -> None:
 
     began = time.perf_counter()
     config = {k: v for k, v in vars(args).items() if k != "json"}
-    config.update(frame_skip=EnvConfig().frame_skip, image="64x64 RGB, front camera",
+    config.update(frame_skip=EnvConfig.frame_skip, image="64x64 RGB, front camera",
                   versions={p: importlib.metadata.version(p) for p in ("mujoco-warp", "warp-lang")},
                   determinism="all" if args.deterministic else "off")
     results: dict = {}

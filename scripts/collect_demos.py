@@ -7,8 +7,8 @@
 The experts act in ``--num-envs`` rendering environments of the ``train`` split; successful episodes
 are kept (``--keep-failures``: all). ``--noise SIGMA`` executes the expert's action plus Gaussian
 noise and records the clean action as the label (DART). A LIBERO task (``libero_spatial``,
-``libero_spatial/3``) is demonstrated by ``sims.libero.expert.SpatialExpert`` from jittered fixed
-initial states, both cameras at 128 x 128 by default (vla_rl/demos/libero.py). Read the folder back with
+``libero_spatial/3``) is demonstrated by its suite's experts (``sims.libero.expert.expert_for``) from jittered
+fixed initial states, both cameras at 128 x 128 by default (``sims.suite_of(task).render()``). Read the folder back with
 ``vla_rl.demos.DemoDataset(DIR)`` or with LeRobot's ``LeRobotDataset(repo_id, root=DIR)``.
 """
 
@@ -26,9 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when l
 from bench_report import output_path
 
 import sims
-from sims.libero.scene import CAMERAS as LIBERO_CAMERAS
-from sims.libero.vec_env import is_libero_task
-from sims.scene import CAMERAS
 from vla_rl.demos import CollectConfig, collect_demos
 
 
@@ -44,10 +41,11 @@ def main() -> None:
                         help="std of Gaussian noise on the executed actions; labels stay the expert's (default 0)")
     parser.add_argument("--keep-failures", action="store_true", help="keep episodes the expert failed too")
     parser.add_argument("--image-size", type=int, default=None,
-                        help=f"frame height and width, pixels (default {defaults.image_size}; LIBERO 128)")
+                        help="frame height and width, pixels (default: the suite's, 64; LIBERO 128)")
     parser.add_argument("--num-envs", type=int, default=defaults.num_envs, help="environments stepped together")
-    parser.add_argument("--cameras", nargs="+", default=None, choices=[*CAMERAS, *LIBERO_CAMERAS],
-                        help=f"default {' '.join(defaults.cameras)}; LIBERO: {' '.join(LIBERO_CAMERAS)}")
+    parser.add_argument("--cameras", nargs="+", default=None,
+                        choices=list(dict.fromkeys(c for suite in sims.suites() for c in suite.cameras)),
+                        help="default: the suite's (front; LIBERO: agentview robot0_eye_in_hand)")
     parser.add_argument("--max-steps", type=int, default=None, help="LIBERO: episode limit (default: LIBERO's)")
     parser.add_argument("--episodes-per-file", type=int, default=defaults.episodes_per_file,
                         help="episodes per data parquet and mp4")
@@ -60,9 +58,12 @@ def main() -> None:
         weights = {k: float(v) for k, v in (item.split("=", 1) for item in args.task_weights)}
     except ValueError:
         parser.error(f"--task-weights {' '.join(args.task_weights)}: give TASK=WEIGHT pairs, e.g. push=3 stack=3")
-    libero = is_libero_task(args.task)
-    cameras = args.cameras or (LIBERO_CAMERAS if libero else defaults.cameras)
-    size = args.image_size or (128 if libero else defaults.image_size)
+    try:
+        frames = sims.suite_of(args.task).render()  # the suite's default frames
+    except ValueError as exc:
+        parser.error(str(exc))
+    cameras = args.cameras or frames.cameras
+    size = args.image_size or frames.height
     cfg = CollectConfig(task=args.task, episodes=args.episodes, out=args.out, seed=args.seed, noise=args.noise,
                         keep_failures=args.keep_failures, image_size=size, num_envs=args.num_envs,
                         cameras=tuple(cameras), episodes_per_file=args.episodes_per_file, crf=args.crf,

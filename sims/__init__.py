@@ -1,8 +1,9 @@
 """Simulators: the language-conditioned tabletop suite on batched MuJoCo, with in-loop rendering.
 
 Public API: :func:`make_vec_env` / :class:`SimVectorEnv` (gymnasium ``VectorEnv`` + TensorDict
-view), :class:`RenderConfig`, the task registry (:data:`TASK_NAMES`), and the single-environment
-gymnasium ids registered by :mod:`sims.single` (``sims/Reach-v0``, ...).
+view), :class:`RenderConfig`, the suite registry (:func:`suite_of`: the gantry tasks of :mod:`sims.gantry`,
+LIBERO's of :mod:`sims.libero`, registered on import), the gantry task table (:data:`TASK_NAMES`), and the
+single-environment gymnasium ids registered by :mod:`sims.single` (``sims/Reach-v0``, ...).
 """
 
 import os
@@ -22,11 +23,15 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
 
+from sims import gantry as _gantry  # noqa: F401  (registers the gantry suite)
+from sims.libero import plugin as _libero  # noqa: F401  (registers the libero suite)
+from sims.registry import Suite, register, suite_of, suites
 from sims.render import BatchRenderer, RenderConfig
 from sims.single import SingleEnv, gym_id, register_all
 from sims.tasks import TASK_NAMES, TASKS
-from sims.vec_env import REWARDS, EnvConfig, SimVectorEnv, make_vec_env
+from sims.vec_env import REWARDS, EnvConfig, SimVectorEnv, VecEnvConfig, make_vec_env
 
 register_all()
 
-__all__ = ["REWARDS", "TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "SingleEnv", "gym_id", "make_vec_env"]
+__all__ = ["REWARDS", "TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "SingleEnv",
+           "Suite", "VecEnvConfig", "gym_id", "make_vec_env", "register", "suite_of", "suites"]

@@ -46,6 +46,11 @@ class ScriptedExpert:
         self.phase[sel] = 0
         self.timer[sel] = 0
 
+    def restart(self, ended: np.ndarray) -> None:
+        """Restart the phase machines of the environments whose episodes ended (``ended``, bool [N]): the
+        env's autoreset has already started their next episodes (the :class:`sims.registry.Expert` interface)."""
+        self.reset(ended)
+
     def act(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         """Actions [N, 4] for observation ``obs`` (an observation dict of numpy arrays or tensors)."""
         env = self.env

@@ -14,7 +14,7 @@ API converts to numpy at its edge, the TensorDict view hands the tensors on as t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode
 from sims import scene as S
 from sims import tasks as T
 from sims.backends import BACKENDS, MJX_WARP_REMOVED, make_backend, to_numpy
+from sims.registry import suite_of
 from sims.render import RenderConfig
 
 ACTION_DIM = 4
@@ -32,93 +33,112 @@ REWARDS = ("dense", "progress", "success")
 
 
 @dataclass(frozen=True)
-class EnvConfig:
-    """Configuration of a :class:`SimVectorEnv`.
+class VecEnvConfig:
+    """The settings every suite's vector env reads; a suite's config dataclass adds its own fields
+    (:class:`EnvConfig` for the gantry tasks, :class:`sims.libero.vec_env.LiberoEnvConfig` for LIBERO).
 
     Attributes:
-        task: a task name or ``"suite"`` (a task sampled per environment and episode).
-        num_envs: number of environments N (the trainer's ``env.num_envs`` takes this default).
-        seed: base seed; episode k of group g is sampled from ``(seed, g, k)``.
-        split: the episodes' split (:data:`sims.tasks.SPLITS`): ``train``, ``validation``,
-            ``paraphrase`` (held-out templates) or ``composition`` (held-out task x entity x colour
-            combinations); each draws from its own seed stream.
+        task: a task name of the suite (``sims.suite_of(task)`` is its suite).
+        num_envs: number of environments N.
+        seed: base seed of the episode streams.
+        split: the episodes' split, one of the suite's ``splits``.
         render: camera observations (None: state only).
-        backend: ``"batch"`` (mujoco.batch, CPU threads), ``"mjx"`` (JAX) or ``"warp"`` (MuJoCo
-            Warp on ``warp_device``, rendering on the device too).
+        backend: the physics backend, one of :data:`sims.backends.BACKENDS` the suite runs on.
         warp_device: the Warp backend's device: ``"cpu"``, ``"cuda:N"``, or ``"auto"`` (the first
             GPU Warp finds, else the CPU). Observations come as torch tensors on it.
-        warp_deterministic: the Warp backend runs mujoco_warp's ``DeterminismType.ALL`` (run-to-run
-            identical results on a GPU, at a cost in speed and memory; at most about 4,300 worlds of
-            the suite, checked before allocation). Off by default.
-        warp_uncaptured: on CUDA, step the Warp backend without CUDA graphs (about 100x slower);
-            otherwise a failed graph capture is an error.
         group_size: consecutive groups of this many environments share every episode's initial
-            state (layout, colours, instruction), as GRPO needs; 1 for independent environments.
-        env_offset: global index of this set's first environment, when a fleet of shards splits
-            one large set: environment i draws its episodes as environment ``env_offset + i`` would,
-            so the shards together equal one set of the same total size.
-        num_threads: physics threads for the batch backend (None: all CPUs).
-        frame_skip: physics substeps per control step (timestep 10 ms: 40 ms per step).
-        max_delta: largest gripper move per control step, metres.
+            state, as GRPO needs; 1 for independent environments.
+        num_threads: physics threads and GL contexts (None: one per CPU).
         terminate_on_success: end an episode (``terminated``) at its first success.
-        reward: what a step pays (:data:`REWARDS`). ``dense``: the task's shaped reward at the new
-            state, in [0, 2.5]; it is positive at every step, so with ``terminate_on_success`` a near
-            miss held to the step limit (a block 1.5 cm above its target earns about 90 % of a
-            success's reward per step) can return more than finishing early. ``progress``: the change of that shaped reward over the step
-            (potential-based shaping: a whole episode returns its final minus its initial shaping, so
-            hovering earns nothing and finishing stops no income). ``success``: 1 at the step the task
-            succeeds, else 0 (sparse).
-        success_bonus: added to the reward of every step at which the task succeeds, in every
-            ``reward`` mode.
-        task_weights: relative sampling weight of each task of the resolved task names (``"suite"``:
-            ``sims.tasks.TASK_NAMES`` order) in the ``train`` split; ``None`` samples them uniformly. The
-            other splits always sample uniformly, so evaluation figures do not depend on it.
+        success_bonus: added to the reward of every step at which the task succeeds, in [0, 100].
     """
 
-    task: str = "reach"
+    task: str
     num_envs: int = 32
     seed: int = 0
     split: str = "train"
     render: RenderConfig | None = None
     backend: str = "batch"
     warp_device: str = "auto"
-    warp_deterministic: bool = False
-    warp_uncaptured: bool = False
     group_size: int = 1
-    env_offset: int = 0
     num_threads: int | None = None
-    frame_skip: int = 4
-    max_delta: float = 0.03
     terminate_on_success: bool = True
-    reward: str = "dense"
     success_bonus: float = 0.0
-    task_weights: tuple[float, ...] | None = None
 
     def validate(self) -> None:
-        """Check the fields (sims imports nothing of infra, so its configs raise a plain ``ValueError``).
+        """Check the shared fields (sims imports nothing of infra, so its configs raise a plain ``ValueError``).
 
         Raises:
             ValueError: a field out of range, naming the field and the valid values.
         """
-        task_names = T.resolve_tasks(self.task)
-        T.check_split(self.split, task_names)
         if self.backend == "mjx-warp":
             raise ValueError(MJX_WARP_REMOVED)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}; valid backends: {', '.join(BACKENDS)}")
         if self.num_envs < 1:
             raise ValueError(f"num_envs={self.num_envs}; it must be at least 1")
-        if self.group_size < 1 or self.num_envs % self.group_size or self.env_offset % self.group_size:
-            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs} "
-                             f"and env_offset={self.env_offset}")
-        if self.env_offset < 0:
-            raise ValueError(f"env_offset={self.env_offset}; it must be >= 0")
+        if self.group_size < 1 or self.num_envs % self.group_size:
+            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs}")
+        if not 0.0 <= self.success_bonus <= 100.0:
+            raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
+
+
+@dataclass(frozen=True)
+class EnvConfig(VecEnvConfig):
+    """Configuration of a :class:`SimVectorEnv`: the gantry tasks' settings over :class:`VecEnvConfig`'s.
+
+    Attributes:
+        task: a task name or ``"suite"`` (a task sampled per environment and episode); the split
+            (:data:`sims.tasks.SPLITS`): ``train``, ``validation``, ``paraphrase`` (held-out templates) or
+            ``composition`` (held-out task x entity x colour combinations), each from its own seed stream;
+            episode k of group g is sampled from ``(seed, g, k)``.
+        backend: ``"batch"`` (mujoco.batch, CPU threads), ``"mjx"`` (JAX) or ``"warp"`` (MuJoCo
+            Warp on ``warp_device``, rendering on the device too).
+        warp_deterministic: the Warp backend runs mujoco_warp's ``DeterminismType.ALL`` (run-to-run
+            identical results on a GPU, at a cost in speed and memory; at most about 4,300 worlds of
+            the suite, checked before allocation). Off by default.
+        warp_uncaptured: on CUDA, step the Warp backend without CUDA graphs (about 100x slower);
+            otherwise a failed graph capture is an error.
+        env_offset: global index of this set's first environment, when a fleet of shards splits
+            one large set: environment i draws its episodes as environment ``env_offset + i`` would,
+            so the shards together equal one set of the same total size.
+        frame_skip: physics substeps per control step (timestep 10 ms: 40 ms per step).
+        max_delta: largest gripper move per control step, metres.
+        reward: what a step pays (:data:`REWARDS`). ``dense``: the task's shaped reward at the new
+            state, in [0, 2.5]; it is positive at every step, so with ``terminate_on_success`` a near
+            miss held to the step limit (a block 1.5 cm above its target earns about 90 % of a
+            success's reward per step) can return more than finishing early. ``progress``: the change of that shaped reward over the step
+            (potential-based shaping: a whole episode returns its final minus its initial shaping, so
+            hovering earns nothing and finishing stops no income). ``success``: 1 at the step the task
+            succeeds, else 0 (sparse). ``success_bonus`` is added in every mode.
+        task_weights: relative sampling weight of each task of the resolved task names (``"suite"``:
+            ``sims.tasks.TASK_NAMES`` order) in the ``train`` split; ``None`` samples them uniformly. The
+            other splits always sample uniformly, so evaluation figures do not depend on it.
+    """
+
+    warp_deterministic: bool = False
+    warp_uncaptured: bool = False
+    env_offset: int = 0
+    frame_skip: int = 4
+    max_delta: float = 0.03
+    reward: str = "dense"
+    task_weights: tuple[float, ...] | None = None
+
+    def validate(self) -> None:
+        """Check the fields.
+
+        Raises:
+            ValueError: a field out of range, naming the field and the valid values.
+        """
+        task_names = T.resolve_tasks(self.task)
+        T.check_split(self.split, task_names)
+        super().validate()
+        if self.env_offset < 0 or self.env_offset % self.group_size:
+            raise ValueError(f"env_offset={self.env_offset} must be >= 0 and a multiple of group_size={self.group_size}")
         if self.frame_skip < 1 or self.max_delta <= 0:
             raise ValueError(f"frame_skip={self.frame_skip} and max_delta={self.max_delta} must be positive")
         if self.reward not in REWARDS:
             raise ValueError(f"reward={self.reward!r}; valid rewards: {', '.join(REWARDS)}")
-        if not 0.0 <= self.success_bonus <= 100.0:
-            raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
         if self.task_weights is not None:
             T.check_task_weights(self.task_weights, task_names)
 
@@ -130,8 +150,12 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     torch device of its arrays), ``_ax`` (the module of its arrays), ``config`` (its ``group_size``),
     ``_seed`` and ``_episode`` (the episode stream's seed and each environment's episode count, int [N])
     and ``_obs`` (the last observation, None before the first reset), and implements
-    ``_start_episodes(ids)``, ``_observe_reset()`` (refresh ``_obs``) and ``step_arrays(action)`` (see
-    :meth:`SimVectorEnv.step_arrays`).
+    ``_start_episodes(ids)``, ``_observe(ids)`` (the observation of environments ``ids``, None: all, first in
+    a tuple of what it computes), ``_observe_reset()`` (refresh ``_obs``) and ``step_arrays(action)`` (see
+    :meth:`SimVectorEnv.step_arrays`, which ends with :meth:`_autoreset`). Snapshots: the class lists its
+    per-environment episode arrays in ``_EPISODE_FIELDS`` and implements ``_physics_state()``,
+    ``_snapshot_fit()``, ``_restore_physics(state)`` and ``_restored(started)``; :meth:`get_state` and
+    :meth:`set_state` are written here once.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
@@ -164,7 +188,82 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
         self._observe_reset()
         return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
 
+    @property
+    def control_hz(self) -> float:
+        """Control steps per second of simulated time."""
+        raise NotImplementedError
+
+    def episode_tags(self, i: int) -> dict[str, Any]:
+        """What identifies environment ``i``'s current episode beyond its index and count (a dataset's per-episode
+        metadata); none by default."""
+        return {}
+
     def _start_episodes(self, ids: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _observe(self, ids: np.ndarray | None = None) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def _autoreset(self, final: dict[str, Any], done: np.ndarray) -> tuple[dict[str, Any], tuple[Any, ...] | None]:
+        """SAME_STEP autoreset: start the next episode of the environments ``done`` (bool [N]).
+
+        Returns:
+            The observation after the step: ``final`` (left as it is, the final observation) with the
+            environments that ended replaced by their next episode's first observation; and, when some ended,
+            ``(rows, *rest)``: their indices (as the env's array module) and the rest of :meth:`_observe`'s
+            result for them (the gantry env's shaped reward and success), else None.
+        """
+        if not done.any():
+            return final, None
+        ax, ids = self._ax, np.flatnonzero(done)
+        self._start_episodes(ids)
+        fresh, *rest = self._observe(ids)
+        obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
+        rows = ax.asarray(ids)
+        for key, value in fresh.items():
+            obs[key][rows] = value
+        return obs, (rows, *rest)
+
+    # ----------------------------------------------------------------------------- snapshots
+    _EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def get_state(self) -> dict[str, Any]:
+        """A snapshot of every environment (plain data): the physics (``_physics_state``), the episode arrays
+        ``_EPISODE_FIELDS``, the seed and whether the env was reset. :meth:`set_state` on an env built with the
+        same config continues bit for bit (the next episodes follow from the seed and the episode counts)."""
+        return {**self._physics_state(), "seed": self._seed, "started": self._obs is not None,
+                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
+
+        Raises:
+            ValueError: the snapshot does not fit this env (other tasks, split or sizes), naming both.
+        """
+        saved, ours = self._snapshot_fit(state), self._snapshot_fit()
+        if saved != ours:
+            raise ValueError(f"environment snapshot of {saved} does not fit this env's {ours}; "
+                             "build the env with the config it was saved with")
+        self._restore_physics(state)
+        for key in self._EPISODE_FIELDS:
+            setattr(self, key, np.array(state[key], dtype=getattr(self, key).dtype))
+        self._seed = int(state["seed"])
+        self._restored(bool(state["started"]))
+
+    def _physics_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _snapshot_fit(self, state: dict[str, Any] | None = None) -> tuple[Any, ...]:
+        """What a snapshot (None: this env) must share with this env to be restored in it (by default the
+        episode arrays' shapes)."""
+        src = state if state is not None else {k: getattr(self, k) for k in self._EPISODE_FIELDS}
+        return tuple(np.shape(src[k]) for k in self._EPISODE_FIELDS)
+
+    def _restore_physics(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _restored(self, started: bool) -> None:
+        """After a restore: re-derive what follows from the state (the last observation, if it was reset)."""
         raise NotImplementedError
 
     def _observe_reset(self) -> None:
@@ -420,16 +519,10 @@ class SimVectorEnv(ArrayVectorEnv):
         # Episode bookkeeping is the host's (resets sample episodes there): N bools come back.
         terminated = to_numpy(success).copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self._max_steps[self._task]) & ~terminated
-        done = terminated | truncated
         final = obs
-        if done.any():
-            ids = np.flatnonzero(done)
-            self._start_episodes(ids)
-            fresh, fresh_shaped, _ = self._observe(ids)
-            obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
-            rows = ax.asarray(ids)
-            for key, value in fresh.items():
-                obs[key][rows] = value
+        obs, reset = self._autoreset(final, terminated | truncated)
+        if reset is not None:  # ``progress`` continues from the new episodes' shaped reward
+            rows, fresh_shaped, _ = reset
             shaped = ax.asarray(shaped, copy=True)
             shaped[rows] = fresh_shaped
         self._obs, self._shaped = obs, shaped
@@ -438,6 +531,11 @@ class SimVectorEnv(ArrayVectorEnv):
 
     def _observe_reset(self) -> None:
         self._obs, self._shaped, _ = self._observe()
+
+    @property
+    def control_hz(self) -> float:
+        """Control steps per second: one per ``frame_skip`` physics steps (25 Hz by default)."""
+        return 1.0 / (self.config.frame_skip * self.model.opt.timestep)
 
     def entity_phrases(self) -> list[tuple[str, str]]:
         """Each environment's current episode's entities as instructions name them, ``("red block", "blue target")``."""
@@ -454,32 +552,18 @@ class SimVectorEnv(ArrayVectorEnv):
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS = ("_task", "_a", "_b", "_instruction", "_colours", "_steps", "_episode")
 
-    def get_state(self) -> dict[str, Any]:
-        """A snapshot of every environment: physics (with sleep and warm-start state), episodes, counters.
+    def _physics_state(self) -> dict[str, Any]:
+        """The backend's snapshot (physics with sleep and warm-start state)."""
+        return {"backend": self._backend.get_state()}
 
-        :meth:`set_state` on an env built with the same :class:`EnvConfig` continues bit for bit.
-        """
-        return {"backend": self._backend.get_state(), "seed": self._seed, "started": self._obs is not None,
-                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
-
-        Raises:
-            ValueError: the snapshot is of another number of environments.
-        """
-        for key in self._EPISODE_FIELDS:
-            value = np.asarray(state[key])
-            if value.shape != getattr(self, key).shape:
-                raise ValueError(f"environment snapshot has {key} of shape {value.shape}, this env "
-                                 f"{getattr(self, key).shape}; build the env with the config it was saved with")
+    def _restore_physics(self, state: dict[str, Any]) -> None:
         self._backend.restore(state["backend"])
-        for key in self._EPISODE_FIELDS:
-            setattr(self, key, np.array(state[key], dtype=getattr(self, key).dtype))
-        self._seed = int(state["seed"])
+
+    def _restored(self, started: bool) -> None:
         self._sync_episodes()
         # The shaped reward is a function of the state, so ``progress`` needs nothing more in the snapshot.
-        self._obs, self._shaped = self._observe()[:2] if state["started"] else (None, None)
+        self._obs, self._shaped = self._observe()[:2] if started else (None, None)
+
 
 def _numpy(tree: Any) -> Any:
     """Numpy arrays for the arrays of a (nested) dict of numpy arrays or torch tensors."""
@@ -503,22 +587,17 @@ def _obs_td(obs: dict[str, Any], n: int, device: Any = None):
 def make_vec_env(task: str, num_envs: int, *, seed: int = 0, split: str = "train",
                  render: RenderConfig | bool | None = None, backend: str = "batch", group_size: int = 1,
                  **kwargs: Any) -> ArrayVectorEnv:
-    """Create N environments of ``task`` (a task name or ``"suite"``); see :class:`EnvConfig`.
+    """Create N environments of ``task``, in the suite that claims it (:func:`sims.registry.suite_of`: a gantry
+    task name or ``"suite"``, a LIBERO ``libero_spatial`` or ``libero_goal/3``, ...).
 
-    ``render=True`` renders 64x64 RGB from the front camera; pass a :class:`RenderConfig` for more.
-    Other keyword arguments are :class:`EnvConfig` fields. A LIBERO task (``libero_spatial``,
-    ``libero_goal/3``) gives a :class:`sims.libero.vec_env.LiberoVectorEnv` instead, its keyword
-    arguments :class:`sims.libero.vec_env.LiberoEnvConfig` fields.
+    ``render=True`` renders the suite's default frames (64x64 RGB of the front camera for the gantry tasks);
+    pass a :class:`RenderConfig` for more. Other keyword arguments are fields of the suite's config
+    (:class:`EnvConfig`, :class:`sims.libero.vec_env.LiberoEnvConfig`).
     """
-    if task.startswith("libero_"):
-        from sims.libero.vec_env import make_libero_env
-
-        return make_libero_env(task, num_envs, seed=seed, split=split, render=render, backend=backend,
-                               group_size=group_size, **kwargs)
+    suite = suite_of(task)
     if render is True:
-        render = RenderConfig()
+        render = suite.render()
     elif render is False:
         render = None
-    config = replace(EnvConfig(), task=task, num_envs=num_envs, seed=seed, split=split,
-                     render=render, backend=backend, group_size=group_size, **kwargs)
-    return SimVectorEnv(config)
+    return suite.make(suite.config(task=task, num_envs=num_envs, seed=seed, split=split, render=render,
+                                   backend=backend, group_size=group_size, **kwargs))

@@ -4,13 +4,18 @@
   rlcore/ (the RL math both trainers share) nothing of the project;
 - the scheduler core (``infra.scheduler``) is engine-free: no Ray, no service, no LLM jobs;
 - the shared plumbing (``infra.common``) imports nothing of the project;
-- production code never imports the LLM simulator (``infra.llm.sim``) or a benchmark.
+- production code never imports the LLM simulator (``infra.llm.sim``) or a benchmark;
+- no code outside a suite's own package and the suite registry (``sims.registry``) branches on a suite's
+  name (``is_libero(...)``, ``task.startswith("libero_")``): it asks ``sims.suite_of(task)`` instead.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+
+import sims
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sims", "policies", "vla_rl", "infra", "rlcore")
@@ -27,6 +32,13 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("infra.common", ("sims", "policies", "vla_rl", "rlcore", "infra.scheduler", "infra.service", "infra.ray_cluster",
                       "infra.replay", "infra.llm"), "shared plumbing imports nothing of the project"),
 ]
+
+
+SUITE_HOMES = ("sims.registry", "sims.gantry", "sims.libero")
+"""Where a suite's name may be tested: the registry and each suite's own package (the gantry suite's entry
+module; its task code in sims/ never names a suite)."""
+SUITE_SCOPE = (*PACKAGES, "scripts")
+"""Folders whose code must not branch on a suite's name."""
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -66,6 +78,72 @@ def violations(root: Path) -> list[str]:
                 if bad:
                     found.append(f"{module} imports {', '.join(bad)} ({reason})")
     return found
+
+
+def _strings(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def suite_name_tests(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Each place of ``path`` that tests a suite's name, as ``line: source``: a comparison with, or a
+    ``startswith``/``endswith``/``removeprefix`` of, a string that starts with a suite's name, and any use of a
+    name ``is_<suite>...`` (``is_libero``, ``is_libero_task``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pattern = re.compile(rf"({'|'.join(map(re.escape, names))})", re.IGNORECASE)
+    helper = re.compile(rf"is_({'|'.join(map(re.escape, names))})", re.IGNORECASE)
+    found = []
+    for node in ast.walk(tree):
+        strings: list[str] = []
+        if isinstance(node, ast.Compare):
+            strings = _strings(node)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith", "removeprefix", "removesuffix")):
+            strings = [s for arg in node.args for s in _strings(arg)]
+        named = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        named = named or (node.name if isinstance(node, ast.FunctionDef | ast.alias) else "")
+        if any(pattern.match(s) for s in strings) or helper.match(named):
+            where = named if isinstance(node, ast.FunctionDef) else ast.get_source_segment(path.read_text(), node)
+            found.append(f"{node.lineno}: {where or named}")
+    return found
+
+
+def suite_branches(root: Path, names: tuple[str, ...]) -> list[str]:
+    """Every module under ``root``'s code folders, outside :data:`SUITE_HOMES`, that tests a suite's name."""
+    found = []
+    for folder in SUITE_SCOPE:
+        for path in sorted((root / folder).rglob("*.py")):
+            module = module_name(path, root)
+            if not any(_within(module, home) for home in SUITE_HOMES):
+                found.extend(f"{module}:{hit} (tests a suite's name; ask sims.suite_of(task))"
+                             for hit in suite_name_tests(path, names))
+    return found
+
+
+SUITE_NAMES = tuple(suite.name for suite in sims.suites())
+
+
+def test_no_code_outside_a_suite_branches_on_its_name():
+    assert set(SUITE_NAMES) >= {"gantry", "libero"}
+    found = suite_branches(ROOT, SUITE_NAMES)
+    assert not found, "suite-name branches outside the suites and the registry:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("path", "source"), [
+    ("vla_rl/planted.py", "def f(task):\n    return task.startswith('libero_')"),
+    ("vla_rl/planted.py", "def f(env):\n    return env.task == 'libero_spatial'"),
+    ("scripts/planted.py", "from vla_rl.config import is_libero"),
+    ("sims/planted.py", "def f(suite):\n    return suite in ('gantry', 'other')"),
+])
+def test_a_planted_suite_name_branch_is_found(tmp_path, path, source):
+    for folder in SUITE_SCOPE:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "sims" / "libero").mkdir()
+    (tmp_path / "sims" / "libero" / "plugin.py").write_text("def claims(task):\n    return task.startswith('libero_')\n")
+    (tmp_path / "vla_rl" / "neighbour.py").write_text("import sims\nsuite = sims.suite_of('libero_spatial')\n")
+    planted = tmp_path / path
+    planted.write_text(source + "\n")
+    found = suite_branches(tmp_path, SUITE_NAMES)
+    assert len(found) == 1 and found[0].startswith(module_name(planted, tmp_path) + ":"), found
 
 
 def test_no_import_points_the_wrong_way():

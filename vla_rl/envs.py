@@ -13,6 +13,7 @@ Both sources offer the same surface (see docs/ARCHITECTURE.md, "sims -> vla_rl")
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -23,8 +24,7 @@ import torch
 from tensordict import TensorDict
 
 import sims
-from sims.tasks import task_weight_tuple
-from vla_rl.config import TrainEnvConfig, is_libero
+from vla_rl.config import SUITE_ONLY, TrainEnvConfig, named_suite_settings
 
 
 class GymTensorEnv:
@@ -216,41 +216,35 @@ def sims_env_config(
     group_size: int = 1,
     env_offset: int = 0,
     num_threads: int | None = None,
-) -> sims.EnvConfig:
-    """The :class:`sims.EnvConfig` of a ``sims`` env section: its settings, the frames it asks for (a
-    :class:`sims.RenderConfig` with ``num_threads`` GL contexts, or none) and its task weights by position.
+) -> sims.VecEnvConfig:
+    """The config of ``cfg``'s suite (``sims.suite_of(cfg.task).config``, e.g. :class:`sims.EnvConfig`) for a
+    ``sims`` env section: the settings its config has (the section's, and the frames it asks for: the suite's
+    :class:`sims.RenderConfig` with ``num_threads`` GL contexts, or none), its task weights by position.
 
-    The other arguments are :func:`make_env`'s; fields the section does not name (``frame_skip``,
-    ``max_delta``) keep ``sims.EnvConfig``'s defaults.
+    The other arguments are :func:`make_env`'s; fields the section does not name (``frame_skip``, ``max_delta``)
+    keep the suite config's defaults.
+
+    Raises:
+        ValueError: ``env_offset`` for a suite whose environments are not sharded.
     """
-    render = None
-    if cfg.render:
-        render = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras),
-                                   depth=cfg.depth, num_contexts=num_threads)
-    return sims.EnvConfig(
+    suite = sims.suite_of(cfg.task)
+    render = suite.render(cfg.image_size, tuple(cfg.cameras), cfg.depth, num_threads) if cfg.render else None
+    settings = dict(
         task=cfg.task, num_envs=num_envs, seed=seed, split=split, render=render, backend=cfg.backend,
-        warp_device=cfg.warp_device, warp_deterministic=cfg.warp_deterministic, warp_uncaptured=cfg.warp_uncaptured,
-        group_size=group_size, env_offset=env_offset, num_threads=num_threads,
-        terminate_on_success=cfg.terminate_on_success, reward=cfg.reward, success_bonus=cfg.success_bonus,
-        task_weights=task_weight_tuple(cfg.task, cfg.task_weights) if cfg.task_weights else None,
+        warp_device=cfg.warp_device, group_size=group_size, num_threads=num_threads,
+        terminate_on_success=cfg.terminate_on_success, success_bonus=cfg.success_bonus,
+        reward=cfg.reward, env_offset=env_offset,
     )
-
-
-def _make_libero(cfg: TrainEnvConfig, n: int, *, seed: int, split: str, group_size: int, env_offset: int,
-                 num_threads: int | None) -> Any:
-    """A LIBERO vector env (``sims.libero.vec_env``) with the run config's settings."""
-    from sims.libero.sim import libero_render_config
-    from sims.libero.vec_env import make_libero_env
-
-    if env_offset:
-        raise ValueError(f"env_offset={env_offset}: LIBERO environments are not sharded; use fleet.mode=inprocess "
-                         "or fleet.mode=data_parallel")
-    render = libero_render_config(cfg.image_size, tuple(cfg.cameras), num_contexts=num_threads) if cfg.render else None
-    return make_libero_env(cfg.task, n, seed=seed, split=split, render=render, backend=cfg.backend,
-                           warp_device=cfg.warp_device, num_threads=num_threads, group_size=group_size,
-                           terminate_on_success=cfg.terminate_on_success, reward=cfg.reward,
-                           success_bonus=cfg.success_bonus, max_steps=cfg.max_episode_steps,
-                           visual_faces=cfg.visual_faces)
+    # The suite-only settings the section names (TrainConfig.validate refused those a suite lacks); unnamed, the
+    # suite config's own defaults hold.
+    settings |= {SUITE_ONLY[key]: value for key, value in named_suite_settings(cfg).items()}
+    if cfg.task_weights:
+        settings["task_weights"] = suite.weigh(cfg.task, cfg.task_weights)
+    fields = {f.name for f in dataclasses.fields(suite.config)}
+    if env_offset and "env_offset" not in fields:
+        raise ValueError(f"env_offset={env_offset}: {suite.name} environments are not sharded; use "
+                         "fleet.mode=inprocess or fleet.mode=data_parallel")
+    return suite.config(**{k: v for k, v in settings.items() if k in fields})
 
 
 def make_env(
@@ -270,8 +264,8 @@ def make_env(
         cfg: The environment section of the run config.
         seed: Seed of a ``sims`` env's episode streams (gymnasium envs are seeded by the first ``reset_td(seed)``).
         num_envs: Number of environments; default ``cfg.num_envs``.
-        split: Episode split of ``sims`` tasks (``sims.tasks.SPLITS``: train, validation, paraphrase, composition;
-            LIBERO's ``sims.libero.vec_env.LIBERO_SPLITS``: train, validation, fixed, lan).
+        split: Episode split of ``sims`` tasks, one of the suite's ``splits`` (the gantry tasks': train, validation,
+            paraphrase, composition; LIBERO's: train, validation, fixed, lan).
         group_size: Consecutive environments sharing each episode's initial state (GRPO).
         video: Gymnasium tasks only: render ``rgb_array`` frames for evaluation videos
             (``sims`` videos come from the camera observation).
@@ -280,12 +274,10 @@ def make_env(
             fleet shard passes the CPUs it reserved, so shards sharing a machine do not oversubscribe it.
     """
     n = num_envs or cfg.num_envs
-    if is_libero(cfg):
-        return _make_libero(cfg, n, seed=seed, split=split, group_size=group_size, env_offset=env_offset,
-                            num_threads=num_threads)
     if cfg.kind == "sims":
-        return sims.SimVectorEnv(sims_env_config(cfg, num_envs=n, seed=seed, split=split, group_size=group_size,
-                                                 env_offset=env_offset, num_threads=num_threads))
+        config = sims_env_config(cfg, num_envs=n, seed=seed, split=split, group_size=group_size,
+                                 env_offset=env_offset, num_threads=num_threads)
+        return sims.suite_of(cfg.task).make(config)
     limit = cfg.max_episode_steps or gym.spec(cfg.task).max_episode_steps
     render_mode = "rgb_array" if video else None
     fns = [lambda: gym.make(cfg.task, max_episode_steps=limit, render_mode=render_mode) for _ in range(n)]

@@ -22,6 +22,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+import sims
+from sims.libero.vec_env import MAX_STEPS, SETTLE_STEPS
 from vla_rl.rollout import EpisodeResult, EpisodeStats, Timer, env_step
 
 
@@ -309,18 +311,18 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
     """
     import mujoco
 
-    from sims.libero.vec_env import LIBERO_SPLITS, MAX_STEPS, SETTLE_STEPS, resolve_libero_task
     from vla_rl.checkpoint import load_checkpoint
 
     if episodes_per_task < 1 or envs_per_task < 1 or episodes_per_task % envs_per_task:
         raise ValueError(f"envs_per_task={envs_per_task} must divide episodes_per_task={episodes_per_task} (each "
                          "initial state once per task)")
-    task = load_checkpoint(path)["config"]["env"]["task"]
-    if not str(task).startswith("libero_"):
+    task = str(load_checkpoint(path)["config"]["env"]["task"])
+    suite = next((s for s in sims.suites() if s.claims(task)), None)
+    if suite is None or not suite.protocol.fixed_states:
         raise ValueError(f"{path} is a run on env.task={task!r}; the LIBERO protocol needs a libero_<suite> run")
-    if bad := sorted(set(splits) - set(LIBERO_SPLITS)):
-        raise ValueError(f"splits {bad} are not LIBERO splits; valid: {', '.join(LIBERO_SPLITS)}")
-    ids = resolve_libero_task(task)
+    if bad := sorted(set(splits) - set(suite.splits)):
+        raise ValueError(f"splits {bad} are not LIBERO splits; valid: {', '.join(suite.splits)}")
+    ids = suite.resolve(task)
     out: dict[str, Any] = {"checkpoint": str(path), "splits": {}, "protocol": {
         "task": task, "episodes_per_task": episodes_per_task, "envs_per_task": envs_per_task,
         "initial_states": f"the split's fixed initial states 0..{episodes_per_task - 1}, once each per task",

@@ -13,24 +13,12 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import sims
 from infra.common.typed_config import ConfigError
-from vla_rl.config import is_libero
 
 if TYPE_CHECKING:
     from vla_rl.config import TrainConfig, TrainEnvConfig
 
-SIM_BYTES_PER_ENV = 220 * 1024
-"""Host memory of one ``sims`` environment without its frames: 219 MiB per 1024 environments of the
-suite (``mujoco.batch``, RSS growth from 64 to 1088 environments, measured 2026-12-04)."""
-RENDER_BYTES_PER_ENV = 150 * 1024
-"""Renderer state per ``sims`` environment on top of its frames (the same measurement with ``render=True``
-at 64 x 64 on one camera: 366 MiB per 1024 environments)."""
-LIBERO_SCENE_BYTES = 250 * 2**20
-"""One LIBERO task's compiled scene (textures downscaled to 512 px), built once per process and shared by its
-envs: 276 MiB for spatial/5 after spatial/0 (VmRSS, 2026-12-04)."""
-LIBERO_CONTEXT_BYTES = 400 * 2**20
-"""One GL context of a LIBERO env's renderer (its model copy, textures and meshes): 439 MiB measured; a LIBERO
-env has at least one per task."""
 STEP_BYTES = 512
 """Per environment and step of the rollout buffer besides the frames: proprio (13), state (42), goal
 pixels, action, log-probability, value, reward and flags, as float32 / int64, rounded up."""
@@ -63,31 +51,24 @@ def frame_bytes(env: TrainEnvConfig) -> int:
 
 def rollout_steps(cfg: TrainConfig) -> int:
     """Steps T per environment the selected algorithm's batch holds (GRPO: the longest episode)."""
-    if cfg.algo == "grpo" and is_libero(cfg.env):
-        from sims.libero.vec_env import MAX_STEPS, resolve_libero_task
-
-        return max(MAX_STEPS[task.split("/")[0]] for task in resolve_libero_task(cfg.env.task))
     if cfg.algo == "grpo":
-        from sims.tasks import TASKS, resolve_tasks
-
-        return max(TASKS[name].max_steps for name in resolve_tasks(cfg.env.task))
+        return sims.suite_of(cfg.env.task).max_steps(cfg.env.task, None)
     return {"ppo": cfg.ppo.rollout_steps, "distill": cfg.distill.rollout_steps}.get(cfg.algo, 0)
 
 
 def estimate_envs(env: TrainEnvConfig, num_envs: int, scenes: bool = True) -> MemoryEstimate:
-    """What ``num_envs`` environments of ``env`` take, frames included (no buffer). Only ``sims`` environments
-    are counted: a gymnasium environment's size is not known before it is built. A LIBERO env adds its tasks'
-    scenes (unless ``scenes`` is False: another env of the process already holds them) and a GL context per task."""
+    """What ``num_envs`` environments of ``env`` take, frames included (no buffer), by its suite's
+    :class:`sims.registry.MemoryModel`. Only ``sims`` environments are counted: a gymnasium environment's size is
+    not known before it is built. A suite with per-task scenes (LIBERO) adds them (unless ``scenes`` is False:
+    another env of the process already holds them) and, rendering, a GL context per task."""
     if env.kind != "sims":
         return MemoryEstimate(0, 0, 0)
     frame = frame_bytes(env)
-    if is_libero(env):
-        from sims.libero.vec_env import resolve_libero_task
-
-        tasks = len(resolve_libero_task(env.task))
-        return MemoryEstimate(num_envs * SIM_BYTES_PER_ENV + (tasks * LIBERO_SCENE_BYTES if scenes else 0),
-                              num_envs * frame + (tasks * LIBERO_CONTEXT_BYTES if frame else 0), 0)
-    return MemoryEstimate(num_envs * SIM_BYTES_PER_ENV, num_envs * (frame + (RENDER_BYTES_PER_ENV if frame else 0)), 0)
+    suite = sims.suite_of(env.task)
+    model, tasks = suite.memory, len(suite.resolve(env.task))
+    return MemoryEstimate(num_envs * model.per_env + (tasks * model.per_task_scene if scenes else 0),
+                          num_envs * (frame + (model.per_rendered_env if frame else 0))
+                          + (tasks * model.per_task_context if frame else 0), 0)
 
 
 def estimate_run(cfg: TrainConfig) -> tuple[MemoryEstimate, int]:

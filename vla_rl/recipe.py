@@ -33,7 +33,7 @@ from vla_rl.config import (
     build_config,
     check_task_weights,
     env_splits,
-    is_libero,
+    env_suite,
     read_yaml,
     to_dict,
 )
@@ -127,15 +127,12 @@ class RecipeConfig:
         env = configs["sft"].env
         if bad := sorted(set(self.test.splits) - set(env_splits(env))):
             raise ConfigError(f"test.splits {bad} are not splits of env.task={env.task}; valid: {', '.join(env_splits(env))}")
-        if is_libero(env):
-            if self.demos.task_weights:
-                raise ConfigError("demos.task_weights weighs the gantry suite's tasks; remove it for a LIBERO recipe")
-            if self.test.episodes % self.test.num_envs:
-                raise ConfigError(f"test.num_envs={self.test.num_envs} must divide test.episodes={self.test.episodes} "
-                                  "(LIBERO's protocol plays each initial state once per task)")
-        else:
-            check_task_weights(self.demos.task_weights, env.task, "demos.task_weights")
-        _check_rl_fits_sft(configs["sft"].policy, configs["rl"].policy)
+        check_task_weights(self.demos.task_weights, env.task, "demos.task_weights")
+        if env_suite(env).protocol.fixed_states and self.test.episodes % self.test.num_envs:
+            raise ConfigError(f"test.num_envs={self.test.num_envs} must divide test.episodes={self.test.episodes} "
+                              f"({env_suite(env).name}'s protocol plays each fixed initial state once per task)")
+        if "rl" in self.stages:  # an SFT-only recipe never loads its checkpoint into the RL stage
+            _check_rl_fits_sft(configs["sft"].policy, configs["rl"].policy)
 
 
 class RecipeStopped(RuntimeError):
@@ -232,8 +229,8 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def _test_libero(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
-    """LIBERO's protocol on each test split: per task, and overall over the run's tasks."""
+def _test_fixed_states(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
+    """The fixed-initial-states protocol (LIBERO's) on each test split: per task, and overall over the run's tasks."""
     protocol = libero_protocol(run_dir, recipe.test.splits, recipe.test.episodes, recipe.test.num_envs)
     out: dict[str, Any] = {"protocol": protocol["protocol"]}
     for split, r in protocol["splits"].items():
@@ -245,9 +242,11 @@ def _test_libero(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
     return out
 
 
-def _test(run_dir: Path, recipe: RecipeConfig, libero: bool) -> dict[str, Any]:
-    if libero:
-        return _test_libero(run_dir, recipe)
+def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool) -> dict[str, Any]:
+    """The final evaluation of a stage's checkpoint: by its suite's fixed-initial-states protocol, or on fresh
+    episodes of each test split."""
+    if fixed_states:
+        return _test_fixed_states(run_dir, recipe)
     out = {}
     for split in recipe.test.splits:
         report = evaluate_checkpoint(run_dir, split, recipe.test.episodes, recipe.test.num_envs, record=False).report()
@@ -273,7 +272,7 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
                                     noise=recipe.demos.noise, image_size=env.image_size,
                                     num_envs=recipe.demos.num_envs, cameras=tuple(env.cameras),
                                     task_weights=recipe.demos.task_weights, keep_failures=recipe.demos.keep_failures,
-                                    max_steps=env.max_episode_steps if is_libero(env) else None))
+                                    max_steps=env.max_episode_steps))
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}
@@ -283,7 +282,8 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
         summary = _train(cfg)
         walls[stage] = time.perf_counter() - t
         t = time.perf_counter()
-        results[stage] = _test(root / stage, recipe, is_libero(env)) | {"train_wall_time_s": summary["wall_time_s"]}
+        results[stage] = _test(root / stage, recipe, env_suite(env).protocol.fixed_states) | {
+            "train_wall_time_s": summary["wall_time_s"]}
         walls[f"test_{stage}"] = time.perf_counter() - t
     return {
         "config": {"recipe": dataclasses.asdict(recipe), **{s: to_dict(c) for s, c in configs.items()}},

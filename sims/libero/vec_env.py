@@ -1,7 +1,7 @@
 """LIBERO tasks as a vector environment behind the trainer's interface (docs/ARCHITECTURE.md, "sims -> vla_rl").
 
-``make_libero_env("libero_spatial", num_envs)`` (or ``sims.make_vec_env`` with a task name that
-starts with ``libero_``) gives a :class:`LiberoVectorEnv`: ``libero_<suite>`` runs the suite's ten
+``sims.make_vec_env("libero_spatial", num_envs)`` (the LIBERO suite's entry in :mod:`sims.registry`,
+:mod:`sims.libero.plugin`, claims the task names ``libero_...``) gives a :class:`LiberoVectorEnv`: ``libero_<suite>`` runs the suite's ten
 tasks (environments split into one contiguous block per task, one :class:`~sims.libero.sim.LiberoSim`
 each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal``, ``10``.
 
@@ -59,10 +59,12 @@ from sims.libero.scene import (
 from sims.libero.sim import LiberoSim
 from sims.libero.suites import SUITES, TASKS_PER_SUITE, parse_task_id
 from sims.render import RenderConfig
-from sims.vec_env import ArrayVectorEnv, EnvConfig
+from sims.vec_env import ArrayVectorEnv, VecEnvConfig
 
 PREFIX = "libero_"
 LIBERO_SPLITS = ("train", "validation", "fixed", "lan")
+BACKENDS = ("batch", "warp")
+"""The physics backends LIBERO runs on."""
 #: Control steps per episode after settling: the limits of OpenVLA's LIBERO evaluation script
 #: (``run_libero_eval.py``, set from each suite's longest demonstration), which later LIBERO RL work reuses.
 MAX_STEPS = {"spatial": 220, "object": 280, "goal": 300, "10": 520}
@@ -97,15 +99,10 @@ def resolve_libero_task(task: str) -> tuple[str, ...]:
                          f"with suite one of {', '.join(SUITES)} (e.g. libero_spatial, libero_goal/3)") from None
 
 
-GANTRY_ONLY = ("frame_skip", "max_delta", "env_offset", "task_weights", "warp_deterministic", "warp_uncaptured")
-"""Fields of :class:`sims.EnvConfig` that a LIBERO env does not read (see :class:`LiberoEnvConfig`)."""
-
-
 @dataclass(frozen=True)
-class LiberoEnvConfig(EnvConfig):
-    """Configuration of a :class:`LiberoVectorEnv` (see the module docstring): the fields of
-    :class:`sims.EnvConfig` (one description of a simulator env), with LIBERO's defaults and meaning where
-    they differ, and LIBERO's own fields.
+class LiberoEnvConfig(VecEnvConfig):
+    """Configuration of a :class:`LiberoVectorEnv` (see the module docstring): the settings every suite
+    reads (:class:`sims.vec_env.VecEnvConfig`) and LIBERO's own.
 
     Attributes:
         task: ``libero_<suite>`` or ``libero_<suite>/<i>``.
@@ -114,7 +111,6 @@ class LiberoEnvConfig(EnvConfig):
         render: camera frames (None: none); LIBERO's textures are always on, and its ``num_contexts`` GL
             contexts (None: one per CPU core) are shared out over the tasks, at least one each.
         backend: ``batch`` or ``warp``.
-        reward: ``success`` only (LIBERO's goals are predicates; there is no shaped reward).
         max_steps: episode length in control steps (None: :data:`MAX_STEPS` of the suite).
         settle_steps: control steps held still before an episode's first observation.
         jitter: largest x/y shift of each free object in the ``train`` and ``validation`` splits, metres.
@@ -122,13 +118,9 @@ class LiberoEnvConfig(EnvConfig):
         visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.lod`; at least
             :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
 
-    The gantry-only fields (``frame_skip``, ``max_delta``: LIBERO's controller runs at the task's 20 Hz;
-    ``env_offset``, ``task_weights``, ``warp_deterministic``, ``warp_uncaptured``) must keep their defaults.
+    A step pays success only (LIBERO's goals are predicates; there is no shaped reward), plus ``success_bonus``.
     """
 
-    task: str = "libero_spatial"
-    num_envs: int = 10
-    reward: str = "success"
     max_steps: int | None = None
     settle_steps: int = SETTLE_STEPS
     jitter: float = 0.01
@@ -142,26 +134,18 @@ class LiberoEnvConfig(EnvConfig):
             ValueError: a bad field, naming it and the fix.
         """
         ids = resolve_libero_task(self.task)
-        unused = [f"{name}={getattr(self, name)!r}" for name in GANTRY_ONLY
-                  if getattr(self, name) != getattr(EnvConfig, name)]
-        if unused:
-            raise ValueError(f"{', '.join(unused)}: gantry-only settings a LIBERO env does not use; leave them unset")
         if self.split not in LIBERO_SPLITS:
             raise ValueError(f"split={self.split!r} is not a LIBERO split; valid: {', '.join(LIBERO_SPLITS)}")
-        if self.reward != "success":
-            raise ValueError(f"reward={self.reward!r}: LIBERO tasks pay success only (their goals are predicates, "
-                             "with no shaping); set reward=success (env.reward=success)")
-        if self.backend not in ("batch", "warp"):
+        if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}; LIBERO runs on the batch and warp backends")
-        if self.group_size < 1 or self.num_envs % self.group_size:
-            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs}")
+        super().validate()
         if self.num_envs // self.group_size < len(ids):
             raise ValueError(f"num_envs={self.num_envs} in groups of {self.group_size} is fewer groups than the "
                              f"{len(ids)} tasks of {self.task}; use num_envs >= {len(ids) * self.group_size}")
         if (self.max_steps is not None and self.max_steps < 1) or self.settle_steps < 0:
             raise ValueError(f"max_steps={self.max_steps} must be >= 1 (or None) and settle_steps={self.settle_steps} >= 0")
-        if not 0.0 <= self.jitter <= 0.05 or not 0.0 <= self.success_bonus <= 100.0:
-            raise ValueError(f"jitter={self.jitter} must be in [0, 0.05] m and success_bonus={self.success_bonus} in [0, 100]")
+        if not 0.0 <= self.jitter <= 0.05:
+            raise ValueError(f"jitter={self.jitter} must be in [0, 0.05] m")
         if self.visual_faces is not None and self.visual_faces < MIN_VISUAL_FACES:
             raise ValueError(f"visual_faces={self.visual_faces}: give at least {MIN_VISUAL_FACES} triangles per visual mesh "
                              f"(default {VISUAL_FACES}), or None for LIBERO's full meshes")
@@ -306,6 +290,15 @@ class LiberoVectorEnv(ArrayVectorEnv):
         self.single_observation_space = gym.spaces.Dict(spaces)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
 
+    @property
+    def control_hz(self) -> float:
+        """Control steps per second: the tasks' control frequency (LIBERO's 20 Hz)."""
+        return float(self.tasks[0].control_freq)
+
+    def episode_tags(self, i: int) -> dict[str, Any]:
+        """Environment ``i``'s task id and the fixed initial state its current episode started from."""
+        return {"libero/task": self.task_names[self.env_task[i]], "libero/state_index": int(self.state_index[i])}
+
     # ----------------------------------------------------------------------------- episodes
     def _initial_states(self, k: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Settled positions, velocities and fixed-state indices of the next episode of task ``k``'s environments ``ids``."""
@@ -389,21 +382,12 @@ class LiberoVectorEnv(ArrayVectorEnv):
         for k, (sim, ctl) in enumerate(zip(self.sims, self._controllers)):
             sim.step(ctl(sim, action[self.bounds[k]:self.bounds[k + 1]]))
         self._steps += 1
-        obs, success = self._observe()
+        final, success = self._observe()
         reward = ax.astype(success, ax.float32) * (1.0 + self.config.success_bonus)
         ok = to_numpy(success).astype(bool)
         terminated = ok.copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self._max_steps[self.env_task]) & ~terminated
-        done = terminated | truncated
-        final = obs
-        if done.any():
-            ids = np.flatnonzero(done)
-            self._start_episodes(ids)
-            fresh, _ = self._observe(ids)
-            obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
-            rows = ax.asarray(ids)
-            for key, value in fresh.items():
-                obs[key][rows] = value
+        obs, _ = self._autoreset(final, terminated | truncated)
         self._obs = obs
         return {"observation": obs, "final_observation": final, "reward": reward,
                 "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
@@ -414,50 +398,27 @@ class LiberoVectorEnv(ArrayVectorEnv):
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS = ("_steps", "_episode", "state_index")
 
-    def get_state(self) -> dict[str, Any]:
-        """A snapshot of every environment (plain data): each task's physics (its backend's snapshot),
-        episode steps, episode counts and initial-state indices [N], the seed, whether it was reset.
+    def _physics_state(self) -> dict[str, Any]:
+        """Each task's physics (its backend's snapshot), with the tasks and split it belongs to (the next
+        episodes' initial states follow from the seed and the episode counts: the jittered splits draw from
+        ``(seed, group, episode)``, the fixed ones play states in order)."""
+        return {"tasks": list(self.task_names), "split": self.config.split, "sims": [sim.get_state() for sim in self.sims]}
 
-        The next episodes' initial states follow from the seed and the episode counts (the jittered
-        splits draw from ``(seed, group, episode)``, the fixed ones play states in order), so
-        :meth:`set_state` on an env of the same :class:`LiberoEnvConfig` continues bit for bit.
-        """
-        return {"tasks": list(self.task_names), "split": self.config.split, "seed": self._seed,
-                "started": self._obs is not None, "sims": [sim.get_state() for sim in self.sims],
-                **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
+    def _snapshot_fit(self, state: dict[str, Any] | None = None) -> tuple[Any, ...]:
+        """The tasks, split and episode arrays' shapes of a snapshot (None: this env)."""
+        if state is None:
+            return (list(self.task_names), self.config.split, *super()._snapshot_fit())
+        return (list(state["tasks"]), state["split"], *super()._snapshot_fit(state))
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`get_state`'s snapshot (taken from an env of the same configuration).
-
-        Raises:
-            ValueError: the snapshot is of other tasks, another split or number of environments.
-        """
-        saved = (list(state["tasks"]), state["split"], *(np.shape(state[k]) for k in self._EPISODE_FIELDS))
-        ours = (list(self.task_names), self.config.split, *(getattr(self, k).shape for k in self._EPISODE_FIELDS))
-        if saved != ours:
-            raise ValueError(f"environment snapshot of tasks, split and sizes {saved} does not fit this env's {ours}; "
-                             "build the env with the config it was saved with")
+    def _restore_physics(self, state: dict[str, Any]) -> None:
         for sim, sim_state in zip(self.sims, state["sims"], strict=True):
             sim.restore(sim_state)
-        for key in self._EPISODE_FIELDS:
-            setattr(self, key, np.array(state[key], dtype=np.int64))
-        self._seed = int(state["seed"])
+
+    def _restored(self, started: bool) -> None:
         # An observation is a function of the current state (the autoreset ones too: taken after the reset).
-        self._obs = self._observe()[0] if state["started"] else None
+        self._obs = self._observe()[0] if started else None
 
     def close(self, **kwargs: Any) -> None:
         """Release the renderers' GL contexts."""
         for sim in self.sims:
             sim.close()
-
-
-def make_libero_env(task: str, num_envs: int, **kwargs: Any) -> LiberoVectorEnv:
-    """N environments of LIBERO ``task``; keyword arguments are :class:`LiberoEnvConfig` fields
-    (``render=True``: both cameras at 128 x 128)."""
-    if kwargs.get("render") is True:
-        from sims.libero.sim import libero_render_config
-
-        kwargs["render"] = libero_render_config(128)
-    elif kwargs.get("render") is False:
-        kwargs["render"] = None
-    return LiberoVectorEnv(LiberoEnvConfig(task=task, num_envs=num_envs, **kwargs))

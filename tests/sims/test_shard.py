@@ -55,4 +55,4 @@ def test_uneven_split_is_refused() -> None:
     from sims.shard import make_shards
 
     with pytest.raises(ValueError, match="split into 3 shards"):
-        make_shards(EnvConfig(num_envs=8), num_shards=3)
+        make_shards(EnvConfig(task="reach", num_envs=8), num_shards=3)

@@ -85,7 +85,7 @@ def test_recipe_yaml_names_only_what_differs(name):
 def test_the_env_section_takes_the_simulators_defaults():
     """``env`` describes a sims env with sims.EnvConfig's defaults (frames: sims.RenderConfig's); the fields
     only the trainer has are kind, render (on: the default policy reads images) and the gymnasium settings."""
-    section, sim, frames = TrainEnvConfig(), sims.EnvConfig(), sims.RenderConfig()
+    section, sim, frames = TrainEnvConfig(), sims.EnvConfig(task="reach"), sims.RenderConfig()
     shared = {f.name for f in dataclasses.fields(sims.EnvConfig)} & {f.name for f in dataclasses.fields(TrainEnvConfig)}
     assert shared - {"render", "task_weights"} >= {"task", "num_envs", "backend", "reward", "success_bonus"}
     for name in shared - {"render", "task_weights"}:

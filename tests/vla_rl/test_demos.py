@@ -20,6 +20,7 @@ import torch
 
 from infra.common.files import write_atomic
 from sims import tasks as T
+from sims.experts import ScriptedExpert
 from sims.vec_env import SimVectorEnv
 from vla_rl.demos import CollectConfig, DatasetError, DemoDataset, LeRobotWriter, collect
 from vla_rl.demos.reader import decode_mp4
@@ -137,10 +138,11 @@ def test_round_trip_actions_exact_frames_close(recorded):
 def test_noise_executes_noisy_actions_and_labels_clean_expert_actions(tmp_path, monkeypatch, noise):
     expert_actions, executed = [], []
 
-    class SpyExpert(collect.ScriptedExpert):
-        def act(self, obs):
-            expert_actions.append(super().act(obs))
-            return expert_actions[-1]
+    act = ScriptedExpert.act
+
+    def spy_act(expert, obs):
+        expert_actions.append(act(expert, obs))
+        return expert_actions[-1]
 
     step = SimVectorEnv.step_arrays
 
@@ -148,7 +150,7 @@ def test_noise_executes_noisy_actions_and_labels_clean_expert_actions(tmp_path, 
         executed.append(action)
         return step(env, action)
 
-    monkeypatch.setattr(collect, "ScriptedExpert", SpyExpert)
+    monkeypatch.setattr(ScriptedExpert, "act", spy_act)  # the gantry suite's expert (sims.suite_of("push").expert)
     monkeypatch.setattr(SimVectorEnv, "step_arrays", spy_step)
     _collect(tmp_path / "d", task="push", episodes=4, num_envs=2, noise=noise, keep_failures=True, image_size=16)
     ds = DemoDataset(tmp_path / "d", cameras=[])

@@ -16,6 +16,7 @@ import json
 import pytest
 import torch
 
+import sims
 from sims.libero.install import ensure_lan
 from vla_rl.config import CONFIG_DIR
 from vla_rl.demos.reader import DemoDataset
@@ -74,14 +75,16 @@ def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
 
 def test_memory_estimate_counts_libero_scenes_and_contexts(cached):
     from vla_rl.config import load_config
-    from vla_rl.memory import LIBERO_CONTEXT_BYTES, LIBERO_SCENE_BYTES, estimate_run
+    from vla_rl.memory import estimate_run
+
+    memory = sims.suite_of("libero_spatial").memory
 
     ensure_lan([f"spatial/{i}" for i in range(10)])
     need, evaluation = estimate_run(load_config(CONFIG_DIR / "libero.yaml"))
     # Ten scenes held once (the evaluation envs share them), a GL context per task in the training env and
     # in the evaluation envs: the lower bound is gigabytes, not the gantry's 220 KiB per environment.
-    assert need.envs >= 10 * LIBERO_SCENE_BYTES and evaluation < need.total
-    assert need.frames >= 2 * 10 * LIBERO_CONTEXT_BYTES and need.total > 10 * 2**30
+    assert need.envs >= 10 * memory.per_task_scene and evaluation < need.total
+    assert need.frames >= 2 * 10 * memory.per_task_context and need.total > 10 * 2**30
 
 
 def _libero_job(out_dir, name: str):

@@ -1,19 +1,23 @@
 """Demonstrations from the scripted experts, recorded as a LeRobot v3.0 dataset.
 
-The experts (``sims.experts.ScriptedExpert``) act in a batch of rendering environments of the
-``train`` instruction set. Every step records the observation the expert acted on and the expert's
-action; with ``noise`` the executed action is the expert's plus Gaussian noise (DART: the states
-drift the way a learner's would, the label stays the clean expert action). A finished episode is
-kept if it succeeded (or always, with ``keep_failures``) until ``episodes`` are kept.
+The task's suite's expert (``sims.suite_of(task).expert``: the gantry tasks' ``sims.experts.ScriptedExpert``,
+LIBERO's per-task experts) acts in a batch of rendering environments of the ``train`` split. Every step
+records the observation the expert acted on and the expert's action; with ``noise`` the executed action is
+the expert's plus Gaussian noise (DART: the states drift the way a learner's would, the label stays the
+clean expert action). An episode ends at its first success (recorded up to and including that step) or at
+its step limit; it is kept if it succeeded (or always, with ``keep_failures``) until ``episodes`` are kept.
+The expert says when an environment starts its next episode (:class:`sims.registry.Expert`: at once, by the
+env's autoreset, or, for LIBERO's experts that plan per task, once all of the task's episodes have ended).
 
-Episode k of environment i is sampled by sims from ``numpy.random.default_rng([seed, i, k])``;
-each episode's ``sims/env_index`` and ``sims/env_episode`` in meta/episodes say which it was.
+Each episode's ``sims/env_index`` and ``sims/env_episode`` in meta/episodes say which environment and which
+of its episodes it was (gantry: sampled from ``sims.tasks.episode_rng(seed, i, k, "train")``), with the
+env's own tags (LIBERO: ``libero/task``, ``libero/state_index``).
 """
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +25,10 @@ import numpy as np
 from tqdm import tqdm
 
 import sims
-from sims import tasks as T
-from sims.experts import ScriptedExpert
-from sims.libero.vec_env import is_libero_task
-from sims.vec_env import ACTION_DIM, SimVectorEnv
+from sims.registry import Expert
+from sims.vec_env import ArrayVectorEnv
 from vla_rl.demos.lerobot import LeRobotWriter, video_feature
 
-ROBOT_TYPE = "sims_xyz_gripper"
-PROPRIO_NAMES = ["arm_x", "arm_y", "arm_z", "arm_vx", "arm_vy", "arm_vz", "finger_left", "finger_right",
-                 "finger_left_v", "finger_right_v", "tip_x", "tip_y", "tip_z"]
-ACTION_NAMES = ["dx", "dy", "dz", "gripper"]
 SPLIT = "train"
 """Demonstrations come from training episodes with the train instruction set only."""
 PIX_FMT = "yuv444p"
@@ -73,17 +71,25 @@ class CollectConfig:
     """Relative weight of each named task when a suite samples episodes (a task not named weighs 1;
     empty: uniform), e.g. ``{"push": 3, "stack": 3}`` for more demonstrations of those two."""
     max_steps: int | None = None
-    """LIBERO only: the episode limit in control steps (None: LIBERO's for the suite)."""
+    """The episode limit in control steps, for a suite with one (LIBERO; None: the suite's own)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field and its valid values."""
-        if is_libero_task(self.task):
-            self._validate_libero()
-        else:
-            T.resolve_tasks(self.task)
-            T.task_weight_tuple(self.task, self.task_weights)
-            if self.max_steps is not None:
-                raise ValueError(f"max_steps={self.max_steps} limits LIBERO episodes; a sims task has its own limit")
+        suite = sims.suite_of(self.task)
+        suite.resolve(self.task)
+        if self.task_weights and suite.weigh is None:
+            raise ValueError(f"task_weights weighs a suite's tasks; the {suite.name} suite splits environments evenly "
+                             "over its tasks")
+        if self.task_weights:
+            suite.weigh(self.task, self.task_weights)
+        if self.max_steps is not None and "max_steps" not in {f.name for f in fields(suite.config)}:
+            raise ValueError(f"max_steps={self.max_steps}: a {suite.name} task has its own episode limit; remove it")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps={self.max_steps}; it must be at least 1 (or None: the suite's limit)")
+        if not self.cameras or set(self.cameras) - set(suite.cameras):
+            raise ValueError(f"cameras={list(self.cameras)}; a {suite.name} scene's cameras are {', '.join(suite.cameras)}")
+        if missing := suite.missing_files(self.task, False):
+            raise ValueError(missing)
         if self.episodes < 1 or self.num_envs < 1 or self.episodes_per_file < 1:
             raise ValueError(f"episodes={self.episodes}, num_envs={self.num_envs} and episodes_per_file="
                              f"{self.episodes_per_file} must be at least 1")
@@ -97,52 +103,37 @@ class CollectConfig:
             raise ValueError(f"out={self.out} is not empty; give a new folder (or remove the old dataset)")
 
 
-    def _validate_libero(self) -> None:
-        from sims.libero.install import missing_variants
-        from sims.libero.scene import CAMERAS
-        from sims.libero.vec_env import resolve_libero_task
-
-        resolve_libero_task(self.task)
-        if self.task_weights:
-            raise ValueError("task_weights weighs the gantry suite's tasks; LIBERO splits environments evenly over its tasks")
-        if not self.cameras or set(self.cameras) - set(CAMERAS):
-            raise ValueError(f"cameras={list(self.cameras)}; a LIBERO scene's cameras are {', '.join(CAMERAS)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps={self.max_steps}; it must be at least 1 (or None: LIBERO's limit)")
-        missing = missing_variants(self.task)
-        if missing:
-            raise ValueError(missing)
-
-
-def control_fps(env: SimVectorEnv) -> int:
-    """Control steps per second of ``env`` (frame_skip x physics timestep per step): the dataset's fps."""
-    fps = 1.0 / (env.config.frame_skip * env.model.opt.timestep)
+def control_fps(env: ArrayVectorEnv) -> int:
+    """Control steps per second of ``env``: the dataset's fps."""
+    fps = env.control_hz
     if abs(fps - round(fps)) > 1e-6:
         raise ValueError(f"the control rate {fps:.4f} Hz is not a whole number; LeRobot datasets need an integer fps")
     return round(fps)
 
 
-def sims_features(env: SimVectorEnv) -> dict[str, dict[str, Any]]:
-    """The dataset features of a rendering sims env (LeRobot names; ``observation.state`` = proprio)."""
-    render = env.config.render
-    fps = control_fps(env)
-    vector = {"observation.state": ("float32", [len(PROPRIO_NAMES)], PROPRIO_NAMES),
-              "action": ("float32", [ACTION_DIM], ACTION_NAMES),
-              "observation.environment_state": ("float32", [T.STATE_DIM], None),
-              "observation.goal_pixel": ("float32", [len(render.cameras), 2], ["camera", "xy"]),
-              "observation.object_goal_pixel": ("float32", [len(render.cameras), 2], ["camera", "xy"]),
+def features(env: ArrayVectorEnv, suite: sims.Suite) -> dict[str, dict[str, Any]]:
+    """The dataset features of a rendering env (LeRobot names; ``observation.state`` = proprio, the suite's names)."""
+    render, space = env.config.render, env.single_observation_space
+    cams = [len(render.cameras), 2]
+    vector = {"observation.state": ("float32", [len(suite.proprio_names)], list(suite.proprio_names)),
+              "action": ("float32", [len(suite.action_names)], list(suite.action_names)),
+              "observation.environment_state": ("float32", list(space["state"].shape), None),
+              **{f"observation.{k}": ("float32", cams, ["camera", "xy"]) for k in _PIXEL_KEYS if k in space.spaces},
               "sims.task_index": ("int64", [1], None)}
-    features = {k: {"dtype": d, "shape": s, "names": n} for k, (d, s, n) in vector.items()}
+    out = {k: {"dtype": d, "shape": s, "names": n} for k, (d, s, n) in vector.items()}
     for camera in render.cameras:
-        features[f"observation.images.{camera}"] = video_feature(render.height, render.width, fps, PIX_FMT)
-    return features
+        out[f"observation.images.{camera}"] = video_feature(render.height, render.width, control_fps(env), PIX_FMT)
+    return out
+
+
+_PIXEL_KEYS = ("goal_pixel", "object_goal_pixel")
 
 
 def _step_record(obs: dict[str, np.ndarray], label: np.ndarray, i: int) -> dict[str, np.ndarray]:
     """Environment ``i``'s observation and expert action of one step (copies)."""
     return {"observation.state": obs["proprio"][i].copy(), "action": label[i].copy(),
-            "observation.environment_state": obs["state"][i].copy(), "observation.goal_pixel": obs["goal_pixel"][i].copy(),
-            "observation.object_goal_pixel": obs["object_goal_pixel"][i].copy(),
+            "observation.environment_state": obs["state"][i].copy(),
+            **{f"observation.{k}": obs[k][i].copy() for k in _PIXEL_KEYS if k in obs},
             "sims.task_index": obs["task"][i:i + 1].copy(), "rgb": obs["rgb"][i].copy(),
             "instruction": obs["instruction"][i].copy()}
 
@@ -156,38 +147,47 @@ def _add_episode(writer: LeRobotWriter, steps: list[dict[str, np.ndarray]], came
     writer.add_episode(data, videos, int(steps[0]["instruction"]), extra)
 
 
-def _record(env: SimVectorEnv, writer: LeRobotWriter, cfg: CollectConfig, bar: tqdm) -> dict[str, int]:
-    """Step the experts until ``cfg.episodes`` episodes are written; returns the episode counts."""
-    expert = ScriptedExpert(env)
+def _record(env: ArrayVectorEnv, expert: Expert, writer: LeRobotWriter, cfg: CollectConfig,
+            bar: tqdm) -> dict[str, int]:
+    """Step the expert until ``cfg.episodes`` episodes are written; returns the episode counts."""
     rng = np.random.default_rng([cfg.seed, _NOISE_STREAM])
     limit = cfg.max_attempts or 10 * cfg.episodes + env.num_envs
     steps: list[list[dict[str, np.ndarray]]] = [[] for _ in range(env.num_envs)]
+    ended = np.zeros(env.num_envs, bool)  # episodes over, not recorded until the expert restarts them
     env_episode = np.zeros(env.num_envs, np.int64)
     counts = {"attempted": 0, "succeeded": 0, "kept": 0}
     obs = env.reset_arrays(seed=cfg.seed)
+    expert.reset()
     while counts["kept"] < cfg.episodes:
         label = expert.act(obs)
         executed = label
         if cfg.noise > 0:
             executed = np.clip(label + cfg.noise * rng.standard_normal(label.shape), -1.0, 1.0).astype(np.float32)
-        for i in range(env.num_envs):
+        for i in np.flatnonzero(~ended):
             steps[i].append(_step_record(obs, label, i))
         out = env.step_arrays(executed)
-        done = out["terminated"] | out["truncated"]
-        for i in np.flatnonzero(done):
+        for i in np.flatnonzero(~ended & (out["success"] | out["truncated"])):
             success = bool(out["success"][i])
+            ended[i] = True
             counts["attempted"] += 1
             counts["succeeded"] += success
             if (success or cfg.keep_failures) and counts["kept"] < cfg.episodes:
-                extra = {"sims/env_index": int(i), "sims/env_episode": int(env_episode[i]), "sims/success": success}
+                extra = {"sims/env_index": int(i), "sims/env_episode": int(env_episode[i]), **env.episode_tags(i),
+                         "sims/success": success}
                 _add_episode(writer, steps[i], env.config.render.cameras, extra)
                 counts["kept"] += 1
                 bar.update(1)
             steps[i] = []
             env_episode[i] += 1
             bar.set_postfix(attempted=counts["attempted"], success=f"{counts['succeeded'] / counts['attempted']:.0%}")
-        expert.reset(done)
         obs = out["observation"]
+        start = expert.restart(ended)
+        if start is None:
+            ended[:] = False
+        elif start.any():
+            obs = env.reset_arrays(mask=start)
+            expert.reset(start)
+            ended &= ~start
         if counts["attempted"] >= limit and counts["kept"] < cfg.episodes:
             raise RuntimeError(f"the expert kept {counts['kept']} of {counts['attempted']} episodes, short of "
                                f"{cfg.episodes}; lower --noise, pass --keep-failures or raise max_attempts")
@@ -195,37 +195,43 @@ def _record(env: SimVectorEnv, writer: LeRobotWriter, cfg: CollectConfig, bar: t
     return counts
 
 
-def _source(env: SimVectorEnv, cfg: CollectConfig, counts: dict[str, int]) -> dict[str, Any]:
+def _source(env: ArrayVectorEnv, expert: Expert, cfg: CollectConfig, counts: dict[str, int]) -> dict[str, Any]:
     """info.json ``source``: the split, seeds and settings the episodes come from, and the episode counts."""
-    seeds = (f"episode k of environment i is drawn from sims.tasks.episode_rng({cfg.seed}, i, k, 'train') with i in [0, {cfg.num_envs}) "
-             f"and k in [0, {counts['max_env_episode']}); meta/episodes sims/env_index, sims/env_episode say which")
+    suite = sims.suite_of(cfg.task)
+    seeds = (f"{suite.name} split {SPLIT!r} with seed {cfg.seed}, environments i in [0, {cfg.num_envs}), episodes k "
+             f"in [0, {counts['max_env_episode']}); meta/episodes sims/env_index, sims/env_episode say which")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-    return {"generator": "scripts/collect_demos.py (sims.experts.ScriptedExpert)", "split": SPLIT,
-            "task_names": list(env.task_names), "episode_seeds": seeds,
-            "max_delta": env.config.max_delta, "frame_skip": env.config.frame_skip, **counts, **settings}
+    env_settings = {k: v for k, v in asdict(env.config).items() if k not in ("render", *settings)}
+    return {"generator": f"scripts/collect_demos.py ({type(expert).__module__}.{type(expert).__name__})",
+            "suite": suite.name, "split": SPLIT, "task_names": list(env.task_names), "episode_seeds": seeds,
+            "max_episode_steps": env.max_episode_steps, **env_settings, **counts, **settings}
 
 
-def _collect_sims(cfg: CollectConfig, partial: Path, progress: bool) -> dict[str, Any]:
-    """Record the gantry tasks' experts into the dataset folder ``partial``; returns its meta/info.json."""
-    render = sims.RenderConfig(height=cfg.image_size, width=cfg.image_size, cameras=tuple(cfg.cameras),
-                               num_contexts=cfg.num_threads)
-    extra = {"num_threads": cfg.num_threads} if cfg.num_threads else {}
+def _collect(cfg: CollectConfig, partial: Path, progress: bool) -> dict[str, Any]:
+    """Record the task's suite's expert into the dataset folder ``partial``; returns its meta/info.json."""
+    suite = sims.suite_of(cfg.task)
+    settings: dict[str, Any] = {"num_threads": cfg.num_threads}
     if cfg.task_weights:
-        extra["task_weights"] = T.task_weight_tuple(cfg.task, cfg.task_weights)
-    env = sims.make_vec_env(cfg.task, cfg.num_envs, seed=cfg.seed, split=SPLIT, render=render, **extra)
+        settings["task_weights"] = suite.weigh(cfg.task, cfg.task_weights)
+    if cfg.max_steps is not None:
+        settings["max_steps"] = cfg.max_steps
+    if not suite.demo_terminates:  # the expert restarts environments itself
+        settings["terminate_on_success"] = False
+    render = suite.render(cfg.image_size, tuple(cfg.cameras), False, cfg.num_threads)
+    env = sims.make_vec_env(cfg.task, cfg.num_envs, seed=cfg.seed, split=SPLIT, render=render, **settings)
     try:
-        writer = LeRobotWriter(partial, fps=control_fps(env), features=sims_features(env), tasks=env.instructions,
-                               robot_type=ROBOT_TYPE, episodes_per_file=cfg.episodes_per_file, crf=cfg.crf)
+        expert = suite.expert(env)
+        writer = LeRobotWriter(partial, fps=control_fps(env), features=features(env, suite), tasks=env.instructions,
+                               robot_type=suite.robot_type, episodes_per_file=cfg.episodes_per_file, crf=cfg.crf)
         with tqdm(total=cfg.episodes, desc=f"demos {cfg.task}", unit="ep", disable=not progress) as bar:
-            counts = _record(env, writer, cfg, bar)
-        return writer.close(_source(env, cfg, counts))
+            counts = _record(env, expert, writer, cfg, bar)
+        return writer.close(_source(env, expert, cfg, counts))
     finally:
         env.close()
 
 
 def collect_demos(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
-    """Record ``cfg.episodes`` expert episodes into the LeRobot v3.0 dataset folder ``cfg.out`` (a LIBERO
-    task's: :func:`vla_rl.demos.libero.collect_libero_demos`).
+    """Record ``cfg.episodes`` expert episodes of ``cfg.task``'s suite into the LeRobot v3.0 dataset folder ``cfg.out``.
 
     The folder is written under a temporary name and renamed at the end, so it is complete or absent.
 
@@ -238,12 +244,7 @@ def collect_demos(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        if is_libero_task(cfg.task):
-            from vla_rl.demos.libero import collect_libero_demos
-
-            info = collect_libero_demos(cfg, partial, progress)
-        else:
-            info = _collect_sims(cfg, partial, progress)
+        info = _collect(cfg, partial, progress)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

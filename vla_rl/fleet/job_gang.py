@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infra.common.typed_config import ConfigError
 from infra.scheduler import (
     GPU,
     Bundle,
@@ -37,7 +38,6 @@ from infra.scheduler import (
 )
 from infra.scheduler.requests import validate as validate_request
 from infra.scheduler.resources import ClusterState
-from vla_rl.config import ConfigError
 from vla_rl.fleet.section import ClusterSpec, ComponentPlacement, FleetConfig, resolved_placement
 
 

@@ -1,0 +1,105 @@
+"""LIBERO's entry in the suite registry (:mod:`sims.registry`): task names ``libero_<suite>`` and
+``libero_<suite>/<i>``, run by :class:`~sims.libero.vec_env.LiberoVectorEnv`, evaluated on LIBERO's fixed
+initial states (:func:`vla_rl.evaluate.libero_protocol`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sims.libero.expert import expert_for
+from sims.libero.install import missing_variants
+from sims.libero.scene import CAMERAS
+from sims.libero.sim import libero_render_config
+from sims.libero.vec_env import (
+    BACKENDS,
+    LIBERO_SPLITS,
+    MAX_STEPS,
+    LiberoEnvConfig,
+    LiberoVectorEnv,
+    is_libero_task,
+    resolve_libero_task,
+)
+from sims.registry import EvalProtocol, MemoryModel, Suite, register
+from sims.render import RenderConfig
+
+
+class VectorExpert:
+    """The suite's experts over a :class:`LiberoVectorEnv` (:class:`sims.registry.Expert`): one per task
+    (:func:`~sims.libero.expert.expert_for` on its sim), acting on the simulation's state; each plans per
+    batch, so a task's block of environments restarts together once all its episodes have ended.
+
+    Raises:
+        ValueError: a task without an expert (LIBERO-10, goal/5), naming the tasks that have one.
+    """
+
+    def __init__(self, env: LiberoVectorEnv):
+        try:
+            self.experts = [expert_for(sim) for sim in env.sims]
+        except ValueError as exc:
+            raise ValueError(f"{exc}; collect LIBERO-Spatial, LIBERO-Object or one of Goal's tasks with an expert "
+                             "(libero_goal/0-4, 6-9)") from None
+        self.bounds = env.bounds
+        self.num_envs = env.num_envs
+
+    def act(self, obs: dict[str, Any]) -> np.ndarray:
+        """Actions float32 [N, 7] (the experts read their sims, not ``obs``)."""
+        return np.concatenate([e.act() for e in self.experts]).astype(np.float32)
+
+    def restart(self, ended: np.ndarray) -> np.ndarray:
+        """The blocks (tasks) all of whose environments have ended, bool [N]."""
+        mask = np.zeros(self.num_envs, bool)
+        for k in range(len(self.experts)):
+            lo, hi = self.bounds[k], self.bounds[k + 1]
+            mask[lo:hi] = ended[lo:hi].all()
+        return mask
+
+    def reset(self, mask: np.ndarray | None = None) -> None:
+        """Restart the plans of the tasks whose environments ``mask`` covers (default all), after the env reset."""
+        for k, expert in enumerate(self.experts):
+            if mask is None or mask[self.bounds[k]:self.bounds[k + 1]].any():
+                expert.reset()
+
+
+def render_config(size: int = 128, cameras: tuple[str, ...] = CAMERAS, depth: bool = False,
+                  num_contexts: int | None = None) -> RenderConfig:
+    """Square frames of ``cameras`` (textures on).
+
+    Raises:
+        ValueError: ``depth``: LIBERO's frames are RGB only.
+    """
+    if depth:
+        raise ValueError("depth=True: a LIBERO env renders RGB frames only (no depth)")
+    return libero_render_config(size, tuple(cameras), num_contexts=num_contexts)
+
+
+def longest_episode(task: str, limit: int | None = None) -> int:
+    """Control steps of the longest episode of ``task``: ``limit``, else LIBERO's limit of its suite (:data:`MAX_STEPS`)."""
+    return limit or max(MAX_STEPS[task_id.split("/")[0]] for task_id in resolve_libero_task(task))
+
+
+SUITE = register(Suite(
+    name="libero",
+    task_forms=("libero_<suite>", "libero_<suite>/<i>"),
+    claims=is_libero_task,
+    resolve=resolve_libero_task,
+    config=LiberoEnvConfig,
+    make=LiberoVectorEnv,
+    splits=LIBERO_SPLITS,
+    cameras=CAMERAS,
+    backends=BACKENDS,
+    render=render_config,
+    max_steps=longest_episode,
+    expert=VectorExpert,
+    # A task's compiled scene (textures downscaled to 512 px) is built once per process: 276 MiB for spatial/5 after
+    # spatial/0; a GL context of its renderer 439 MiB (VmRSS, 2026-12-04); per environment as the gantry suite's.
+    memory=MemoryModel(per_env=220 * 1024, per_task_scene=250 * 2**20, per_task_context=400 * 2**20),
+    rewards=("success",),
+    proprio_names=("eef_x", "eef_y", "eef_z", "eef_ax", "eef_ay", "eef_az", "finger_left", "finger_right"),
+    action_names=("dx", "dy", "dz", "drx", "dry", "drz", "gripper"),
+    robot_type="panda_libero",
+    demo_terminates=False,  # the env would restart a simulation under its expert's running plan
+    protocol=EvalProtocol(fixed_states=True),
+    missing_files=missing_variants,
+))

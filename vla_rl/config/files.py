@@ -1,0 +1,101 @@
+"""Configs as files: YAML loading with ``key=value`` overrides, building, writing back as dicts, comparing."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
+from vla_rl.config.policy import _policy_name, policy_from_dict
+from vla_rl.config.train import TrainConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+INPUT_PATH_KEYS = ("init_from", "sft.dataset", "distill.teacher")
+"""Config keys naming files a run reads; inside ``out_dir`` (a recipe's demos/ and sft/), they move with it."""
+
+
+def run_relative(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a nested dict, as in ``config.yaml``) with each of :data:`INPUT_PATH_KEYS` that lies inside its
+    ``out_dir`` written as ``<out_dir>/REST``: two configs of one run directory, before and after it was moved,
+    then compare equal."""
+    out = copy.deepcopy(config)
+    root = Path(config.get("out_dir") or ".").absolute()
+    for key in INPUT_PATH_KEYS:
+        *sections, leaf = key.split(".")
+        node = out
+        for part in sections:
+            node = node.get(part) or {}
+        value = node.get(leaf)
+        if value and Path(value).absolute().is_relative_to(root):
+            node[leaf] = f"<out_dir>/{Path(value).absolute().relative_to(root).as_posix()}"
+    return out
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict of a config (tuples become lists), the form written to ``config.yaml``."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+            if f.name == "policy":
+                value = {"name": _policy_name(cfg.policy), **value}
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into a dict; a missing or malformed file raises :class:`ConfigError`."""
+    path = Path(path)
+    if not path.is_file():
+        known = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
+        raise ConfigError(f"config file {path} not found; configs shipped in {CONFIG_DIR}: {', '.join(known)}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Load ``path`` (default ``configs/default.yaml``), apply ``key=value`` overrides, validate.
+
+    Raises:
+        ConfigError: Unknown keys, wrong types, an unknown model or task, or inconsistent settings.
+    """
+    data = read_yaml(path or CONFIG_DIR / "default.yaml")
+    data = merge(data, parse_overrides(overrides or []))
+    return build_config(data)
+
+
+def build_config(data: dict[str, Any]) -> TrainConfig:
+    """Build a nested dict (as in ``config.yaml``) into a :class:`TrainConfig`, validated (:meth:`TrainConfig.validate`;
+    what depends on the machine is :meth:`TrainConfig.check`'s, where the job starts)."""
+    data = dict(data)
+    # The policy's dataclass depends on its ``name``: built first, so that TrainConfig.validate sees it.
+    data["policy"] = policy_from_dict(data.pop("policy", None))
+    return from_dict(TrainConfig, data)
+
+
+def diff_configs(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts."""
+    keys = sorted(set(a) | set(b))
+    out = []
+    for key in keys:
+        path = f"{prefix}{key}"
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out.extend(diff_configs(va, vb, path + "."))
+        elif va != vb:
+            out.append(path)
+    return out
