@@ -1,9 +1,10 @@
-"""``python -m infra.service.cli status|queue|events|gangs|cancel NAME|token issue TENANT|token revoke TENANT``.
+"""``python -m infra.service.cli status|queue|events|gangs|cancel NAME|prune|token issue TENANT|token revoke TENANT``.
 
 Connects to the Ray cluster (``--address``, default ``auto``) and reads the service in tables; it never
 starts one. Memory in GiB, CPU in cores, GPU as free/total per node. Every call presents the token of
 ``--token-file`` (default: ``$INFRA_SCHEDULER_TOKEN_FILE``, else this user's admin token); ``token
-issue`` (admin only) writes a new tenant token to a 0600 file for that tenant. The whole command is
+issue`` (admin only) writes a new tenant token to a 0600 file for that tenant; ``prune`` (admin only)
+removes the placement groups a service kept after recovering a damaged journal. The whole command is
 bounded by ``--timeout``: past it, one line says what did not answer.
 """
 
@@ -113,7 +114,7 @@ def _token(client, verb: str | None, tenant: str | None, out: str | None, consol
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.service.cli", description=__doc__)
-    parser.add_argument("command", choices=["status", "queue", "gangs", "events", "cancel", "token"])
+    parser.add_argument("command", choices=["status", "queue", "gangs", "events", "cancel", "prune", "token"])
     parser.add_argument("name", nargs="?", help="gang to cancel; issue or revoke after token")
     parser.add_argument("tenant", nargs="?", help="tenant of token issue / revoke")
     parser.add_argument("--address", default="auto")
@@ -157,6 +158,8 @@ def _run(client, args: argparse.Namespace, console: Console) -> int:
         console.print(gangs_table(client.gangs(), "gangs"))
     elif args.command == "events":
         console.print(events_table(client.events(limit=args.limit)))
+    elif args.command == "prune":
+        console.print(f"removed {client.prune_groups()} placement group(s) the recovered plan does not hold")
     else:
         console.print(gangs_table([client.cancel(args.name)], "cancelled"))
     return 0

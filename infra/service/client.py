@@ -192,6 +192,10 @@ class SchedulerClient:
         """Void every token of ``tenant`` (admin only); how many there were."""
         return self._call("revoke_tokens", tenant)
 
+    def prune_groups(self) -> int:
+        """Remove the placement groups kept after a damaged journal (admin only); how many went."""
+        return self._call("prune_groups")
+
     def gang(self, name: str) -> GangStatus:
         """The status of gang ``name``."""
         return self._call("gang", name, self.owner)
