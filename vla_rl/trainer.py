@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import policies
+from infra.common.run_dir import RunDirLock
 from infra.common.runlog import CONFIG, CURVES, METRICS, SUMMARY, Curves, Panel, RunLog
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
@@ -141,14 +142,20 @@ class Trainer:
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.config_dict = to_dict(cfg)
-        if self.sync.is_writer:
-            ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
-        state = self._read_resume_state() if resume else None
-        initial = _read_init_from(cfg.init_from, self.config_dict) if cfg.init_from else None
-        if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
-            raise ckpt.CheckpointError(
-                f"{self.run_dir} already holds checkpoints; pass --resume to continue it, or name=OTHER for a new run"
-            )
+        # held for the run's life (released by close() or this process's end): a second run here is refused
+        self.run_lock = RunDirLock(self.run_dir) if self.sync.is_writer else None
+        try:
+            if self.sync.is_writer:
+                ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
+            state = self._read_resume_state() if resume else None
+            initial = _read_init_from(cfg.init_from, self.config_dict) if cfg.init_from else None
+            if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
+                raise ckpt.CheckpointError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it, "
+                                           "or name=OTHER for a new run")
+        except BaseException:
+            if self.run_lock is not None:
+                self.run_lock.release()
+            raise
         self.start_time = time.perf_counter()
         torch.set_num_threads(cfg.torch_threads)
         seed_everything(cfg.seed)
@@ -426,12 +433,14 @@ class Trainer:
         }
 
     def close(self) -> None:
-        """Close the environments."""
+        """Close the environments and free the run directory's lock."""
         self.collector.close()
         for env in self.eval_envs.values():
             close = getattr(env, "close", None)
             if close is not None:
                 close()
+        if self.run_lock is not None:
+            self.run_lock.release()
 
 
 def _get(data: dict[str, Any], dotted: str) -> Any:
