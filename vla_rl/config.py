@@ -30,7 +30,7 @@ import yaml
 import sims
 from infra.common.run_dir import check_run_name
 from infra.common.runlog import LogConfig
-from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
+from infra.common.typed_config import ConfigError, from_dict, load_yaml, merge, parse_overrides
 from rlcore.update_config import (
     AT_LEAST_1,
     FRACTION,
@@ -467,7 +467,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         known = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
         raise ConfigError(f"config file {path} not found; configs shipped in {CONFIG_DIR}: {', '.join(known)}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text(), f"config file {path}") or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

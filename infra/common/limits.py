@@ -39,17 +39,21 @@ def memory_bytes() -> int:
 
 
 def check_threads(threads: int, key: str = "threads") -> None:
-    """``ValueError`` unless ``1 <= threads <= cores()`` (more threads than cores only slow a job down)."""
+    """``ConfigError`` unless ``1 <= threads <= cores()`` (more threads than cores only slow a job down)."""
+    from infra.common.typed_config import ConfigError  # which imports this module
+
     have = cores()
     if not 1 <= threads <= have:
-        raise ValueError(f"{key}={short(threads)} must be between 1 and the {have} cores this process may use: "
+        raise ConfigError(f"{key}={short(threads)} must be between 1 and the {have} cores this process may use: "
                          f"set {key}={have} or fewer")
 
 
-def check_param_bytes(count: int, what: str, bytes_per: int = 4, share: float = 0.5) -> None:
-    """``ValueError`` when ``count`` parameters of ``bytes_per`` bytes would take over ``share`` of this
+def check_param_bytes(count: int, what: str, bytes_per: int = 4, share: float = 0.8) -> None:
+    """``ConfigError`` when ``count`` parameters of ``bytes_per`` bytes each would take over ``share`` of this
     machine's memory: checked from the sizes a config names, before any tensor is made."""
+    from infra.common.typed_config import ConfigError  # which imports this module
+
     need, have = count * bytes_per, memory_bytes()
     if need > share * have:
-        raise ValueError(f"{what}: {count:,} parameters ({need / 2**30:.1f} GiB) exceed {share:.0%} of this machine's "
-                         f"{have / 2**30:.1f} GiB: name smaller sizes")
+        raise ConfigError(f"{what}: {count:,} parameters need {need / 2**30:.1f} GiB, over {share:.0%} of this "
+                          f"machine's {have / 2**30:.1f} GiB: name smaller sizes")

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from infra.common.files import write_atomic
+from infra.common.limits import check_param_bytes, check_threads
 from infra.common.run_dir import RunDirLock, check_run_name
 from infra.common.runlog import CONFIG, Curves, LogConfig, Panel, RunLog, read_config
 from infra.common.typed_config import ConfigError
@@ -139,9 +140,12 @@ class RLVRConfig:
         before any service starts or any file is written. Raises ``ValueError`` (a ``ConfigError`` for this
         config's own fields) naming the field and the fix."""
         self.validate()
+        check_threads(self.threads)
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"device={self.device!r} but torch sees no CUDA device; use device=cpu (or auto).")
         check_model(self.model)
+        # weights, gradients and Adam's two moments in float32, from the sizes alone (nothing built yet)
+        check_param_bytes(self.model.num_params(), f"model ({self.model.kind}) to train", bytes_per=16)
         inputs = job_inputs(self)
         try:
             longest = max(len(inputs.codec.encode(e.prompt)) for e in inputs.source.probe()) + inputs.max_new_tokens

@@ -51,6 +51,7 @@ from infra.ray_cluster.realize import (
 )
 from infra.scheduler import Event, EventKind, GangRequest, GangState, Placement, Scheduler
 from infra.scheduler.quota import Quota
+from infra.scheduler.requests import RequestError, check_bounds
 from infra.scheduler.resources import Cluster
 from infra.service.journal import SCHEDULER_CLASSES, FileStore, Journal, KVStore
 
@@ -370,6 +371,9 @@ class SchedulerService:
         """Validate and submit ``req`` (``RequestError`` says why it can never run; nothing is placed).
 
         ``cred`` must be the admin's token or a token of ``req.tenant`` (``PermissionError``)."""
+        if not isinstance(req, GangRequest):
+            raise RequestError(f"submit takes a GangRequest, not {type(req).__name__}")
+        check_bounds(req)  # before the journal stores it: a huge gang is refused, not written
         self._allow(cred, "submit as", req.tenant)
         await self.start()
         async with self._lock:
