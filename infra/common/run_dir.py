@@ -35,8 +35,8 @@ class RunDirBusy(RuntimeError):
 def check_run_name(name: str, key: str = "name") -> None:
     """``ConfigError`` unless ``name`` is a safe run name (:data:`RUN_NAME`): it must stay inside the output folder."""
     if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
-        raise ConfigError(f"{key}={short(name)} is not a run name: use letters, digits and _ . = + - (starting with a "
-                          "letter or digit, at most 128 characters, no path separators), e.g. name=reach_ppo_s1")
+        raise ConfigError(f"{key}={short(name)} is not a run name: write one directory name of letters, digits and "
+                          "_ . = + - (starting with a letter or digit, at most 128 characters), e.g. name=reach_ppo_s1")
 
 
 class RunDirLock:
