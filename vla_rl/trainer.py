@@ -142,20 +142,12 @@ class Trainer:
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.config_dict = to_dict(cfg)
-        # held for the run's life (released by close() or this process's end): a second run here is refused
-        self.run_lock = RunDirLock(self.run_dir) if self.sync.is_writer else None
-        try:
-            if self.sync.is_writer:
-                ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
-            state = self._read_resume_state() if resume else None
-            initial = _read_init_from(cfg.init_from, self.config_dict) if cfg.init_from else None
-            if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
-                raise ckpt.CheckpointError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it, "
-                                           "or name=OTHER for a new run")
-        except BaseException:
-            if self.run_lock is not None:
-                self.run_lock.release()
-            raise
+        state = self._read_resume_state() if resume else None
+        initial = _read_init_from(cfg.init_from, self.config_dict) if cfg.init_from else None
+        if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
+            raise ckpt.CheckpointError(
+                f"{self.run_dir} already holds checkpoints; pass --resume to continue it, or name=OTHER for a new run"
+            )
         self.start_time = time.perf_counter()
         torch.set_num_threads(cfg.torch_threads)
         seed_everything(cfg.seed)
@@ -184,6 +176,11 @@ class Trainer:
         self.env_steps = 0
         self.wall_before = 0.0  # wall seconds of earlier sessions of this run
         self.eval_envs: dict[str, Any] = {}
+        # held from the first write for the run's life (close() or this process's end frees it): a second
+        # process on this directory is refused here, before it removes or writes anything
+        self.run_lock = RunDirLock(self.run_dir) if self.sync.is_writer else None
+        if self.sync.is_writer:
+            ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log_dir, log_cfg = self.run_dir, cfg.log
         if not self.sync.is_writer:  # a data-parallel rank's own episodes, beside rank 0's run (no wandb, no progress bar)

@@ -1,9 +1,7 @@
 """The scheduler service: one per Ray cluster, a detached named actor that owns the plan.
 
-    python -m infra.service start [--address ADDR] [--policy fgd-strand] [--quota llm=4] [--store DIR]
-    python -m infra.service status | stop | reset
-
-``infra.service.client.connect`` starts it on first use. It
+``python -m infra.service start|stop|reset`` (:mod:`infra.service.cli`) manages it;
+``infra.service.client.connect`` starts it on first use over an empty journal. It
 
 * discovers nodes and GPUs from Ray and follows joins and deaths (``ray.nodes()``, polled);
 * serves ``submit`` / ``release`` / ``stopped`` / ``resize`` / ``cancel``, status, queue and events,
@@ -25,7 +23,6 @@ It listens nowhere: clients reach it as a Ray actor, so whoever can reach it is 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -814,48 +811,3 @@ def start(address: str | None = None, **options: Any):
         kind, _, text = refusal.partition(": ")
         raise (PermissionError if kind == "PermissionError" else ServiceRefused)(text) from None
     return actor
-
-
-def _parse_quota(text: str) -> tuple[str, Quota]:
-    """``tenant=GPUS[:BORROW_GPUS]`` -> quota in milli-GPU."""
-    try:
-        tenant, amounts = text.split("=", 1)
-        nominal, _, borrow = amounts.partition(":")
-        return tenant, Quota(round(float(nominal) * 1000), round(float(borrow) * 1000) if borrow else None)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--quota {text!r}: write TENANT=GPUS or TENANT=GPUS:BORROW_GPUS") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m infra.service start|status|stop|reset``."""
-    import ray
-
-    parser = argparse.ArgumentParser(prog="python -m infra.service", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["start", "status", "stop", "reset"])
-    parser.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
-    parser.add_argument("--policy", default="fgd-strand")
-    parser.add_argument("--quota", action="append", type=_parse_quota, default=[], help="TENANT=GPUS[:BORROW_GPUS]")
-    parser.add_argument("--store", default="session",
-                        help="session (Ray's session directory on the head node, default), kv (Ray's GCS) or a directory")
-    args = parser.parse_args(argv)
-    ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
-    if args.command == "start":
-        admin = token_digest(ensure_admin_token())
-        start(policy=args.policy, quotas=dict(args.quota) or None, store=args.store, admin_sha256=admin)
-        print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}; if this call started it, "
-              f"its admin token is {admin_token_path()}")
-    elif args.command == "status":
-        from infra.service.cli import main as cli
-
-        return cli(["status", "--address", args.address])
-    elif args.command == "stop":
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=True)
-        print("stopped (its journal is kept: start recovers it; reset forgets it)")
-    else:
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=True)
-        make_store(args.store).clear()
-        print(f"journal and snapshot cleared ({args.store})")
-    return 0

@@ -276,13 +276,14 @@ def test_background_loop_errors_show_in_status(tmp_path):
 def test_reset_clears_the_directory_it_names(tmp_path, monkeypatch):
     import ray
 
-    from infra.service import actor as service
+    from infra.service import cli
 
     _six_records(tmp_path)
     (tmp_path / "snapshot.pkl").write_bytes(b"old format")
     monkeypatch.setattr(ray, "init", lambda **kw: None)
     monkeypatch.setattr(ray, "get_actor", lambda *a, **kw: (_ for _ in ()).throw(ValueError("no service")))
-    assert service.main(["reset", "--store", str(tmp_path)]) == 0
+    monkeypatch.setattr(cli, "check_reachable", lambda address, timeout_s: None)
+    assert cli.main(["reset", "--store", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.jsonl"] and not (tmp_path / "journal.jsonl").read_bytes()
     assert SchedulerService(store=str(tmp_path)).sched.gangs() == []
 

@@ -93,7 +93,7 @@ def test_a_second_vla_trainer_on_a_running_directory_touches_nothing(tmp_path, h
     partial.write_bytes(b"half")
     p = holder(run_dir)
     with pytest.raises(RunDirBusy, match=f"in use by process {p.pid}"):
-        Trainer(cfg, resume=True)  # used to say "resuming it" and write beside the first run
+        Trainer(cfg)  # used to start a second run beside the first, writing the same files
     assert partial.read_bytes() == b"half"
     assert sorted(x.name for x in run_dir.iterdir()) == [LOCK_FILE, "checkpoints"]
 
