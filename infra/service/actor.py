@@ -594,9 +594,9 @@ class SchedulerService:
         s = self.sched
         if op == "submit":
             req, owner, now = args
+            s.submit(req, now=now)  # a refused submit (a live gang's name, say) changes no one's gang
             self.owner_of[req.name] = owner
             self.tenant_of[req.name] = req.tenant
-            s.submit(req, now=now)
         elif op == "issue":
             self.credentials.tenants[args[0]] = args[1]
         elif op == "revoke":
