@@ -502,7 +502,7 @@ class SchedulerService:
         events = self.sched.events_since(since)
         if caller is not None:
             events = [e for e in events if not e.gang or self._visible(caller, e.gang)]
-        events = events[-limit:] if limit > 0 else []
+        events = events[-limit:]
         if since >= 0 or caller is not None:
             return events
         return [*(Event(-1, EventKind.SERVICE_PROBLEM, "", t, {"problem": p}) for t, p in self._problem_list()), *events]
