@@ -227,6 +227,7 @@ class KVStore:
 
         self.kv = internal_kv
         self.prefix = prefix
+        self._snapshot_seq = 0  # of the current snapshot, once this process wrote one
 
     def _key(self, seq: int) -> bytes:
         return f"{self.prefix}/log/{seq:012d}".encode()
@@ -245,10 +246,9 @@ class KVStore:
         if old is not None:
             self.kv._internal_kv_put(prev, old, overwrite=True)
         self.kv._internal_kv_put(current, line, overwrite=True)
-        kept = decode_records(old or b"")[0]
-        upto = kept[0].get("seq") if kept and isinstance(kept[0].get("seq"), int) else 0
+        upto, self._snapshot_seq = self._snapshot_seq, seq  # records after the previous snapshot stay
         for key in self.kv._internal_kv_list(f"{self.prefix}/log/".encode()):
-            if int(key.decode().rsplit("/", 1)[1]) <= upto:  # records after the previous snapshot stay
+            if int(key.decode().rsplit("/", 1)[1]) <= upto:
                 self.kv._internal_kv_del(key)
 
     def snapshots(self) -> list[bytes]:
