@@ -89,3 +89,43 @@ def test_a_journal_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path, 
     with pytest.raises(JournalRefused, match=f"{name}.*(not a regular file|cannot be read).*pick another --store"):
         SchedulerService(store=str(tmp_path))
     assert {p.name for p in tmp_path.iterdir()} <= {name, "elsewhere"}, "a journal was created beside the refused path"
+
+
+class _FakeKV:
+    """Ray's internal KV API over a dict (the calls ``KVStore`` makes)."""
+
+    def __init__(self):
+        self.data: dict[bytes, bytes] = {}
+
+    def _internal_kv_get(self, key):
+        return self.data.get(key)
+
+    def _internal_kv_put(self, key, value, overwrite=True):
+        self.data[key] = value
+
+    def _internal_kv_list(self, prefix):
+        return [k for k in self.data if k.startswith(prefix)]
+
+    def _internal_kv_del(self, key):
+        self.data.pop(key, None)
+
+
+def test_the_kv_store_keeps_the_previous_generation_until_the_next_snapshot():
+    from infra.service.actor import JOURNAL_CODEC
+    from infra.service.journal import Journal, KVStore
+
+    store = KVStore()
+    store.kv = _FakeKV()
+    j = Journal(store, JOURNAL_CODEC)
+    for i in range(3):
+        j.log("op", i)
+    j.snapshot({"at": 3})
+    j.log("op", 3)
+    j.snapshot({"at": 4})
+    j.log("op", 4)
+    assert sorted(store.kv._internal_kv_list(b"infra-scheduler/log/")) == [
+        b"infra-scheduler/log/000000000004", b"infra-scheduler/log/000000000005"]
+    store.kv.data[b"infra-scheduler/snapshot"] = b"garbage"
+    again = Journal(store, JOURNAL_CODEC)
+    state, ops = again.recover()
+    assert state == {"at": 3} and [seq for seq, _, _ in ops] == [4, 5] and again.damage
