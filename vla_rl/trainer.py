@@ -142,6 +142,10 @@ class Trainer:
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.config_dict = to_dict(cfg)
+        # one run per directory, held for the run's life (close() or this process's end frees it): a directory
+        # that exists is locked before anything in it is read, a new one at its first write (nothing is made
+        # for a run refused before)
+        self.run_lock = RunDirLock(self.run_dir) if self.sync.is_writer and self.run_dir.is_dir() else None
         state = self._read_resume_state() if resume else None
         initial = _read_init_from(cfg.init_from, self.config_dict) if cfg.init_from else None
         if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
@@ -176,10 +180,8 @@ class Trainer:
         self.env_steps = 0
         self.wall_before = 0.0  # wall seconds of earlier sessions of this run
         self.eval_envs: dict[str, Any] = {}
-        # held from the first write for the run's life (close() or this process's end frees it): a second
-        # process on this directory is refused here, before it removes or writes anything
-        self.run_lock = RunDirLock(self.run_dir) if self.sync.is_writer else None
         if self.sync.is_writer:
+            self.run_lock = self.run_lock or RunDirLock(self.run_dir)
             ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log_dir, log_cfg = self.run_dir, cfg.log

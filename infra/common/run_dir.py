@@ -28,8 +28,9 @@ _HELD: dict[str, list[int]] = {}
 """Run directories this process holds: real path -> [descriptor, holders]."""
 
 
-class RunDirBusy(RuntimeError):
-    """Another process holds the run directory's lock."""
+class RunDirBusy(ConfigError):
+    """Another process holds the run directory's lock (a config error as a name already taken is: the fix is
+    another ``name=``, or waiting)."""
 
 
 def check_run_name(name: str, key: str = "name") -> None:

@@ -108,3 +108,30 @@ def test_a_second_llm_job_on_a_running_directory_writes_nothing(tmp_path, holder
     with pytest.raises(RunDirBusy, match=f"in use by process {p.pid}"):
         run_rlvr(cfg)
     assert [x.name for x in run_dir.iterdir()] == [LOCK_FILE]
+
+
+def _script(name: str):
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["train", "llm_rlvr"])
+def test_both_scripts_refuse_a_busy_run_directory_in_one_line(tmp_path, holder, capsys, name):
+    run_dir = tmp_path / "race"
+    p = holder(run_dir)
+    if name == "train":
+        argv = ["--config", str(ROOT / "configs" / "reach_state_ppo.yaml"), f"out_dir={tmp_path}", "name=race",
+                "log.wandb=disabled", "env.num_envs=2"]
+    else:
+        argv = ["model.kind=char", "model.max_len=16", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
+                "threads=1", f"out_dir={tmp_path}", "name=race"]
+    assert _script(name).main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: run directory {run_dir} is in use by process {p.pid} (-c {run_dir}): wait for it to end " \
+                  "or stop it, or choose another name=", err
+    assert [x.name for x in run_dir.iterdir()] == [LOCK_FILE]
