@@ -196,12 +196,14 @@ class FileStore:
     def put_snapshot(self, seq: int, line: bytes) -> None:
         new = self.dir / f".{SNAPSHOT_FILE}.new"
         write_atomic(new, line)  # durable before anything older goes
-        if (self.dir / SNAPSHOT_FILE).exists():
-            os.replace(self.dir / SNAPSHOT_FILE, self.dir / PREV_SNAPSHOT_FILE)
-        os.replace(self.dir / JOURNAL_FILE, self.dir / PREV_JOURNAL_FILE)
-        os.replace(new, self.dir / SNAPSHOT_FILE)
-        fsync_dir(self.dir)
-        self._open()
+        try:  # a crash between two renames leaves a snapshot and every record after it (recover reads both)
+            if (self.dir / SNAPSHOT_FILE).exists():
+                os.replace(self.dir / SNAPSHOT_FILE, self.dir / PREV_SNAPSHOT_FILE)
+            os.replace(self.dir / JOURNAL_FILE, self.dir / PREV_JOURNAL_FILE)
+            os.replace(new, self.dir / SNAPSHOT_FILE)
+            fsync_dir(self.dir)
+        finally:
+            self._open()  # appends go to journal.jsonl, whatever rename failed
 
     def snapshots(self) -> list[bytes]:
         return [b for b in (_read_regular(self.dir / n) for n in (SNAPSHOT_FILE, PREV_SNAPSHOT_FILE)) if b is not None]
