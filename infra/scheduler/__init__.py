@@ -4,7 +4,9 @@ Engine-free (no Ray): ``Scheduler`` decides, the service (``infra.service``) and
 (``infra.ray_cluster``) carry the decisions out. The names below are the small, stable surface.
 """
 
-from infra.scheduler.core import Event, EventKind, GangState, Scheduler
+from infra.scheduler.core import Scheduler
+from infra.scheduler.events import Event, EventKind
+from infra.scheduler.gang_book import GangState
 from infra.scheduler.gang_placer import Assignment, Placement
 from infra.scheduler.quota import Quota
 from infra.scheduler.requests import (

@@ -39,20 +39,28 @@ from sortedcontainers import SortedList
 from infra.common.files import fsync_dir, write_atomic
 from infra.common.plain_data import Codec, DataError, classes_of
 from infra.scheduler import (
+    admission,
     core,
+    events,
     frag,
+    gang_book,
     gang_placer,
+    node_events,
     node_scoring,
+    placing,
     preemption,
+    preemptor,
     quota,
     requests,
     reservation,
+    reservation_keeper,
     resources,
     wait_queue,
 )
 
-SCHEDULER_CLASSES = (*classes_of([frag, gang_placer, node_scoring, preemption, quota, requests, reservation, resources,
-                                  core, wait_queue]), SortedList)
+SCHEDULER_CLASSES = (*classes_of([admission, core, events, frag, gang_book, gang_placer, node_events, node_scoring, placing,
+                                  preemption, preemptor, quota, requests, reservation, reservation_keeper, resources,
+                                  wait_queue]), SortedList)
 """Classes a journal may rebuild: those of the scheduler core's modules (pure computation, no I/O) and the
 sorted list of its wait queue."""
 _LINE = re.compile(rb"([0-9a-f]{8}) (\{.*\})")

@@ -235,7 +235,9 @@ def test_asymmetric_critic_reads_only_its_keys_and_round_trips() -> None:
 
 def test_asymmetric_critic_names_a_missing_key() -> None:
     cfg = VLAConfig(image_size=32, conv_channels=(8,), width=16, critic_obs_keys=("state",))
-    with pytest.raises(KeyError, match="state"):
+    # the policy's own message (the key, what the spec has), not Python's bare KeyError('state')
+    with pytest.raises(KeyError, match=r"VLAPolicy critic reads observation key 'state', which the observation "
+                                       r"spec lacks \(it has: instruction, proprio, rgb\)"):
         VLAPolicy(cfg, SPEC, action_dim=3, sentences=_fake_sentences())
 
 

@@ -182,14 +182,22 @@ def test_scripted_reach_succeeds_and_terminates() -> None:
 
 
 def test_partial_reset_by_mask() -> None:
+    """Masked environments start their next episode exactly as an unstepped twin does; the rest keep running."""
     env = make_vec_env("reach", 4, seed=0, num_threads=1)
-    obs, _ = env.reset()
-    env.step(np.ones((4, ACTION_DIM), np.float32))
+    env.reset()
+    stepped, *_ = env.step(np.ones((4, ACTION_DIM), np.float32))
     before = env._backend.qpos.copy()
     mask = np.array([True, False, False, True])
     obs2, _ = env.reset(options={"reset_mask": mask})
+    twin = make_vec_env("reach", 4, seed=0, num_threads=1)  # same streams, never stepped: episode 1 everywhere
+    twin.reset()
+    fresh, _ = twin.reset()
+    assert not np.allclose(stepped["state"][mask], fresh["state"][mask])  # the step moved what the reset must undo
+    np.testing.assert_array_equal(env._backend.qpos[mask], twin._backend.qpos[mask])
+    for key in ("state", "proprio", "instruction", "task"):
+        np.testing.assert_allclose(obs2[key][mask], fresh[key][mask], err_msg=key)
+        np.testing.assert_array_equal(obs2[key][~mask], stepped[key][~mask], err_msg=key)
     np.testing.assert_array_equal(env._backend.qpos[~mask], before[~mask])
-    assert not np.allclose(obs2["state"][mask], obs["state"][mask])
     with pytest.raises(ValueError, match="bool array of shape"):
         env.reset(options={"reset_mask": np.ones(3, bool)})
 
