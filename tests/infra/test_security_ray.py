@@ -64,13 +64,7 @@ def _groups() -> set[str]:
 def _kill(hard: bool, eventually) -> None:
     ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=hard)
     if hard:
-        def gone() -> bool:
-            try:
-                ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
-                return False
-            except ValueError:
-                return True
-        assert eventually(gone, 60)
+        assert eventually(lambda: not _service_alive(), 60)
 
 
 def _restart_as_admin() -> SchedulerClient:
@@ -144,3 +138,34 @@ def test_a_damaged_journal_keeps_every_placement_group_until_the_admin_prunes(cl
     assert _groups() == groups, "a damaged journal removed a running gang's placement group"
     assert admin.prune_groups() == len(groups)
     assert eventually(lambda: not _groups(), 30)
+
+
+def test_the_one_cli_stops_and_starts_the_service_as_its_admin(cluster, eventually):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    address = ray.get_runtime_context().gcs_address
+    admin = connect(start_service=False)
+    admin.submit(GangRequest("cli-kept", (Bundle(100, 64),))).wait(timeout_s=60)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "infra.service", *args, "--address", address, "--timeout", "120"],
+                              capture_output=True, text=True, timeout=200, cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+
+    stopped = run("stop")
+    assert stopped.returncode == 0 and "journal is kept" in stopped.stdout, stopped.stderr[-2000:]
+    assert eventually(lambda: not _service_alive(), 60)
+    started = run("start")
+    assert started.returncode == 0 and "running" in started.stdout, started.stderr[-2000:]
+    assert connect(start_service=False).gang("cli-kept").state is HandleState.PLACED
+
+
+def _service_alive() -> bool:
+    try:
+        ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
+        return True
+    except ValueError:
+        return False
