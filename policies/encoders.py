@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -260,35 +260,51 @@ def minilm_tokens(max_tokens: int) -> Callable[[list[str]], torch.Tensor]:
     return encode
 
 
+MAX_INSTRUCTION_CHARS = 2000
+"""Longest instruction text accepted (MiniLM reads at most 256 word pieces, about 1000 characters of English):
+a longer one is refused before it reaches the tokenizer."""
+MAX_CACHED_INSTRUCTIONS = 4096
+"""Distinct instructions a cache keeps (least recently used go first)."""
+
+
 class SentenceCache:
-    """Frozen sentence embeddings, computed once per distinct string and kept.
+    """Frozen sentence embeddings, computed once per distinct string and kept (at most ``max_entries``, the least
+    recently used dropped first; preloaded ones always kept).
 
     Not an ``nn.Module``: the encoder's weights are never part of a policy's parameters or
     ``state_dict``, so nothing trains or checkpoints them. ``encoded`` counts how many times
-    each string went through the model (each string: once).
+    each string went through the model (once while it stays cached).
 
     Args:
         encode: ``list[str] -> [L, *shape]`` float tensor (``[L, D]`` sentence embeddings, or
             :func:`minilm_tokens`' ``[L, 1 + T, D]``); defaults to the bundled MiniLM's sentence embeddings.
+        max_entries: distinct encoded strings kept.
     """
 
-    def __init__(self, encode: Callable[[list[str]], torch.Tensor] | None = None) -> None:
+    def __init__(self, encode: Callable[[list[str]], torch.Tensor] | None = None,
+                 max_entries: int = MAX_CACHED_INSTRUCTIONS) -> None:
         self._encode = encode
-        self._cache: dict[str, torch.Tensor] = {}
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._preloaded: dict[str, torch.Tensor] = {}
+        self.max_entries = max_entries
         self.encoded: Counter[str] = Counter()
 
     def preload(self, embeddings: dict[str, torch.Tensor]) -> None:
         """Keep precomputed embeddings (string -> ``[*shape]``): these strings never go through the encoder
         (a machine without MiniLM, as a benchmark's stand-in embeddings)."""
         for s, e in embeddings.items():
-            self._cache[s] = e.detach().to("cpu", torch.float32)
+            self._preloaded[s] = e.detach().to("cpu", torch.float32)
 
     def __call__(self, strings: Sequence[str]) -> torch.Tensor:
         """Embeddings ``[len(strings), *shape]`` (float32, CPU, no gradient) of ``strings`` in order."""
-        bad = [s for s in strings if not isinstance(s, str) or not s.strip()]
+        bad = [s for s in strings if not isinstance(s, str) or not s.strip() or len(s) > MAX_INSTRUCTION_CHARS]
         if bad:
-            raise ValueError(f"instructions must be non-empty strings; got {bad[:3]!r}.")
-        missing = list(dict.fromkeys(s for s in strings if s not in self._cache))
+            b = bad[0]  # quoted short: a 10 MB instruction makes no 10 MB message
+            first = f"{b[:60]!r}... ({len(b)} characters)" if isinstance(b, str) and len(b) > 60 else repr(b)[:80]
+            raise ValueError(f"instructions must be non-empty strings of at most {MAX_INSTRUCTION_CHARS} characters; "
+                             f"got {first} ({len(bad)} such)")
+        known = {s: e for s in dict.fromkeys(strings) if (e := self._preloaded.get(s, self._cache.get(s))) is not None}
+        missing = [s for s in dict.fromkeys(strings) if s not in known]
         if missing:
             encode = self._encode or _minilm_sentences
             embeddings = encode(missing)
@@ -296,10 +312,15 @@ class SentenceCache:
                 raise RuntimeError(
                     f"the sentence encoder returned {embeddings.shape[0]} rows for {len(missing)} strings."
                 )
-            for s, e in zip(missing, embeddings):
-                self._cache[s] = e.detach()
+            known.update((s, e.detach()) for s, e in zip(missing, embeddings))
             self.encoded.update(missing)
-        return torch.stack([self._cache[s] for s in strings])
+        for s in known:
+            if s not in self._preloaded:
+                self._cache[s] = known[s]
+                self._cache.move_to_end(s)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+        return torch.stack([known[s] for s in strings])
 
 
 @functools.cache

@@ -34,6 +34,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # reward=module:function finds a module in the working directory, as under `python -m`.
 sys.path.append(os.getcwd())
 
+from infra.common.run_dir import RunDirBusy
 from infra.common.typed_config import apply_overrides
 from infra.llm.reward import RewardUnavailable
 from infra.llm.rlvr import RLVRConfig, run_rlvr
@@ -53,6 +54,9 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         summary = run_rlvr(cfg)
+    except RunDirBusy as e:  # another process runs in this directory (the check above cannot know)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (JobStopped, RewardUnavailable, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import policies
+from infra.common.limits import check_param_bytes, short
 from policies.vla import INSTRUCTION_EMBEDDING
 from vla_rl.checkpoint import CheckpointError, load_checkpoint
 from vla_rl.config import build_config
@@ -64,7 +65,8 @@ def load_policy(path: str | Path, device: str = "cpu") -> DeployedPolicy:
 
     Raises:
         vla_rl.checkpoint.CheckpointError: The checkpoint is missing, corrupt, predates ``obs_spec``,
-            or holds weights that do not fit its config.
+            holds a config or spec that builds no policy or one too large for this machine's memory
+            (counted on the meta device first), or weights that do not fit its config.
         ValueError: An unavailable device.
     """
     target = resolve_device(device)
@@ -74,13 +76,26 @@ def load_policy(path: str | Path, device: str = "cpu") -> DeployedPolicy:
             f"{path}: checkpoint predates obs_spec; re-save it (resume the run for one iteration with the "
             "current scripts/train.py, whose checkpoints store obs_spec and action_dim)"
         )
-    cfg = build_config(state["config"])
-    spec = _obs_spec(state["obs_spec"], path)
-    policy = policies.make_policy(cfg.policy, {k: s.shape for k, s in spec.items()}, int(state["action_dim"]))
+    try:  # every way a checkpoint's config or spec can be wrong is the loader's own error
+        cfg = build_config(state["config"])
+        spec = _obs_spec(state["obs_spec"], path)
+        shapes, action_dim = {k: s.shape for k, s in spec.items()}, int(state["action_dim"])
+        with torch.device("meta"):  # sizes from the checkpoint's config, counted before anything is allocated
+            count = sum(p.numel() for p in policies.make_policy(cfg.policy, shapes, action_dim).parameters())
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError, OverflowError) as exc:
+        raise CheckpointError(f"{path}: its config or obs_spec does not describe a policy this code builds "
+                              f"({type(exc).__name__}: {short(str(exc), 200)})") from None
+    try:
+        check_param_bytes(count, f"{path}: the policy its config describes")
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    policy = policies.make_policy(cfg.policy, shapes, action_dim)
     try:
         policy.load_weights(state["policy"])
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: {exc}, the policy its config describes") from exc
+    except (ValueError, TypeError, AttributeError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: {short(str(exc), 300)}, the policy its config describes") from exc
     return DeployedPolicy(policy.to(target), spec, target)
 
 

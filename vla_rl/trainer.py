@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import policies
+from infra.common.run_dir import RunDirLock
 from infra.common.runlog import CONFIG, CURVES, METRICS, SUMMARY, Curves, Panel, RunLog
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
@@ -141,8 +142,10 @@ class Trainer:
         self.run_dir = Path(cfg.out_dir) / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.config_dict = to_dict(cfg)
-        if self.sync.is_writer:
-            ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
+        # one run per directory, held for the run's life (close() or this process's end frees it): a directory
+        # that exists is locked before anything in it is read, a new one at its first write (nothing is made
+        # for a run refused before)
+        self.run_lock = RunDirLock(self.run_dir) if self.sync.is_writer and self.run_dir.is_dir() else None
         state = self._read_resume_state() if resume else None
         initial = _read_init_from(cfg.init_from, self.config_dict) if cfg.init_from else None
         if state is None and (self.ckpt_dir / ckpt.LATEST).exists():
@@ -177,6 +180,9 @@ class Trainer:
         self.env_steps = 0
         self.wall_before = 0.0  # wall seconds of earlier sessions of this run
         self.eval_envs: dict[str, Any] = {}
+        if self.sync.is_writer:
+            self.run_lock = self.run_lock or RunDirLock(self.run_dir)
+            ckpt.remove_partial_writes(self.ckpt_dir)  # left by a process killed while writing
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log_dir, log_cfg = self.run_dir, cfg.log
         if not self.sync.is_writer:  # a data-parallel rank's own episodes, beside rank 0's run (no wandb, no progress bar)
@@ -426,12 +432,14 @@ class Trainer:
         }
 
     def close(self) -> None:
-        """Close the environments."""
+        """Close the environments and free the run directory's lock."""
         self.collector.close()
         for env in self.eval_envs.values():
             close = getattr(env, "close", None)
             if close is not None:
                 close()
+        if self.run_lock is not None:
+            self.run_lock.release()
 
 
 def _get(data: dict[str, Any], dotted: str) -> Any:

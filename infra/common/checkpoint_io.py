@@ -30,6 +30,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from infra.common.files import DigestMismatch, NotSealed, seal, unseal, write_atomic
+from infra.common.limits import short
 from infra.common.plain_data import Codec, DataError
 
 FORMAT = 3
@@ -95,11 +96,15 @@ def loads(blob: bytes, kind: str, source: str, fix: str) -> dict[str, Any]:
             raise CheckpointError(f"{source} is a {header.get('kind')!r} checkpoint, not a {kind!r} one; pass a "
                                   f"checkpoint that a {kind} run wrote")
         payload = _CODEC.decode(header["payload"], tensors)
+    except CheckpointError:
+        raise
     except (struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError,
-            SafetensorError) as exc:
-        # the digest matched, so the writer itself wrote this: a crafted or foreign file
+            SafetensorError, RuntimeError, OverflowError, MemoryError) as exc:
+        # the digest matched, so the writer itself wrote this: a crafted or foreign file (torch raises
+        # RuntimeError for strides that leave the storage)
         raise CheckpointError(f"{source} has a valid seal but its contents are not a format-{FORMAT} checkpoint "
-                              f"({type(exc).__name__}: {exc}); it was not written by this project's trainers") from None
+                              f"({type(exc).__name__}: {short(str(exc), 200)}); it was not written by this "
+                              "project's trainers") from None
     if not isinstance(payload, dict):
         raise CheckpointError(f"{source} holds a {type(payload).__name__}, not a checkpoint's dict")
     return payload

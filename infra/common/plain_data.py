@@ -49,6 +49,23 @@ class DataError(ValueError):
     """A value cannot be written as plain data, or a document names something the codec does not allow."""
 
 
+MAX_STRIDED_EXTENT = 16
+"""How many times its element count a strided tensor's storage may span (a view of every other column
+spans twice): more is a crafted layout that would allocate far beyond the data."""
+
+
+def _check_strides(strides: Any, shape: tuple[int, ...]) -> None:
+    """``DataError`` unless ``strides`` are non-negative integers, one per dimension, spanning a storage of at
+    most :data:`MAX_STRIDED_EXTENT` times the tensor's elements (checked before the storage is allocated)."""
+    if (not isinstance(strides, list) or len(strides) != len(shape)
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in strides)):
+        raise DataError(f"tensor strides {str(strides)[:80]} do not fit shape {list(shape)}")
+    numel = math.prod(shape)
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if numel else 0
+    if extent > MAX_STRIDED_EXTENT * max(numel, 1):
+        raise DataError(f"tensor strides {str(strides)[:80]} span {extent} elements for {numel}: a crafted layout")
+
+
 def _name(obj: Any) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
@@ -265,6 +282,8 @@ class _Decoder:
         t = self.tensors[key]
         if strides is not None:
             import torch
+
+            _check_strides(strides, tuple(t.shape))
 
             t = torch.empty_strided(t.shape, strides, dtype=t.dtype).copy_(t)
         self.memo.append(t)

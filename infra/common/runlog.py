@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from infra.common.files import atomic_path, write_atomic
 from infra.common.provenance import load_average, provenance
-from infra.common.typed_config import ConfigError
+from infra.common.typed_config import ConfigError, load_yaml
 
 CONFIG, METRICS, CURVES, SUMMARY = "config.yaml", "metrics.csv", "curves.png", "summary.json"
 """The file names of the layout."""
@@ -91,7 +91,7 @@ def write_config(run_dir: Path, config: dict[str, Any]) -> None:
 def read_config(run_dir: Path) -> dict[str, Any] | None:
     """The config a run in ``run_dir`` was started with; ``None`` when it has none."""
     path = run_dir / CONFIG
-    return yaml.safe_load(path.read_text()) if path.exists() else None
+    return load_yaml(path.read_text(), str(path)) if path.exists() else None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:

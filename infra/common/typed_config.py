@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import yaml
 
+from infra.common.limits import short
+
 
 class ConfigError(ValueError):
     """A configuration value, key or file is invalid; the message names the fix."""
@@ -50,36 +52,36 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError("; ".join(errors))
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{path}={value!r} is not a valid choice; valid: {', '.join(map(str, args))}")
+            raise ConfigError(f"{path}={short(value)} is not a valid choice; valid: {', '.join(map(str, args))}")
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{path}={value!r} must be a list, e.g. {path}=[a,b]")
+            raise ConfigError(f"{path}={short(value)} must be a list, e.g. {path}=[a,b]")
         item = args[0] if args else Any
         return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
     if origin is dict:  # a free-form section, validated by whoever reads it (e.g. a nested job's overrides)
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(f"{path} must be a mapping with string keys, got {value!r}")
+            raise ConfigError(f"{path} must be a mapping with string keys, got {short(value)}")
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{path} must be a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"{path} must be a mapping of {tp.__name__} fields, got {short(value)}")
         return from_dict(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}={value!r} must be true or false")
+            raise ConfigError(f"{path}={short(value)} must be true or false")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{path}={value!r} must be a number")
+            raise ConfigError(f"{path}={short(value)} must be a number")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
-            raise ConfigError(f"{path}={value!r} must be an integer")
+            raise ConfigError(f"{path}={short(value)} must be an integer")
         return int(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{path}={value!r} must be a string")
+            raise ConfigError(f"{path}={short(value)} must be a string")
         return value
     raise ConfigError(f"{path}: unsupported field type {tp!r}")
 
@@ -154,9 +156,39 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses aliases (``*name``): a few lines of nested aliases expand into
+    gigabytes (a "billion laughs"), and no config of this project needs them."""
+
+    where = "YAML"
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ConfigError(f"{self.where}: YAML alias *{str(event.anchor)[:40]} at line {event.start_mark.line + 1} "
+                              "is not read (aliases can expand a small file into gigabytes): write the value out")
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """``text`` read as YAML (safe types only, aliases refused with :class:`ConfigError` naming ``where``).
+
+    Raises:
+        ConfigError: an alias, or text that is not YAML.
+    """
+    loader = _NoAliasLoader(text)
+    loader.where = where
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML: {short(str(exc), 300)}") from None
+    finally:
+        loader.dispose()
+
+
 def _parse_scalar(raw: str) -> Any:
     """YAML's reading of one value, with ``1e-3``-style floats (YAML 1.1 wants a dot) fixed."""
-    value = yaml.safe_load(raw) if raw else ""
+    value = load_yaml(raw, f"override value {short(raw)}") if raw else ""
     if isinstance(value, str):
         try:
             return float(value) if any(c in value.lower() for c in "e.") else value

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from infra.common.files import write_atomic
+from infra.common.limits import check_param_bytes, check_threads
+from infra.common.run_dir import RunDirLock, check_run_name
 from infra.common.runlog import CONFIG, Curves, LogConfig, Panel, RunLog, read_config
 from infra.common.typed_config import ConfigError
 from infra.llm import trainer_checkpoint as ckpt
@@ -126,6 +128,7 @@ class RLVRConfig:
         ranges, the device's spelling, the GRPO update and the model's sizes. Reads no file, device or module
         (:meth:`check` does), so ``typed_config`` runs it on every config it builds."""
         self._check_ranges()
+        check_run_name(self.name)
         check_grpo(self.grpo)
         if not (self.device in ("auto", "cpu") or self.device.split(":")[0] == "cuda"):
             raise ConfigError(f"device={self.device!r}; choose auto, cpu, cuda or cuda:N.")
@@ -137,9 +140,12 @@ class RLVRConfig:
         before any service starts or any file is written. Raises ``ValueError`` (a ``ConfigError`` for this
         config's own fields) naming the field and the fix."""
         self.validate()
+        check_threads(self.threads)
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"device={self.device!r} but torch sees no CUDA device; use device=cpu (or auto).")
         check_model(self.model)
+        # weights, gradients and Adam's two moments in float32, from the sizes alone (nothing built yet)
+        check_param_bytes(self.model.num_params(), f"model ({self.model.kind}) to train", bytes_per=16)
         inputs = job_inputs(self)
         try:
             longest = max(len(inputs.codec.encode(e.prompt)) for e in inputs.source.probe()) + inputs.max_new_tokens
@@ -515,6 +521,13 @@ def run_rlvr(cfg: RLVRConfig) -> dict[str, float]:
     Raises:
         JobStopped, RewardUnavailable, CheckpointError: the job stopped; nothing was saved over its model.
     """
+    cfg.validate()  # the name, before its directory is locked (made)
+    with RunDirLock(Path(cfg.out_dir) / cfg.name):  # one run per directory, held until the model is saved
+        return _run_locked(cfg)
+
+
+def _run_locked(cfg: RLVRConfig) -> dict[str, float]:
+    """``run_rlvr`` while holding the run directory's lock."""
     cfg.check()
     torch.set_num_threads(cfg.threads)
     run = open_run_log(cfg)

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from infra.common.limits import short
 from infra.scheduler.resources import MILLI, ClusterState
+
+MAX_BUNDLES = 4096
+"""Most bundles one gang may hold: every verb of the service walks a gang's bundles, so one huge gang
+slows every later call (a 200k-bundle gang took 20 s to submit)."""
+MAX_NAME = 200
+"""Longest gang name."""
 
 
 class RequestError(ValueError):
@@ -200,6 +207,17 @@ def validate_bundle(b: Bundle, state: ClusterState, where: str) -> None:
             )
 
 
+def check_bounds(req: GangRequest) -> None:
+    """The sizes of ``req`` that cost every later call (name, bundles), checked before it is stored anywhere."""
+    if not isinstance(req.name, str) or not req.name:
+        raise RequestError("GangRequest.name is empty: give every gang a unique name.")
+    if len(req.name) > MAX_NAME or not req.name.isprintable():
+        raise RequestError(f"gang name {short(req.name)} is unprintable or over {MAX_NAME} characters: name it shorter.")
+    if len(req.bundles) > MAX_BUNDLES:
+        raise RequestError(f"gang {req.name!r} has {len(req.bundles)} bundles, over the {MAX_BUNDLES} one gang may "
+                           "hold: split it into several gangs.")
+
+
 def validate(
     req: GangRequest,
     state: ClusterState,
@@ -214,8 +232,7 @@ def validate(
         services: placed services by name -> (node index, GPU indices), for constraints naming them.
         checked: bundles already known valid on this cluster (skipped; the valid ones are added).
     """
-    if not req.name:
-        raise RequestError("GangRequest.name is empty: give every gang a unique name.")
+    check_bounds(req)
     if req.grace_s < 0 or (req.timeout_s is not None and req.timeout_s <= 0):
         raise RequestError(
             f"gang {req.name!r}: grace_s={req.grace_s} must be >= 0 and timeout_s={req.timeout_s} > 0 (or None)."

@@ -1,7 +1,7 @@
-"""``python -m infra.service start|status|stop|reset``."""
+"""``python -m infra.service start|stop|reset|status|...``: the service's command line (:mod:`infra.service.cli`)."""
 
 import sys
 
-from infra.service.actor import main
+from infra.service.cli import main
 
 sys.exit(main())

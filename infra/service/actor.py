@@ -1,9 +1,7 @@
 """The scheduler service: one per Ray cluster, a detached named actor that owns the plan.
 
-    python -m infra.service start [--address ADDR] [--policy fgd-strand] [--quota llm=4] [--store DIR]
-    python -m infra.service status | stop | reset
-
-``infra.service.client.connect`` starts it on first use. It
+``python -m infra.service start|stop|reset`` (:mod:`infra.service.cli`) manages it;
+``infra.service.client.connect`` starts it on first use over an empty journal. It
 
 * discovers nodes and GPUs from Ray and follows joins and deaths (``ray.nodes()``, polled);
 * serves ``submit`` / ``release`` / ``stopped`` / ``resize`` / ``cancel``, status, queue and events,
@@ -25,11 +23,9 @@ It listens nowhere: clients reach it as a Ray actor, so whoever can reach it is 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import secrets
 import stat
@@ -40,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.common.files import write_atomic
+from infra.common.limits import short
 from infra.common.plain_data import Codec
 from infra.ray_cluster.realize import (
     BLOCKER_PREFIX,
@@ -51,6 +48,7 @@ from infra.ray_cluster.realize import (
 )
 from infra.scheduler import Event, EventKind, GangRequest, GangState, Placement, Scheduler
 from infra.scheduler.quota import Quota
+from infra.scheduler.requests import RequestError, check_bounds
 from infra.scheduler.resources import Cluster
 from infra.service.journal import SCHEDULER_CLASSES, FileStore, Journal, KVStore
 
@@ -60,6 +58,22 @@ NAMESPACE = "infra"
 """Ray namespace of the service actor and of its placement groups."""
 MAX_EVENTS = 100_000
 """Events the service keeps."""
+MAX_NAME = 200
+"""Longest tenant name."""
+
+
+class ServiceRefused(RuntimeError):
+    """A service was asked to start fresh over a journal that holds a plan (see ``connect``)."""
+
+
+def _restarted_by_ray() -> bool:
+    """Whether this process is a service actor that Ray restarted after a crash (it then recovers its plan)."""
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
+    except Exception:  # not inside an actor: a service built in-process is never a restart
+        return False
 
 
 class HandleState(StrEnum):
@@ -143,6 +157,23 @@ class ClusterStatus:
     """Journal damage skipped at the last start, verbs that failed on replay, the background loop's last error."""
 
 
+def check_state(state: Any) -> None:
+    """``TypeError`` unless ``state`` has the shape of ``SchedulerService._state()`` (a snapshot whose checksum
+    passed may still hold the wrong data: it is refused, not unpacked)."""
+    kinds = (Scheduler, dict, dict, int, dict, str, dict)
+    if not isinstance(state, tuple) or len(state) != len(kinds):
+        raise TypeError(f"snapshot state is {short(type(state).__name__)} of length "
+                        f"{len(state) if isinstance(state, tuple | list) else '-'}, expected a {len(kinds)}-tuple")
+    for i, (value, kind) in enumerate(zip(state, kinds, strict=True)):
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TypeError(f"snapshot state item {i} is {type(value).__name__}, expected {kind.__name__}")
+    terminal, tenants = state[1], state[6]
+    if not all(isinstance(v, tuple) and len(v) == 3 and isinstance(v[0], HandleState) for v in terminal.values()):
+        raise TypeError("snapshot state: a terminal gang is not (state, reason, tenant)")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in tenants.items()):
+        raise TypeError("snapshot state: a token digest or tenant is not a string")
+
+
 def make_store(spec: str) -> FileStore | KVStore:
     """``session`` (``infra-scheduler/`` in Ray's session directory on this node), ``kv`` (Ray's GCS) or a directory."""
     if spec == "kv":
@@ -157,8 +188,6 @@ def make_store(spec: str) -> FileStore | KVStore:
 
 TOKEN_FILE_ENV = "INFRA_SCHEDULER_TOKEN_FILE"
 """Environment variable naming the token file a client presents (default: ``admin_token_path()``)."""
-TOKENS_KEY = b"infra-scheduler-tokens"
-"""Ray KV key of the tenant tokens' digests (JSON digest -> tenant); ``reset`` leaves it."""
 
 
 def config_dir() -> Path:
@@ -207,33 +236,19 @@ def ensure_admin_token() -> str:
 
 
 class Credentials:
-    """Who presents a token: the admin (whose digest the service was started with) or a tenant.
+    """Who presents a token: the admin (whose digest the service was first started with) or a tenant.
 
-    Tenant digests are issued by the admin (``issue``) and kept in Ray's KV (``TOKENS_KEY``), so a
-    service that Ray restarts still knows them; they go with the GCS (a new head node: issue again).
+    Only digests are kept, in the service's own journal and snapshot (the ``admin``, ``issue`` and
+    ``revoke`` records), never in Ray's KV store, which any job on the cluster may rewrite.
 
     Args:
         admin_sha256: ``token_digest`` of the admin token ("" : no admin, tenant tokens only).
+        tenants: digest -> tenant of the tokens issued.
     """
 
-    def __init__(self, admin_sha256: str = "") -> None:
+    def __init__(self, admin_sha256: str = "", tenants: dict[str, str] | None = None) -> None:
         self.admin_sha256 = admin_sha256
-        self._tenants: dict[str, str] | None = None
-
-    @property
-    def tenants(self) -> dict[str, str]:
-        """digest -> tenant, read from Ray's KV on first use."""
-        if self._tenants is None:
-            from ray.experimental import internal_kv
-
-            raw = internal_kv._internal_kv_get(TOKENS_KEY)
-            self._tenants = json.loads(raw) if raw else {}
-        return self._tenants
-
-    def _save(self) -> None:
-        from ray.experimental import internal_kv
-
-        internal_kv._internal_kv_put(TOKENS_KEY, json.dumps(self.tenants).encode(), overwrite=True)
+        self.tenants = dict(tenants or {})
 
     def who(self, cred: str) -> str | None:
         """None for the admin, the tenant of a tenant token; ``PermissionError`` for anything else."""
@@ -247,21 +262,6 @@ class Credentials:
                                   f"{admin_token_path()} on the machine that started the service)")
         return tenant
 
-    def issue(self, tenant: str) -> str:
-        """A new token for ``tenant`` (its earlier tokens stay valid until ``revoke``)."""
-        token = new_token()
-        self.tenants[token_digest(token)] = tenant
-        self._save()
-        return token
-
-    def revoke(self, tenant: str) -> int:
-        """Void every token of ``tenant``; how many there were."""
-        gone = [d for d, t in self.tenants.items() if t == tenant]
-        for d in gone:
-            del self.tenants[d]
-        self._save()
-        return len(gone)
-
 
 class SchedulerService:
     """The service's state and verbs (run as the async Ray actor ``SERVICE_NAME``; see the module docstring).
@@ -273,36 +273,51 @@ class SchedulerService:
         poll_s: period of the node, deadline and owner checks.
         owner_lease_s: gangs of an owner silent this long are released.
         realize_timeout_s: longest wait for one placement group.
-        admin_sha256: ``token_digest`` of the admin token (see ``Credentials``).
+        admin_sha256: ``token_digest`` of the admin token (see ``Credentials``); fixed by the journal's first
+            start: a start under another admin is refused (``PermissionError``) until ``reset``.
+        fresh: refuse (``ServiceRefused``) to start over a journal that holds records, unless Ray is
+            restarting this actor after a crash (``connect`` starts services so: it never adopts a plan).
     """
 
     def __init__(
         self, store: str = "session", policy: str = "fgd-strand", quotas: dict[str, Quota] | None = None,
         poll_s: float = 0.5, owner_lease_s: float = 60.0, realize_timeout_s: float = 60.0, admin_sha256: str = "",
+        fresh: bool = False,
     ) -> None:
         self.credentials = Credentials(admin_sha256)
         self.journal = Journal(make_store(store), JOURNAL_CODEC)
         self.realizer = Realizer(realize_timeout_s)
         self.poll_s, self.owner_lease_s = poll_s, owner_lease_s
-        state, ops = self.journal.recover()
+        state, ops = self.journal.recover(check_state)
+        if fresh and (state is not None or ops) and not _restarted_by_ray():
+            raise ServiceRefused(f"the scheduler's journal ({store}) holds a plan up to record {self.journal.seq}: "
+                                 "recover it with `python -m infra.service start` (as its admin) or forget it with "
+                                 "`python -m infra.service reset`")
         if state is None:
             sched = Scheduler(Cluster(()), policy=policy, quotas=quotas, clock=time.time, max_events=MAX_EVENTS)
-            state = (sched, {}, {}, -1)
-        self.sched, self.terminal, self.owner_of, self._seen_event = state
+            state = (sched, {}, {}, -1, {}, None, {})
+        self.sched, self.terminal, self.owner_of, self._seen_event, self.tenant_of, admin, tenants = state
+        self.credentials.tenants = dict(tenants)
         self.problems: list[tuple[float, str]] = [(time.time(), d) for d in self.journal.damage]
-        self._replay(ops)
+        self._errors: dict[str, str] = {}
+        self._replay(ops, admin)
+        self.unplanned: list[Any] = []
+        """Placement groups of ours found alive that the plan does not hold, kept after a damaged journal."""
         self._versions: dict[str, int] = {}
         self._last: dict[str, GangStatus] = {}
         self._owners_seen: dict[str, float] = {}
-        self._errors: dict[str, str] = {}
         self._lock: asyncio.Lock | None = None
         self._changed: asyncio.Condition | None = None
         self._task: asyncio.Task | None = None
 
-    def _replay(self, ops: list[tuple[int, str, tuple]]) -> None:
-        """Apply the journal's records; a verb that fails where it did not fail live is a problem, not a secret."""
+    def _replay(self, ops: list[tuple[int, str, tuple]], admin: str | None) -> None:
+        """Apply the journal's records; a verb that fails where it did not fail live is a problem, not a secret.
+        The admin digest of the journal (``admin`` records included) must be this start's."""
         failed_live = {args[0] for _, op, args in ops if op == "failed"}
         for seq, op, args in ops:
+            if op == "admin":
+                admin = args[0] if args and isinstance(args[0], str) else admin
+                continue
             if op == "failed":
                 continue
             try:
@@ -310,6 +325,13 @@ class SchedulerService:
             except Exception as exc:
                 if seq not in failed_live:
                     self.problems.append((time.time(), f"journal record {seq} ({op}) failed on replay: {exc!r}"))
+        mine = self.credentials.admin_sha256
+        if admin is None:
+            self._do("admin", mine)  # the first start of this journal fixes its admin
+        elif not secrets.compare_digest(admin, mine):
+            raise PermissionError(f"the scheduler's journal belongs to another admin (token digest {admin[:12]}...): "
+                                  "start it with that admin's token file, or forget its plan and tokens with "
+                                  "`python -m infra.service reset`")
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> bool:
@@ -346,6 +368,9 @@ class SchedulerService:
         """Validate and submit ``req`` (``RequestError`` says why it can never run; nothing is placed).
 
         ``cred`` must be the admin's token or a token of ``req.tenant`` (``PermissionError``)."""
+        if not isinstance(req, GangRequest):
+            raise RequestError(f"submit takes a GangRequest, not {type(req).__name__}")
+        check_bounds(req)  # before the journal stores it: a huge gang is refused, not written
         self._allow(cred, "submit as", req.tenant)
         await self.start()
         async with self._lock:
@@ -399,19 +424,44 @@ class SchedulerService:
     async def issue_token(self, tenant: str, cred: str = "") -> str:
         """A new token for ``tenant`` (admin ``cred`` only); the service keeps only its digest."""
         self._allow(cred, "issue tokens for", None)
-        if not tenant or not tenant.isprintable():
-            raise ValueError(f"tenant name {tenant!r} is empty or unprintable: name a tenant, e.g. `token issue alice`")
-        return self.credentials.issue(tenant)
+        if not isinstance(tenant, str) or not tenant or not tenant.isprintable() or len(tenant) > MAX_NAME:
+            raise ValueError(f"tenant name {short(tenant)} is empty, unprintable or over {MAX_NAME} characters: "
+                             "name a tenant, e.g. `token issue alice`")
+        await self.start()
+        async with self._lock:
+            token = new_token()
+            self._do("issue", token_digest(token), tenant)  # journaled: only this service writes identities
+            return token
 
     async def revoke_tokens(self, tenant: str, cred: str = "") -> int:
         """Void every token of ``tenant`` (admin ``cred`` only); how many there were."""
         self._allow(cred, "revoke tokens of", None)
-        return self.credentials.revoke(tenant)
+        await self.start()
+        async with self._lock:
+            count = sum(t == tenant for t in self.credentials.tenants.values())
+            if count:
+                self._do("revoke", tenant)
+            return count
+
+    async def prune_groups(self, cred: str = "") -> int:
+        """Remove the placement groups kept after a damaged journal (admin only): the operator's decision
+        that the plan as recovered is the one to follow. How many went."""
+        from ray.util.placement_group import remove_placement_group
+
+        self._allow(cred, "prune placement groups of", None)
+        await self.start()
+        async with self._lock:
+            count = len(self.unplanned)
+            for pg in self.unplanned:
+                remove_placement_group(pg)
+            self.unplanned.clear()
+            self._errors.pop("unplanned", None)
+            return count
 
     # ---------------------------------------------------------------- queries
     async def gang(self, name: str, owner: str = "", cred: str = "") -> GangStatus:
-        """The status of one gang (KeyError if never seen)."""
-        self.credentials.who(cred)  # any valid credential reads the whole cluster
+        """The status of one gang (KeyError if never seen); a tenant reads only its own gangs."""
+        self._allow_read(cred, name)
         await self.start()
         self._seen(owner)
         return self._status(name)
@@ -419,8 +469,8 @@ class SchedulerService:
     async def watch(
         self, name: str, version: int = -1, timeout_s: float = 5.0, owner: str = "", cred: str = ""
     ) -> GangStatus:
-        """Wait up to ``timeout_s`` for the gang's status to move past ``version``; the status."""
-        self.credentials.who(cred)  # any valid credential reads the whole cluster
+        """Wait up to ``timeout_s`` for the gang's status to move past ``version``; the status (own gangs only)."""
+        self._allow_read(cred, name)
         await self.start()
         self._seen(owner)
         loop = asyncio.get_running_loop()
@@ -432,47 +482,53 @@ class SchedulerService:
         return self._status(name)
 
     async def queue(self, cred: str = "") -> list[GangStatus]:
-        """Waiting gangs in service order."""
-        self.credentials.who(cred)  # any valid credential reads the whole cluster
+        """Waiting gangs in service order (a tenant sees its own only)."""
+        caller = self.credentials.who(cred)
         await self.start()
-        return [self._status(n) for n in self.sched.queue]
+        return [self._status(n) for n in self.sched.queue if self._visible(caller, n)]
 
     async def gangs(self, cred: str = "") -> list[GangStatus]:
-        """Every gang the plan holds (waiting, placed, draining)."""
-        self.credentials.who(cred)  # any valid credential reads the whole cluster
+        """Every gang the plan holds (waiting, placed, draining); a tenant sees its own only."""
+        caller = self.credentials.who(cred)
         await self.start()
-        return [self._status(n) for n in self.sched.gangs()]
+        return [self._status(n) for n in self.sched.gangs() if self._visible(caller, n)]
 
     async def events(self, since: int = -1, limit: int = 100, cred: str = "") -> list:
         """Events with a sequence number above ``since`` (at most ``limit``, the latest); with ``since`` < 0 the
-        service's problems come first (besides the limit), as ``service_problem`` events of sequence number -1."""
-        self.credentials.who(cred)  # any valid credential reads the whole cluster
+        service's problems come first (besides the limit), as ``service_problem`` events of sequence number -1.
+        A tenant sees the events of its own gangs and of nodes, and no problems."""
+        caller = self.credentials.who(cred)
         await self.start()
-        events = self.sched.events_since(since)[-limit:]
-        if since >= 0:
+        events = self.sched.events_since(since)
+        if caller is not None:
+            events = [e for e in events if not e.gang or self._visible(caller, e.gang)]
+        events = events[-limit:]
+        if since >= 0 or caller is not None:
             return events
         return [*(Event(-1, EventKind.SERVICE_PROBLEM, "", t, {"problem": p}) for t, p in self._problem_list()), *events]
 
     async def status(self, cred: str = "") -> ClusterStatus:
-        """Nodes, tenants, gangs per state, reservation."""
-        self.credentials.who(cred)  # any valid credential reads the whole cluster
+        """Nodes (capacity and what is free, for everyone), and the tenants, gangs per state, reservation and
+        problems the caller may see (a tenant: its own)."""
+        caller = self.credentials.who(cred)
         await self.start()
         st, s = self.sched.state, self.sched
         nodes = tuple(
             NodeStatus(n.name, bool(st.alive[i]), n.cpu_milli, int(st.cpu_free[i]), n.memory_mib, int(st.mem_free[i]),
                        n.gpus[0].model if n.gpus else "", n.gpus[0].memory_mib if n.gpus else 0,
                        tuple(int(x) for x in st.gpu_free[i, : len(n.gpus)]),
-                       tuple(s.gangs_on(n.name)))
+                       tuple(g for g in s.gangs_on(n.name) if self._visible(caller, g)))
             for i, n in enumerate(s.cluster.nodes)
         )
-        tenants = {t: (u, s.ledger.quotas[t].gpu_milli) for t, u in s.ledger.usage.items()}
+        tenants = {t: (u, s.ledger.quotas[t].gpu_milli) for t, u in s.ledger.usage.items() if caller in (None, t)}
         counts: dict[str, int] = {}
         for name in s.gangs():
-            state = self._status(name).state.value
-            counts[state] = counts.get(state, 0) + 1
-        res = s.reservation.gang if s.reservation else None
-        return ClusterStatus(nodes, tenants, counts, res, s.policy.name, self.journal.seq,
-                             tuple(p for _, p in self._problem_list()))
+            if self._visible(caller, name):
+                state = self._status(name).state.value
+                counts[state] = counts.get(state, 0) + 1
+        res = s.reservation.gang if s.reservation and self._visible(caller, s.reservation.gang) else None
+        problems = tuple(p for _, p in self._problem_list()) if caller is None else ()
+        return ClusterStatus(nodes, tenants, counts, res, s.policy.name, self.journal.seq, problems)
 
     # ---------------------------------------------------------------- internals
     def _allow(self, cred: str, verb: str, tenant: str | None) -> None:
@@ -483,6 +539,24 @@ class SchedulerService:
             what = f"tenant {tenant!r}" if tenant is not None else "any tenant (admin only)"
             raise PermissionError(f"tenant {caller!r} may not {verb} {what}: present that tenant's token or the admin's")
 
+    def _visible(self, caller: str | None, name: str) -> bool:
+        """Whether ``caller`` (None: the admin) may read gang ``name``: the admin all, a tenant its own."""
+        if caller is None:
+            return True
+        tenant = self.tenant_of.get(name)
+        if tenant is None and name in self.terminal:
+            tenant = self.terminal[name][2]
+        return tenant == caller
+
+    def _allow_read(self, cred: str, name: str) -> None:
+        """``PermissionError`` unless ``cred`` may read gang ``name`` (a gang never seen: any valid credential,
+        which then learns only that it is unknown)."""
+        caller = self.credentials.who(cred)
+        known = name in self.tenant_of or name in self.terminal
+        if known and not self._visible(caller, name):
+            raise PermissionError(f"tenant {caller!r} may not read gang {short(name)} of another tenant: "
+                                  "present that tenant's token or the admin's")
+
     def _allow_gang(self, cred: str, verb: str, name: str) -> None:
         """``_allow`` for the tenant of gang ``name``; a gang the plan no longer holds needs a valid credential only."""
         if name in self.sched.gangs():
@@ -491,9 +565,10 @@ class SchedulerService:
             self.credentials.who(cred)
 
     def _problem_list(self) -> list[tuple[float, str]]:
-        """(time, text) of the problems at start and the background loop's last error."""
-        loop = self._errors.get("service")
-        return [*self.problems, *([(time.time(), loop)] if loop else [])]
+        """(time, text) of the problems at start, the background loop's last error, a snapshot not written and
+        placement groups kept unplanned."""
+        now = [(time.time(), self._errors[k]) for k in ("service", "snapshot", "unplanned") if self._errors.get(k)]
+        return [*self.problems, *now]
 
     def _do(self, op: str, *args: Any) -> None:
         """Journal, then apply (write-ahead); a verb that fails is journaled as failed, so replay expects it."""
@@ -504,14 +579,31 @@ class SchedulerService:
             self.journal.log("failed", seq)
             raise
         if self.journal.due():
-            self.journal.snapshot((self.sched, self.terminal, self.owner_of, self._seen_event))
+            try:
+                self.journal.snapshot(self._state())
+                self._errors.pop("snapshot", None)
+            except OSError as exc:  # the previous snapshot and every record since stay; tried again next verb
+                self._errors["snapshot"] = f"snapshot not written, retried at the next verb: {exc}"
+
+    def _state(self) -> tuple:
+        """What a snapshot holds (``check_state`` reads it back)."""
+        return (self.sched, self.terminal, self.owner_of, self._seen_event, self.tenant_of,
+                self.credentials.admin_sha256, self.credentials.tenants)
 
     def _apply(self, op: str, *args: Any) -> None:
         s = self.sched
         if op == "submit":
             req, owner, now = args
+            s.submit(req, now=now)  # a refused submit (a live gang's name, say) changes no one's gang
             self.owner_of[req.name] = owner
-            s.submit(req, now=now)
+            self.tenant_of[req.name] = req.tenant
+        elif op == "issue":
+            self.credentials.tenants[args[0]] = args[1]
+        elif op == "revoke":
+            for digest in [d for d, t in self.credentials.tenants.items() if t == args[0]]:
+                del self.credentials.tenants[digest]
+        elif op == "admin":
+            self.credentials.admin_sha256 = args[0]
         elif op == "release":
             name, now, reason = args
             s.release(name, now=now, reason=reason)
@@ -532,7 +624,7 @@ class SchedulerService:
             why = e.detail.get("reason", "")
             state = (HandleState.TIMED_OUT if why.startswith("timed out") else HandleState.CANCELLED
                      if why == "cancelled" else HandleState.FAILED if why.startswith("owner") else HandleState.FINISHED)
-            self.terminal[e.gang] = (state, why)
+            self.terminal[e.gang] = (state, why, self.tenant_of.pop(e.gang, ""))
             self.owner_of.pop(e.gang, None)
             while len(self.terminal) > 10_000:
                 self.terminal.pop(next(iter(self.terminal)))
@@ -564,7 +656,9 @@ class SchedulerService:
                 self.realizer.forget_node(name)
 
     def _adopt_groups(self) -> None:
-        """After a restart: keep the groups the plan holds, remove every other one of ours."""
+        """After a restart: keep the groups the plan holds, remove every other one of ours, unless the journal
+        was damaged: then the plan may have lost gangs that still run, so the others are kept too
+        (``unplanned``, reported) until the admin prunes them (``prune_groups``)."""
         from ray.util import placement_group_table
         from ray.util.placement_group import PlacementGroup, remove_placement_group
 
@@ -576,8 +670,13 @@ class SchedulerService:
             spec = parse_group_name(name)
             if spec is not None and self._planned(spec):
                 self.realizer.adopt(spec, pg)
+            elif self.journal.damage:
+                self.unplanned.append(pg)
             else:
                 remove_placement_group(pg)
+        if self.unplanned:
+            self._errors["unplanned"] = (f"{len(self.unplanned)} placement groups not in the recovered plan are kept "
+                                         "(the journal was damaged): `python -m infra.service.cli prune` removes them")
 
     def _planned(self, spec: BundleSpec) -> bool:
         """Whether the plan holds the bundle ``spec`` (placed there, or draining since it was)."""
@@ -643,8 +742,8 @@ class SchedulerService:
         if name not in s.gangs():
             if name not in self.terminal:
                 raise KeyError(f"unknown gang {name!r}; it was never submitted (or long forgotten)")
-            state, why = self.terminal[name]
-            return GangStatus(name, state, version=version, reason=why)
+            state, why, tenant = self.terminal[name]
+            return GangStatus(name, state, tenant=tenant, version=version, reason=why)
         req = s.request(name)
         common = {"tenant": req.tenant, "priority": req.priority, "version": version,
                   "preemptions": s.preemptions(name), "owner": self.owner_of.get(name, "")}
@@ -701,50 +800,14 @@ def start(address: str | None = None, **options: Any):
     actor = actor_class().options(
         name=SERVICE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **strategy
     ).remote(**options)
-    ray.get(actor.start.remote())
-    return actor
-
-
-def _parse_quota(text: str) -> tuple[str, Quota]:
-    """``tenant=GPUS[:BORROW_GPUS]`` -> quota in milli-GPU."""
     try:
-        tenant, amounts = text.split("=", 1)
-        nominal, _, borrow = amounts.partition(":")
-        return tenant, Quota(round(float(nominal) * 1000), round(float(borrow) * 1000) if borrow else None)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--quota {text!r}: write TENANT=GPUS or TENANT=GPUS:BORROW_GPUS") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m infra.service start|status|stop|reset``."""
-    import ray
-
-    parser = argparse.ArgumentParser(prog="python -m infra.service", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["start", "status", "stop", "reset"])
-    parser.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
-    parser.add_argument("--policy", default="fgd-strand")
-    parser.add_argument("--quota", action="append", type=_parse_quota, default=[], help="TENANT=GPUS[:BORROW_GPUS]")
-    parser.add_argument("--store", default="session",
-                        help="session (Ray's session directory on the head node, default), kv (Ray's GCS) or a directory")
-    args = parser.parse_args(argv)
-    ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
-    if args.command == "start":
-        admin = token_digest(ensure_admin_token())
-        start(policy=args.policy, quotas=dict(args.quota) or None, store=args.store, admin_sha256=admin)
-        print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}; if this call started it, "
-              f"its admin token is {admin_token_path()}")
-    elif args.command == "status":
-        from infra.service.cli import main as cli
-
-        return cli(["status", "--address", args.address])
-    elif args.command == "stop":
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=True)
-        print("stopped (its journal is kept: start recovers it; reset forgets it)")
-    else:
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=True)
-        make_store(args.store).clear()
-        print(f"journal and snapshot cleared ({args.store})")
-    return 0
+        ray.get(actor.start.remote())
+    except ray.exceptions.RayActorError as exc:  # refused in __init__: say why in one line, not a traceback
+        refusal = next((line for line in reversed(str(exc).splitlines())
+                        if line.startswith(("infra.service.actor.ServiceRefused:", "PermissionError:",
+                                            "infra.service.journal.JournalRefused:"))), None)
+        if refusal is None:
+            raise
+        kind, _, text = refusal.partition(": ")
+        raise (PermissionError if kind == "PermissionError" else ServiceRefused)(text) from None
+    return actor

@@ -1,15 +1,24 @@
-"""``python -m infra.service.cli status|queue|events|gangs|cancel NAME|token issue TENANT|token revoke TENANT``.
+"""The scheduler service's one command line (also ``python -m infra.service``)::
 
-Connects to the Ray cluster (``--address``, default ``auto``) and reads the service in tables; it never
-starts one. Memory in GiB, CPU in cores, GPU as free/total per node. Every call presents the token of
+    python -m infra.service start [--address ADDR] [--policy fgd-strand] [--quota llm=4] [--store DIR]
+    python -m infra.service stop | reset [--store DIR]
+    python -m infra.service status|queue|events|gangs|cancel NAME|prune|token issue TENANT|token revoke TENANT
+
+Connects to the Ray cluster (``--address``, default ``auto``). ``start`` starts the service (or finds
+the running one) with this user's admin token (made 0600 if absent), recovering the journal of
+``--store`` when that journal's admin is this user; ``stop`` kills the service and keeps its journal;
+``reset`` kills it and forgets its journal, plan and tenant tokens. The other commands read the service
+in tables and never start one. Memory in GiB, CPU in cores, GPU as free/total per node. Every call presents the token of
 ``--token-file`` (default: ``$INFRA_SCHEDULER_TOKEN_FILE``, else this user's admin token); ``token
-issue`` (admin only) writes a new tenant token to a 0600 file for that tenant. The whole command is
+issue`` (admin only) writes a new tenant token to a 0600 file for that tenant; ``prune`` (admin only)
+removes the placement groups a service kept after recovering a damaged journal. The whole command is
 bounded by ``--timeout``: past it, one line says what did not answer.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -20,9 +29,28 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from infra.scheduler.quota import Quota
 from infra.scheduler.resources import MILLI
-from infra.service.actor import TOKEN_FILE_ENV, ClusterStatus, GangStatus, config_dir, write_token
-from infra.service.client import connect
+from infra.service.actor import (
+    NAMESPACE,
+    SERVICE_NAME,
+    TOKEN_FILE_ENV,
+    ClusterStatus,
+    GangStatus,
+    ServiceRefused,
+    admin_token_path,
+    config_dir,
+    ensure_admin_token,
+    make_store,
+    start,
+    token_digest,
+    write_token,
+)
+from infra.service.client import check_reachable, connect
+from infra.service.journal import JournalRefused
+
+SERVICE_COMMANDS = ("start", "stop", "reset")
+"""Commands that manage the service actor itself (the others talk to a running one)."""
 
 TIMEOUT_S = 30.0
 """Default bound of a whole command (connecting included)."""
@@ -111,9 +139,43 @@ def _token(client, verb: str | None, tenant: str | None, out: str | None, consol
     return 0
 
 
+def _parse_quota(text: str) -> tuple[str, Quota]:
+    """``tenant=GPUS[:BORROW_GPUS]`` -> quota in milli-GPU."""
+    try:
+        tenant, amounts = text.split("=", 1)
+        nominal, _, borrow = amounts.partition(":")
+        return tenant, Quota(round(float(nominal) * 1000), round(float(borrow) * 1000) if borrow else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--quota {text!r}: write TENANT=GPUS or TENANT=GPUS:BORROW_GPUS") from None
+
+
+def _manage(args: argparse.Namespace, console: Console) -> int:
+    """``start``, ``stop`` or ``reset`` the service actor of the cluster at ``args.address``."""
+    import ray
+
+    check_reachable(args.address, args.timeout)
+    ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
+    if args.command == "start":
+        start(policy=args.policy, quotas=dict(args.quota) or None, store=args.store,
+              admin_sha256=token_digest(ensure_admin_token()))
+        console.print(f"scheduler service {SERVICE_NAME!r} running in namespace {NAMESPACE!r}; if this call started "
+                      f"it, its admin token is {admin_token_path()}", highlight=False)
+        return 0
+    with contextlib.suppress(ValueError):  # none runs: stop has nothing to do, reset still clears the store
+        ray.kill(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE), no_restart=True)
+    if args.command == "stop":
+        console.print("stopped (its journal is kept: start recovers it; reset forgets it)")
+    else:
+        make_store(args.store).clear()
+        console.print(f"journal, snapshot and tenant tokens cleared ({args.store})", highlight=False)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.service.cli", description=__doc__)
-    parser.add_argument("command", choices=["status", "queue", "gangs", "events", "cancel", "token"])
+    parser = argparse.ArgumentParser(prog="python -m infra.service", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=[*SERVICE_COMMANDS, "status", "queue", "gangs", "events", "cancel", "prune",
+                                            "token"])
     parser.add_argument("name", nargs="?", help="gang to cancel; issue or revoke after token")
     parser.add_argument("tenant", nargs="?", help="tenant of token issue / revoke")
     parser.add_argument("--address", default="auto")
@@ -121,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help=f"seconds the whole command may take (default {TIMEOUT_S:g})")
     parser.add_argument("--token-file", default=None, help=f"credential to present (default ${TOKEN_FILE_ENV}, else the admin's)")
     parser.add_argument("--out", default=None, help="file for the token of token issue (default: config dir/TENANT.token)")
+    parser.add_argument("--policy", default="fgd-strand", help="placement policy of a new plan (start)")
+    parser.add_argument("--quota", action="append", type=_parse_quota, default=[],
+                        help="TENANT=GPUS[:BORROW_GPUS], GPU quota of a new plan (start; repeat per tenant)")
+    parser.add_argument("--store", default="session",
+                        help="journal store (start, reset): session (Ray's session directory on the head node, "
+                             "default), kv (Ray's GCS) or a directory")
     args = parser.parse_args(argv)
     if not args.timeout > 0:
         parser.error(f"--timeout {args.timeout} must be a positive number of seconds")
@@ -129,9 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     timer = _watchdog(args.timeout, args.address)
     console = Console(width=160)
     try:
+        if args.command in SERVICE_COMMANDS:
+            return _manage(args, console)
         client = connect(args.address, start_service=False, token_file=args.token_file, timeout_s=args.timeout)
         return _run(client, args, console)
-    except (ValueError, ConnectionError, TimeoutError, PermissionError, FileNotFoundError) as exc:
+    except (ValueError, ConnectionError, TimeoutError, PermissionError, FileNotFoundError, ServiceRefused,
+            JournalRefused) as exc:
         cause = getattr(exc, "cause", None) or exc  # a refusal by the service arrives wrapped by Ray
         print(f"error: {str(cause) or type(cause).__name__}", file=sys.stderr)
         return 2
@@ -157,6 +228,8 @@ def _run(client, args: argparse.Namespace, console: Console) -> int:
         console.print(gangs_table(client.gangs(), "gangs"))
     elif args.command == "events":
         console.print(events_table(client.events(limit=args.limit)))
+    elif args.command == "prune":
+        console.print(f"removed {client.prune_groups()} placement group(s) the recovered plan does not hold")
     else:
         console.print(gangs_table([client.cancel(args.name)], "cancelled"))
     return 0

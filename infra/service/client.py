@@ -104,7 +104,9 @@ def connect(
     Args:
         address: Ray address to connect to when this process is not connected yet.
         start_service: start the service if it does not run (else raise ``ValueError``); a service
-            started here has this user's admin token (``admin_token_path()``, made if absent).
+            started here has this user's admin token (``admin_token_path()``, made if absent) and starts
+            fresh only: over a journal that holds a plan it is refused (``ServiceRefused``), since only
+            ``python -m infra.service start`` by that plan's admin recovers one.
         token_file: the credential to present (see ``credential``).
         timeout_s: longest wait for the cluster and for each call (``TimeoutError``/``ConnectionError``).
         options: ``SchedulerService`` options for a service started here (policy, quotas, store ...).
@@ -120,7 +122,7 @@ def connect(
     except ValueError:
         if not start_service:
             raise ValueError("no scheduler service runs; start one with `python -m infra.service start`") from None
-        actor = start(admin_sha256=token_digest(ensure_admin_token()), **options)
+        actor = start(admin_sha256=token_digest(ensure_admin_token()), fresh=True, **options)
     except ray.exceptions.GetTimeoutError:
         raise TimeoutError(f"the scheduler service did not answer within {timeout_s:g} s: see `ray status` and "
                            "the actor's log, or restart it (`python -m infra.service stop` then `start`)") from None
@@ -189,6 +191,10 @@ class SchedulerClient:
     def revoke_tokens(self, tenant: str) -> int:
         """Void every token of ``tenant`` (admin only); how many there were."""
         return self._call("revoke_tokens", tenant)
+
+    def prune_groups(self) -> int:
+        """Remove the placement groups kept after a damaged journal (admin only); how many went."""
+        return self._call("prune_groups")
 
     def gang(self, name: str) -> GangStatus:
         """The status of gang ``name``."""

@@ -66,9 +66,13 @@ def test_a_torn_record_at_the_end_is_ignored(tmp_path):
     live = SchedulerService(store=str(tmp_path))
     _drive(live, np.random.default_rng(5), 40)
     want = _plan(live)
-    with open(tmp_path / "journal.log", "ab") as f:  # a crash in the middle of the next append
+    with open(tmp_path / "journal.jsonl", "ab") as f:  # a crash in the middle of the next append
         f.write(encode_record({"seq": 10**6, "op": "tick", "args": []})[:30])
-    assert _plan(SchedulerService(store=str(tmp_path))) == want
+    again = SchedulerService(store=str(tmp_path))
+    assert _plan(again) == want
+    assert again.problems and "checksum or format mismatch" in again.problems[0][1]
+    again._do("tick", 99.0)  # the next append starts a line of its own: every record stays readable
+    assert SchedulerService(store=str(tmp_path)).journal.seq == again.journal.seq
 
 
 def test_records_decode_around_a_corrupt_one():
@@ -122,13 +126,13 @@ def test_the_gangs_of_a_silent_owner_are_released(tmp_path):
     svc._owners_seen = {"alive": 100.0, "gone": 1.0}
     svc._expire_owners(100.0)
     assert svc.sched.gangs() == ["kept"]
-    state, why = svc.terminal["orphan"]
-    assert state is HandleState.FAILED and "owner gone silent" in why
+    state, why, tenant = svc.terminal["orphan"]
+    assert state is HandleState.FAILED and "owner gone silent" in why and tenant == "default"
 
 
 # ---------------------------------------------------------------- damage (issue 36): recover, report, never run code
 def _six_records(store) -> SchedulerService:
-    """A node and five one-GPU gangs: six journal records, no snapshot."""
+    """The admin, a node and five one-GPU gangs: seven journal records, no snapshot."""
     svc = SchedulerService(store=str(store))
     svc._do("add_node", Node("n0", 64000, 65536, (GPU("L4"),) * 8), 0.0)
     for k in range(5):
@@ -153,12 +157,12 @@ def test_a_flipped_byte_in_a_middle_record_loses_that_record_only_and_says_so(tm
     _six_records(tmp_path)
     path = tmp_path / "journal.jsonl"
     lines = path.read_bytes().split(b"\n")
-    third = bytearray(lines[2])
-    third[len(third) // 2] ^= 0x04
-    lines[2] = bytes(third)
+    fourth = bytearray(lines[3])
+    fourth[len(fourth) // 2] ^= 0x04
+    lines[3] = bytes(fourth)
     path.write_bytes(b"\n".join(lines))
     again = SchedulerService(store=str(tmp_path))
-    assert again.sched.gangs() == ["g0", "g2", "g3", "g4"]  # record 3 submitted g1
+    assert again.sched.gangs() == ["g0", "g2", "g3", "g4"]  # record 4 submitted g1 (record 1 fixed the admin)
     st, events = _status(again)
     assert len(st.problems) == 1 and "checksum or format mismatch" in st.problems[0]
     assert [e.detail["problem"] for e in events if e.kind.value == "service_problem"] == list(st.problems)
@@ -175,15 +179,27 @@ def test_zeros_appended_keep_every_record_and_the_next_appends(tmp_path):
     assert "after" in SchedulerService(store=str(tmp_path)).sched.gangs()  # not glued to the zeros
 
 
-def test_a_garbage_snapshot_starts_the_service_with_the_records_after_it(tmp_path):
+def test_a_garbage_snapshot_falls_back_to_the_generation_before_it(tmp_path):
     svc = _six_records(tmp_path)
-    svc.journal.snapshot((svc.sched, svc.terminal, svc.owner_of, svc._seen_event))
+    svc.journal.snapshot(svc._state())
     svc._do("submit", GangRequest("late", (Bundle(1000, 1024),)), "owner", 9.0)
     (tmp_path / "snapshot.json").write_bytes(np.random.default_rng(0).bytes(3000))
-    again = SchedulerService(store=str(tmp_path))  # used to die in __init__
+    again = SchedulerService(store=str(tmp_path))  # used to die in __init__, then to lose the plan
+    assert _plan(again) == _plan(svc)  # the previous journal replays what the snapshot held
     st, _ = _status(again)
-    assert any("snapshot unreadable" in p for p in st.problems)
-    assert any("record 7 (submit) failed on replay" in p for p in st.problems)  # no node: named, not swallowed
+    assert any("snapshot: skipped" in p for p in st.problems)
+
+
+@pytest.mark.parametrize("shape", ["short tuple", "wrong types", "not a tuple"])
+def test_a_snapshot_of_the_wrong_shape_is_refused_not_unpacked(tmp_path, shape):
+    svc = _six_records(tmp_path)
+    svc.journal.snapshot(svc._state())
+    svc._do("submit", GangRequest("late", (Bundle(1000, 1024),)), "owner", 9.0)
+    state = {"short tuple": (1, 2), "wrong types": ({}, {}, {}, -1, {}, "", {}), "not a tuple": [1, 2, 3]}[shape]
+    (tmp_path / "snapshot.json").write_bytes(encode_record({"seq": 8, "state": JOURNAL_CODEC.encode(state)}))
+    again = SchedulerService(store=str(tmp_path))  # the checksum passes: used to die with "not enough values"
+    assert _plan(again) == _plan(svc)
+    assert any("snapshot not used" in p for _, p in again.problems)
 
 
 def test_empty_and_zero_records_are_refused():
@@ -226,7 +242,7 @@ def test_a_verb_that_fails_on_replay_only_is_reported(tmp_path):
     svc = _six_records(tmp_path)
     svc.journal.log("release", "never-submitted", 7.0, "released")  # fails on replay, was never applied live
     again = SchedulerService(store=str(tmp_path))
-    assert [p for _, p in again.problems] and "record 7 (release) failed on replay" in again.problems[0][1]
+    assert [p for _, p in again.problems] and "record 8 (release) failed on replay" in again.problems[0][1]
     assert not SchedulerService(store=str(_drive_and_return(tmp_path / "clean"))).problems  # refusals live: quiet
 
 
@@ -260,13 +276,14 @@ def test_background_loop_errors_show_in_status(tmp_path):
 def test_reset_clears_the_directory_it_names(tmp_path, monkeypatch):
     import ray
 
-    from infra.service import actor as service
+    from infra.service import cli
 
     _six_records(tmp_path)
     (tmp_path / "snapshot.pkl").write_bytes(b"old format")
     monkeypatch.setattr(ray, "init", lambda **kw: None)
     monkeypatch.setattr(ray, "get_actor", lambda *a, **kw: (_ for _ in ()).throw(ValueError("no service")))
-    assert service.main(["reset", "--store", str(tmp_path)]) == 0
+    monkeypatch.setattr(cli, "check_reachable", lambda address, timeout_s: None)
+    assert cli.main(["reset", "--store", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.jsonl"] and not (tmp_path / "journal.jsonl").read_bytes()
     assert SchedulerService(store=str(tmp_path)).sched.gangs() == []
 

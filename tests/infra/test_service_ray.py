@@ -18,7 +18,14 @@ ray = pytest.importorskip("ray")
 
 from infra.ray_cluster.realize import GROUP_PREFIX, ray_gpu_choice, start_local_cluster  # noqa: E402
 from infra.scheduler import GPU, Bundle, Cluster, EventKind, GangRequest, Node, PinGPUs  # noqa: E402
-from infra.service.actor import NAMESPACE, SERVICE_NAME, HandleState  # noqa: E402
+from infra.service.actor import (  # noqa: E402
+    NAMESPACE,
+    SERVICE_NAME,
+    HandleState,
+    ensure_admin_token,
+    start,
+    token_digest,
+)
 from infra.service.client import GangBackend, connect  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -158,6 +165,7 @@ def test_killing_the_service_loses_no_placement(cluster, eventually):
         ray.kill(service, no_restart=hard)
         if hard:
             assert eventually(lambda: not _alive(), 30)
+            start(admin_sha256=token_digest(ensure_admin_token()), poll_s=0.2, owner_lease_s=600)  # connect() would refuse
             client = connect()
         after = {g.name: (g.state, g.placement) for g in client.gangs()}
         assert after == before, "the restarted service lost or changed a placement"

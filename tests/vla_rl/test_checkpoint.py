@@ -109,7 +109,9 @@ def test_a_converted_format_2_checkpoint_resumes(tmp_path, script):
     latest.write_bytes(_format_2(want))
     with pytest.raises(CheckpointError, match="format-2 checkpoint"):
         Trainer(_config(tmp_path, total_env_steps=128), resume=True)
-    assert script("convert_checkpoint").main([str(latest)]) == 0
+    assert script("convert_checkpoint").main([str(latest)]) == 2  # numpy state: a weights-only load refuses it
+    assert latest.read_bytes()[:11] == b"VLARLCKPT1\n" and not (latest.parent / "latest.pt.format2").exists()
+    assert script("convert_checkpoint").main([str(latest), "--trust-pickle"]) == 0
     assert (latest.parent / "latest.pt.format2").is_file()
     resumed = Trainer(_config(tmp_path, total_env_steps=128), resume=True)
     assert resumed.iteration == 1

@@ -7,9 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
+from infra.common.typed_config import ConfigError, from_dict, load_yaml, merge, parse_overrides
 from vla_rl.config.policy import _policy_name, policy_from_dict
 from vla_rl.config.train import TrainConfig
 
@@ -58,10 +56,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         known = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
         raise ConfigError(f"config file {path} not found; configs shipped in {CONFIG_DIR}: {', '.join(known)}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    data = load_yaml(path.read_text(), f"config file {path}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return data

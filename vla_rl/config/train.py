@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from infra.common.files import unwritable
+from infra.common.run_dir import check_run_name
 from infra.common.runlog import LogConfig
 from infra.common.typed_config import ConfigError
 from rlcore.update_config import (
@@ -92,6 +93,7 @@ class TrainConfig:
         for section in (self.env, self.ppo, self.distill, self.sft, self.eval, self.log, self.fleet):
             section.validate()
         _check_ranges(self, RANGES | {f"policy.{key}": r for key, r in POLICY_RANGES.items()})
+        check_run_name(self.run_name)
         if not self.out_dir or "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name={self.name!r}, out_dir={self.out_dir!r}: out_dir must be set and name one "
                               "directory name")
