@@ -39,9 +39,9 @@ import torch
 from bench_libero import bench_sim
 from bench_report import output_path, write_report
 
-from sims.libero.install import missing_tasks
 from sims.libero.scene import VISUAL_FACES, build_model, load_task
 from sims.libero.suites import cache_dir, parse_task_id, setup_hint
+from sims.libero.toolchain.install import missing_tasks
 
 TARGET_ENV_STEPS_PER_S = 100_000.0
 TARGET_SIZE = 128

@@ -27,9 +27,9 @@ import mujoco
 import numpy as np
 from bench_report import output_path, write_report
 
-from sims.libero.install import ensure_tasks
 from sims.libero.scene import load_task
 from sims.libero.sim import LiberoSim, libero_render_config
+from sims.libero.toolchain.install import ensure_tasks
 
 
 def frames(task_id: str, envs: int, size: int, repeats: int, faces: int | None,

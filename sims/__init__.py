@@ -3,6 +3,11 @@
 Public API: :func:`make_vec_env` / :class:`SimVectorEnv` (gymnasium ``VectorEnv`` + TensorDict
 view), :class:`RenderConfig`, the task registry (:data:`TASK_NAMES`), and the single-environment
 gymnasium ids registered by :mod:`sims.single` (``sims/Reach-v0``, ...).
+
+LIBERO's suites (``libero_<suite>[/<i>]`` tasks of :func:`make_vec_env`) live in :mod:`sims.libero`:
+its runtime (scene, simulation, controller, predicates, experts, vector env) at the top, and the
+toolchain that fills its task cache (installer, export, mesh decimation, bundles) in
+:mod:`sims.libero.toolchain`.
 """
 
 import os

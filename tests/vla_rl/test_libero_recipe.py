@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from sims.libero.install import ensure_lan
+from sims.libero.toolchain.install import ensure_lan
 from vla_rl.config import CONFIG_DIR
 from vla_rl.demos.reader import DemoDataset
 

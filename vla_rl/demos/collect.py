@@ -98,8 +98,8 @@ class CollectConfig:
 
 
     def _validate_libero(self) -> None:
-        from sims.libero.install import missing_variants
         from sims.libero.scene import CAMERAS
+        from sims.libero.toolchain.install import missing_variants
         from sims.libero.vec_env import resolve_libero_task
 
         resolve_libero_task(self.task)

