@@ -25,6 +25,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 from bench_report import machine_info, output_path
 
+from infra.common.files import write_atomic
 from vla_rl.checkpoint import CheckpointError
 from vla_rl.config import ConfigError
 from vla_rl.recipe import RecipeStopped, load_recipe, run_recipe
@@ -48,9 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = {"machine": machine_info(), **out}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    tmp.replace(args.json)
+    write_atomic(args.json, json.dumps(report, indent=2, default=str).encode())
     for stage, results in out["results"].items():
         for split, r in results.items():
             if isinstance(r, dict) and "ci95" in r:  # (a LIBERO stage also holds its protocol)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infra.common.files import atomic_path, write_atomic
 from sims.libero.suites import LIBERO_SUITE, cache_dir, parse_task_id
 
 # What the export process imports, installed without dependencies (the project supplies numpy,
@@ -152,11 +153,11 @@ def export_lan(task_id: str, root: Path, site: Path) -> None:
     width = 1 + meta["nq"] + meta["nv"]
     if states.shape[1] != width:
         raise RuntimeError(f"{task_id}: _lan initial states of width {states.shape[1]}, the scene's 1 + nq + nv = {width}")
-    np.savez_compressed(folder / ".lan_init_states.npz", states=states)
-    (folder / ".lan.json").write_text(json.dumps({"instruction": _bddl_language(lan, lan_path),
-                                                  "bddl": f"{bench}_lan/{name}.bddl"}, indent=1))
-    for file in LAN_FILES:  # the pair appears together (the json last: what load_lan looks for)
-        os.replace(folder / f".{file}", folder / file)
+    meta_lan = json.dumps({"instruction": _bddl_language(lan, lan_path), "bddl": f"{bench}_lan/{name}.bddl"}, indent=1)
+    # Each file whole or absent, the json last (what load_lan looks for), so the pair appears together.
+    with atomic_path(folder / "lan_init_states.npz") as tmp:
+        np.savez_compressed(tmp, states=states)
+    write_atomic(folder / "lan.json", meta_lan.encode())
 
 
 def ensure_lan(task_ids: list[str], cache: str | os.PathLike | None = None) -> list[str]:
