@@ -29,7 +29,7 @@ import yaml
 
 import sims
 from infra.common.runlog import LogConfig
-from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
+from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides, validate_section
 from rlcore.update_config import (
     AT_LEAST_1,
     FRACTION,
@@ -330,7 +330,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad value and the fix: each section's own values (its
-        ``validate``), every number's range (:data:`RANGES`, :data:`POLICY_RANGES`) and the settings that tie
+        ``validate``, the policy's included), every number's range (:data:`RANGES`, the policy config's ``RANGES``) and the settings that tie
         sections together (algorithm, policy and fleet against the environment). Reads no file, device or
         registry (:meth:`check` does), so ``typed_config.from_dict`` runs it on every config it builds."""
         if not dataclasses.is_dataclass(self.policy):
@@ -338,7 +338,8 @@ class TrainConfig:
                               "vla_rl.config.build_config or load_config (they read the policy section)")
         for section in (self.env, self.ppo, self.distill, self.sft, self.eval, self.log, self.fleet):
             section.validate()
-        _check_ranges(self, RANGES | {f"policy.{key}": r for key, r in POLICY_RANGES.items()})
+        validate_section(self.policy, "policy")
+        _check_ranges(self, RANGES | {f"policy.{key}": r for key, r in self.policy.RANGES.items()})
         if not self.out_dir or "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name={self.name!r}, out_dir={self.out_dir!r}: out_dir must be set and name one "
                               "directory name")
@@ -510,17 +511,9 @@ RANGES: dict[str, Range] = {
     "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
     "log.video_every": AT_LEAST_1, **{f"fleet.{key}": r for key, r in FLEET_RANGES.items()},
 }
-"""Valid range of every numeric field of :class:`TrainConfig` (the policy's: :data:`POLICY_RANGES`);
+"""Valid range of every numeric field of :class:`TrainConfig` (the policy's: its config's ``RANGES``);
 ``None`` values (optional fields left unset) are not checked. Tuples are checked element by element, and a
 number no entry names must be finite and >= 0 (``rlcore.update_config.DEFAULT_RANGE``)."""
-POLICY_RANGES: dict[str, Range] = {
-    "hidden_sizes": AT_LEAST_1, "trunk_sizes": AT_LEAST_1, "critic_hidden_sizes": AT_LEAST_1,
-    "conv_channels": AT_LEAST_1, "obs_clip": NON_NEGATIVE, "image_size": Range(8, 1024), "patch_size": AT_LEAST_1,
-    "conv_stride": AT_LEAST_1, "attention_heads": AT_LEAST_1, "width": AT_LEAST_1, "trunk_target_dims": AT_LEAST_1,
-    "language_tokens": Range(3, 512), "language_heads": AT_LEAST_1, "language_width": AT_LEAST_1,
-    "aux_loss_coef": NON_NEGATIVE, "head.chunk": AT_LEAST_1, "head.bins": Range(2), "head.init_log_std": Range(),
-}
-"""Valid ranges of the numeric fields of the policies' config dataclasses (a field a policy lacks is skipped)."""
 SIMS_FLAT_KEYS = ("proprio", "state")
 """The flat float observation keys of a ``sims`` environment (docs/ARCHITECTURE.md, "sims -> vla_rl")."""
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
@@ -679,20 +672,12 @@ def _check_files(cfg: TrainConfig) -> None:
 def _check_policy(cfg: TrainConfig) -> None:
     """The policy section against itself and the observations the environment gives."""
     p, env, name = cfg.policy, cfg.env, _policy_name(cfg.policy)
-    if getattr(p, "obs_keys", None) == ():
-        raise ConfigError("policy.obs_keys is empty; name at least one observation key, e.g. [state]")
     if not hasattr(p, "image_key"):  # a state policy
         flat = {"policy.obs_keys": p.obs_keys}
     elif env.kind != "sims" or not env.render:
         raise ConfigError(f"policy.name={name} reads camera images: it needs env.kind=sims and env.render=true")
     elif p.image_size != env.image_size:
         raise ConfigError(f"policy.image_size={p.image_size} must equal env.image_size={env.image_size} (the frame size)")
-    elif p.image_size % p.patch_size:
-        raise ConfigError(f"policy.image_size={p.image_size} must be a multiple of policy.patch_size={p.patch_size}")
-    elif not p.conv_channels:
-        raise ConfigError("policy.conv_channels is empty; give the stem's channels at least, e.g. [16, 16, 16]")
-    elif p.attention_target_keys and p.readout != "attention":
-        raise ConfigError(f"policy.attention_target_keys={list(p.attention_target_keys)} need policy.readout=attention")
     else:
         flat = {"policy.proprio_key": (p.proprio_key,), "policy.trunk_target_key": (p.trunk_target_key,),
                 "policy.critic_obs_keys": p.critic_obs_keys}
