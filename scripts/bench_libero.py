@@ -42,9 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sims  # noqa: F401  (before mujoco: sims sets MuJoCo's headless GL defaults, EGL)
 
+# isort: split
 import mujoco
 import numpy as np
 from bench_report import device_sync, output_path, write_report

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sims  # noqa: F401  (before mujoco: sims sets MuJoCo's headless GL defaults, EGL)
 
+# isort: split
 import mujoco
 import numpy as np
 from bench_report import output_path, write_report

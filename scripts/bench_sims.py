@@ -29,11 +29,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sims  # before mujoco: sims sets MuJoCo's headless GL defaults (EGL)
 
+# isort: split
 import gymnasium as gym
 import mujoco
 import numpy as np
@@ -42,7 +41,6 @@ from bench_sims_gpu import measure_warp
 from rich.console import Console
 from rich.table import Table
 
-import sims
 from sims import tasks as T
 from sims.render import BatchRenderer, RenderConfig
 from sims.scene import SceneConfig, build_model

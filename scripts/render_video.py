@@ -11,13 +11,6 @@ side. The instruction of each episode is printed as it starts.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
-
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 
 import imageio.v2 as imageio
 import numpy as np
