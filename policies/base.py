@@ -32,6 +32,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from policies.heads import ActionDistribution, ActionHead
+from rlcore.update_config import check_choice
 
 ObsSpec = Mapping[str, Sequence[int]] | TensorDictBase
 """Per-key feature shapes without batch dimensions (``{"state": (17,)}``), or a sample TensorDict."""
@@ -92,8 +93,7 @@ def obs_entry(obs: TensorDictBase, key: str) -> torch.Tensor:
 
 def build_mlp(in_features: int, hidden_sizes: Sequence[int], activation: str) -> nn.Sequential:
     """Linear + activation layers with orthogonal init (gain sqrt(2)) and zero biases."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; valid choices: {', '.join(ACTIVATIONS)}.")
+    check_choice("activation", activation, ACTIVATIONS)
     layers: list[nn.Module] = []
     width = in_features
     for size in hidden_sizes:

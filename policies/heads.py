@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
+from rlcore.update_config import AT_LEAST_1, Range, check_choice, out_of_range
+
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -212,13 +214,26 @@ class ActionHeadConfig:
     init_log_std: float = 0.0
     """Initial log standard deviation of the ``gaussian`` head."""
 
+    def validate(self, prefix: str = "") -> None:
+        """Raise ``ValueError`` naming the first bad field (``prefix``: where the head sits, e.g. ``head.``):
+        an unknown kind or a number outside :data:`HEAD_RANGES`."""
+        check_choice(f"{prefix}kind", self.kind, HEAD_KINDS)
+        message = out_of_range(self, HEAD_RANGES, prefix)
+        if message:
+            raise ValueError(message)
+
+
+HEAD_RANGES: dict[str, Range] = {"chunk": AT_LEAST_1, "bins": Range(2), "init_log_std": Range()}
+"""Valid range of every numeric field of :class:`ActionHeadConfig` (``init_log_std``: any finite number)."""
+
 
 def make_head(cfg: ActionHeadConfig, in_features: int, action_dim: int) -> ActionHead:
-    """Build the action head ``cfg`` describes on features of width ``in_features``."""
-    if cfg.chunk < 1:
-        raise ValueError(f"action head chunk={cfg.chunk}: must be >= 1 (1 = one action per decision).")
+    """Build the action head ``cfg`` describes on features of width ``in_features``.
+
+    Raises:
+        ValueError: ``cfg`` refuses one of its fields (:meth:`ActionHeadConfig.validate`).
+    """
+    cfg.validate()
     if cfg.kind == "gaussian":
         return GaussianHead(in_features, action_dim, cfg.chunk, cfg.init_log_std)
-    if cfg.kind == "binned":
-        return BinnedHead(in_features, action_dim, cfg.chunk, cfg.bins)
-    raise ValueError(f"unknown action head kind {cfg.kind!r}; valid choices: {', '.join(HEAD_KINDS)}.")
+    return BinnedHead(in_features, action_dim, cfg.chunk, cfg.bins)

@@ -8,11 +8,13 @@ the default works unchanged; the suite's state tasks use ``("proprio", "state")`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from tensordict import TensorDictBase
 
 from policies.base import (
+    ACTIVATIONS,
     Activation,
     ActorCritic,
     ObsSpec,
@@ -21,13 +23,19 @@ from policies.base import (
     spec_shapes,
     value_layer,
 )
-from policies.heads import ActionHeadConfig, make_head
+from policies.heads import HEAD_RANGES, ActionHeadConfig, make_head
 from policies.normalization import RunningNorm
+from rlcore.update_config import AT_LEAST_1, NON_NEGATIVE, Range, check_choice, out_of_range
 
 
 @dataclass
 class MLPPolicyConfig:
     """Configuration of :class:`MLPActorCritic`."""
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "hidden_sizes": AT_LEAST_1, "obs_clip": NON_NEGATIVE, **{f"head.{k}": r for k, r in HEAD_RANGES.items()},
+    }
+    """Valid range of every numeric field (dotted keys reach the head); not a field: no config sets it."""
 
     obs_keys: tuple[str, ...] = ("state",)
     """Flat float observation keys, concatenated in this order (gymnasium Box tasks: ``state``)."""
@@ -44,6 +52,17 @@ class MLPPolicyConfig:
     obs_clip: float = 10.0
     """Clip normalised observations to ``[-obs_clip, obs_clip]`` (0 disables clipping)."""
 
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field and the fix: no observation key, an unknown
+        activation or head, or a number outside :attr:`RANGES`. Run by the policy it builds."""
+        if not self.obs_keys:
+            raise ValueError("obs_keys is empty; name at least one observation key, e.g. [state]")
+        check_choice("activation", self.activation, ACTIVATIONS)
+        self.head.validate("head.")
+        message = out_of_range(self, self.RANGES)
+        if message:
+            raise ValueError(message)
+
 
 class MLPActorCritic(ActorCritic):
     """Gaussian (or binned) MLP actor-critic with orthogonal init over flat observations.
@@ -56,11 +75,8 @@ class MLPActorCritic(ActorCritic):
 
     def __init__(self, cfg: MLPPolicyConfig, obs_spec: ObsSpec, action_dim: int) -> None:
         super().__init__()
+        cfg.validate()
         shapes = spec_shapes(obs_spec)
-        if not cfg.obs_keys:
-            raise ValueError(
-                "MLPPolicyConfig.obs_keys is empty; name at least one observation key, e.g. ('state',)."
-            )
         self.obs_keys = tuple(cfg.obs_keys)
         self.actor_input_names = self.obs_keys
         obs_dim = sum(require_key(shapes, k, 1, "MLPActorCritic")[0] for k in self.obs_keys)

@@ -48,9 +48,10 @@ call ``set_instructions`` with the instruction list of the environment you act i
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from tensordict import TensorDictBase
@@ -78,8 +79,9 @@ from policies.encoders import (
     shared_sentence_cache,
     shared_token_cache,
 )
-from policies.heads import ActionHeadConfig, make_head
+from policies.heads import HEAD_RANGES, ActionHeadConfig, make_head
 from policies.normalization import RunningNorm
+from rlcore.update_config import AT_LEAST_1, NON_NEGATIVE, Range, check_choice, out_of_range
 
 INSTRUCTION_EMBEDDING = "instruction_embedding"
 """Name of the actor's language input: the instruction's sentence embedding, float ``[N, EMBED_DIM]``
@@ -91,9 +93,26 @@ PERCEPTION_MODULES = ("language", "language_tokens", "image_encoder", "attention
 """What ``freeze_perception`` keeps fixed: everything between the pixels and language and the trunk."""
 
 
+Readout = Literal["flatten", "attention"]
+READOUTS: tuple[str, ...] = typing.get_args(Readout)
+"""How each camera's final feature map becomes a vector (:attr:`VLAConfig.readout`)."""
+Language = Literal["sentence", "tokens"]
+LANGUAGES: tuple[str, ...] = typing.get_args(Language)
+"""What the policy reads of an instruction (:attr:`VLAConfig.language`)."""
+
+
 @dataclass
 class VLAConfig:
     """Configuration of :class:`VLAPolicy`."""
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "image_size": Range(8, 1024), "patch_size": AT_LEAST_1, "conv_channels": AT_LEAST_1, "conv_stride": AT_LEAST_1,
+        "attention_heads": AT_LEAST_1, "width": AT_LEAST_1, "language_tokens": Range(3, 512),
+        "language_heads": AT_LEAST_1, "language_width": AT_LEAST_1, "trunk_sizes": AT_LEAST_1, "obs_clip": NON_NEGATIVE,
+        "critic_hidden_sizes": AT_LEAST_1, "trunk_target_dims": AT_LEAST_1, "aux_loss_coef": NON_NEGATIVE,
+        **{f"head.{k}": r for k, r in HEAD_RANGES.items()},
+    }
+    """Valid range of every numeric field (dotted keys reach the head); not a field: no config sets it."""
 
     image_key: str = "rgb"
     """Observation key of the camera images, uint8 ``[N, cams, 3, H, W]``."""
@@ -109,7 +128,7 @@ class VLAConfig:
     """Channels of the stem, then of each 3x3 convolution (shared across cameras)."""
     conv_stride: int = 2
     """Stride of the 3x3 convolutions after the stem (1 keeps the stem's resolution)."""
-    readout: Literal["flatten", "attention"] = "flatten"
+    readout: Readout = "flatten"
     """How each camera's final map becomes a vector: ``flatten`` (every position and channel, then
     a linear layer) or ``attention`` (instruction-queried spatial attention: per head, where the
     attended thing is and what it looks like; :class:`~policies.encoders.SpatialAttentionReadout`)."""
@@ -117,7 +136,7 @@ class VLAConfig:
     """Queries of the ``attention`` readout."""
     width: int = 128
     """Width d of the per-camera image feature, the language feature and the proprio feature."""
-    language: Literal["sentence", "tokens"] = "sentence"
+    language: Language = "sentence"
     """What the policy reads of an instruction: MiniLM's pooled ``sentence`` embedding, or also its
     ``tokens`` (contextual token embeddings read by attention queried from the sentence,
     :class:`~policies.encoders.TokenAttention`), which keeps apart which word fills which role."""
@@ -166,6 +185,29 @@ class VLAConfig:
     (:meth:`VLAPolicy.prepare_update_batch`) instead of forward and backward per minibatch.
     The attention loss needs the perception's gradients, so it is skipped (the trunk-target loss is not)."""
 
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field and the fix: a choice or a number outside
+        :attr:`RANGES`, an image size the patch size does not divide, no stem channels, or attention
+        targets without the attention readout's heads. Run by the policy it builds."""
+        for key, valid in (("readout", READOUTS), ("language", LANGUAGES), ("activation", ACTIVATIONS)):
+            check_choice(key, getattr(self, key), valid)
+        self.head.validate("head.")
+        message = out_of_range(self, self.RANGES)
+        if message:
+            raise ValueError(message)
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size={self.image_size} must be a multiple of patch_size={self.patch_size}")
+        if not self.conv_channels:
+            raise ValueError("conv_channels is empty; give the stem's channels at least, e.g. [16, 16, 16]")
+        if self.attention_target_keys and self.readout != "attention":
+            raise ValueError(f"attention_target_keys={list(self.attention_target_keys)} train the attention readout; "
+                             f"set readout: attention (it is {self.readout!r}).")
+        if len(self.attention_target_keys) > self.attention_heads:
+            raise ValueError(f"attention_target_keys={list(self.attention_target_keys)} need as many heads; "
+                             f"raise attention_heads (it is {self.attention_heads}).")
+
+
+
 
 class VLAPolicy(ActorCritic):
     """Language-conditioned visuomotor actor-critic (see the module docstring for the data flow).
@@ -187,6 +229,7 @@ class VLAPolicy(ActorCritic):
         self, cfg: VLAConfig, obs_spec: ObsSpec, action_dim: int, sentences: SentenceCache | None = None
     ) -> None:
         super().__init__()
+        cfg.validate()
         shapes = spec_shapes(obs_spec)
         self.cameras, channels, _, _ = require_key(shapes, cfg.image_key, 4, "VLAPolicy")
         if channels != 3:
@@ -200,30 +243,21 @@ class VLAPolicy(ActorCritic):
         d = cfg.width
         self.language_tokens: TokenAttention | None = None
         if cfg.language == "tokens":
-            if cfg.language_tokens < 3:
-                raise ValueError(f"language_tokens={cfg.language_tokens}; an instruction has at least 3 "
-                                 "([CLS], a word, [SEP]): use e.g. 24.")
             self.language_tokens = TokenAttention(EMBED_DIM, cfg.language_heads, cfg.language_width)
             self.instruction_shape: tuple[int, ...] = (1 + cfg.language_tokens, EMBED_DIM)
-        elif cfg.language == "sentence":
-            self.instruction_shape = (EMBED_DIM,)
         else:
-            raise ValueError(f"language={cfg.language!r}; valid: sentence, tokens.")
+            self.instruction_shape = (EMBED_DIM,)
         self.register_buffer("instruction_embeddings", torch.zeros(0, *self.instruction_shape), persistent=False)
         language_in = EMBED_DIM + (self.language_tokens.out_features if self.language_tokens is not None else 0)
         self.language = nn.Sequential(nn.Linear(language_in, d), act())
-        if cfg.conv_stride < 1:
-            raise ValueError(f"conv_stride={cfg.conv_stride}; use 2 (halve the map per convolution) or 1.")
         self.image_encoder = ConvEncoder(cfg.image_size, cfg.patch_size, cfg.conv_channels, d, act, cfg.conv_stride)
         channels, size = self.image_encoder.out_channels, self.image_encoder.out_size
         self.attention: SpatialAttentionReadout | None = None
         if cfg.readout == "attention":
             self.attention = SpatialAttentionReadout(channels, size, d, cfg.attention_heads)
             map_features = self.attention.out_features
-        elif cfg.readout == "flatten":
-            map_features = channels * size**2
         else:
-            raise ValueError(f"readout={cfg.readout!r}; valid: flatten, attention.")
+            map_features = channels * size**2
         self.image_proj = nn.Sequential(nn.Flatten(), nn.Linear(map_features, d), act())
         fused = d * (self.cameras + 1)
 
@@ -252,17 +286,8 @@ class VLAPolicy(ActorCritic):
             out = cfg.critic_hidden_sizes[-1] if cfg.critic_hidden_sizes else critic_dim
         self.value_head = value_layer(out)
 
-        if cfg.attention_target_keys:
-            if self.attention is None:
-                raise ValueError(
-                    f"attention_target_keys={list(cfg.attention_target_keys)} train the attention readout; "
-                    f"set readout: attention (it is {cfg.readout!r})."
-                )
-            if len(cfg.attention_target_keys) > cfg.attention_heads:
-                raise ValueError(f"attention_target_keys={list(cfg.attention_target_keys)} need as many heads; "
-                                 f"raise attention_heads (it is {cfg.attention_heads}).")
-            for key in cfg.attention_target_keys:
-                require_key(shapes, key, 2, "VLAPolicy attention loss")
+        for key in cfg.attention_target_keys:
+            require_key(shapes, key, 2, "VLAPolicy attention loss")
         self.target_norm: RunningNorm | None = None
         self.target_head: nn.Linear | None = None
         if cfg.trunk_target_key:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,11 @@ class OptimConfig:
     """First iterations that train only the critic (value loss), the actor frozen: a critic fitted to
     a pretrained policy before its first policy-gradient step (PPO; needs ``init_from``)."""
 
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field outside its range (:data:`OPTIM_RANGES`); a trainer's
+        own limits (fields it does not implement, ``kl_adaptive_lr`` without ``target_kl``) are its own checks."""
+        _raise_out_of_range(self, OPTIM_RANGES)
+
 
 @dataclass
 class GRPOConfig:
@@ -80,6 +86,11 @@ class GRPOConfig:
     """Added to the group's return standard deviation before dividing."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The clipped update's settings."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field outside its range (:data:`GRPO_RANGES`: G >= 2,
+        ``std_eps`` > 0, the update's settings)."""
+        _raise_out_of_range(self, GRPO_RANGES)
 
 
 OPTIM_RANGES: dict[str, Range] = {
@@ -128,6 +139,20 @@ def out_of_range(section: Any, ranges: dict[str, Range], prefix: str = "") -> st
         if not valid.contains(value):
             return f"{prefix}{where}={value!r} {valid}"
     return None
+
+
+def check_choice(key: str, value: str, valid: Iterable[str]) -> None:
+    """Raise ``ValueError`` (``key=value is unknown; valid choices: ...``) when a config's ``value`` is not in ``valid``:
+    the check a ``Literal`` field gets when a typed config is read, for a config built by hand."""
+    valid = tuple(valid)
+    if value not in valid:
+        raise ValueError(f"{key}={value!r} is unknown; valid choices: {', '.join(valid)}")
+
+
+def _raise_out_of_range(section: Any, ranges: dict[str, Range]) -> None:
+    message = out_of_range(section, ranges)
+    if message:
+        raise ValueError(message)
 
 
 def unsupported(optim: OptimConfig, supported: set[str], default: OptimConfig, prefix: str) -> str | None:

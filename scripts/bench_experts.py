@@ -16,13 +16,6 @@ Wilson interval.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
-
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 
 from bench_report import output_path, write_report
 from tqdm import tqdm

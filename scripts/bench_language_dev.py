@@ -12,14 +12,8 @@ pooled) and per task, with 95 % Wilson intervals.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
-os.environ.setdefault("MUJOCO_GL", "egl")
-os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 import yaml
 from bench_report import output_path, write_report

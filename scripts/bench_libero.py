@@ -15,7 +15,7 @@ reads: ``agentview`` and ``robot0_eye_in_hand`` at 128x128 and the proprioceptio
   ``--threads`` physics threads, the batched EGL renderer) with
   :class:`sims.libero.controller.PandaController`, at each ``--num-envs``: one env-step is
   controller + 25 physics substeps + proprioception + both cameras + the goal, for every env.
-  Its visual meshes are decimated to ``--visual-faces`` triangles (``sims.libero.lod``; default
+  Its visual meshes are decimated to ``--visual-faces`` triangles (``sims.libero.toolchain.lod``; default
   the simulator's, ``full`` for LIBERO's own meshes); the physics is the same either way.
 
 Figures (``results``): ``robosuite`` and each ``batch`` row: ``env_steps_per_s`` and
@@ -42,9 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sims  # noqa: F401  (before mujoco: sims sets MuJoCo's headless GL defaults, EGL)
 
+# isort: split
 import mujoco
 import numpy as np
 from bench_report import device_sync, output_path, write_report
@@ -53,10 +53,10 @@ from rich.table import Table
 from setup_libero_venv import clean_env, ensure_libero_venv
 
 from sims.libero.controller import PandaController
-from sims.libero.install import ensure_tasks
 from sims.libero.scene import VISUAL_FACES, LiberoLayout, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import LIBERO_SUITE, parse_task_id
+from sims.libero.toolchain.install import ensure_tasks
 
 TARGET_SPEEDUP = 20.0
 ROBOSUITE_DRIVER = Path(__file__).resolve().parent / "libero_robosuite_steps.py"

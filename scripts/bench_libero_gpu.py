@@ -26,22 +26,20 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.metadata
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sims  # noqa: F401  (before mujoco: sims sets MuJoCo's headless GL defaults, EGL)
 
+# isort: split
 import torch
 from bench_libero import bench_sim
 from bench_report import output_path, write_report
 
-from sims.libero.install import missing_tasks
 from sims.libero.scene import VISUAL_FACES, build_model, load_task
 from sims.libero.suites import cache_dir, parse_task_id, setup_hint
+from sims.libero.toolchain.install import missing_tasks
 
 TARGET_ENV_STEPS_PER_S = 100_000.0
 TARGET_SIZE = 128

@@ -14,22 +14,19 @@ with LIBERO's 4x multisampling, and each ``--budgets`` value.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sims  # noqa: F401  (before mujoco: sims sets MuJoCo's headless GL defaults, EGL)
 
+# isort: split
 import mujoco
 import numpy as np
 from bench_report import output_path, write_report
 
-from sims.libero.install import ensure_tasks
 from sims.libero.scene import load_task
 from sims.libero.sim import LiberoSim, libero_render_config
+from sims.libero.toolchain.install import ensure_tasks
 
 
 def frames(task_id: str, envs: int, size: int, repeats: int, faces: int | None,

@@ -28,9 +28,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench_report import BenchReport, output_path
 
 from infra.replay.dynamic import read_timed_pods, replay_dynamic

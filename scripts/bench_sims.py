@@ -29,18 +29,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sims  # before mujoco: sims sets MuJoCo's headless GL defaults (EGL)
 
+# isort: split
 import gymnasium as gym
 import mujoco
 import numpy as np
 from bench_report import BenchReport, output_path
 from bench_sims_gpu import measure_warp
 
-import sims
 from sims import tasks as T
 from sims.render import BatchRenderer, RenderConfig
 from sims.scene import SceneConfig, build_model

@@ -37,14 +37,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import torch

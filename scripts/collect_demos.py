@@ -15,13 +15,7 @@ fixed initial states, both cameras at 128 x 128 by default (``sims.suite_of(task
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
-
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 
 from bench_report import output_path
 

@@ -12,9 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
-
 from bench_report import output_path
 
 from vla_rl.checkpoint import CheckpointError

@@ -27,14 +27,10 @@ import argparse
 import csv
 import dataclasses
 import io
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: this checkout's infra
-
 from bench_report import output_path
 
 from infra.common.files import write_atomic

@@ -11,13 +11,7 @@ The task must be in the export cache (``python scripts/setup_libero.py --tasks T
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
-
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 
 import imageio.v2 as imageio
 import numpy as np

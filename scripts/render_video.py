@@ -11,13 +11,6 @@ side. The instruction of each episode is printed as it starts.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
-
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
 
 import imageio.v2 as imageio
 import numpy as np
@@ -25,6 +18,7 @@ from bench_report import output_path
 from tqdm import tqdm
 
 import sims
+from infra.common.files import atomic_path
 from sims.experts import ScriptedExpert
 from sims.render import RenderConfig
 from sims.scene import CAMERAS
@@ -73,12 +67,11 @@ def main() -> None:
     env.close()
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.stem}.tmp{args.out.suffix}")
-    if args.out.suffix == ".gif":
-        imageio.mimsave(tmp, frames, duration=1000 / CONTROL_FPS, loop=0)
-    else:
-        imageio.mimsave(tmp, frames, fps=CONTROL_FPS, macro_block_size=1)
-    tmp.replace(args.out)
+    with atomic_path(args.out) as tmp:
+        if args.out.suffix == ".gif":
+            imageio.mimsave(tmp, frames, duration=1000 / CONTROL_FPS, loop=0)
+        else:
+            imageio.mimsave(tmp, frames, fps=CONTROL_FPS, macro_block_size=1)
     print(f"wrote {args.out} ({len(frames)} frames)")
 
 

@@ -23,8 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_report, when loaded by path
-
 import numpy as np
 from bench_report import output_path, write_report
 from rich.console import Console

@@ -14,12 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sims.libero.install import ensure_lan, ensure_tasks, ensure_toolchain, folder_size
 from sims.libero.suites import all_task_ids, cache_dir
+from sims.libero.toolchain.install import ensure_lan, ensure_tasks, ensure_toolchain, folder_size
 
 
 def main() -> None:

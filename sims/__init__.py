@@ -4,6 +4,11 @@ Public API: :func:`make_vec_env` / :class:`SimVectorEnv` (gymnasium ``VectorEnv`
 view), :class:`RenderConfig`, the suite registry (:func:`suite_of`: the gantry tasks of :mod:`sims.gantry`,
 LIBERO's of :mod:`sims.libero`, registered on import), the gantry task table (:data:`TASK_NAMES`), and the
 single-environment gymnasium ids registered by :mod:`sims.single` (``sims/Reach-v0``, ...).
+
+LIBERO's suites (``libero_<suite>[/<i>]`` tasks of :func:`make_vec_env`) live in :mod:`sims.libero`:
+its runtime (scene, simulation, controller, predicates, experts, vector env) at the top, and the
+toolchain that fills its task cache (installer, export, mesh decimation, bundles) in
+:mod:`sims.libero.toolchain`.
 """
 
 import os

@@ -270,7 +270,6 @@ class BatchRenderer:
         """Create ``config.num_contexts`` GL contexts, each in its own worker thread."""
         self.config = config or RenderConfig()
         self.config.validate(camera_names(model))
-        os.environ.setdefault("MUJOCO_GL", "egl")
         n = self.config.num_contexts or os.cpu_count() or 1
         self._local = threading.local()
         self._workers: list[_Worker] = []

@@ -102,6 +102,17 @@ class SceneConfig:
     fast_visual: bool = True
     sleep: bool = True
 
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad field: ``timestep`` must be a finite number in (0, MAX_TIMESTEP]."""
+        if not 0 < self.timestep <= MAX_TIMESTEP:  # NaN fails the comparison
+            raise ValueError(f"timestep={self.timestep!r} must be in (0, {MAX_TIMESTEP}] seconds (the scene's "
+                             "contacts are tuned for 0.01; smaller is more accurate and slower)")
+
+
+MAX_TIMESTEP = 0.05
+"""The largest physics timestep a scene is built with: five times the 0.01 s its contacts and actuator gains are
+tuned for (a larger one is untested)."""
+
 
 def _look_at_quat(pos: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Quaternion of a camera at ``pos`` looking at ``target`` with a horizontal x axis."""
@@ -144,8 +155,13 @@ def _visual_cylinder(body: mujoco.MjsBody, name: str, radius: float, half_height
 
 
 def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
-    """Build the scene's MjSpec (uncompiled), so callers can edit it further."""
+    """Build the scene's MjSpec (uncompiled), so callers can edit it further.
+
+    Raises:
+        ValueError: ``config`` refuses one of its fields (:meth:`SceneConfig.validate`).
+    """
     config = config or SceneConfig()
+    config.validate()
     spec = mujoco.MjSpec()
     spec.modelname = "tabletop"
     spec.option.timestep = config.timestep

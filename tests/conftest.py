@@ -1,6 +1,7 @@
 """Test-wide environment: loopback-only Ray, headless rendering, offline hubs and wandb."""
 
 import os
+from pathlib import Path
 
 # Set before Ray, MuJoCo or any hub client is imported by a test module.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -10,6 +11,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# A script a test runs in a subprocess imports the tree under test, not the checkout the project is installed
+# from (scripts find the packages through the installation: they do not edit sys.path).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                         os.environ.get("PYTHONPATH")]))
 
 _EXIT_STATUS: int | None = None
 

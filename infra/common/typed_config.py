@@ -11,7 +11,10 @@ Validation has one shape across the project: a config dataclass checks its own v
 ``validate(self) -> None`` method that raises :class:`ConfigError` with one line naming the key,
 the value and the fix, and calls its sections' ``validate``. It reads no file, device or module
 (what depends on the machine is checked where the job starts), so :func:`from_dict` runs it on
-every dataclass it builds: a config read from YAML or overrides is checked where it enters.
+every dataclass it builds: a config read from YAML or overrides is checked where it enters. The
+packages that cannot import this module (sims, policies, rlcore) raise ``ValueError`` from their
+configs' ``validate`` with a message that starts with the field (``lr=-1 must be ...``);
+:func:`validate_section` makes that a :class:`ConfigError` naming the section (``ppo.optim.lr=-1 ...``).
 """
 
 from __future__ import annotations
@@ -106,8 +109,23 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
         raise ConfigError(f"unknown config key(s) {unknown}{where}; valid keys: {', '.join(names)}")
     cfg = cls(**{name: _coerce(value, hints[name], f"{path}.{name}" if path else name) for name, value in data.items()})
     if callable(getattr(cfg, "validate", None)):
-        cfg.validate()
+        validate_section(cfg, path)
     return cfg
+
+
+def validate_section(cfg: Any, path: str = "") -> None:
+    """Run ``cfg.validate()``; a plain ``ValueError`` (from a package that cannot import :class:`ConfigError`)
+    becomes a :class:`ConfigError` whose message starts with the section's dotted ``path``.
+
+    Raises:
+        ConfigError: ``cfg`` refuses one of its values.
+    """
+    try:
+        cfg.validate()
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{path}.{exc}" if path else str(exc)) from None
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:

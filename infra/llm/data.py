@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from infra.common.typed_config import ConfigError
 from infra.llm.verifiable_tasks import Example
 
 FORMATS = (".jsonl", ".json", ".parquet")
@@ -39,6 +40,23 @@ class DataConfig:
     (GSM8K's convention); empty: the whole field."""
     prompt_template: str = "{}"
     """The prompt the model sees: this text with ``{}`` replaced by the prompt field."""
+
+    def validate(self) -> None:
+        """Raise :class:`~infra.common.typed_config.ConfigError` naming the first bad field and the fix (no file
+        is read: a missing file is refused where the job starts)."""
+        for name in ("path", "eval_path"):
+            value = getattr(self, name)
+            if value and Path(value).suffix not in FORMATS:
+                raise ConfigError(f"data.{name}={value!r} has an unknown format; use one of {list(FORMATS)} "
+                                  "(JSON lines or parquet).")
+        if self.eval_path and not self.path:
+            raise ConfigError(f"data.eval_path={self.eval_path!r} holds out rows of a file but data.path is empty; "
+                              "set data.path to the training file, or leave eval_path empty for a built-in task.")
+        for name in ("prompt_field", "answer_field"):
+            if not getattr(self, name):
+                raise ConfigError(f"data.{name} is empty; name the field of each row that holds it.")
+        if "{}" not in self.prompt_template:
+            raise ConfigError(f"data.prompt_template={self.prompt_template!r} has no '{{}}' where the prompt goes.")
 
 
 def _rows(path: Path) -> list[Any]:
@@ -75,14 +93,18 @@ def _text(row: Any, name: str, where: str, cfg: DataConfig) -> str:
 
 
 def load_examples(path: str, cfg: DataConfig) -> list[Example]:
-    """Every row of the file ``path`` as an :class:`Example` (prompt templated, answer after the delimiter)."""
+    """Every row of the file ``path`` as an :class:`Example` (prompt templated, answer after the delimiter).
+
+    Raises:
+        ValueError: ``cfg`` refuses a field (a :class:`~infra.common.typed_config.ConfigError`), or the file is
+            missing, unreadable, of an unknown format, empty, or a row lacks a field.
+    """
+    cfg.validate()
     file = Path(path)
     if file.suffix not in FORMATS:
         raise ValueError(f"data file {path!r} has an unknown format; use one of {list(FORMATS)} (JSON lines or parquet).")
     if not file.is_file():
         raise ValueError(f"data file {path!r} does not exist.")
-    if "{}" not in cfg.prompt_template:
-        raise ValueError(f"data.prompt_template={cfg.prompt_template!r} has no '{{}}' where the prompt goes.")
     out = []
     for n, row in enumerate(_rows(file), 1):
         where = f"data file {path!r} row {n}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds .dev4/ in the project root: the LIBERO tasks the GPU machine's LIBERO benchmark builds
 # (scripts/bench_libero_gpu.sh), which has neither the libero package nor a task cache. One xz tar
-# from sims.libero.bundle (the task folders, every asset file their models reference, the decimated
+# from sims.libero.toolchain.bundle (the task folders, every asset file their models reference, the decimated
 # visual meshes and markers at the default budget of 2,000 triangles; members relative to the cache
 # root), with call4.sh and gpu_env.sh. The Spatial suite's ten tasks: 186 files, 38.5 MB, as xz
 # smaller than as a plain tar (its meshes compress, its PNG textures, 27 MB, do not).
@@ -21,7 +21,7 @@ python=${PYTHON:-.venv/bin/python}
 read -r -a tasks <<< "${LIBERO_TASKS:-spatial/0 spatial/1 spatial/2 spatial/3 spatial/4 spatial/5 spatial/6 spatial/7 spatial/8 spatial/9}"
 rm -rf .dev4
 mkdir .dev4
-"$python" -m sims.libero.bundle .dev4/libero_bundle.tar.xz "${tasks[@]}"
+"$python" -m sims.libero.toolchain.bundle .dev4/libero_bundle.tar.xz "${tasks[@]}"
 cp "$here/call4.sh" "$here/gpu_env.sh" .dev4/
 # What one transfer carries: .dev4 and the working tree (tracked and untracked, not ignored files).
 "$python" - <<'PY'

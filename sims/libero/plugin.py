@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from sims.libero.expert import expert_for
-from sims.libero.install import missing_variants
 from sims.libero.scene import CAMERAS
 from sims.libero.sim import libero_render_config
+from sims.libero.toolchain.install import missing_variants
 from sims.libero.vec_env import (
     BACKENDS,
     LIBERO_SPLITS,

@@ -1,6 +1,6 @@
 """A cached LIBERO task as a MuJoCo model the project's backends run (no robosuite, no libero).
 
-:func:`load_task` reads ``<cache>/<suite>/<index>/`` (written by :mod:`sims.libero.export`);
+:func:`load_task` reads ``<cache>/<suite>/<index>/`` (written by :mod:`sims.libero.toolchain.export`);
 :func:`build_model` compiles its MJCF with three changes to LIBERO's model, all made with
 ``mujoco.MjSpec`` at load time:
 
@@ -32,8 +32,8 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from sims.libero.lod import apply_visual_lod
 from sims.libero.suites import cache_dir, parse_task_id, setup_hint
+from sims.libero.toolchain.lod import apply_visual_lod
 
 # Panda joint servos (N m / rad, N m s / rad): stiff enough to hold a 5 cm step within a control
 # period; torque limits are LIBERO's motor ranges (80 N m, 12 N m for the wrist joints).
@@ -41,7 +41,7 @@ ARM_KP = (4500.0, 4500.0, 3500.0, 3500.0, 2000.0, 2000.0, 2000.0)
 ARM_KV = (450.0, 450.0, 350.0, 350.0, 200.0, 200.0, 200.0)
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 HAND_BODY = "robot0_right_hand"  # robosuite's eef body: LIBERO's robot0_eef_quat is its orientation
-#: Triangle budget of a visual-only mesh (:mod:`sims.libero.lod`); None draws LIBERO's full meshes.
+#: Triangle budget of a visual-only mesh (:mod:`sims.libero.toolchain.lod`); None draws LIBERO's full meshes.
 VISUAL_FACES = 2000
 #: The smallest budget an env config accepts: below it a scanned object keeps too few triangles to show its shape.
 MIN_VISUAL_FACES = 100
@@ -55,7 +55,7 @@ class LiberoTask:
         task_id: ``"suite/index"``.
         name: LIBERO's task name; instruction: the BDDL's ``:language``; benchmark_language: the
             benchmark's ``task.language`` (the name in words, what LIBERO's evaluation scripts use).
-        goal: the goal predicates with resolved arguments (see :mod:`sims.libero.export`).
+        goal: the goal predicates with resolved arguments (see :mod:`sims.libero.toolchain.export`).
         robot: joint, actuator, site and camera names and LIBERO's controller settings.
         init_states: float64 ``[S, 1 + nq + nv]``: LIBERO's fixed initial states (time, qpos, qvel).
         model_path: the MJCF file.
@@ -122,7 +122,7 @@ def load_task(task_id: str, cache: str | Path | None = None) -> LiberoTask:
 
 def load_lan(task: LiberoTask, cache: str | Path | None = None) -> LiberoTask:
     """``task`` as LIBERO-PRO's ``_lan`` variant: the same scene, the variant's instruction and its own
-    fixed initial states (written by :func:`sims.libero.install.ensure_lan`).
+    fixed initial states (written by :func:`sims.libero.toolchain.install.ensure_lan`).
 
     Raises:
         FileNotFoundError: the variant is not cached (the message names the setup command).

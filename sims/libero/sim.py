@@ -58,7 +58,7 @@ class LiberoSim:
         render: frames to produce (None: none); warp_device; num_threads (batch; None: all CPUs);
         model: the task's :func:`~sims.libero.scene.build_model` result to share (None: build it; a
         LIBERO model takes about 0.5 GB, mostly textures); visual_faces: triangle budget of each
-        visual-only mesh when the model is built here (:mod:`sims.libero.lod`; None: LIBERO's full
+        visual-only mesh when the model is built here (:mod:`sims.libero.toolchain.lod`; None: LIBERO's full
         meshes; physics is the same either way).
 
         Raises:

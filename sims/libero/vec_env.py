@@ -28,7 +28,7 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   same scenes with paraphrased instructions and the variant's own 50 fixed initial states.
 - **Snapshots**: :meth:`LiberoVectorEnv.get_state` / :meth:`~LiberoVectorEnv.set_state` (plain data, for
   checkpoints) continue bit for bit in an env of the same config, frames included.
-- **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.lod`; None: LIBERO's
+- **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.toolchain.lod`; None: LIBERO's
   full meshes); frames only, the physics is the same.
 """
 
@@ -115,7 +115,7 @@ class LiberoEnvConfig(VecEnvConfig):
         settle_steps: control steps held still before an episode's first observation.
         jitter: largest x/y shift of each free object in the ``train`` and ``validation`` splits, metres.
         cache: the task cache (None: :func:`sims.libero.suites.cache_dir`'s default).
-        visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.lod`; at least
+        visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.toolchain.lod`; at least
             :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
 
     A step pays success only (LIBERO's goals are predicates; there is no shaped reward), plus ``success_bonus``.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.common.typed_config import apply_overrides
+from infra.common.typed_config import ConfigError, apply_overrides
 from infra.llm.data import DataConfig, load_examples
 from infra.llm.engine import left_pad, load_engine
 from infra.llm.grpo_trainer import GRPOTrainer, llm_grpo_config
@@ -157,6 +157,25 @@ def test_data_files_gsm8k_style_and_their_errors(tmp_path) -> None:
     (tmp_path / "broken.parquet").write_bytes(b"not parquet")
     with pytest.raises(ValueError, match="not a readable parquet file"):
         load_examples(str(tmp_path / "broken.parquet"), DataConfig())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.path=prompts.csv"], r"^data.path='prompts.csv' has an unknown format; use one of \['.jsonl'"),
+        (["data.path=a.jsonl", "data.eval_path=b.txt"], r"^data.eval_path='b.txt' has an unknown format"),
+        (["data.eval_path=b.jsonl"], r"^data.eval_path='b.jsonl' holds out rows of a file but data.path is empty"),
+        (["data.prompt_field="], r"^data.prompt_field is empty; name the field"),
+        (["data.answer_field="], r"^data.answer_field is empty"),
+        (["data.prompt_template=Question"], r"^data.prompt_template='Question' has no '\{\}' where the prompt goes"),
+    ],
+)
+def test_a_data_section_is_checked_where_it_enters(overrides, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(RLVRConfig(), overrides)
+    assert apply_overrides(RLVRConfig(), ["data.path=a.parquet", "data.eval_path=b.jsonl"]).data.eval_path == "b.jsonl"
+    with pytest.raises(ConfigError, match=r"^data.prompt_template='Q:'"):  # hand-built: load_examples checks it
+        load_examples("a.jsonl", DataConfig(prompt_template="Q:"))
 
 
 def test_reward_specs_are_checked_before_anything_runs(rewards) -> None:

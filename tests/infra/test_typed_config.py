@@ -5,7 +5,14 @@ from typing import Literal
 
 import pytest
 
-from infra.common.typed_config import ConfigError, apply_overrides, from_dict, merge, parse_overrides
+from infra.common.typed_config import (
+    ConfigError,
+    apply_overrides,
+    from_dict,
+    merge,
+    parse_overrides,
+    validate_section,
+)
 
 
 @dataclass
@@ -78,3 +85,31 @@ def test_every_dataclass_built_from_a_dict_runs_its_own_validate() -> None:
     with pytest.raises(ConfigError, match="low=5 exceeds high=1"):  # a section is checked where it enters
         apply_overrides(Holder(), ["checked.low=5"])
     assert apply_overrides(Holder(), ["checked.low=1"]).checked == Checked(1, 1)
+
+
+@dataclass
+class Plain:
+    """A section of a package that cannot import ConfigError (sims, policies, rlcore): plain ValueError."""
+
+    rate: float = 0.5
+
+    def validate(self) -> None:
+        if not 0 <= self.rate <= 1:
+            raise ValueError(f"rate={self.rate} must be in [0, 1]")
+
+
+@dataclass
+class PlainHolder:
+    plain: Plain = field(default_factory=Plain)
+    checked: Checked = field(default_factory=Checked)
+
+
+def test_a_plain_value_error_of_a_section_becomes_a_config_error_naming_its_path() -> None:
+    with pytest.raises(ConfigError, match=r"^plain\.rate=2\.0 must be in \[0, 1\]$"):
+        apply_overrides(PlainHolder(), ["plain.rate=2.0"])
+    with pytest.raises(ConfigError, match=r"^rate=2\.0 must be in \[0, 1\]$"):  # the top level has no path
+        from_dict(Plain, {"rate": 2.0})
+    with pytest.raises(ConfigError, match=r"^low=5 exceeds high=1"):  # a ConfigError is passed on unchanged
+        apply_overrides(PlainHolder(), ["checked.low=5"])
+    with pytest.raises(ConfigError, match=r"^sec\.rate=-1 must be in \[0, 1\]$"):
+        validate_section(Plain(rate=-1), "sec")

@@ -25,11 +25,11 @@ from sims.libero.expert import (
     expert_for,
     run_episodes,
 )
-from sims.libero.install import check_toolchain, ensure_tasks
 from sims.libero.predicates import GoalPredicates, Kinematics
 from sims.libero.scene import load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import parse_task_id
+from sims.libero.toolchain.install import check_toolchain, ensure_tasks
 
 TASKS = ("spatial/0", "object/0", "goal/0", "10/0")
 BESIDE_CABINET = "spatial/6"  # the bowl next to the cookie box, the wooden cabinet behind it

@@ -1,4 +1,4 @@
-"""A LIBERO task bundle (:mod:`sims.libero.bundle`) unpacked into an empty folder is a cache that builds the
+"""A LIBERO task bundle (:mod:`sims.libero.toolchain.bundle`) unpacked into an empty folder is a cache that builds the
 task like the original: the same physics and frames, nothing read from elsewhere or written there; a task
 missing from the cache is a one-line error naming the setup command."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sims.libero import bundle
-from sims.libero.install import ensure_tasks
-from sims.libero.lod import lod_dir
 from sims.libero.scene import VISUAL_FACES, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import cache_dir
+from sims.libero.toolchain import bundle
+from sims.libero.toolchain.install import ensure_tasks
+from sims.libero.toolchain.lod import lod_dir
 
 TASK = "spatial/0"
 
@@ -80,4 +80,4 @@ def test_command_line_reports_a_missing_task_in_one_line(tmp_path, monkeypatch, 
     monkeypatch.setenv("VLA_RL_LIBERO_CACHE", str(tmp_path))
     assert bundle.main([str(tmp_path / "b.tar.xz"), "goal/2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--tasks goal/2" in err and err.startswith("sims.libero.bundle: ")
+    assert len(err.splitlines()) == 1 and "--tasks goal/2" in err and err.startswith("sims.libero.toolchain.bundle: ")

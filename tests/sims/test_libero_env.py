@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import sims
-from sims.libero.install import ensure_lan, ensure_tasks, export_lan
 from sims.libero.scene import load_lan, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
+from sims.libero.toolchain.install import ensure_lan, ensure_tasks, export_lan
 from sims.libero.vec_env import (
     LIBERO_SPLITS,
     SETTLE_STEPS,

@@ -1,4 +1,4 @@
-"""LIBERO's visual level of detail (:mod:`sims.libero.lod`): decimated visual meshes leave the
+"""LIBERO's visual level of detail (:mod:`sims.libero.toolchain.lod`): decimated visual meshes leave the
 physics bit-identical, change the 128x128 frames by about a level, and are cached per budget."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import mujoco
 import numpy as np
 import pytest
 
-from sims.libero.install import ensure_tasks
-from sims.libero.lod import apply_visual_lod, decimate, lod_dir, lod_file, read_mesh, write_msh
 from sims.libero.scene import VISUAL_FACES, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
+from sims.libero.toolchain.install import ensure_tasks
+from sims.libero.toolchain.lod import apply_visual_lod, decimate, lod_dir, lod_file, read_mesh, write_msh
 
 TASK = "spatial/0"
 # Measured at the default budget (2,000 triangles) on spatial/0, initial states 0-15: 1.1 (agentview)

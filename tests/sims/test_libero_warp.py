@@ -15,9 +15,9 @@ import pytest
 from sims.backends import to_numpy
 from sims.libero.controller import PandaController
 from sims.libero.expert import run_episodes
-from sims.libero.install import ensure_tasks
 from sims.libero.scene import build_model, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
+from sims.libero.toolchain.install import ensure_tasks
 
 TASK, STEPS = "spatial/0", 10
 PROPRIO_TOL = 1e-3  # float32 (Warp) against float64 (MuJoCo C) over STEPS control steps
@@ -88,7 +88,7 @@ def test_vector_env_runs_on_warp_like_batch():
     pytest.importorskip("mujoco_warp")
     torch = pytest.importorskip("torch")
     import sims
-    from sims.libero.install import ensure_lan
+    from sims.libero.toolchain.install import ensure_lan
 
     ensure_lan([TASK])
     kw = {"split": "fixed", "max_steps": 2, "render": libero_render_config(16, num_contexts=1)}

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import render_libero  # noqa: E402
 
-from sims.libero.install import ensure_lan  # noqa: E402
+from sims.libero.toolchain.install import ensure_lan  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 
 from sims import tasks as T
 from sims.experts import ScriptedExpert, run_expert
+from sims.scene import MAX_TIMESTEP, SceneConfig, build_model
 from sims.vec_env import make_vec_env
 
 # Pushing is the least reliable skill of the scripted experts (a block can spin away).
@@ -146,3 +147,16 @@ def test_task_weights_shape_the_train_split_only() -> None:
     assert counts["validation"]["reach"] > 0  # evaluation splits stay uniform
     with pytest.raises(ValueError, match="task_weights"):
         make_vec_env("suite", 4, task_weights=(1.0, 2.0))
+
+
+@pytest.mark.parametrize("timestep", [0.0, -0.01, float("nan"), MAX_TIMESTEP * 2])
+def test_a_scene_config_refuses_a_timestep_outside_its_range(timestep: float) -> None:
+    with pytest.raises(ValueError, match=rf"^timestep={timestep!r} must be in \(0, {MAX_TIMESTEP}\] seconds"):
+        SceneConfig(timestep=timestep).validate()
+    with pytest.raises(ValueError, match=r"^timestep="):  # a hand-built config is checked before the model is built
+        build_model(SceneConfig(timestep=timestep))
+
+
+def test_a_scene_config_at_the_edge_of_its_range_builds() -> None:
+    model, _ = build_model(SceneConfig(timestep=MAX_TIMESTEP))
+    assert model.opt.timestep == MAX_TIMESTEP

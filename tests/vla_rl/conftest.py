@@ -80,13 +80,17 @@ def interrupted_training(monkeypatch):
 
 
 @pytest.fixture
-def script():
-    """``script(name)``: the module ``scripts/<name>.py``, loaded by path (its ``main(argv)`` runs it in process)."""
+def script(monkeypatch):
+    """``script(name)``: the module ``scripts/<name>.py``, loaded by path (its ``main(argv)`` runs it in process),
+    with ``scripts/`` on ``sys.path`` as ``python scripts/<name>.py`` has it (its sibling ``bench_report``)."""
     import importlib.util
     from pathlib import Path
 
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))
+
     def load(name: str):
-        path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+        path = scripts / f"{name}.py"
         spec = importlib.util.spec_from_file_location(f"{name}_script", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

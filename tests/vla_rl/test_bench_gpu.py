@@ -147,7 +147,7 @@ def test_libero_gpu_target_is_judged_on_the_best_128_row():
 @pytest.mark.slow  # a LIBERO scene on Warp's CPU device: 15 s here with the kernel cache warm, ~6 min cold
 def test_bench_libero_gpu_smoke_writes_every_figure(tmp_path):
     pytest.importorskip("mujoco_warp")
-    from sims.libero.install import ensure_tasks
+    from sims.libero.toolchain.install import ensure_tasks
 
     ensure_tasks(["spatial/0"])
     out = tmp_path / "bench_libero_gpu.json"

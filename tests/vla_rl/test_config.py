@@ -93,12 +93,12 @@ DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
         (HALFCHEETAH, "ppo.optim.lr=.inf", r"ppo.optim.lr=inf must be in \(0, 1\]"),
         (DEFAULT, "env.image_size=7", r"env.image_size=7 must be in \[8, 1024\]"),
         (DEFAULT, "policy.image_size=32", r"policy.image_size=32 must equal env.image_size=64"),
-        (DEFAULT, "policy.patch_size=3", r"policy.image_size=64 must be a multiple of policy.patch_size=3"),
+        (DEFAULT, "policy.patch_size=3", r"policy.image_size=64 must be a multiple of patch_size=3"),
         (DEFAULT, "env.cameras=[front,top]", r"env.cameras=\['front', 'top'\] .*valid: front, wrist"),
         (DEFAULT, "env.render=false", r"policy.name=vla reads camera images: it needs .*env.render=true"),
         (DEFAULT, "env.backend=gpu", r"env.backend='gpu' is not a sims backend; valid: batch, mjx"),
         (DEFAULT, "policy.attention_heads=0", r"policy.attention_heads=0 must be at least 1"),
-        (DEFAULT, "policy.readout=flatten", r"policy.attention_target_keys=\['goal_pixel'\] need policy.readout=attention"),
+        (DEFAULT, "policy.readout=flatten", r"policy.attention_target_keys=\['goal_pixel'\] train the attention readout; set readout: attention"),
         (DEFAULT, "policy.critic_obs_keys=[proprio,pixels]", r"policy.critic_obs_keys=\['pixels'\] are not sims"),
         (HALFCHEETAH, "seed=-1", r"seed=-1 must be in \[0, 2147483647\]"),
         (HALFCHEETAH, "total_env_steps=0", r"total_env_steps=0 must be at least 1"),
@@ -172,12 +172,12 @@ def _numeric_fields(cls, prefix=""):
 
 def test_every_numeric_field_has_a_valid_range():
     import policies
-    from vla_rl.config import POLICY_RANGES, RANGES, TrainConfig
+    from vla_rl.config import RANGES, TrainConfig
 
     train = [k for k in _numeric_fields(TrainConfig) if not k.startswith("fleet.")]  # validate_fleet's
     assert sorted(set(train) - set(RANGES)) == []
     for name, cls in policies.MODELS.items():
-        assert sorted(set(_numeric_fields(cls)) - set(POLICY_RANGES)) == [], name
+        assert sorted(set(_numeric_fields(cls)) - set(cls.RANGES)) == [], name
 
 
 def test_render_knobs_reach_the_environment():

@@ -28,8 +28,9 @@ from vla_rl.fleet.section import FleetConfig
 from vla_rl.recipe import DemoSettings, RecipeConfig
 
 SUBSECTIONS = {"optim", "grpo", "cluster", "shard", "inference", "trainer", "server", "sync"}
-"""Sections checked by the section that holds them, which names their keys (``ppo.optim.lr``, ``fleet.shard.node``):
-rlcore's ``OptimConfig``/``GRPOConfig`` (rlcore imports nothing of infra) and the fleet's parts."""
+"""Sections whose keys are named from the section that holds them (``ppo.optim.lr``, ``fleet.shard.node``):
+rlcore's ``OptimConfig``/``GRPOConfig`` (their ``validate`` raises a plain ValueError, which ``from_dict``
+prefixes with the section's path: rlcore imports nothing of infra) and the fleet's parts."""
 
 # (section class, its key in the job's config, a bad value of it, the key the error must name)
 BAD = [
@@ -37,7 +38,6 @@ BAD = [
     (TrainEnvConfig, "env", {"task": "reachh"}, "env.task='reachh'"),
     (TrainEnvConfig, "env", {"cameras": ["front", "front"]}, "env.cameras"),
     (PPOConfig, "ppo", {"gamma": 2}, "ppo.gamma=2.0"),
-    (PPOConfig, "ppo", {"optim": {"lr": 0}}, "ppo.optim.lr=0"),
     (DistillConfig, "distill", {"batch_size": 0}, "distill.batch_size=0"),
     (SFTConfig, "sft", {"token_dropout": 0.95}, "sft.token_dropout=0.95"),
     (EvalConfig, "eval", {"splits": ["test"]}, "eval.splits"),
@@ -80,6 +80,10 @@ def test_the_job_config_checks_sections_together_and_needs_its_policy():
         from_dict(TrainConfig, {"algo": "grpo", "env": {"num_envs": 12}, "policy": policy})
     with pytest.raises(ConfigError, match=r"^grpo\.group_size=1 must be at least 2"):  # rlcore's section: checked here
         from_dict(TrainConfig, {"algo": "grpo", "grpo": {"group_size": 1}, "policy": policy})
+    with pytest.raises(ConfigError, match=r"^ppo\.optim\.lr=0\.0 must be in \(0, 1\]"):
+        from_dict(TrainConfig, {"ppo": {"optim": {"lr": 0}}, "policy": policy})
+    with pytest.raises(ConfigError, match=r"^optim\.lr=0\.0 must be in \(0, 1\]"):  # alone: named from the section
+        from_dict(PPOConfig, {"optim": {"lr": 0}})
     with pytest.raises(ConfigError, match=r"^policy\.hidden_sizes\[0\]=0 must be at least 1"):
         from_dict(TrainConfig, {"policy": policy_from_dict({"name": "mlp", "hidden_sizes": [0]})})
     with pytest.raises(ConfigError, match=r"^policy=None is not a policy config; build the config with"):

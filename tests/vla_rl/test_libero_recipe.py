@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import sims
-from sims.libero.install import ensure_lan
+from sims.libero.toolchain.install import ensure_lan
 from vla_rl.config import CONFIG_DIR
 from vla_rl.demos.reader import DemoDataset
 

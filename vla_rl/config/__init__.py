@@ -41,12 +41,12 @@ from vla_rl.config.files import (
     to_dict,
 )
 from vla_rl.config.policy import DEFAULT_POLICY, _policy_models, policy_from_dict
-from vla_rl.config.ranges import POLICY_RANGES, RANGES
+from vla_rl.config.ranges import RANGES
 from vla_rl.config.sections import DistillConfig, EvalConfig, PPOConfig, SFTConfig
 from vla_rl.config.train import RESUMABLE_KEYS, SIMS_FLAT_KEYS, TrainConfig, algo_optim
 
 __all__ = [
-    "CONFIG_DIR", "DEFAULT_POLICY", "GYM_SPLITS", "INPUT_PATH_KEYS", "POLICY_RANGES", "RANGES", "RESUMABLE_KEYS",
+    "CONFIG_DIR", "DEFAULT_POLICY", "GYM_SPLITS", "INPUT_PATH_KEYS", "RANGES", "RESUMABLE_KEYS",
     "SIMS_FLAT_KEYS", "SUITE_ONLY", "ConfigError", "DistillConfig", "EvalConfig", "PPOConfig", "SFTConfig",
     "TrainConfig", "TrainEnvConfig", "_policy_models", "algo_optim", "build_config", "check_task_weights",
     "diff_configs", "env_splits", "env_suite", "load_config", "merge", "named_suite_settings", "parse_overrides",

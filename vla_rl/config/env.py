@@ -74,7 +74,7 @@ class TrainEnvConfig:
     max_episode_steps: int | None = None
     """Episode length limit (gymnasium and LIBERO); ``None`` keeps the environment's own limit (LIBERO's per suite)."""
     visual_faces: int | None = VISUAL_FACES
-    """LIBERO only: triangle budget of each visual-only mesh (decimated copies, ``sims.libero.lod``; at least
+    """LIBERO only: triangle budget of each visual-only mesh (decimated copies, ``sims.libero.toolchain.lod``; at least
     ``sims.libero.scene.MIN_VISUAL_FACES``); ``null`` draws LIBERO's full meshes. Frames only: physics is the same."""
     terminate_on_success: bool = _SIMS.terminate_on_success
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""

@@ -34,19 +34,10 @@ RANGES: dict[str, Range] = {
     "eval.every": NON_NEGATIVE, "eval.episodes": AT_LEAST_1, "eval.num_envs": AT_LEAST_1,
     "log.video_every": AT_LEAST_1, **{f"fleet.{key}": r for key, r in FLEET_RANGES.items()},
 }
-"""Valid range of every numeric field of :class:`TrainConfig` (the policy's: :data:`POLICY_RANGES`);
+"""Valid range of every numeric field of :class:`TrainConfig` (the policy's: its config's ``RANGES``);
 ``None`` values (optional fields left unset) are not checked. Tuples are checked element by element, and a
 number no entry names must be finite and >= 0 (``rlcore.update_config.DEFAULT_RANGE``)."""
 
-
-POLICY_RANGES: dict[str, Range] = {
-    "hidden_sizes": AT_LEAST_1, "trunk_sizes": AT_LEAST_1, "critic_hidden_sizes": AT_LEAST_1,
-    "conv_channels": AT_LEAST_1, "obs_clip": NON_NEGATIVE, "image_size": Range(8, 1024), "patch_size": AT_LEAST_1,
-    "conv_stride": AT_LEAST_1, "attention_heads": AT_LEAST_1, "width": AT_LEAST_1, "trunk_target_dims": AT_LEAST_1,
-    "language_tokens": Range(3, 512), "language_heads": AT_LEAST_1, "language_width": AT_LEAST_1,
-    "aux_loss_coef": NON_NEGATIVE, "head.chunk": AT_LEAST_1, "head.bins": Range(2), "head.init_log_std": Range(),
-}
-"""Valid ranges of the numeric fields of the policies' config dataclasses (a field a policy lacks is skipped)."""
 
 
 def _check_numbers(section: Any, prefix: str) -> None:

