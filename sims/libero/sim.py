@@ -29,7 +29,7 @@ from sims.libero.predicates import GoalPredicates, Kinematics
 from sims.libero.scene import CAMERAS, VISUAL_FACES, LiberoLayout, LiberoTask, build_model
 from sims.render import BatchRenderer, RenderConfig
 
-_FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "sensordata")
+_FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "sensordata", "M", "qfrc_bias")
 # LIBERO scenes touch at up to ~90 contacts (the gantry scene's warp limits are 48 / 192).
 WARP_NCONMAX, WARP_NJMAX = 256, 1024
 
@@ -53,13 +53,16 @@ class LiberoSim:
 
     def __init__(self, task: LiberoTask, num_envs: int, *, backend: str = "batch", render: RenderConfig | None = None,
                  warp_device: str = "auto", num_threads: int | None = None,
-                 model: tuple[mujoco.MjModel, LiberoLayout] | None = None, visual_faces: int | None = VISUAL_FACES):
+                 model: tuple[mujoco.MjModel, LiberoLayout] | None = None, visual_faces: int | None = VISUAL_FACES,
+                 arm: str = "servo"):
         """Args: task (:func:`sims.libero.scene.load_task`); num_envs; backend ("batch" or "warp");
         render: frames to produce (None: none); warp_device; num_threads (batch; None: all CPUs);
         model: the task's :func:`~sims.libero.scene.build_model` result to share (None: build it; a
         LIBERO model takes about 0.5 GB, mostly textures); visual_faces: triangle budget of each
         visual-only mesh when the model is built here (:mod:`sims.libero.lod`; None: LIBERO's full
-        meshes; physics is the same either way).
+        meshes; physics is the same either way); arm: ``"servo"`` (joint servos for
+        :class:`~sims.libero.controller.PandaController`) or ``"torque"`` (LIBERO's motors for
+        :class:`~sims.libero.osc.OscController`; :meth:`step` is then one 2 ms substep), when the model is built here.
 
         Raises:
             ValueError: an unknown backend.
@@ -67,12 +70,14 @@ class LiberoSim:
         if backend not in ("batch", "warp"):
             raise ValueError(f"unknown backend {backend!r} for LIBERO; valid backends: batch, warp")
         self.task, self.num_envs, self.backend_name = task, num_envs, backend
-        self.model, self.layout = model or build_model(task, visual_faces=visual_faces)
+        self.model, self.layout = model or build_model(task, visual_faces=visual_faces, arm=arm)
+        # Torque motors: the OSC recomputes the torques at every substep, so the backend steps one at a time.
+        frame_skip = 1 if self.layout.torque_arm else self.layout.frame_skip
         self.goal = GoalPredicates(task.goal, self.model, self.layout.contact_sensor)
         self.render_config = render
         self.renderer = None
         if backend == "batch":
-            self.backend = BatchBackend(self.model, num_envs, self.layout.frame_skip, num_threads)
+            self.backend = BatchBackend(self.model, num_envs, frame_skip, num_threads)
             self._f = {name: self.backend.batch.bind(name) for name in _FIELDS}
             if render is not None:
                 self.renderer = BatchRenderer(self.model, render)
@@ -81,7 +86,7 @@ class LiberoSim:
 
             from sims.warp_backend import WarpBackend
 
-            self.backend = WarpBackend(self.model, num_envs, self.layout.frame_skip, warp_device, render=render,
+            self.backend = WarpBackend(self.model, num_envs, frame_skip, warp_device, render=render,
                                        nconmax=WARP_NCONMAX, njmax=WARP_NJMAX)
             self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in _FIELDS}
         self.ax = self.backend.ax
@@ -113,10 +118,12 @@ class LiberoSim:
         self.state_index[ids] = state_index
 
     def hold_ctrl(self, qpos: np.ndarray) -> np.ndarray:
-        """Controls [n, nu] that hold the arm at ``qpos`` [n, nq]'s joint angles with the gripper open."""
+        """Controls [n, nu] that hold the arm at ``qpos`` [n, nq]'s joint angles with the gripper open (torque
+        motors: zero torques; the OSC sets them at its first substep)."""
         lay = self.layout
         ctrl = np.zeros((len(qpos), self.model.nu))
-        ctrl[:, lay.arm_act] = qpos[:, lay.arm_qpos]
+        if not lay.torque_arm:
+            ctrl[:, lay.arm_act] = qpos[:, lay.arm_qpos]
         ctrl[:, lay.gripper_act] = gripper_ctrl(np.full(len(qpos), -1.0))
         return ctrl
 
@@ -132,7 +139,8 @@ class LiberoSim:
         self.forward()
 
     def step(self, ctrl: Any) -> None:
-        """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps), then forward."""
+        """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps; with torque motors one
+        substep), then forward."""
         self.backend.step(ctrl)
         self.forward()
 
@@ -157,7 +165,8 @@ class LiberoSim:
     # ------------------------------------------------------------------ reading
     def field(self, name: str) -> Any:
         """A derived array of every simulation: one of ``xpos``, ``xquat``, ``xanchor``, ``xaxis``,
-        ``site_xpos``, ``site_xmat``, ``sensordata`` ([N, ...], numpy or torch)."""
+        ``site_xpos``, ``site_xmat``, ``sensordata``, ``M`` (the CSR mass matrix), ``qfrc_bias`` ([N, ...], numpy
+        or torch)."""
         return self._f[name]
 
     @property
