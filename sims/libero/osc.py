@@ -262,19 +262,29 @@ class OscController:
                           st.goal_mat, st.q_init, self.kp, self.damping_ratio)
         return _lib(tau).clip(tau, self._tau_lo, self._tau_hi)
 
-    def step(self, sim: Any, action: Any) -> None:
-        """One control step of LIBERO actions ``action`` [N, 7]: set the goal, then ``substeps`` physics substeps
-        each with torques and gripper targets recomputed from the state."""
-        ax, lay = self._ax, sim.layout
-        act = ax.asarray(action, dtype=sim.qpos.dtype)
+    def set_goal(self, sim: Any, action: Any) -> Any:
+        """Set each simulation's goal from LIBERO actions ``action`` [N, 7] (robosuite's ``set_goal`` at a policy
+        step); returns the clipped actions."""
+        act = self._ax.asarray(action, dtype=sim.qpos.dtype)
         act = _lib(act).clip(act, -1.0, 1.0)
         s = self._read(sim)
         self.state.goal_pos, self.state.goal_mat = set_goal(act[:, :6] * self.output_max, s["ee_pos"], s["ee_mat"],
                                                             self.state.goal_mat)
+        return act
+
+    def substep(self, sim: Any, grip_command: Any) -> None:
+        """One physics substep: ramp the gripper state by the command's sign, recompute the torques, step."""
+        lay = sim.layout
         ctrl = sim.current_ctrl()
+        self.state.grip = gripper_step(self.state.grip, grip_command)
+        ctrl[:, lay.gripper_act] = gripper_targets(self.state.grip, self._finger_range)
+        ctrl[:, lay.arm_act] = self.torques(sim)
+        self.state.stale = self.state.stale & False
+        sim.step(ctrl)
+
+    def step(self, sim: Any, action: Any) -> None:
+        """One control step of LIBERO actions ``action`` [N, 7]: set the goal, then ``substeps`` physics substeps
+        each with torques and gripper targets recomputed from the state."""
+        act = self.set_goal(sim, action)
         for _ in range(self.substeps):
-            self.state.grip = gripper_step(self.state.grip, act[:, 6])
-            ctrl[:, lay.gripper_act] = gripper_targets(self.state.grip, self._finger_range)
-            ctrl[:, lay.arm_act] = self.torques(sim)
-            self.state.stale = self.state.stale & False
-            sim.step(ctrl)
+            self.substep(sim, act[:, 6])
