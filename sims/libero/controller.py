@@ -65,6 +65,20 @@ class PandaController:
         dq = (jt @ xp.linalg.solve(gram, delta[:, :, None]))[:, :, 0]
         return sim.qpos[:, lay.arm_qpos] + dq
 
+    def reset(self, sim: Any, ids: Any) -> None:
+        """Start episodes of simulations ``ids``: nothing to forget (the servos hold what ``set_states`` set)."""
+
+    def get_state(self) -> dict[str, Any]:
+        """Nothing: the servos' targets are the sim's controls, in its snapshot."""
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state` (nothing)."""
+
+    def step(self, sim: Any, action: Any) -> None:
+        """One control step of LIBERO actions ``action`` [N, 7] (the controls, then the 25 substeps)."""
+        sim.step(self(sim, action))
+
     def __call__(self, sim: Any, action: Any) -> Any:
         """Actuator controls [N, nu] for LIBERO actions [N, 7] (arm targets and finger targets)."""
         xp, lay = sim.ax, self.layout

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from sims.backends import to_numpy
 from sims.libero.controller import arm_jacobian
 
 KP = 150.0
@@ -205,7 +206,8 @@ class OscController:
         self.kp, self.damping_ratio = kp, damping_ratio
         self.substeps = lay.frame_skip
         self._ax = ax
-        self.output_max = ax.asarray(np.asarray(output_max, np.float64), dtype=sim.qpos.dtype)
+        self.output_max = np.asarray(output_max, np.float64)  # what an action of 1 means per axis (m, rad)
+        self._output_max = ax.asarray(self.output_max, dtype=sim.qpos.dtype)
         index, _ = mass_block_index(model, lay.arm_dof)
         self._m_index = ax.asarray(index.reshape(-1))
         limits = model.actuator_ctrlrange[lay.arm_act]
@@ -235,14 +237,27 @@ class OscController:
         return OscState(goal_pos=s["ee_pos"] * 1, goal_mat=r["ee_mat"] + 0 * s["ee_mat"], q_init=r["q"] + 0 * s["q"],
                         grip=0 * s["q"][:, 0], stale=s["q"][:, 0] == s["q"][:, 0])
 
-    def reset(self, sim: Any, ids: Any) -> None:
+    def reset(self, sim: Any, ids: Any, settled_steps: int = 0) -> None:
         """Start episodes of simulations ``ids`` as robosuite's reset and LIBERO's ``set_init_state`` leave them:
         null-space posture and orientation goal those of :data:`INIT_QPOS`, position goal the hand's current
-        position, gripper state 0."""
+        position, gripper state 0; or, with ``settled_steps`` > 0, as :func:`settle` left them after that many
+        control steps (no longer stale, the gripper opened by the ramp)."""
         fresh = self._fresh_state(sim)
+        if settled_steps > 0:
+            fresh.stale = fresh.stale & False
+            fresh.grip = fresh.grip + max(-1.0, -GRIPPER_SPEED * self.substeps * settled_steps)
         rows = self._ax.asarray(np.asarray(ids))
         for name in ("goal_pos", "goal_mat", "q_init", "grip", "stale"):
             getattr(self.state, name)[rows] = getattr(fresh, name)[rows]
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Every simulation's controller state (:class:`OscState`) as numpy copies, for :meth:`set_state`."""
+        return {k: to_numpy(v).copy() for k, v in vars(self.state).items()}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Continue from :meth:`get_state`'s snapshot."""
+        for key, value in state.items():
+            setattr(self.state, key, self._ax.asarray(np.asarray(value), dtype=getattr(self.state, key).dtype))
 
     # ------------------------------------------------------------------ stepping
     def _read(self, sim: Any) -> dict[str, Any]:
@@ -268,7 +283,7 @@ class OscController:
         act = self._ax.asarray(action, dtype=sim.qpos.dtype)
         act = _lib(act).clip(act, -1.0, 1.0)
         s = self._read(sim)
-        self.state.goal_pos, self.state.goal_mat = set_goal(act[:, :6] * self.output_max, s["ee_pos"], s["ee_mat"],
+        self.state.goal_pos, self.state.goal_mat = set_goal(act[:, :6] * self._output_max, s["ee_pos"], s["ee_mat"],
                                                             self.state.goal_mat)
         return act
 
@@ -288,3 +303,30 @@ class OscController:
         act = self.set_goal(sim, action)
         for _ in range(self.substeps):
             self.substep(sim, act[:, 6])
+
+
+def settle(task: Any, model: Any, qpos: np.ndarray, qvel: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """LIBERO's evaluation start on a torque-motor model: from positions and velocities [n, nq], [n, nv],
+    ``steps`` control steps of the zero action with the gripper opening (``[0] * 6 + [-1]``) under the OSC, on
+    a private batch; returns the positions and velocities after them (continue with
+    ``OscController.reset(..., settled_steps=steps)``)."""
+    from sims.libero.sim import LiberoSim
+
+    if steps == 0 or not len(qpos):
+        return qpos, qvel
+    sim = LiberoSim(task, len(qpos), num_threads=1, model=model)
+    sim.set_states(np.arange(len(qpos)), qpos, qvel)
+    ctl = OscController(sim)
+    action = np.zeros((len(qpos), 7))
+    action[:, 6] = -1.0
+    for _ in range(steps):
+        ctl.step(sim, action)
+    return sim.qpos.copy(), sim.qvel.copy()
+
+
+def make_controller(sim: Any) -> Any:
+    """The controller of a sim's arm: :class:`OscController` for torque motors, else the servos'
+    :class:`~sims.libero.controller.PandaController`."""
+    from sims.libero.controller import PandaController
+
+    return OscController(sim) if sim.layout.torque_arm else PandaController(sim.layout)

@@ -7,7 +7,8 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
 
 - **Actions**: LIBERO's, float32 [N, 7] in [-1, 1] (end-effector position delta x 5 cm, world-frame
   axis-angle delta x 0.5 rad, gripper -1 open .. +1 closed) at 20 Hz, through the batched
-  :class:`~sims.libero.controller.PandaController`.
+  ``controller``: ``servo`` (:class:`~sims.libero.controller.PandaController`, joint servos) or ``osc``
+  (:class:`~sims.libero.osc.OscController`, LIBERO's own OSC_POSE on its torque motors).
 - **Observations**: ``proprio`` float32 [N, 8], LIBERO's state (end-effector position, axis-angle,
   the two finger positions); ``state`` float32 [N, S] (privileged: arm joint angles [7], then every
   non-robot ``qpos``, objects' free joints and articulations, zero-padded to the longest task of the
@@ -46,7 +47,7 @@ import mujoco
 import numpy as np
 
 from sims.backends import to_numpy
-from sims.libero.controller import PandaController
+from sims.libero import osc
 from sims.libero.scene import (
     MIN_VISUAL_FACES,
     VISUAL_FACES,
@@ -70,6 +71,8 @@ SETTLE_STEPS = 10
 ACTION_DIM = 7
 PROPRIO_DIM = 8
 _STREAM = {"train": 0x11B0, "validation": 0x11B1}  # seed streams of the jittered splits
+#: Arm controllers by name, and the arm each drives (:func:`sims.libero.scene.build_model`'s ``arm``).
+CONTROLLERS = {"servo": "servo", "osc": "torque"}
 
 
 def is_libero_task(task: str) -> bool:
@@ -121,6 +124,7 @@ class LiberoEnvConfig(EnvConfig):
         cache: the task cache (None: :func:`sims.libero.suites.cache_dir`'s default).
         visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.lod`; at least
             :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
+        controller: one of :data:`CONTROLLERS` (see the module docstring).
 
     The gantry-only fields (``frame_skip``, ``max_delta``: LIBERO's controller runs at the task's 20 Hz;
     ``env_offset``, ``task_weights``, ``warp_deterministic``, ``warp_uncaptured``) must keep their defaults.
@@ -134,6 +138,7 @@ class LiberoEnvConfig(EnvConfig):
     jitter: float = 0.01
     cache: str | None = None
     visual_faces: int | None = VISUAL_FACES
+    controller: str = "servo"
 
     def validate(self) -> tuple[str, ...]:
         """Check the fields; return the task ids.
@@ -162,6 +167,8 @@ class LiberoEnvConfig(EnvConfig):
             raise ValueError(f"max_steps={self.max_steps} must be >= 1 (or None) and settle_steps={self.settle_steps} >= 0")
         if not 0.0 <= self.jitter <= 0.05 or not 0.0 <= self.success_bonus <= 100.0:
             raise ValueError(f"jitter={self.jitter} must be in [0, 0.05] m and success_bonus={self.success_bonus} in [0, 100]")
+        if self.controller not in CONTROLLERS:
+            raise ValueError(f"controller={self.controller!r}; valid: {', '.join(CONTROLLERS)}")
         if self.visual_faces is not None and self.visual_faces < MIN_VISUAL_FACES:
             raise ValueError(f"visual_faces={self.visual_faces}: give at least {MIN_VISUAL_FACES} triangles per visual mesh "
                              f"(default {VISUAL_FACES}), or None for LIBERO's full meshes")
@@ -224,13 +231,14 @@ GL context takes 0.87 GB instead of 1.5 GB (spatial/0, measured)."""
 _MODELS: dict[tuple[Path, int | None], tuple[mujoco.MjModel, LiberoLayout]] = {}
 
 
-def shared_model(task: LiberoTask, visual_faces: int | None = VISUAL_FACES) -> tuple[mujoco.MjModel, LiberoLayout]:
+def shared_model(task: LiberoTask, visual_faces: int | None = VISUAL_FACES,
+                 arm: str = "servo") -> tuple[mujoco.MjModel, LiberoLayout]:
     """The task's compiled model (textures at most :data:`MAX_TEXTURE`, visual meshes at most ``visual_faces``
-    triangles, None: full), built once per process and setting: a trainer's training and evaluation envs (and a
-    task's ``_lan`` variant, the same scene) share it."""
-    key = (task.model_path, visual_faces)
+    triangles, None: full; ``arm`` as :func:`~sims.libero.scene.build_model`), built once per process and setting:
+    a trainer's training and evaluation envs (and a task's ``_lan`` variant, the same scene) share it."""
+    key = (task.model_path, visual_faces, arm)
     if key not in _MODELS:
-        _MODELS[key] = build_model(task, MAX_TEXTURE, visual_faces)
+        _MODELS[key] = build_model(task, MAX_TEXTURE, visual_faces, arm)
     return _MODELS[key]
 
 
@@ -267,9 +275,9 @@ class LiberoVectorEnv(ArrayVectorEnv):
             render = dataclasses.replace(config.render, textures=True, num_contexts=contexts)
         self.sims = [LiberoSim(t, int(self.bounds[i + 1] - self.bounds[i]), backend=config.backend, render=render,
                                warp_device=config.warp_device, num_threads=config.num_threads,
-                               model=shared_model(t, config.visual_faces))
+                               model=shared_model(t, config.visual_faces, CONTROLLERS[config.controller]))
                      for i, t in enumerate(tasks)]
-        self._controllers = [PandaController(sim.layout) for sim in self.sims]
+        self._controllers = [osc.make_controller(sim) for sim in self.sims]
         self._ax = self.sims[0].ax
         self.device = getattr(self._ax, "device", None)
         self.num_envs = n
@@ -314,14 +322,13 @@ class LiberoVectorEnv(ArrayVectorEnv):
         nq, nv = sim.model.nq, sim.model.nv
         group = ids // g
         episode = self._episode[ids]
-        nstep = cfg.settle_steps * sim.layout.frame_skip
         if cfg.split in ("fixed", "lan"):  # LIBERO's states in order: group j of M plays j, j + M, j + 2M, ...
             local, count = group - self.bounds[k] // g, (self.bounds[k + 1] - self.bounds[k]) // g
             index = (local + episode * count) % len(states)
             for i in np.unique(index):
                 if (k, i) not in self._settled:
                     q, v = states[i:i + 1, 1:1 + nq], states[i:i + 1, 1 + nq:1 + nq + nv]
-                    self._settled[(k, i)] = settle(sim.model, q, v, sim.hold_ctrl(q), nstep)
+                    self._settled[(k, i)] = self._settle(k, q, v)
             qpos = np.concatenate([self._settled[(k, i)][0] for i in index])
             qvel = np.concatenate([self._settled[(k, i)][1] for i in index])
             return qpos, qvel, index
@@ -334,8 +341,15 @@ class LiberoVectorEnv(ArrayVectorEnv):
             shift = rng.uniform(-cfg.jitter, cfg.jitter, (len(self._free_qpos[k]), 2))[self._jitter_root[k]]
             for adr, (dx, dy) in zip(self._free_qpos[k], shift):
                 qpos[r, adr:adr + 2] += (dx, dy)
-        qpos, qvel = settle(sim.model, qpos, qvel, sim.hold_ctrl(qpos), nstep)
+        qpos, qvel = self._settle(k, qpos, qvel)
         return qpos, qvel, index
+
+    def _settle(self, k: int, qpos: np.ndarray, qvel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Task ``k``'s starts [n, nq], [n, nv] after ``settle_steps`` held still (the OSC: LIBERO's zero actions)."""
+        sim, steps = self.sims[k], self.config.settle_steps
+        if sim.layout.torque_arm:
+            return osc.settle(sim.task, (sim.model, sim.layout), qpos, qvel, steps)
+        return settle(sim.model, qpos, qvel, sim.hold_ctrl(qpos), steps * sim.layout.frame_skip)
 
     def _start_episodes(self, ids: np.ndarray) -> None:
         """Start the next episode of environments ``ids`` (global indices)."""
@@ -345,9 +359,13 @@ class LiberoVectorEnv(ArrayVectorEnv):
             if len(sel):
                 qpos, qvel, index = self._initial_states(k, sel)
                 sim.set_states(sel - lo, qpos, qvel)
+                self._controllers[k].reset(sim, sel - lo, **self._settled_kw(k))
                 self.state_index[sel] = index
         self._episode[ids] += 1
         self._steps[ids] = 0
+
+    def _settled_kw(self, k: int) -> dict[str, int]:
+        return {"settled_steps": self.config.settle_steps} if self.sims[k].layout.torque_arm else {}
 
     def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, Any], Any]:
         """Observation and success of environments ``ids`` (None: all) at the current state."""
@@ -387,7 +405,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         ax = self._ax
         action = self._check_action(action)
         for k, (sim, ctl) in enumerate(zip(self.sims, self._controllers)):
-            sim.step(ctl(sim, action[self.bounds[k]:self.bounds[k + 1]]))
+            ctl.step(sim, action[self.bounds[k]:self.bounds[k + 1]])
         self._steps += 1
         obs, success = self._observe()
         reward = ax.astype(success, ax.float32) * (1.0 + self.config.success_bonus)
@@ -424,6 +442,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         """
         return {"tasks": list(self.task_names), "split": self.config.split, "seed": self._seed,
                 "started": self._obs is not None, "sims": [sim.get_state() for sim in self.sims],
+                "controllers": [ctl.get_state() for ctl in self._controllers],
                 **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -439,6 +458,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
                              "build the env with the config it was saved with")
         for sim, sim_state in zip(self.sims, state["sims"], strict=True):
             sim.restore(sim_state)
+        for ctl, ctl_state in zip(self._controllers, state.get("controllers", [{}] * len(self.sims)), strict=True):
+            ctl.set_state(ctl_state)
         for key in self._EPISODE_FIELDS:
             setattr(self, key, np.array(state[key], dtype=np.int64))
         self._seed = int(state["seed"])

@@ -125,3 +125,32 @@ def test_osc_sim_ramps_the_fingers_and_starts_from_robosuites_reset_goal(model):
         ctl.substep(sim, np.ones(1))
     np.testing.assert_allclose(ctl.state.grip, [0.25])
     np.testing.assert_allclose(sim.current_ctrl()[0, sim.layout.gripper_act], [0.015, -0.015])
+
+
+def test_env_with_osc_starts_as_libero_evaluates_and_resumes_from_a_snapshot(model):
+    """``controller=osc`` in the LIBERO config: the fixed split's first observation is LIBERO's evaluation start
+    (the fixed state, then 10 zero actions under the OSC with the gripper opening), and a snapshot continues bit
+    for bit (the controller's goals and gripper ramp are in it)."""
+    import sims
+
+    env = sims.make_vec_env("libero_spatial/0", 2, split="fixed", num_threads=1, controller="osc", max_steps=4)
+    obs = env.reset_arrays(seed=0)
+    sim = LiberoSim(load_task(TASK), 2, num_threads=1, model=model)
+    sim.reset(np.array([0, 1]))
+    ctl = OscController(sim)
+    ctl.reset(sim, np.arange(2))
+    hold = np.tile([0.0, 0, 0, 0, 0, 0, -1], (2, 1))
+    for _ in range(10):
+        ctl.step(sim, hold)
+    np.testing.assert_allclose(obs["proprio"], sim.proprio()["state"], atol=1e-6)
+    actions = np.random.default_rng(0).uniform(-1, 1, (7, 2, 7)).astype(np.float32)
+    env.step_arrays(actions[0])
+    snapshot = env.get_state()
+    straight = [env.step_arrays(a)["observation"]["proprio"] for a in actions[1:]]  # across an autoreset
+    fresh = sims.make_vec_env("libero_spatial/0", 2, split="fixed", num_threads=1, controller="osc", max_steps=4)
+    fresh.reset_arrays(seed=0)
+    fresh.set_state(snapshot)
+    resumed = [fresh.step_arrays(a)["observation"]["proprio"] for a in actions[1:]]
+    np.testing.assert_array_equal(np.stack(straight), np.stack(resumed))
+    with pytest.raises(ValueError, match="controller='joint'; valid: servo, osc"):
+        sims.make_vec_env("libero_spatial/0", 2, controller="joint")
