@@ -140,7 +140,8 @@ def compare_controller(python: Path, tasks: list[str], n_random: int, n_scripted
         per_task[task_id] = {"sequences": len(mine), "eef_err_mm": _stats(e), "rot_err_rad": _stats(r),
                              "finger_err_mm": _stats(f),
                              "null_space_posture_matches": bool(np.allclose(ref["initial_joint"], ref["initial_joint"][0]))}
-    return {"sequences": len(seqs), "steps": STEPS, "random": n_random, "scripted": n_scripted,
+    return {"libero_versions": json.loads(str(ref["versions"])),
+            "sequences": len(seqs), "steps": STEPS, "random": n_random, "scripted": n_scripted,
             "eef_err_mm": _stats(np.concatenate(eef)), "rot_err_rad": _stats(np.concatenate(rot)),
             "finger_err_mm": _stats(np.concatenate(fing)), "by_task": per_task}
 
