@@ -305,16 +305,19 @@ class OscController:
             self.substep(sim, act[:, 6])
 
 
-def settle(task: Any, model: Any, qpos: np.ndarray, qvel: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+def settle(task: Any, model: Any, qpos: np.ndarray, qvel: np.ndarray, steps: int,
+           fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """LIBERO's evaluation start on a torque-motor model: from positions and velocities [n, nq], [n, nv],
     ``steps`` control steps of the zero action with the gripper opening (``[0] * 6 + [-1]``) under the OSC, on
-    a private batch; returns the positions and velocities after them (continue with
-    ``OscController.reset(..., settled_steps=steps)``)."""
+    a private batch (``fixtures``: as :meth:`~sims.libero.sim.LiberoSim.place_fixtures` takes them); returns the
+    positions and velocities after them (continue with ``OscController.reset(..., settled_steps=steps)``)."""
     from sims.libero.sim import LiberoSim
 
     if steps == 0 or not len(qpos):
         return qpos, qvel
     sim = LiberoSim(task, len(qpos), num_threads=1, model=model)
+    if fixtures is not None:
+        sim.place_fixtures(np.arange(len(qpos)), *fixtures)
     sim.set_states(np.arange(len(qpos)), qpos, qvel)
     ctl = OscController(sim)
     action = np.zeros((len(qpos), 7))

@@ -91,6 +91,7 @@ class LiberoSim:
             self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in _FIELDS}
         self.ax = self.backend.ax
         self.state_index = np.zeros(num_envs, np.int64)
+        self.fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see place_fixtures
 
     # ------------------------------------------------------------------ physics
     def forward(self) -> None:
@@ -138,6 +139,30 @@ class LiberoSim:
         self.backend.set_state(ids, qpos, np.zeros((len(ids), self.model.nmocap, 3)), self.hold_ctrl(qpos), qvel=qvel)
         self.forward()
 
+    def place_fixtures(self, ids: np.ndarray, bodies: np.ndarray, pos: np.ndarray, quat: np.ndarray) -> None:
+        """Stand fixture bodies ``bodies`` [B] of simulations ``ids`` at ``pos`` [n, B, 3], ``quat`` [n, B, 4] (LIBERO
+        re-places its fixtures at every reset, in ``model.body_pos`` / ``body_quat``): their physics (the batch's
+        per-simulation model fields) and their frames. Call before :meth:`set_states`.
+
+        Raises:
+            ValueError: the warp backend (its model fields are shared by all worlds here), or other bodies than
+                the sim's fixtures so far.
+        """
+        if self.backend_name != "batch":
+            raise ValueError("per-episode fixture placement runs on the batch backend only; use backend=batch")
+        bodies = np.asarray(bodies)
+        if self.fixtures is None:
+            n = self.num_envs
+            self.fixtures = (bodies, np.repeat(self.model.body_pos[bodies][None], n, 0),
+                             np.repeat(self.model.body_quat[bodies][None], n, 0))
+        elif not np.array_equal(self.fixtures[0], bodies):
+            raise ValueError(f"fixture bodies {bodies.tolist()} differ from this sim's {self.fixtures[0].tolist()}")
+        ids = np.asarray(ids)
+        self.fixtures[1][ids], self.fixtures[2][ids] = pos, quat
+        batch = self.backend.batch
+        batch.expand("body_pos")[np.ix_(ids, bodies)] = pos
+        batch.expand("body_quat")[np.ix_(ids, bodies)] = quat
+
     def step(self, ctrl: Any) -> None:
         """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps; with torque motors one
         substep), then forward."""
@@ -145,8 +170,12 @@ class LiberoSim:
         self.forward()
 
     def get_state(self) -> dict[str, Any]:
-        """A snapshot of every simulation (the backend's: plain numpy arrays), for :meth:`restore`."""
-        return self.backend.get_state()
+        """A snapshot of every simulation (the backend's: plain numpy arrays, and the fixtures' places), for
+        :meth:`restore`."""
+        state = self.backend.get_state()
+        if self.fixtures is not None:
+            state = {**state, "fixtures": tuple(a.copy() for a in self.fixtures)}
+        return state
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`get_state`'s snapshot (of a sim of the same task, backend and size) bit for bit.
@@ -154,7 +183,10 @@ class LiberoSim:
         Raises:
             ValueError: the snapshot is of another model or number of simulations.
         """
-        self.backend.restore(state)
+        if "fixtures" in state:  # the replay runs where the episode's fixtures stood
+            bodies, pos, quat = state["fixtures"]
+            self.place_fixtures(np.arange(self.num_envs), np.asarray(bodies), np.asarray(pos), np.asarray(quat))
+        self.backend.restore({k: v for k, v in state.items() if k != "fixtures"})
         self.forward()
 
     def current_ctrl(self) -> Any:
@@ -209,8 +241,9 @@ class LiberoSim:
         sel = slice(None) if rows is None else np.asarray(rows)
         if self.renderer is not None:
             qpos = self.backend.qpos[sel]
+            poses = None if self.fixtures is None else (self.fixtures[0], self.fixtures[1][sel], self.fixtures[2][sel])
             return self.renderer.render(qpos, self.backend.mocap_pos[sel], np.zeros((len(qpos), 0, 4)),
-                                        _NoColours())["rgb"]
+                                        _NoColours(), body_poses=poses)["rgb"]
         frames = self.backend.render()["rgb"]
         return frames if rows is None else frames[self.ax.asarray(sel)]
 

@@ -26,7 +26,11 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   object by its support's shift (:func:`jitter_roots`; each split its own seed stream); ``fixed``: the 50
   fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
   ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
-  same scenes with paraphrased instructions and the variant's own 50 fixed initial states.
+  same scenes with paraphrased instructions and the variant's own 50 fixed initial states. With
+  ``starts="regions"`` the ``train`` and ``validation`` splits start instead from LIBERO's own placement
+  rules (:mod:`sims.libero.regions`: objects and fixtures sampled in their BDDL regions by LIBERO's
+  code, one start per seed, drawn per episode from ``(seed, group, episode, split)``), the fixtures
+  standing where that start put them.
 - **Snapshots**: :meth:`LiberoVectorEnv.get_state` / :meth:`~LiberoVectorEnv.set_state` (plain data, for
   checkpoints) continue bit for bit in an env of the same config, frames included.
 - **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.lod`; None: LIBERO's
@@ -48,6 +52,7 @@ import numpy as np
 
 from sims.backends import to_numpy
 from sims.libero import osc
+from sims.libero.regions import draw, load_region_starts
 from sims.libero.scene import (
     MIN_VISUAL_FACES,
     VISUAL_FACES,
@@ -73,6 +78,7 @@ PROPRIO_DIM = 8
 _STREAM = {"train": 0x11B0, "validation": 0x11B1}  # seed streams of the jittered splits
 #: Arm controllers by name, and the arm each drives (:func:`sims.libero.scene.build_model`'s ``arm``).
 CONTROLLERS = {"servo": "servo", "osc": "torque"}
+STARTS = ("jitter", "regions")
 
 
 def is_libero_task(task: str) -> bool:
@@ -125,6 +131,8 @@ class LiberoEnvConfig(EnvConfig):
         visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.lod`; at least
             :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
         controller: one of :data:`CONTROLLERS` (see the module docstring).
+        starts: where the ``train`` and ``validation`` splits start: ``jitter`` (fixed states shifted by ``jitter``)
+            or ``regions`` (LIBERO's region sampler, :mod:`sims.libero.regions`; the batch backend).
 
     The gantry-only fields (``frame_skip``, ``max_delta``: LIBERO's controller runs at the task's 20 Hz;
     ``env_offset``, ``task_weights``, ``warp_deterministic``, ``warp_uncaptured``) must keep their defaults.
@@ -139,6 +147,7 @@ class LiberoEnvConfig(EnvConfig):
     cache: str | None = None
     visual_faces: int | None = VISUAL_FACES
     controller: str = "servo"
+    starts: str = "jitter"
 
     def validate(self) -> tuple[str, ...]:
         """Check the fields; return the task ids.
@@ -167,6 +176,11 @@ class LiberoEnvConfig(EnvConfig):
             raise ValueError(f"max_steps={self.max_steps} must be >= 1 (or None) and settle_steps={self.settle_steps} >= 0")
         if not 0.0 <= self.jitter <= 0.05 or not 0.0 <= self.success_bonus <= 100.0:
             raise ValueError(f"jitter={self.jitter} must be in [0, 0.05] m and success_bonus={self.success_bonus} in [0, 100]")
+        if self.starts not in STARTS:
+            raise ValueError(f"starts={self.starts!r}; valid: {', '.join(STARTS)}")
+        if self.starts == "regions" and self.backend != "batch":
+            raise ValueError("starts=regions re-places LIBERO's fixtures per episode, which runs on the batch backend "
+                             "only; use backend=batch")
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller={self.controller!r}; valid: {', '.join(CONTROLLERS)}")
         if self.visual_faces is not None and self.visual_faces < MIN_VISUAL_FACES:
@@ -205,21 +219,30 @@ def jitter_roots(states: np.ndarray, free_qpos: np.ndarray, tol: float = 1e-4) -
     return roots
 
 
-def settle(model: mujoco.MjModel, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.ndarray,
-           nstep: int) -> tuple[np.ndarray, np.ndarray]:
+def settle(model: mujoco.MjModel, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.ndarray, nstep: int,
+           fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Positions and velocities [n, nq], [n, nv] after ``nstep`` physics steps from each row under ``ctrl`` [n, nu]
-    (one private ``MjData``; identical rows are stepped once)."""
+    (one private ``MjData``; identical rows are stepped once), with ``fixtures`` = (bodies [B], places [n, B, 3],
+    [n, B, 4]) standing there per row (None: where the model has them)."""
     if nstep == 0 or not len(qpos):
         return qpos, qvel
-    rows, inverse = np.unique(np.concatenate([qpos, qvel, ctrl], axis=1), axis=0, return_inverse=True)
+    bodies, pos, quat = fixtures if fixtures is not None else (np.zeros(0, np.int64), np.zeros((len(qpos), 0, 3)),
+                                                                 np.zeros((len(qpos), 0, 4)))
+    key = np.concatenate([qpos, qvel, ctrl, pos.reshape(len(qpos), -1), quat.reshape(len(qpos), -1)], axis=1)
+    rows, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
     data = mujoco.MjData(model)
     out_q, out_v = np.empty((len(rows), model.nq)), np.empty((len(rows), model.nv))
-    for r, row in enumerate(rows):
-        mujoco.mj_resetData(model, data)
-        data.qpos[:], data.qvel[:] = row[:model.nq], row[model.nq:model.nq + model.nv]
-        data.ctrl[:] = row[model.nq + model.nv:]
-        mujoco.mj_step(model, data, nstep=nstep)
-        out_q[r], out_v[r] = data.qpos, data.qvel
+    saved = model.body_pos[bodies].copy(), model.body_quat[bodies].copy()
+    try:
+        for r, (row, i) in enumerate(zip(rows, first)):
+            model.body_pos[bodies], model.body_quat[bodies] = pos[i], quat[i]
+            mujoco.mj_resetData(model, data)
+            data.qpos[:], data.qvel[:] = row[:model.nq], row[model.nq:model.nq + model.nv]
+            data.ctrl[:] = row[model.nq + model.nv:model.nq + model.nv + model.nu]
+            mujoco.mj_step(model, data, nstep=nstep)
+            out_q[r], out_v[r] = data.qpos, data.qvel
+    finally:  # the model is shared: leave it as it was
+        model.body_pos[bodies], model.body_quat[bodies] = saved
     inverse = inverse.reshape(-1)
     return out_q[inverse], out_v[inverse]
 
@@ -291,6 +314,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
         self._jitter_root = [jitter_roots(s.task.init_states[:, 1:1 + s.model.nq], f)
                              for s, f in zip(self.sims, self._free_qpos)]
         self._settled: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # fixed states, settled once
+        self._regions = ([load_region_starts(t, config.cache) for t in self.task_names]
+                         if config.starts == "regions" and config.split in _STREAM else None)
         self._spaces(render)
         self._seed = config.seed
         self._steps = np.zeros(n, np.int64)
@@ -332,6 +357,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
             qpos = np.concatenate([self._settled[(k, i)][0] for i in index])
             qvel = np.concatenate([self._settled[(k, i)][1] for i in index])
             return qpos, qvel, index
+        if self._regions is not None:
+            return self._region_states(k, group, episode)
         index = np.empty(len(ids), np.int64)
         qpos, qvel = np.empty((len(ids), nq)), np.empty((len(ids), nv))
         for r, (m, e) in enumerate(zip(group, episode)):
@@ -344,12 +371,33 @@ class LiberoVectorEnv(ArrayVectorEnv):
         qpos, qvel = self._settle(k, qpos, qvel)
         return qpos, qvel, index
 
-    def _settle(self, k: int, qpos: np.ndarray, qvel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Task ``k``'s starts [n, nq], [n, nv] after ``settle_steps`` held still (the OSC: LIBERO's zero actions)."""
+    def _region_states(self, k: int, group: np.ndarray, episode: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Settled region-sampled starts of task ``k``'s groups ``group`` in episodes ``episode`` (and their indices)."""
+        starts, nq = self._regions[k], self.sims[k].model.nq
+        stream = _STREAM[self.config.split]
+        index = np.array([draw(starts.count, self._seed, int(m), int(e), stream) for m, e in zip(group, episode)],
+                         np.int64)
+        states = starts.states[index]
+        fixtures = self._fixtures(k, index)
+        qpos, qvel = self._settle(k, states[:, 1:1 + nq], states[:, 1 + nq:], fixtures)
+        return qpos, qvel, index
+
+    def _fixtures(self, k: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Fixture bodies and their places [n, B, 3], [n, B, 4] in task ``k``'s region starts ``index``."""
+        if self._regions is None or not self._regions[k].fixtures:
+            return None
+        starts, model = self._regions[k], self.sims[k].model
+        bodies = np.array([model.body(name).id for name in starts.fixtures])
+        return bodies, starts.fixture_pos[index], starts.fixture_quat[index]
+
+    def _settle(self, k: int, qpos: np.ndarray, qvel: np.ndarray,
+                fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Task ``k``'s starts [n, nq], [n, nv] after ``settle_steps`` held still (the OSC: LIBERO's zero actions),
+        the fixtures standing at ``fixtures`` (bodies [B], places [n, B, 3], [n, B, 4]; None: the model's)."""
         sim, steps = self.sims[k], self.config.settle_steps
         if sim.layout.torque_arm:
-            return osc.settle(sim.task, (sim.model, sim.layout), qpos, qvel, steps)
-        return settle(sim.model, qpos, qvel, sim.hold_ctrl(qpos), steps * sim.layout.frame_skip)
+            return osc.settle(sim.task, (sim.model, sim.layout), qpos, qvel, steps, fixtures)
+        return settle(sim.model, qpos, qvel, sim.hold_ctrl(qpos), steps * sim.layout.frame_skip, fixtures)
 
     def _start_episodes(self, ids: np.ndarray) -> None:
         """Start the next episode of environments ``ids`` (global indices)."""
@@ -358,6 +406,9 @@ class LiberoVectorEnv(ArrayVectorEnv):
             sel = ids[(ids >= lo) & (ids < hi)]
             if len(sel):
                 qpos, qvel, index = self._initial_states(k, sel)
+                fixtures = self._fixtures(k, index)
+                if fixtures is not None:
+                    sim.place_fixtures(sel - lo, *fixtures)
                 sim.set_states(sel - lo, qpos, qvel)
                 self._controllers[k].reset(sim, sel - lo, **self._settled_kw(k))
                 self.state_index[sel] = index
