@@ -185,28 +185,36 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["spatial/0", "object/0", "goal/0", "10/0"])
     parser.add_argument("--suite", default="spatial", help="settle from every fixed state of this suite")
     parser.add_argument("--physics", nargs="+", default=list(PHYSICS), choices=list(PHYSICS))
+    parser.add_argument("--settle-states", type=int, default=50, help="fixed states per task to settle (LIBERO has 50)")
+    parser.add_argument("--parts", nargs="+", default=["controller", "settle"], choices=["controller", "settle"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--libero-python", type=Path, default=None, help="LIBERO's interpreter (default: .venv-libero)")
     args = parser.parse_args()
     start = time.perf_counter()
     try:
         python = args.libero_python or ensure_libero_venv()
+        controller = settle = physics = None
         if args.quick:
             controller = compare_controller(python, args.tasks[:2], 4, 2, args.seed)
             settle, physics = compare_settle(python, [f"{args.suite}/0"], 5, args.physics[:1])
         else:
-            controller = compare_controller(python, args.tasks, 50, 10, args.seed)
-            settle, physics = compare_settle(python, [f"{args.suite}/{i}" for i in range(10)], 50, args.physics)
+            if "controller" in args.parts:
+                controller = compare_controller(python, args.tasks, 50, 10, args.seed)
+            if "settle" in args.parts:
+                settle, physics = compare_settle(python, [f"{args.suite}/{i}" for i in range(10)], args.settle_states,
+                                                 args.physics)
     except (RuntimeError, ValueError, FileNotFoundError) as err:
         sys.exit(f"compare_libero: {err}")
     report = {"config": {"quick": args.quick, "tasks": args.tasks, "suite": args.suite, "seed": args.seed,
-                         "physics": args.physics, "steps": STEPS, "settle_steps": SETTLE_STEPS},
+                         "physics": args.physics, "steps": STEPS, "settle_steps": SETTLE_STEPS,
+                         "settle_states": args.settle_states, "parts": args.parts},
               "results": {"controller": controller, "settle": settle, "physics": physics},
               "seconds": round(time.perf_counter() - start, 1)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
-    print(json.dumps({"controller": {k: controller[k] for k in ("eef_err_mm", "rot_err_rad", "finger_err_mm")},
-                      "settle_within_5mm": settle["within_5mm"], "physics": physics}))
+    print(json.dumps({"controller": controller and {k: controller[k] for k in ("eef_err_mm", "rot_err_rad",
+                                                                             "finger_err_mm")},
+                      "settle_within_5mm": settle and settle["within_5mm"], "physics": physics}))
 
 
 if __name__ == "__main__":
