@@ -94,6 +94,25 @@ def test_osc_torques_match_robosuite_by_hand_on_warp(model):
     _osc_step_matches_hand(sim, rtol=2e-3, atol=2e-2)  # float32 against float64
 
 
+@pytest.mark.slow
+def test_osc_steps_alike_on_warp_and_batch(model):
+    """Two control steps through OscController.step (goal, 25 substeps of torques and the gripper ramp) move the
+    hand and fingers alike on both backends."""
+    pytest.importorskip("mujoco_warp")
+    out = {}
+    for backend in ("batch", "warp"):
+        kw = {"num_threads": 1} if backend == "batch" else {"warp_device": "cpu"}
+        sim = LiberoSim(load_task(TASK), 2, backend=backend, model=model, **kw)
+        sim.reset(np.array([0, 7]))
+        ctl = OscController(sim)
+        ctl.reset(sim, np.arange(2))
+        for action in (np.stack([ACTION, -ACTION]), np.stack([-ACTION, ACTION])):
+            ctl.step(sim, sim.ax.asarray(action))
+        out[backend] = {k: to_numpy(v) for k, v in sim.proprio().items()}
+    for key in ("eef_pos", "joint_pos", "gripper_qpos"):
+        np.testing.assert_allclose(out["warp"][key], out["batch"][key], atol=1e-3, err_msg=key)
+
+
 def test_gripper_ramps_by_the_sign_of_the_command():
     g = np.zeros(3)
     for _ in range(25):  # one control step of substeps
