@@ -36,3 +36,17 @@ def test_quick_comparison_meets_the_targets(tmp_path):
     assert c["eef_err_mm"]["mean"] <= 5.0 and c["eef_err_mm"]["max"] <= 15.0
     assert c["rot_err_rad"]["mean"] <= 0.05 and c["finger_err_mm"]["mean"] <= 1.0
     assert r["settle"]["objects"] > 0 and r["settle"]["within_5mm"] >= 0.95
+
+
+def test_docs_show_the_committed_comparison():
+    """docs/sims.md's comparison table prints docs/figures/libero/compare_libero.json's figures, which meet the
+    targets."""
+    r = json.loads((ROOT / "docs" / "figures" / "libero" / "compare_libero.json").read_text())["results"]
+    c, s = r["controller"], r["settle"]
+    doc = (ROOT / "docs" / "sims.md").read_text()
+    assert f"| {c['eef_err_mm']['mean']:.2f} mm mean, {c['eef_err_mm']['max']:.2f} mm max |" in doc
+    assert f"| {c['rot_err_rad']['mean']:.4f} rad mean, {c['rot_err_rad']['max']:.4f} rad max |" in doc
+    assert f"| {c['finger_err_mm']['mean']:.5f} mm mean, {c['finger_err_mm']['max']:.3f} mm max |" in doc
+    assert f"{s['objects']} objects) | {100 * s['within_5mm']:.1f} % within 5 mm (mean {s['mean_mm']:.2f} mm) |" in doc
+    assert c["sequences"] == 60 and c["eef_err_mm"]["mean"] <= 5 and c["eef_err_mm"]["max"] <= 15
+    assert c["rot_err_rad"]["mean"] <= 0.05 and c["finger_err_mm"]["mean"] <= 1 and s["within_5mm"] >= 0.95
