@@ -92,8 +92,11 @@ def ensure_region_starts(task_ids: list[str], count: int = DEFAULT_COUNT,
     for spec in task_ids:
         suite, index = parse_task_id(spec)
         path = root / suite / str(index) / FILE
-        if not path.is_file() or len(np.load(path)["states"]) < count:
-            todo.append(f"{suite}/{index}")
+        if path.is_file():
+            with np.load(path) as f:
+                if len(f["states"]) >= count:
+                    continue
+        todo.append(f"{suite}/{index}")
     if not todo:
         return []
     site = ensure_toolchain(root)
