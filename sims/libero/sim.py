@@ -29,7 +29,8 @@ from sims.libero.predicates import GoalPredicates, Kinematics
 from sims.libero.scene import CAMERAS, VISUAL_FACES, LiberoLayout, LiberoTask, build_model
 from sims.render import BatchRenderer, RenderConfig
 
-_FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "sensordata", "M", "qfrc_bias")
+_FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "sensordata")
+_TORQUE_FIELDS = ("M", "qfrc_bias")  # what the OSC reads at every substep (bound only for torque motors)
 # LIBERO scenes touch at up to ~90 contacts (the gantry scene's warp limits are 48 / 192).
 WARP_NCONMAX, WARP_NJMAX = 256, 1024
 
@@ -73,12 +74,13 @@ class LiberoSim:
         self.model, self.layout = model or build_model(task, visual_faces=visual_faces, arm=arm)
         # Torque motors: the OSC recomputes the torques at every substep, so the backend steps one at a time.
         frame_skip = 1 if self.layout.torque_arm else self.layout.frame_skip
+        fields = _FIELDS + _TORQUE_FIELDS if self.layout.torque_arm else _FIELDS
         self.goal = GoalPredicates(task.goal, self.model, self.layout.contact_sensor)
         self.render_config = render
         self.renderer = None
         if backend == "batch":
             self.backend = BatchBackend(self.model, num_envs, frame_skip, num_threads)
-            self._f = {name: self.backend.batch.bind(name) for name in _FIELDS}
+            self._f = {name: self.backend.batch.bind(name) for name in fields}
             if render is not None:
                 self.renderer = BatchRenderer(self.model, render)
         else:
@@ -88,7 +90,7 @@ class LiberoSim:
 
             self.backend = WarpBackend(self.model, num_envs, frame_skip, warp_device, render=render,
                                        nconmax=WARP_NCONMAX, njmax=WARP_NJMAX)
-            self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in _FIELDS}
+            self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in fields}
         self.ax = self.backend.ax
         self.state_index = np.zeros(num_envs, np.int64)
         self.fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see place_fixtures
@@ -197,8 +199,8 @@ class LiberoSim:
     # ------------------------------------------------------------------ reading
     def field(self, name: str) -> Any:
         """A derived array of every simulation: one of ``xpos``, ``xquat``, ``xanchor``, ``xaxis``,
-        ``site_xpos``, ``site_xmat``, ``sensordata``, ``M`` (the CSR mass matrix), ``qfrc_bias`` ([N, ...], numpy
-        or torch)."""
+        ``site_xpos``, ``site_xmat``, ``sensordata``, and with torque motors ``M`` (the CSR mass matrix) and
+        ``qfrc_bias`` ([N, ...], numpy or torch)."""
         return self._f[name]
 
     @property
