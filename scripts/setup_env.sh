@@ -10,8 +10,10 @@
 #     project's environment) and the 40 tasks of Spatial, Object, Goal and 10 exported once into the
 #     cache (about 4 CPU-seconds a task); and LIBERO's own robosuite environment, .venv-libero
 #     (scripts/setup_libero_venv.py: robosuite 1.4.0 on mujoco 2.3.7, pinned, about 2 GB), the
-#     anchor of scripts/bench_libero.py. Off by default: the LIBERO tests export the four tasks
-#     they use themselves, and `make train` does not need LIBERO.
+#     anchor of scripts/bench_libero.py and scripts/compare_libero.py. Off by default: the LIBERO
+#     tests export the tasks they use themselves, the first test that needs .venv-libero
+#     (tests/sims/conftest.py's libero_python) makes it when it is absent, and `make train` does
+#     not need LIBERO.
 # Re-running is cheap: a stamp keyed on pyproject.toml skips pip when nothing changed.
 set -euo pipefail
 

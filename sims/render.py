@@ -213,9 +213,11 @@ class _Worker:
 
     def render(self, qpos: np.ndarray, mocap_pos: np.ndarray, rgba: np.ndarray, colour_geoms: np.ndarray,
                env_ids: np.ndarray, out_rgb: np.ndarray, out_depth: np.ndarray | None,
-               points: np.ndarray | None = None, out_pixels: np.ndarray | None = None) -> None:
+               points: np.ndarray | None = None, out_pixels: np.ndarray | None = None,
+               body_poses: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         """Render envs given by qpos [n, nq] etc. (global indices ``env_ids`` [n]) into out_rgb
-        [n, cams, 3, H, W] (and depth); project ``points`` [n, P, 3] into ``out_pixels`` [n, cams, P, 2]."""
+        [n, cams, 3, H, W] (and depth); project ``points`` [n, P, 3] into ``out_pixels`` [n, cams, P, 2];
+        ``body_poses`` = (body ids [B], positions [n, B, 3], quaternions [n, B, 4]) of bodies placed per env."""
         self.gl.make_current()
         cfg, m, d = self.config, self.model, self.data
         for chunk in self._chunks(env_ids):
@@ -226,6 +228,8 @@ class _Worker:
                 if i != last_env:
                     d.qpos[:] = qpos[i]
                     d.mocap_pos[:] = mocap_pos[i]
+                    if body_poses is not None:
+                        m.body_pos[body_poses[0]], m.body_quat[body_poses[0]] = body_poses[1][i], body_poses[2][i]
                     mujoco.mj_kinematics(m, d)
                     mujoco.mj_camlight(m, d)
                     m.geom_rgba[colour_geoms] = rgba[i]
@@ -304,7 +308,8 @@ class BatchRenderer:
 
     def render(self, qpos: np.ndarray, mocap_pos: np.ndarray, rgba: np.ndarray,
                layout: S.SceneLayout, points: np.ndarray | None = None,
-               env_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+               env_ids: np.ndarray | None = None,
+               body_poses: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Frames of every environment.
 
         Args:
@@ -314,6 +319,8 @@ class BatchRenderer:
             points: optional world points [N, P, 3] to locate in every camera.
             env_ids: global indices [N] of the environments (default ``0..N-1``): an environment's
                 frames are then identical whatever batch it is rendered in.
+            body_poses: optional (body ids [B], positions [N, B, 3], quaternions [N, B, 4]) of bodies placed
+                per environment (LIBERO's fixtures).
 
         Returns:
             ``rgb`` uint8 [N, cams, 3, H, W], ``depth`` float32 [N, cams, H, W] if configured, and
@@ -337,7 +344,9 @@ class BatchRenderer:
                 self._worker().render(qpos[lo:hi], mocap_pos[lo:hi], rgba[lo:hi], layout.colour_geoms,
                                       ids[lo:hi], out["rgb"][lo:hi], out["depth"][lo:hi] if cfg.depth else None,
                                       None if points is None else points[lo:hi],
-                                      out["pixels"][lo:hi] if points is not None else None)
+                                      out["pixels"][lo:hi] if points is not None else None,
+                                      None if body_poses is None else (body_poses[0], body_poses[1][lo:hi],
+                                                                       body_poses[2][lo:hi]))
 
         list(self._pool.map(job, range(self.num_contexts)))
         return out

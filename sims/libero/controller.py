@@ -28,6 +28,19 @@ from sims.libero.sim import gripper_ctrl
 DAMPING = 0.05  # lambda: keeps dq bounded near singular poses
 
 
+def arm_jacobian(eef: Any, anchor: Any, axis: Any) -> Any:
+    """The grip site's Jacobian [N, 6, 7] (translation rows, then rotation) from its position [N, 3] and the arm's
+    hinge joints' anchors and axes [N, 7, 3] (all world frame; numpy arrays or torch tensors)."""
+    r = eef[:, None, :] - anchor
+    lin = [axis[..., 1] * r[..., 2] - axis[..., 2] * r[..., 1], axis[..., 2] * r[..., 0] - axis[..., 0] * r[..., 2],
+           axis[..., 0] * r[..., 1] - axis[..., 1] * r[..., 0]]
+    if isinstance(eef, np.ndarray):
+        return np.concatenate([np.stack(lin, axis=1), axis.swapaxes(1, 2)], axis=1)
+    import torch
+
+    return torch.cat([torch.stack(lin, dim=1), axis.swapaxes(1, 2)], dim=1)
+
+
 class PandaController:
     """Maps LIBERO actions to actuator controls for a :class:`sims.libero.sim.LiberoSim`."""
 
@@ -39,27 +52,32 @@ class PandaController:
         self.output_max = np.asarray(output_max, np.float64)
         self.damping = damping
 
-    def jacobian(self, xp: Any, eef: Any, anchor: Any, axis: Any) -> Any:
-        """The grip site's Jacobian [N, 6, 7] from its position [N, 3] and the arm joints'
-        anchors and axes [N, 7, 3] (all world frame)."""
-        r = eef[:, None, :] - anchor
-        lin = xp.stack([axis[..., 1] * r[..., 2] - axis[..., 2] * r[..., 1],
-                        axis[..., 2] * r[..., 0] - axis[..., 0] * r[..., 2],
-                        axis[..., 0] * r[..., 1] - axis[..., 1] * r[..., 0]], axis=1)  # [N, 3, 7]
-        return xp.concatenate([lin, axis.swapaxes(1, 2)], axis=1)
-
     def joint_targets(self, sim: Any, action: Any) -> Any:
         """Arm joint targets [N, 7] for actions [N, 7] at the sim's current state."""
         xp, lay = sim.ax, self.layout
         act = xp.clip(xp.asarray(action), -1.0, 1.0)
         delta = act[:, :6] * xp.asarray(self.output_max)
         jnt = lay.arm_joint
-        jac = self.jacobian(xp, sim.field("site_xpos")[:, lay.eef_site], sim.field("xanchor")[:, jnt],
-                            sim.field("xaxis")[:, jnt])
+        jac = arm_jacobian(sim.field("site_xpos")[:, lay.eef_site], sim.field("xanchor")[:, jnt],
+                           sim.field("xaxis")[:, jnt])
         jt = jac.swapaxes(1, 2)
         gram = jac @ jt + (self.damping ** 2) * xp.asarray(np.eye(6))
         dq = (jt @ xp.linalg.solve(gram, delta[:, :, None]))[:, :, 0]
         return sim.qpos[:, lay.arm_qpos] + dq
+
+    def reset(self, sim: Any, ids: Any) -> None:
+        """Start episodes of simulations ``ids``: nothing to forget (the servos hold what ``set_states`` set)."""
+
+    def get_state(self) -> dict[str, Any]:
+        """Nothing: the servos' targets are the sim's controls, in its snapshot."""
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state` (nothing)."""
+
+    def step(self, sim: Any, action: Any) -> None:
+        """One control step of LIBERO actions ``action`` [N, 7] (the controls, then the 25 substeps)."""
+        sim.step(self(sim, action))
 
     def __call__(self, sim: Any, action: Any) -> Any:
         """Actuator controls [N, nu] for LIBERO actions [N, 7] (arm targets and finger targets)."""

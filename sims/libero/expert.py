@@ -39,7 +39,7 @@ import mujoco
 import numpy as np
 
 from sims.backends import to_numpy
-from sims.libero.controller import PandaController
+from sims.libero.osc import make_controller
 from sims.libero.sim import LiberoSim
 from sims.libero.suites import MAX_STEPS
 
@@ -230,7 +230,7 @@ class PickPlaceExpert:
 
     def __init__(self, sim: LiberoSim, obj_body: str):
         """Args: sim; obj_body: the body the expert picks (the goal's first argument)."""
-        self.sim, self.ctl = sim, PandaController(sim.layout)
+        self.sim, self.ctl = sim, make_controller(sim)
         m = sim.model
         self.obj = m.body(obj_body).id
         self._obj_dof = m.jnt_dofadr[m.body_jntadr[self.obj]] + np.arange(6)  # its free joint
@@ -502,7 +502,7 @@ class MotionExpert:
 
     def __init__(self, sim: LiberoSim):
         """Args: sim: the simulations the script acts on (one plan per simulation)."""
-        self.sim, self.ctl = sim, PandaController(sim.layout)
+        self.sim, self.ctl = sim, make_controller(sim)
         m, n = sim.model, sim.num_envs
         collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
         robot = np.array([m.body(b).name.startswith(ROBOT_PREFIXES) for b in range(m.nbody)])
@@ -860,11 +860,12 @@ def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int | None 
     max_steps = MAX_STEPS[sim.task.task_id.split("/")[0]] if max_steps is None else max_steps
     sim.reset(state_index)
     expert = expert_for(sim)
+    expert.ctl.reset(sim, np.arange(sim.num_envs))
     expert.reset()
     if on_step is not None:
         on_step()
     for _ in range(max_steps):
-        sim.step(expert.ctl(sim, expert.act()))
+        expert.ctl.step(sim, expert.act())
         if on_step is not None:
             on_step()
         if expert.finished().all():

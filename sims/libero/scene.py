@@ -83,6 +83,8 @@ class LiberoLayout:
         eef_site: the grip site (LIBERO's ``robot0_eef_pos``); hand_body: ``robot0_right_hand``.
         contact_sensor: sensordata address of each goal contact pair ``(body_a, body_b)``.
         frame_skip: physics substeps per control step (LIBERO: 25 x 2 ms = 20 Hz).
+        torque_arm: the arm keeps LIBERO's torque motors (for :class:`sims.libero.osc.OscController`)
+            instead of the joint servos.
     """
 
     arm_qpos: np.ndarray
@@ -96,6 +98,7 @@ class LiberoLayout:
     hand_body: int
     frame_skip: int
     contact_sensor: dict[tuple[str, str], int] = field(default_factory=dict)
+    torque_arm: bool = False
 
 
 def load_task(task_id: str, cache: str | Path | None = None) -> LiberoTask:
@@ -185,17 +188,29 @@ def _shrink_textures(spec: mujoco.MjSpec, folder: Path, max_size: int) -> None:
         tex.data = pixels.tobytes()
 
 
-def build_model(task: LiberoTask, max_texture: int | None = None,
-                visual_faces: int | None = VISUAL_FACES) -> tuple[mujoco.MjModel, LiberoLayout]:
+ARMS = ("servo", "torque")
+
+
+def build_model(task: LiberoTask, max_texture: int | None = None, visual_faces: int | None = VISUAL_FACES,
+                arm: str = "servo") -> tuple[mujoco.MjModel, LiberoLayout]:
     """Compile the task's scene with joint servos and goal contact sensors (see module docstring); with
     ``max_texture``, 2D textures larger than that many pixels a side are downscaled to it; its visual-only
-    meshes decimated to at most ``visual_faces`` triangles (None: full meshes)."""
+    meshes decimated to at most ``visual_faces`` triangles (None: full meshes); ``arm="torque"`` keeps LIBERO's
+    torque motors and its links without gravity compensation (robosuite's OSC compensates in its torques).
+
+    Raises:
+        ValueError: an unknown ``arm``.
+    """
+    if arm not in ARMS:
+        raise ValueError(f"arm={arm!r}; valid: {', '.join(ARMS)}")
     spec = mujoco.MjSpec.from_file(str(task.model_path))
     if max_texture is not None:
         _shrink_textures(spec, task.model_path.parent, max_texture)
     if visual_faces is not None:  # before the colliders move: the raw model's inertia group is robosuite's
         apply_visual_lod(spec, task.model_path.parent, task.model_path.parents[2], visual_faces)
-    _servo_arm(spec, task.robot)
+    torque_arm = arm == "torque"
+    if not torque_arm:
+        _servo_arm(spec, task.robot)
     for geom in spec.geoms:
         if geom.group == 0:  # robosuite's collision group (see module docstring)
             geom.group = 3
@@ -217,5 +232,6 @@ def build_model(task: LiberoTask, max_texture: int | None = None,
                               for j in robot["gripper_joints"]]),
         eef_site=model.site(robot["eef_site"]).id, hand_body=model.body(HAND_BODY).id,
         frame_skip=round(1.0 / (task.control_freq * model.opt.timestep)),
-        contact_sensor={p: int(model.sensor_adr[model.sensor(f"contact:{p[0]}:{p[1]}").id]) for p in pairs})
+        contact_sensor={p: int(model.sensor_adr[model.sensor(f"contact:{p[0]}:{p[1]}").id]) for p in pairs},
+        torque_arm=torque_arm)
     return model, layout

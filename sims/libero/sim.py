@@ -30,6 +30,7 @@ from sims.libero.scene import CAMERAS, VISUAL_FACES, LiberoLayout, LiberoTask, b
 from sims.render import BatchRenderer, RenderConfig
 
 _FIELDS = ("xpos", "xquat", "xanchor", "xaxis", "site_xpos", "site_xmat", "sensordata")
+_TORQUE_FIELDS = ("M", "qfrc_bias")  # what the OSC reads at every substep (bound only for torque motors)
 # LIBERO scenes touch at up to ~90 contacts (the gantry scene's warp limits are 48 / 192).
 WARP_NCONMAX, WARP_NJMAX = 256, 1024
 
@@ -53,13 +54,16 @@ class LiberoSim:
 
     def __init__(self, task: LiberoTask, num_envs: int, *, backend: str = "batch", render: RenderConfig | None = None,
                  warp_device: str = "auto", num_threads: int | None = None,
-                 model: tuple[mujoco.MjModel, LiberoLayout] | None = None, visual_faces: int | None = VISUAL_FACES):
+                 model: tuple[mujoco.MjModel, LiberoLayout] | None = None, visual_faces: int | None = VISUAL_FACES,
+                 arm: str = "servo"):
         """Args: task (:func:`sims.libero.scene.load_task`); num_envs; backend ("batch" or "warp");
         render: frames to produce (None: none); warp_device; num_threads (batch; None: all CPUs);
         model: the task's :func:`~sims.libero.scene.build_model` result to share (None: build it; a
         LIBERO model takes about 0.5 GB, mostly textures); visual_faces: triangle budget of each
         visual-only mesh when the model is built here (:mod:`sims.libero.toolchain.lod`; None: LIBERO's full
-        meshes; physics is the same either way).
+        meshes; physics is the same either way); arm: ``"servo"`` (joint servos for
+        :class:`~sims.libero.controller.PandaController`) or ``"torque"`` (LIBERO's motors for
+        :class:`~sims.libero.osc.OscController`; :meth:`step` is then one 2 ms substep), when the model is built here.
 
         Raises:
             ValueError: an unknown backend.
@@ -67,13 +71,16 @@ class LiberoSim:
         if backend not in ("batch", "warp"):
             raise ValueError(f"unknown backend {backend!r} for LIBERO; valid backends: batch, warp")
         self.task, self.num_envs, self.backend_name = task, num_envs, backend
-        self.model, self.layout = model or build_model(task, visual_faces=visual_faces)
+        self.model, self.layout = model or build_model(task, visual_faces=visual_faces, arm=arm)
+        # Torque motors: the OSC recomputes the torques at every substep, so the backend steps one at a time.
+        frame_skip = 1 if self.layout.torque_arm else self.layout.frame_skip
+        fields = _FIELDS + _TORQUE_FIELDS if self.layout.torque_arm else _FIELDS
         self.goal = GoalPredicates(task.goal, self.model, self.layout.contact_sensor)
         self.render_config = render
         self.renderer = None
         if backend == "batch":
-            self.backend = BatchBackend(self.model, num_envs, self.layout.frame_skip, num_threads)
-            self._f = {name: self.backend.batch.bind(name) for name in _FIELDS}
+            self.backend = BatchBackend(self.model, num_envs, frame_skip, num_threads)
+            self._f = {name: self.backend.batch.bind(name) for name in fields}
             if render is not None:
                 self.renderer = BatchRenderer(self.model, render)
         else:
@@ -81,11 +88,12 @@ class LiberoSim:
 
             from sims.warp_backend import WarpBackend
 
-            self.backend = WarpBackend(self.model, num_envs, self.layout.frame_skip, warp_device, render=render,
+            self.backend = WarpBackend(self.model, num_envs, frame_skip, warp_device, render=render,
                                        nconmax=WARP_NCONMAX, njmax=WARP_NJMAX)
-            self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in _FIELDS}
+            self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in fields}
         self.ax = self.backend.ax
         self.state_index = np.zeros(num_envs, np.int64)
+        self.fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see place_fixtures
 
     # ------------------------------------------------------------------ physics
     def forward(self) -> None:
@@ -113,10 +121,12 @@ class LiberoSim:
         self.state_index[ids] = state_index
 
     def hold_ctrl(self, qpos: np.ndarray) -> np.ndarray:
-        """Controls [n, nu] that hold the arm at ``qpos`` [n, nq]'s joint angles with the gripper open."""
+        """Controls [n, nu] that hold the arm at ``qpos`` [n, nq]'s joint angles with the gripper open (torque
+        motors: zero torques; the OSC sets them at its first substep)."""
         lay = self.layout
         ctrl = np.zeros((len(qpos), self.model.nu))
-        ctrl[:, lay.arm_act] = qpos[:, lay.arm_qpos]
+        if not lay.torque_arm:
+            ctrl[:, lay.arm_act] = qpos[:, lay.arm_qpos]
         ctrl[:, lay.gripper_act] = gripper_ctrl(np.full(len(qpos), -1.0))
         return ctrl
 
@@ -131,14 +141,43 @@ class LiberoSim:
         self.backend.set_state(ids, qpos, np.zeros((len(ids), self.model.nmocap, 3)), self.hold_ctrl(qpos), qvel=qvel)
         self.forward()
 
+    def place_fixtures(self, ids: np.ndarray, bodies: np.ndarray, pos: np.ndarray, quat: np.ndarray) -> None:
+        """Stand fixture bodies ``bodies`` [B] of simulations ``ids`` at ``pos`` [n, B, 3], ``quat`` [n, B, 4] (LIBERO
+        re-places its fixtures at every reset, in ``model.body_pos`` / ``body_quat``): their physics (the batch's
+        per-simulation model fields) and their frames. Call before :meth:`set_states`.
+
+        Raises:
+            ValueError: the warp backend (its model fields are shared by all worlds here), or other bodies than
+                the sim's fixtures so far.
+        """
+        if self.backend_name != "batch":
+            raise ValueError("per-episode fixture placement runs on the batch backend only; use backend=batch")
+        bodies = np.asarray(bodies)
+        if self.fixtures is None:
+            n = self.num_envs
+            self.fixtures = (bodies, np.repeat(self.model.body_pos[bodies][None], n, 0),
+                             np.repeat(self.model.body_quat[bodies][None], n, 0))
+        elif not np.array_equal(self.fixtures[0], bodies):
+            raise ValueError(f"fixture bodies {bodies.tolist()} differ from this sim's {self.fixtures[0].tolist()}")
+        ids = np.asarray(ids)
+        self.fixtures[1][ids], self.fixtures[2][ids] = pos, quat
+        batch = self.backend.batch
+        batch.expand("body_pos")[np.ix_(ids, bodies)] = pos
+        batch.expand("body_quat")[np.ix_(ids, bodies)] = quat
+
     def step(self, ctrl: Any) -> None:
-        """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps), then forward."""
+        """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps; with torque motors one
+        substep), then forward."""
         self.backend.step(ctrl)
         self.forward()
 
     def get_state(self) -> dict[str, Any]:
-        """A snapshot of every simulation (the backend's: plain numpy arrays), for :meth:`restore`."""
-        return self.backend.get_state()
+        """A snapshot of every simulation (the backend's: plain numpy arrays, and the fixtures' places), for
+        :meth:`restore`."""
+        state = self.backend.get_state()
+        if self.fixtures is not None:
+            state = {**state, "fixtures": tuple(a.copy() for a in self.fixtures)}
+        return state
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`get_state`'s snapshot (of a sim of the same task, backend and size) bit for bit.
@@ -146,7 +185,10 @@ class LiberoSim:
         Raises:
             ValueError: the snapshot is of another model or number of simulations.
         """
-        self.backend.restore(state)
+        if "fixtures" in state:  # the replay runs where the episode's fixtures stood
+            bodies, pos, quat = state["fixtures"]
+            self.place_fixtures(np.arange(self.num_envs), np.asarray(bodies), np.asarray(pos), np.asarray(quat))
+        self.backend.restore({k: v for k, v in state.items() if k != "fixtures"})
         self.forward()
 
     def current_ctrl(self) -> Any:
@@ -157,7 +199,8 @@ class LiberoSim:
     # ------------------------------------------------------------------ reading
     def field(self, name: str) -> Any:
         """A derived array of every simulation: one of ``xpos``, ``xquat``, ``xanchor``, ``xaxis``,
-        ``site_xpos``, ``site_xmat``, ``sensordata`` ([N, ...], numpy or torch)."""
+        ``site_xpos``, ``site_xmat``, ``sensordata``, and with torque motors ``M`` (the CSR mass matrix) and
+        ``qfrc_bias`` ([N, ...], numpy or torch)."""
         return self._f[name]
 
     @property
@@ -200,8 +243,9 @@ class LiberoSim:
         sel = slice(None) if rows is None else np.asarray(rows)
         if self.renderer is not None:
             qpos = self.backend.qpos[sel]
+            poses = None if self.fixtures is None else (self.fixtures[0], self.fixtures[1][sel], self.fixtures[2][sel])
             return self.renderer.render(qpos, self.backend.mocap_pos[sel], np.zeros((len(qpos), 0, 4)),
-                                        _NoColours())["rgb"]
+                                        _NoColours(), body_poses=poses)["rgb"]
         frames = self.backend.render()["rgb"]
         return frames if rows is None else frames[self.ax.asarray(sel)]
 

@@ -7,7 +7,8 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
 
 - **Actions**: LIBERO's, float32 [N, 7] in [-1, 1] (end-effector position delta x 5 cm, world-frame
   axis-angle delta x 0.5 rad, gripper -1 open .. +1 closed) at 20 Hz, through the batched
-  :class:`~sims.libero.controller.PandaController`.
+  ``controller``: ``servo`` (:class:`~sims.libero.controller.PandaController`, joint servos) or ``osc``
+  (:class:`~sims.libero.osc.OscController`, LIBERO's own OSC_POSE on its torque motors).
 - **Observations**: ``proprio`` float32 [N, 8], LIBERO's state (end-effector position, axis-angle,
   the two finger positions); ``state`` float32 [N, S] (privileged: arm joint angles [7], then every
   non-robot ``qpos``, objects' free joints and articulations, zero-padded to the longest task of the
@@ -25,7 +26,11 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   object by its support's shift (:func:`jitter_roots`; each split its own seed stream); ``fixed``: the 50
   fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
   ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
-  same scenes with paraphrased instructions and the variant's own 50 fixed initial states.
+  same scenes with paraphrased instructions and the variant's own 50 fixed initial states. With
+  ``starts="regions"`` the ``train`` and ``validation`` splits start instead from LIBERO's own placement
+  rules (:mod:`sims.libero.regions`: objects and fixtures sampled in their BDDL regions by LIBERO's
+  code, one start per seed, drawn per episode from ``(seed, group, episode, split)``), the fixtures
+  standing where that start put them.
 - **Snapshots**: :meth:`LiberoVectorEnv.get_state` / :meth:`~LiberoVectorEnv.set_state` (plain data, for
   checkpoints) continue bit for bit in an env of the same config, frames included.
 - **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.toolchain.lod`; None: LIBERO's
@@ -46,7 +51,8 @@ import mujoco
 import numpy as np
 
 from sims.backends import to_numpy
-from sims.libero.controller import PandaController
+from sims.libero import osc
+from sims.libero.regions import draw, load_region_starts
 from sims.libero.scene import (
     MIN_VISUAL_FACES,
     VISUAL_FACES,
@@ -72,6 +78,9 @@ SETTLE_STEPS = 10
 ACTION_DIM = 7
 PROPRIO_DIM = 8
 _STREAM = {"train": 0x11B0, "validation": 0x11B1}  # seed streams of the jittered splits
+#: Arm controllers by name, and the arm each drives (:func:`sims.libero.scene.build_model`'s ``arm``).
+CONTROLLERS = {"servo": "servo", "osc": "torque"}
+STARTS = ("jitter", "regions")
 
 
 def is_libero_task(task: str) -> bool:
@@ -117,6 +126,9 @@ class LiberoEnvConfig(VecEnvConfig):
         cache: the task cache (None: :func:`sims.libero.suites.cache_dir`'s default).
         visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.toolchain.lod`; at least
             :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
+        controller: one of :data:`CONTROLLERS` (see the module docstring).
+        starts: where the ``train`` and ``validation`` splits start: ``jitter`` (fixed states shifted by ``jitter``)
+            or ``regions`` (LIBERO's region sampler, :mod:`sims.libero.regions`; the batch backend).
 
     A step pays success only (LIBERO's goals are predicates; there is no shaped reward), plus ``success_bonus``.
     """
@@ -126,6 +138,8 @@ class LiberoEnvConfig(VecEnvConfig):
     jitter: float = 0.01
     cache: str | None = None
     visual_faces: int | None = VISUAL_FACES
+    controller: str = "servo"
+    starts: str = "jitter"
 
     def validate(self) -> tuple[str, ...]:
         """Check the fields; return the task ids.
@@ -146,6 +160,13 @@ class LiberoEnvConfig(VecEnvConfig):
             raise ValueError(f"max_steps={self.max_steps} must be >= 1 (or None) and settle_steps={self.settle_steps} >= 0")
         if not 0.0 <= self.jitter <= 0.05:
             raise ValueError(f"jitter={self.jitter} must be in [0, 0.05] m")
+        if self.starts not in STARTS:
+            raise ValueError(f"starts={self.starts!r}; valid: {', '.join(STARTS)}")
+        if self.starts == "regions" and self.backend != "batch":
+            raise ValueError("starts=regions re-places LIBERO's fixtures per episode, which runs on the batch backend "
+                             "only; use backend=batch")
+        if self.controller not in CONTROLLERS:
+            raise ValueError(f"controller={self.controller!r}; valid: {', '.join(CONTROLLERS)}")
         if self.visual_faces is not None and self.visual_faces < MIN_VISUAL_FACES:
             raise ValueError(f"visual_faces={self.visual_faces}: give at least {MIN_VISUAL_FACES} triangles per visual mesh "
                              f"(default {VISUAL_FACES}), or None for LIBERO's full meshes")
@@ -182,21 +203,30 @@ def jitter_roots(states: np.ndarray, free_qpos: np.ndarray, tol: float = 1e-4) -
     return roots
 
 
-def settle(model: mujoco.MjModel, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.ndarray,
-           nstep: int) -> tuple[np.ndarray, np.ndarray]:
+def settle(model: mujoco.MjModel, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.ndarray, nstep: int,
+           fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Positions and velocities [n, nq], [n, nv] after ``nstep`` physics steps from each row under ``ctrl`` [n, nu]
-    (one private ``MjData``; identical rows are stepped once)."""
+    (one private ``MjData``; identical rows are stepped once), with ``fixtures`` = (bodies [B], places [n, B, 3],
+    [n, B, 4]) standing there per row (None: where the model has them)."""
     if nstep == 0 or not len(qpos):
         return qpos, qvel
-    rows, inverse = np.unique(np.concatenate([qpos, qvel, ctrl], axis=1), axis=0, return_inverse=True)
+    bodies, pos, quat = fixtures if fixtures is not None else (np.zeros(0, np.int64), np.zeros((len(qpos), 0, 3)),
+                                                                 np.zeros((len(qpos), 0, 4)))
+    key = np.concatenate([qpos, qvel, ctrl, pos.reshape(len(qpos), -1), quat.reshape(len(qpos), -1)], axis=1)
+    rows, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
     data = mujoco.MjData(model)
     out_q, out_v = np.empty((len(rows), model.nq)), np.empty((len(rows), model.nv))
-    for r, row in enumerate(rows):
-        mujoco.mj_resetData(model, data)
-        data.qpos[:], data.qvel[:] = row[:model.nq], row[model.nq:model.nq + model.nv]
-        data.ctrl[:] = row[model.nq + model.nv:]
-        mujoco.mj_step(model, data, nstep=nstep)
-        out_q[r], out_v[r] = data.qpos, data.qvel
+    saved = model.body_pos[bodies].copy(), model.body_quat[bodies].copy()
+    try:
+        for r, (row, i) in enumerate(zip(rows, first)):
+            model.body_pos[bodies], model.body_quat[bodies] = pos[i], quat[i]
+            mujoco.mj_resetData(model, data)
+            data.qpos[:], data.qvel[:] = row[:model.nq], row[model.nq:model.nq + model.nv]
+            data.ctrl[:] = row[model.nq + model.nv:model.nq + model.nv + model.nu]
+            mujoco.mj_step(model, data, nstep=nstep)
+            out_q[r], out_v[r] = data.qpos, data.qvel
+    finally:  # the model is shared: leave it as it was
+        model.body_pos[bodies], model.body_quat[bodies] = saved
     inverse = inverse.reshape(-1)
     return out_q[inverse], out_v[inverse]
 
@@ -205,16 +235,17 @@ MAX_TEXTURE = 512
 """Textures larger than this many pixels a side are downscaled (:func:`sims.libero.scene.build_model`): at
 128 x 128 the frames differ by 0.1 levels on average (at most 4) from the full ones, and a scene with one
 GL context takes 0.87 GB instead of 1.5 GB (spatial/0, measured)."""
-_MODELS: dict[tuple[Path, int | None], tuple[mujoco.MjModel, LiberoLayout]] = {}
+_MODELS: dict[tuple[Path, int | None, str], tuple[mujoco.MjModel, LiberoLayout]] = {}
 
 
-def shared_model(task: LiberoTask, visual_faces: int | None = VISUAL_FACES) -> tuple[mujoco.MjModel, LiberoLayout]:
+def shared_model(task: LiberoTask, visual_faces: int | None = VISUAL_FACES,
+                 arm: str = "servo") -> tuple[mujoco.MjModel, LiberoLayout]:
     """The task's compiled model (textures at most :data:`MAX_TEXTURE`, visual meshes at most ``visual_faces``
-    triangles, None: full), built once per process and setting: a trainer's training and evaluation envs (and a
-    task's ``_lan`` variant, the same scene) share it."""
-    key = (task.model_path, visual_faces)
+    triangles, None: full; ``arm`` as :func:`~sims.libero.scene.build_model`), built once per process and setting:
+    a trainer's training and evaluation envs (and a task's ``_lan`` variant, the same scene) share it."""
+    key = (task.model_path, visual_faces, arm)
     if key not in _MODELS:
-        _MODELS[key] = build_model(task, MAX_TEXTURE, visual_faces)
+        _MODELS[key] = build_model(task, MAX_TEXTURE, visual_faces, arm)
     return _MODELS[key]
 
 
@@ -251,9 +282,9 @@ class LiberoVectorEnv(ArrayVectorEnv):
             render = dataclasses.replace(config.render, textures=True, num_contexts=contexts)
         self.sims = [LiberoSim(t, int(self.bounds[i + 1] - self.bounds[i]), backend=config.backend, render=render,
                                warp_device=config.warp_device, num_threads=config.num_threads,
-                               model=shared_model(t, config.visual_faces))
+                               model=shared_model(t, config.visual_faces, CONTROLLERS[config.controller]))
                      for i, t in enumerate(tasks)]
-        self._controllers = [PandaController(sim.layout) for sim in self.sims]
+        self._controllers = [osc.make_controller(sim) for sim in self.sims]
         self._ax = self.sims[0].ax
         self.device = getattr(self._ax, "device", None)
         self.num_envs = n
@@ -267,6 +298,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
         self._jitter_root = [jitter_roots(s.task.init_states[:, 1:1 + s.model.nq], f)
                              for s, f in zip(self.sims, self._free_qpos)]
         self._settled: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # fixed states, settled once
+        self._regions = ([load_region_starts(t, config.cache) for t in self.task_names]
+                         if config.starts == "regions" and config.split in _STREAM else None)
         self._spaces(render)
         self._seed = config.seed
         self._steps = np.zeros(n, np.int64)
@@ -307,17 +340,18 @@ class LiberoVectorEnv(ArrayVectorEnv):
         nq, nv = sim.model.nq, sim.model.nv
         group = ids // g
         episode = self._episode[ids]
-        nstep = cfg.settle_steps * sim.layout.frame_skip
         if cfg.split in ("fixed", "lan"):  # LIBERO's states in order: group j of M plays j, j + M, j + 2M, ...
             local, count = group - self.bounds[k] // g, (self.bounds[k + 1] - self.bounds[k]) // g
             index = (local + episode * count) % len(states)
             for i in np.unique(index):
                 if (k, i) not in self._settled:
                     q, v = states[i:i + 1, 1:1 + nq], states[i:i + 1, 1 + nq:1 + nq + nv]
-                    self._settled[(k, i)] = settle(sim.model, q, v, sim.hold_ctrl(q), nstep)
+                    self._settled[(k, i)] = self._settle(k, q, v)
             qpos = np.concatenate([self._settled[(k, i)][0] for i in index])
             qvel = np.concatenate([self._settled[(k, i)][1] for i in index])
             return qpos, qvel, index
+        if self._regions is not None:
+            return self._region_states(k, group, episode)
         index = np.empty(len(ids), np.int64)
         qpos, qvel = np.empty((len(ids), nq)), np.empty((len(ids), nv))
         for r, (m, e) in enumerate(zip(group, episode)):
@@ -327,8 +361,36 @@ class LiberoVectorEnv(ArrayVectorEnv):
             shift = rng.uniform(-cfg.jitter, cfg.jitter, (len(self._free_qpos[k]), 2))[self._jitter_root[k]]
             for adr, (dx, dy) in zip(self._free_qpos[k], shift):
                 qpos[r, adr:adr + 2] += (dx, dy)
-        qpos, qvel = settle(sim.model, qpos, qvel, sim.hold_ctrl(qpos), nstep)
+        qpos, qvel = self._settle(k, qpos, qvel)
         return qpos, qvel, index
+
+    def _region_states(self, k: int, group: np.ndarray, episode: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Settled region-sampled starts of task ``k``'s groups ``group`` in episodes ``episode`` (and their indices)."""
+        starts, nq = self._regions[k], self.sims[k].model.nq
+        stream = _STREAM[self.config.split]
+        index = np.array([draw(starts.count, self._seed, int(m), int(e), stream) for m, e in zip(group, episode)],
+                         np.int64)
+        states = starts.states[index]
+        fixtures = self._fixtures(k, index)
+        qpos, qvel = self._settle(k, states[:, 1:1 + nq], states[:, 1 + nq:], fixtures)
+        return qpos, qvel, index
+
+    def _fixtures(self, k: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Fixture bodies and their places [n, B, 3], [n, B, 4] in task ``k``'s region starts ``index``."""
+        if self._regions is None or not self._regions[k].fixtures:
+            return None
+        starts, model = self._regions[k], self.sims[k].model
+        bodies = np.array([model.body(name).id for name in starts.fixtures])
+        return bodies, starts.fixture_pos[index], starts.fixture_quat[index]
+
+    def _settle(self, k: int, qpos: np.ndarray, qvel: np.ndarray,
+                fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Task ``k``'s starts [n, nq], [n, nv] after ``settle_steps`` held still (the OSC: LIBERO's zero actions),
+        the fixtures standing at ``fixtures`` (bodies [B], places [n, B, 3], [n, B, 4]; None: the model's)."""
+        sim, steps = self.sims[k], self.config.settle_steps
+        if sim.layout.torque_arm:
+            return osc.settle(sim.task, (sim.model, sim.layout), qpos, qvel, steps, fixtures)
+        return settle(sim.model, qpos, qvel, sim.hold_ctrl(qpos), steps * sim.layout.frame_skip, fixtures)
 
     def _start_episodes(self, ids: np.ndarray) -> None:
         """Start the next episode of environments ``ids`` (global indices)."""
@@ -337,10 +399,17 @@ class LiberoVectorEnv(ArrayVectorEnv):
             sel = ids[(ids >= lo) & (ids < hi)]
             if len(sel):
                 qpos, qvel, index = self._initial_states(k, sel)
+                fixtures = self._fixtures(k, index)
+                if fixtures is not None:
+                    sim.place_fixtures(sel - lo, *fixtures)
                 sim.set_states(sel - lo, qpos, qvel)
+                self._controllers[k].reset(sim, sel - lo, **self._settled_kw(k))
                 self.state_index[sel] = index
         self._episode[ids] += 1
         self._steps[ids] = 0
+
+    def _settled_kw(self, k: int) -> dict[str, int]:
+        return {"settled_steps": self.config.settle_steps} if self.sims[k].layout.torque_arm else {}
 
     def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, Any], Any]:
         """Observation and success of environments ``ids`` (None: all) at the current state."""
@@ -380,7 +449,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         ax = self._ax
         action = self._check_action(action)
         for k, (sim, ctl) in enumerate(zip(self.sims, self._controllers)):
-            sim.step(ctl(sim, action[self.bounds[k]:self.bounds[k + 1]]))
+            ctl.step(sim, action[self.bounds[k]:self.bounds[k + 1]])
         self._steps += 1
         final, success = self._observe()
         reward = ax.astype(success, ax.float32) * (1.0 + self.config.success_bonus)
@@ -399,20 +468,26 @@ class LiberoVectorEnv(ArrayVectorEnv):
     _EPISODE_FIELDS = ("_steps", "_episode", "state_index")
 
     def _physics_state(self) -> dict[str, Any]:
-        """Each task's physics (its backend's snapshot), with the tasks and split it belongs to (the next
+        """Each task's physics (its backend's snapshot) and arm controller's state, with the tasks, split and
+        controller it belongs to (the next
         episodes' initial states follow from the seed and the episode counts: the jittered splits draw from
         ``(seed, group, episode)``, the fixed ones play states in order)."""
-        return {"tasks": list(self.task_names), "split": self.config.split, "sims": [sim.get_state() for sim in self.sims]}
+        return {"tasks": list(self.task_names), "split": self.config.split, "controller": self.config.controller,
+                "sims": [sim.get_state() for sim in self.sims],
+                "controllers": [ctl.get_state() for ctl in self._controllers]}
 
     def _snapshot_fit(self, state: dict[str, Any] | None = None) -> tuple[Any, ...]:
-        """The tasks, split and episode arrays' shapes of a snapshot (None: this env)."""
+        """The tasks, split, controller and episode arrays' shapes of a snapshot (None: this env; a snapshot
+        from before the controller was recorded is the servos')."""
         if state is None:
-            return (list(self.task_names), self.config.split, *super()._snapshot_fit())
-        return (list(state["tasks"]), state["split"], *super()._snapshot_fit(state))
+            return (list(self.task_names), self.config.split, self.config.controller, *super()._snapshot_fit())
+        return (list(state["tasks"]), state["split"], state.get("controller", "servo"), *super()._snapshot_fit(state))
 
     def _restore_physics(self, state: dict[str, Any]) -> None:
         for sim, sim_state in zip(self.sims, state["sims"], strict=True):
             sim.restore(sim_state)
+        for ctl, ctl_state in zip(self._controllers, state.get("controllers", [{}] * len(self.sims)), strict=True):
+            ctl.set_state(ctl_state)
 
     def _restored(self, started: bool) -> None:
         # An observation is a function of the current state (the autoreset ones too: taken after the reset).

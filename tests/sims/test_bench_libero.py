@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import setup_libero_venv  # noqa: E402
-from setup_libero_venv import clean_env, default_venv, ensure_libero_venv  # noqa: E402
+from setup_libero_venv import clean_env, ensure_libero_venv  # noqa: E402
 
 FIGURE = ROOT / "docs" / "figures" / "libero" / "bench_libero.json"
 ROW_KEYS = {"env_steps_per_s", "frames_per_s", "cpu_ms_per_env_step"}
@@ -46,21 +46,7 @@ def test_batch_smoke_writes_positive_figures(tmp_path):
     assert "robosuite" not in r and "speedup" not in r
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-
-
-@pytest.fixture(scope="module")
-def libero_python() -> Path:
-    """LIBERO's interpreter: CI makes the environment (as ``make setup LIBERO=1`` does); elsewhere an absent one skips."""
-    venv = default_venv()
-    if not _ci() and not (venv / ".libero-stamp").is_file():
-        pytest.skip(f"LIBERO's own environment {venv} is absent: make setup LIBERO=1 (or python "
-                    "scripts/setup_libero_venv.py) makes it (about 2 GB, 1-3 minutes)")
-    return ensure_libero_venv(venv)
-
-
-@pytest.mark.slow  # LIBERO's environment builds twice (with and without cameras), then the batch side: 46-110 s
+@pytest.mark.slow  # makes .venv-libero when absent (conftest); LIBERO's environment builds twice (with and without cameras), then the batch side: 46-110 s
 def test_robosuite_side_and_ratio(tmp_path, libero_python):
     r = _bench(tmp_path, "--libero-python", str(libero_python))["results"]
     _positive(r["robosuite"], ROW_KEYS)

@@ -11,10 +11,12 @@ from typing import Any, Literal
 import sims
 from infra.common.typed_config import ConfigError
 from sims.libero.scene import VISUAL_FACES
+from sims.libero.vec_env import LiberoEnvConfig
 from sims.registry import task_forms
 from vla_rl.config.ranges import _check_numbers
 
 _SIMS = sims.EnvConfig
+_LIBERO = LiberoEnvConfig
 
 
 _FRAMES = sims.RenderConfig()
@@ -25,7 +27,8 @@ GYM_SPLITS = ("train", "validation")
 
 
 SUITE_ONLY = {"visual_faces": "visual_faces", "max_episode_steps": "max_steps", "warp_deterministic": "warp_deterministic",
-              "warp_uncaptured": "warp_uncaptured", "task_weights": "task_weights"}
+              "warp_uncaptured": "warp_uncaptured", "task_weights": "task_weights", "controller": "controller",
+              "starts": "starts"}
 """Settings of :class:`TrainEnvConfig` that only some suites' configs have (the section's key -> the suite config's
 field): a suite whose config lacks the field refuses a value other than the section's default."""
 
@@ -76,6 +79,13 @@ class TrainEnvConfig:
     visual_faces: int | None = VISUAL_FACES
     """LIBERO only: triangle budget of each visual-only mesh (decimated copies, ``sims.libero.toolchain.lod``; at least
     ``sims.libero.scene.MIN_VISUAL_FACES``); ``null`` draws LIBERO's full meshes. Frames only: physics is the same."""
+    controller: Literal["servo", "osc"] = _LIBERO.controller
+    """LIBERO only: the arm controller (``sims.libero.vec_env.CONTROLLERS``): ``servo`` (joint servos tracking
+    LIBERO's end-effector deltas) or ``osc`` (LIBERO's own OSC_POSE on its torque motors, ``sims.libero.osc``)."""
+    starts: Literal["jitter", "regions"] = _LIBERO.starts
+    """LIBERO only: where ``train`` and ``validation`` episodes start (``sims.libero.vec_env.STARTS``): ``jitter``
+    (LIBERO's fixed states, objects shifted by up to 1 cm) or ``regions`` (LIBERO's own placement rules,
+    ``sims.libero.regions``: ``scripts/setup_libero.py --region-starts K`` writes them; ``backend=batch``)."""
     terminate_on_success: bool = _SIMS.terminate_on_success
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
     reward: str = _SIMS.reward
