@@ -41,6 +41,7 @@ from rlcore.update_config import (
     Range,
     out_of_range,
 )
+from sims.libero.paraphrase import INSTRUCTION_MODES
 from sims.libero.scene import MIN_VISUAL_FACES, VISUAL_FACES
 from vla_rl.fleet.section import FLEET_RANGES, FleetConfig, validate_fleet
 
@@ -99,6 +100,10 @@ class TrainEnvConfig:
     visual_faces: int | None = VISUAL_FACES
     """LIBERO only: triangle budget of each visual-only mesh (decimated copies, ``sims.libero.lod``; at least
     ``sims.libero.scene.MIN_VISUAL_FACES``); ``null`` draws LIBERO's full meshes. Frames only: physics is the same."""
+    instructions: str = INSTRUCTION_MODES[0]
+    """LIBERO only: what training and validation episodes are instructed with: ``original`` (the task's own
+    instruction, LIBERO's protocol) or ``paraphrase`` (the task's own or one of its training paraphrases, drawn
+    per episode, ``sims.libero.paraphrase``); ``env.instructions`` of the env lists them all."""
     terminate_on_success: bool = _SIMS.terminate_on_success
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
     reward: str = _SIMS.reward
@@ -124,6 +129,9 @@ class TrainEnvConfig:
         if self.visual_faces != VISUAL_FACES:
             raise ConfigError(f"env.visual_faces={self.visual_faces} sets the mesh detail of LIBERO scenes; "
                               f"env.task={self.task!r} has none: remove it")
+        if self.instructions != INSTRUCTION_MODES[0]:
+            raise ConfigError(f"env.instructions={self.instructions!r} paraphrases LIBERO's instructions; "
+                              f"env.task={self.task!r} has its own splits (sims: eval.splits paraphrase): remove it")
         if self.kind == "sims":
             from sims.tasks import TASK_NAMES
 
@@ -584,6 +592,8 @@ def _check_libero_env(env: TrainEnvConfig) -> None:
         resolve_libero_task(env.task)
     except ValueError as exc:
         raise ConfigError(f"env.task: {exc}") from exc
+    if env.instructions not in INSTRUCTION_MODES:
+        raise ConfigError(f"env.instructions={env.instructions!r}; use one of {', '.join(INSTRUCTION_MODES)}")
     if env.reward != "success":
         raise ConfigError(f"env.reward={env.reward!r}: LIBERO tasks pay success only (their goals are predicates, "
                           "with no shaping); set env.reward=success")

@@ -250,7 +250,7 @@ def _make_libero(cfg: TrainEnvConfig, n: int, *, seed: int, split: str, group_si
                            warp_device=cfg.warp_device, num_threads=num_threads, group_size=group_size,
                            terminate_on_success=cfg.terminate_on_success, reward=cfg.reward,
                            success_bonus=cfg.success_bonus, max_steps=cfg.max_episode_steps,
-                           visual_faces=cfg.visual_faces)
+                           visual_faces=cfg.visual_faces, instructions=cfg.instructions)
 
 
 def make_env(

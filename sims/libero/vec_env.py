@@ -25,7 +25,12 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   object by its support's shift (:func:`jitter_roots`; each split its own seed stream); ``fixed``: the 50
   fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
   ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
-  same scenes with paraphrased instructions and the variant's own 50 fixed initial states.
+  same scenes with paraphrased instructions and the variant's own 50 fixed initial states;
+  ``paraphrase``: the 50 fixed initial states with the project's held-out paraphrases
+  (:mod:`sims.libero.paraphrase`), one drawn per episode.
+- **Instructions** (``instructions``): ``original``, the task's own in every split but ``lan`` and
+  ``paraphrase``; ``paraphrase``, training and validation episodes draw the task's own or one of its
+  training paraphrases. ``instructions`` (the table ``instruction`` indexes) lists every one the split can issue.
 - **Snapshots**: :meth:`LiberoVectorEnv.get_state` / :meth:`~LiberoVectorEnv.set_state` (plain data, for
   checkpoints) continue bit for bit in an env of the same config, frames included.
 - **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.lod`; None: LIBERO's
@@ -47,6 +52,7 @@ import numpy as np
 
 from sims.backends import to_numpy
 from sims.libero.controller import PandaController
+from sims.libero.paraphrase import INSTRUCTION_MODES, InstructionSampler, check_mode, split_groups
 from sims.libero.scene import (
     MIN_VISUAL_FACES,
     VISUAL_FACES,
@@ -62,7 +68,8 @@ from sims.render import RenderConfig
 from sims.vec_env import ArrayVectorEnv, EnvConfig
 
 PREFIX = "libero_"
-LIBERO_SPLITS = ("train", "validation", "fixed", "lan")
+LIBERO_SPLITS = ("train", "validation", "fixed", "lan", "paraphrase")
+FIXED_STATE_SPLITS = ("fixed", "lan", "paraphrase")  # test splits: LIBERO's fixed initial states, in order
 #: Control steps per episode after settling: the limits of OpenVLA's LIBERO evaluation script
 #: (``run_libero_eval.py``, set from each suite's longest demonstration), which later LIBERO RL work reuses.
 MAX_STEPS = {"spatial": 220, "object": 280, "goal": 300, "10": 520}
@@ -121,6 +128,8 @@ class LiberoEnvConfig(EnvConfig):
         cache: the task cache (None: :func:`sims.libero.suites.cache_dir`'s default).
         visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.lod`; at least
             :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
+        instructions: what ``train`` and ``validation`` episodes are instructed with, one of
+            :data:`~sims.libero.paraphrase.INSTRUCTION_MODES` (``original``: the task's own only).
 
     The gantry-only fields (``frame_skip``, ``max_delta``: LIBERO's controller runs at the task's 20 Hz;
     ``env_offset``, ``task_weights``, ``warp_deterministic``, ``warp_uncaptured``) must keep their defaults.
@@ -134,6 +143,7 @@ class LiberoEnvConfig(EnvConfig):
     jitter: float = 0.01
     cache: str | None = None
     visual_faces: int | None = VISUAL_FACES
+    instructions: str = INSTRUCTION_MODES[0]
 
     def validate(self) -> tuple[str, ...]:
         """Check the fields; return the task ids.
@@ -148,6 +158,7 @@ class LiberoEnvConfig(EnvConfig):
             raise ValueError(f"{', '.join(unused)}: gantry-only settings a LIBERO env does not use; leave them unset")
         if self.split not in LIBERO_SPLITS:
             raise ValueError(f"split={self.split!r} is not a LIBERO split; valid: {', '.join(LIBERO_SPLITS)}")
+        check_mode(self.instructions)
         if self.reward != "success":
             raise ValueError(f"reward={self.reward!r}: LIBERO tasks pay success only (their goals are predicates, "
                              "with no shaping); set reward=success (env.reward=success)")
@@ -257,7 +268,9 @@ class LiberoVectorEnv(ArrayVectorEnv):
         if config.split == "lan":
             tasks = [load_lan(t, config.cache) for t in tasks]
         self.tasks: list[LiberoTask] = tasks
-        self.instructions: list[str] = [t.instruction for t in tasks]
+        self._sampler = InstructionSampler(split_groups(self.task_names, [t.instruction for t in tasks], config.split,
+                                                        config.instructions), config.split)
+        self.instructions: list[str] = self._sampler.table
         n, g, k = config.num_envs, config.group_size, len(tasks)
         groups = [n // g // k + (i < n // g % k) for i in range(k)]  # groups per task, in task order
         self.bounds = np.concatenate([[0], np.cumsum(groups)]) * g  # task i's environments: bounds[i]..bounds[i+1]
@@ -288,6 +301,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         self._steps = np.zeros(n, np.int64)
         self._episode = np.zeros(n, np.int64)
         self.state_index = np.zeros(n, np.int64)  # the fixed initial state each episode started from
+        self._instruction = np.zeros(n, np.int64)  # each episode's index into self.instructions
         self._obs: dict[str, Any] | None = None
         self.timings = {"render": 0.0}
 
@@ -315,7 +329,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         group = ids // g
         episode = self._episode[ids]
         nstep = cfg.settle_steps * sim.layout.frame_skip
-        if cfg.split in ("fixed", "lan"):  # LIBERO's states in order: group j of M plays j, j + M, j + 2M, ...
+        if cfg.split in FIXED_STATE_SPLITS:  # LIBERO's states in order: group j of M plays j, j + M, j + 2M, ...
             local, count = group - self.bounds[k] // g, (self.bounds[k + 1] - self.bounds[k]) // g
             index = (local + episode * count) % len(states)
             for i in np.unique(index):
@@ -346,6 +360,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
                 qpos, qvel, index = self._initial_states(k, sel)
                 sim.set_states(sel - lo, qpos, qvel)
                 self.state_index[sel] = index
+                self._instruction[sel] = self._sampler.draw(k, self._seed, sel // self.config.group_size,
+                                                            self._episode[sel])
         self._episode[ids] += 1
         self._steps[ids] = 0
 
@@ -372,7 +388,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
         sel = slice(None) if ids is None else ax.asarray(ids)
         task = self.env_task if ids is None else self.env_task[ids]
         obs = {"proprio": ax.concatenate(proprio, axis=0)[sel], "state": ax.concatenate(state, axis=0)[sel],
-               "instruction": ax.asarray(task, copy=True), "task": ax.asarray(task, copy=True)}
+               "instruction": ax.asarray(self._instruction if ids is None else self._instruction[ids], copy=True),
+               "task": ax.asarray(task, copy=True)}
         if frames:
             obs["rgb"] = ax.concatenate([ax.asarray(f) for f in frames], axis=0)
             self.timings["render"] += render_s
@@ -442,6 +459,10 @@ class LiberoVectorEnv(ArrayVectorEnv):
         for key in self._EPISODE_FIELDS:
             setattr(self, key, np.array(state[key], dtype=np.int64))
         self._seed = int(state["seed"])
+        for k in range(len(self.sims)):  # an episode's instruction follows from (seed, group, episode)
+            ids = np.arange(self.bounds[k], self.bounds[k + 1])
+            self._instruction[ids] = self._sampler.draw(k, self._seed, ids // self.config.group_size,
+                                                        np.maximum(self._episode[ids] - 1, 0))
         # An observation is a function of the current state (the autoreset ones too: taken after the reset).
         self._obs = self._observe()[0] if state["started"] else None
 

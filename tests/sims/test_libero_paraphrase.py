@@ -3,21 +3,25 @@ LIBERO-PRO's held-out ``_lan`` instructions, each names its task's things and be
 the held-out templates never say what training says, and the tables are the same in every process.
 
 The BDDL files (each task's instruction and goal, and the ``_lan`` variants') are read from the export
-toolchain in the LIBERO cache (installed if missing, as the other LIBERO tests do); no scene is built.
+toolchain in the LIBERO cache (installed if missing, as the other LIBERO tests do). The env tests run
+spatial/0 (exported if missing) with two environments and no frames.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import os
 import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from sims.libero.install import ensure_toolchain
+import sims
+from sims.libero.install import ensure_lan, ensure_toolchain
 from sims.libero.paraphrase import (
     NOUNS,
     PER_TASK,
@@ -28,7 +32,9 @@ from sims.libero.paraphrase import (
     paraphrases,
     split_groups,
 )
+from sims.libero.scene import load_task
 from sims.libero.suites import LIBERO_SUITE, all_task_ids, cache_dir
+from vla_rl.config import CONFIG_DIR, ConfigError, load_config
 
 IDS = all_task_ids()
 _LANGUAGE = re.compile(r"\(:language\s+(.*)\)")
@@ -152,3 +158,72 @@ def test_split_groups_and_sampler():
     assert (sampler.draw(1, 7, groups, episodes) == drawn).all()  # a function of (seed, group, episode)
     assert (sampler.draw(1, 8, groups, episodes) != drawn).any()
     assert (InstructionSampler(train, "validation").draw(1, 7, groups, episodes) != drawn).any()
+
+
+# ----------------------------------------------------------------------------- the env's hook (spatial/0, 2 envs)
+HOLD = np.array([[0, 0, 0, 0, 0, 0, -1]] * 2, np.float32)  # no motion, gripper open
+
+
+@pytest.fixture(scope="module")
+def cached() -> None:
+    ensure_lan(["spatial/0"])
+
+
+def _env(split: str = "train", **kw):
+    return sims.make_vec_env("libero_spatial/0", 2, split=split, num_threads=1, **kw)
+
+
+def _texts(env, obs) -> list[str]:
+    return [env.instructions[i] for i in obs["instruction"]]
+
+
+def test_paraphrase_training_draws_an_instruction_per_episode_and_keeps_the_starts(cached):
+    original, para = _env(), _env(instructions="paraphrase")
+    own = load_task("spatial/0").instruction
+    assert original.instructions == [own]
+    assert para.instructions == [own, *paraphrases("spatial/0", "train")]
+    assert para.single_observation_space["instruction"].n == len(para.instructions)
+    seen = []
+    for seed in range(6):
+        a, b = original.reset_arrays(seed=seed), para.reset_arrays(seed=seed)
+        np.testing.assert_array_equal(a["state"], b["state"])  # instructions draw on a stream of their own
+        assert a["instruction"].tolist() == [0, 0]
+        seen += _texts(para, b)
+    assert len(set(seen)) > 4 and set(seen) <= set(para.instructions)
+    again = _env(instructions="paraphrase")
+    assert _texts(again, again.reset_arrays(seed=5)) == seen[-2:]  # seeded: the same draw in a fresh env
+
+
+def test_paraphrase_split_plays_the_fixed_states_with_held_out_instructions(cached):
+    fixed, para = _env("fixed"), _env("paraphrase")
+    a, b = fixed.reset_arrays(seed=0), para.reset_arrays(seed=0)
+    np.testing.assert_array_equal(a["state"], b["state"])
+    assert (fixed.state_index == para.state_index).all()
+    assert para.instructions == list(paraphrases("spatial/0", "heldout"))
+    assert set(_texts(para, b)) <= set(paraphrases("spatial/0", "heldout"))
+
+
+def test_a_restored_env_issues_the_same_instructions(cached):
+    env = _env(instructions="paraphrase", max_steps=2)
+    env.reset_arrays(seed=3)
+    for _ in range(3):  # past an episode's end: new instructions
+        env.step_arrays(HOLD)
+    twin = _env(instructions="paraphrase", max_steps=2)
+    twin.set_state(env.get_state())
+    for _ in range(4):
+        a, b = env.step_arrays(HOLD), twin.step_arrays(HOLD)
+        assert a["observation"]["instruction"].tolist() == b["observation"]["instruction"].tolist()
+
+
+def test_instructions_setting_is_checked_and_forwarded(cached):
+    from vla_rl.envs import make_env
+
+    with pytest.raises(ValueError, match=r"^instructions='free'; use one of original, paraphrase$"):
+        _env(instructions="free")
+    with pytest.raises(ConfigError, match=r"^env.instructions='free'; use one of original, paraphrase$"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.instructions=free"])
+    with pytest.raises(ConfigError, match=r"^env.instructions='paraphrase' paraphrases LIBERO's instructions; .*remove it$"):
+        load_config(CONFIG_DIR / "default.yaml", ["env.instructions=paraphrase"])
+    cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", "env.instructions=paraphrase"])
+    env = make_env(dataclasses.replace(cfg.env, render=False), seed=0, num_envs=2)
+    assert env.instructions[1:] == list(paraphrases("spatial/0", "train"))
