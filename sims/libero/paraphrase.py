@@ -295,6 +295,20 @@ def split_groups(task_ids: Sequence[str], instructions: Sequence[str], split: st
     return [(own,) for own in instructions]
 
 
+def libero_training_groups(task: str, cache: str | None = None) -> list[tuple[str, ...]]:
+    """Each task's training instructions (its own, then its training paraphrases) of env task ``task``
+    (``libero_spatial``), the own ones read from the task cache.
+
+    Raises:
+        ValueError: an unknown task. FileNotFoundError: a task not in the cache (naming the setup command).
+    """
+    from sims.libero.scene import load_task
+    from sims.libero.vec_env import resolve_libero_task
+
+    ids = resolve_libero_task(task)
+    return split_groups(ids, [load_task(t, cache).instruction for t in ids], "train", "paraphrase")
+
+
 _SPLIT_STREAM = {"train": 0x1A50, "validation": 0x1A51, "paraphrase": 0x1A52}  # apart from the starts' streams
 
 
