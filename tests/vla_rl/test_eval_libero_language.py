@@ -90,3 +90,27 @@ def test_sft_draws_every_frame_a_training_instruction_of_its_task():
     counts = torch.bincount(drawn, minlength=len(table))
     assert counts[0] == 0 and (counts[1:] > 50).all() and counts[1:].max() < 160  # 49 members, 100 each expected
     assert (resample(torch.zeros(5, dtype=torch.int64)) == 0).all()
+
+
+def test_a_libero_sft_run_with_paraphrases_trains_on_them(libero_run, tmp_path):
+    """The SFT stage of a LIBERO run with env.instructions=paraphrase: its frames (recorded with the task's own
+    instruction) reach the policy with the task's training instructions, several of them, nothing else."""
+    from vla_rl.demos.collect import CollectConfig
+    from vla_rl.demos.libero import collect_libero_demos
+
+    demos = tmp_path / "demos"
+    collect_libero_demos(CollectConfig(task="libero_spatial/0", episodes=2, num_envs=2, keep_failures=True,
+                                       image_size=16, cameras=("agentview", "robot0_eye_in_hand"), max_steps=3,
+                                       out=demos), demos, progress=False)
+    cfg = load_config(CONFIG_DIR / "libero.yaml", [*TOY, "algo=sft", f"sft.dataset={demos}", "sft.iterations=1",
+                                                   "sft.updates=2", "sft.batch_size=64", "env.instructions=paraphrase",
+                                                   f"out_dir={tmp_path}", "name=sft"])
+    trainer = Trainer(cfg)
+    try:
+        frames = trainer.algorithm.collect(None, None, 0, None).batch
+        texts = [trainer.collector.instructions[i] for i in frames["obs", "instruction"].tolist()]
+        trainer.train()
+    finally:
+        trainer.close()
+    allowed = {load_task("spatial/0").instruction, *paraphrases("spatial/0", "train")}
+    assert set(texts) <= allowed and len(set(texts)) > 20
