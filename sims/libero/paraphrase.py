@@ -270,10 +270,6 @@ def normalise(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", "", text.lower()).split())
 
 
-TEMPLATE_SET = {"train": "train", "validation": "train", "paraphrase": "heldout"}
-"""The template set each LIBERO split that draws paraphrases uses."""
-
-
 def check_mode(mode: str) -> None:
     """Raise ValueError naming the valid modes unless ``mode`` is one of :data:`INSTRUCTION_MODES`."""
     if mode not in INSTRUCTION_MODES:
