@@ -226,8 +226,8 @@ def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
     assert resolve_libero_task("libero_goal") == tuple(f"goal/{i}" for i in range(10))
     with pytest.raises(TypeError, match=r"reward"):  # LIBERO pays success only: its config has no reward
         LiberoEnvConfig(task="libero_spatial/0", reward="dense")
-    with pytest.raises(ValueError, match=r"split='paraphrase'.*valid: " + ", ".join(LIBERO_SPLITS)):
-        LiberoEnvConfig(task="libero_spatial/0", split="paraphrase").validate()
+    with pytest.raises(ValueError, match=r"split='composition'.*valid: " + ", ".join(LIBERO_SPLITS)):
+        LiberoEnvConfig(task="libero_spatial/0", split="composition").validate()
     with pytest.raises(ValueError, match=r"num_envs=4 .* use num_envs >= 10"):
         LiberoEnvConfig(task="libero_spatial", num_envs=4).validate()
     with pytest.raises(TypeError, match=r"env_offset"):  # a gantry setting: no field of LIBERO's config

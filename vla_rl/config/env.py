@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import sims
 from infra.common.typed_config import ConfigError
+from sims.libero.paraphrase import INSTRUCTION_MODES
 from sims.libero.scene import VISUAL_FACES
 from sims.registry import task_forms
 from vla_rl.config.ranges import _check_numbers
@@ -25,7 +26,7 @@ GYM_SPLITS = ("train", "validation")
 
 
 SUITE_ONLY = {"visual_faces": "visual_faces", "max_episode_steps": "max_steps", "warp_deterministic": "warp_deterministic",
-              "warp_uncaptured": "warp_uncaptured", "task_weights": "task_weights"}
+              "warp_uncaptured": "warp_uncaptured", "task_weights": "task_weights", "instructions": "instructions"}
 """Settings of :class:`TrainEnvConfig` that only some suites' configs have (the section's key -> the suite config's
 field): a suite whose config lacks the field refuses a value other than the section's default."""
 
@@ -76,6 +77,10 @@ class TrainEnvConfig:
     visual_faces: int | None = VISUAL_FACES
     """LIBERO only: triangle budget of each visual-only mesh (decimated copies, ``sims.libero.toolchain.lod``; at least
     ``sims.libero.scene.MIN_VISUAL_FACES``); ``null`` draws LIBERO's full meshes. Frames only: physics is the same."""
+    instructions: str = INSTRUCTION_MODES[0]
+    """LIBERO only: what training and validation episodes are instructed with: ``original`` (the task's own
+    instruction, LIBERO's protocol) or ``paraphrase`` (the task's own or one of its training paraphrases, drawn
+    per episode, ``sims.libero.paraphrase``; SFT draws one per frame); ``env.instructions`` of the env lists them all."""
     terminate_on_success: bool = _SIMS.terminate_on_success
     """End a ``sims`` episode at its first success (else it runs to its step limit)."""
     reward: str = _SIMS.reward
@@ -95,11 +100,16 @@ class TrainEnvConfig:
         """Raise :class:`ConfigError` naming the first bad value: the numbers, a ``sims`` task, backend, reward,
         cameras and task weights. A gymnasium id is looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
         _check_numbers(self, "env.")
+        if self.instructions not in INSTRUCTION_MODES:
+            raise ConfigError(f"env.instructions={self.instructions!r}; use one of {', '.join(INSTRUCTION_MODES)}")
         if self.kind == "sims":
             _check_suite_env(self, env_suite(self))
             return
         if self.visual_faces != VISUAL_FACES:
             raise ConfigError(f"env.visual_faces={self.visual_faces} sets the mesh detail of LIBERO scenes; "
+                              f"env.task={self.task!r} has none: remove it")
+        if self.instructions != INSTRUCTION_MODES[0]:
+            raise ConfigError(f"env.instructions={self.instructions!r} paraphrases LIBERO's instructions; "
                               f"env.task={self.task!r} has none: remove it")
         if self.task_weights:
             raise ConfigError(f"env.task_weights weighs the tasks of a sims suite; env.kind={self.kind!r} has one "
