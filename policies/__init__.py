@@ -8,7 +8,7 @@ from policies.encoders import ConvEncoder, SentenceCache, shared_sentence_cache
 from policies.heads import ActionHeadConfig, BinnedHead, GaussianHead
 from policies.mlp import MLPActorCritic, MLPPolicyConfig
 from policies.normalization import RunningNorm
-from policies.registry import MODELS, POLICIES, config_class, load, make_policy
+from policies.registry import MODELS, POLICIES, config_class, load, make_policy, parameter_count
 from policies.vla import VLAConfig, VLAPolicy
 
 __all__ = [
@@ -28,5 +28,6 @@ __all__ = [
     "config_class",
     "load",
     "make_policy",
+    "parameter_count",
     "shared_sentence_cache",
 ]

@@ -38,6 +38,15 @@ def make_policy(cfg: Any, obs_spec: ObsSpec, action_dim: int) -> ActorCritic:
     raise TypeError(f"make_policy got a {type(cfg).__name__}; pass one of the policy configs: {valid}.")
 
 
+def parameter_count(cfg: Any, obs_spec: ObsSpec, action_dim: int) -> int:
+    """Parameters of the policy :func:`make_policy` would build, counted on torch's meta device: no memory is
+    allocated, so sizes read from a config or a checkpoint can be checked before the real build."""
+    import torch
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in make_policy(cfg, obs_spec, action_dim).parameters())
+
+
 def load(name: str, obs_spec: ObsSpec, action_dim: int, **overrides: Any) -> ActorCritic:
     """Build the policy called ``name`` from its default config with ``overrides`` applied."""
     config_type = config_class(name)

@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +159,19 @@ def bench_dynamic(args) -> dict:
     return out
 
 
+def bounded(low: float, high: float, kind: type = float) -> Callable[[str], float]:
+    """An argparse type: a finite number of ``kind`` within ``[low, high]``, else a one-line usage error."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside [{low:g}, {high:g}]")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pods", type=Path, default=TRACE / "openb_pod_list_default.csv")
@@ -165,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="fgd",
                         help="policy measured beside it in the same run, for the ratio_* figures (none: no baseline)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--inflate", type=float, default=1.3)
-    parser.add_argument("--waiting", type=int, default=1000, help="gangs waiting during the release benchmark")
-    parser.add_argument("--releases", type=int, default=500)
+    parser.add_argument("--inflate", type=bounded(0.1, 10.0), default=1.3,
+                        help="demand as a multiple of the cluster's GPU capacity (0.1 to 10; the FGD protocol: 1.3)")
+    parser.add_argument("--waiting", type=bounded(0, 100_000, int), default=1000, help="gangs waiting during the release benchmark")
+    parser.add_argument("--releases", type=bounded(1, 100_000, int), default=500)
     parser.add_argument("--speedups", type=float, nargs="+", default=[1.0, 50000.0])
     parser.add_argument("--only", choices=["fill", "release", "dynamic"], nargs="+", default=["fill", "release", "dynamic"])
     parser.add_argument("--json", type=output_path, default=None)

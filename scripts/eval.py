@@ -5,13 +5,18 @@
     python scripts/eval.py --checkpoint runs/NAME --split composition
     python scripts/eval.py --checkpoint runs/NAME --task reach --instruction "hover above the {a}" --instruction "find the {a}"
     python scripts/eval.py --checkpoint runs/NAME --instructions-file my_templates.txt --task lift
+    python scripts/eval.py --checkpoint runs/LIBERO_RUN --split fixed --task libero_spatial/4 \
+        --instruction "grab the bowl in the top drawer and set it on the plate"
 
 Splits (``sims``): ``train``, ``validation`` (what may stop a run), and the test splits
 ``paraphrase`` (held-out templates) and ``composition`` (task x colour x object combinations never
 instructed in training), each from its own seed stream. ``--instruction`` (repeatable) and
 ``--instructions-file`` (one template per line) replace the split's instructions: ``{a}`` and
 ``{b}`` are filled with each episode's entities ("red block"), and success is the task's own
-predicate, so give templates that describe ``--task``. Prints success overall, per task and per
+predicate, so give templates that describe ``--task``. A LIBERO run takes whole instructions (no
+``{a}``/``{b}``) of one task: the run's, or ``--task libero_<suite>/<i>`` of it; its splits are
+``train``, ``validation``, ``fixed``, ``lan`` and ``paraphrase`` (held-out paraphrases on the fixed
+states). Prints success overall, per task and per
 instruction; ``--json PATH`` writes ``{git, machine, config, results}``; ``--video PATH`` saves
 environment 0's first episode.
 """
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
     parser.add_argument("--split", choices=list(dict.fromkeys([*SPLITS, *LIBERO_SPLITS])), default="paraphrase",
-                        help="episodes' split (default: paraphrase; a LIBERO run's: train, validation, fixed, lan)")
+                        help="episodes' split (default: paraphrase; a LIBERO run's: train, validation, fixed, lan, paraphrase)")
     parser.add_argument("--instruction", action="append", metavar="TEXT", help="an instruction template (repeatable)")
     parser.add_argument("--instructions-file", type=Path, default=None, help="instruction templates, one per line")
     parser.add_argument("--task", default=None, help="evaluate this task of a multi-task run")

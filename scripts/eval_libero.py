@@ -7,8 +7,10 @@
 Each task of the run's env plays its split's fixed initial states 0..E-1 once each (E =
 ``--episodes-per-task``, LIBERO's 50), after LIBERO's 10 settling steps, up to LIBERO's step limit
 of the suite, with the deterministic policy. Splits: ``fixed`` (LIBERO's own states and
-instructions) and ``lan`` (LIBERO-PRO's paraphrased instructions, held out from training, with that
-variant's fixed states). Writes ``{git, machine, config, results}``; ``results.protocol.caveat`` states
+instructions), ``lan`` (LIBERO-PRO's paraphrased instructions, held out from training, with that
+variant's fixed states) and ``paraphrase`` (the project's held-out paraphrases on the fixed states);
+each task's rate on every split is printed side by side (``results.side_by_side``). Writes
+``{git, machine, config, results}``; ``results.protocol.caveat`` states
 how this simulator differs from the one LIBERO's published numbers come from (docs/sims.md).
 """
 
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
     parser.add_argument("--json", required=True, type=output_path, help="where to write the figures")
-    parser.add_argument("--splits", nargs="+", default=["fixed", "lan"], help="LIBERO splits (default: fixed lan)")
+    parser.add_argument("--splits", nargs="+", default=["fixed", "lan"], help="LIBERO splits among fixed, lan, paraphrase (default: fixed lan)")
     parser.add_argument("--episodes-per-task", type=int, default=50, help="initial states per task (LIBERO: 50)")
     parser.add_argument("--envs-per-task", type=int, default=10, help="environments per task; must divide the episodes")
     parser.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N")
@@ -44,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     for split, r in results["splits"].items():
         for name, rate in [*(("suite " + s, v) for s, v in r["suites"].items()), *r["tasks"].items()]:
             low, high = rate["ci95"]
-            print(f"{split:6s} {name:14s} {rate['success']:6.1%}  [{low:.1%}, {high:.1%}]  n={rate['episodes']}")
+            print(f"{split:10s} {name:14s} {rate['success']:6.1%}  [{low:.1%}, {high:.1%}]  n={rate['episodes']}")
+    splits = list(results["splits"])
+    print(f"{'':17s}" + "".join(f"{s:>12s}" for s in splits))
+    beside = results["side_by_side"]
+    for name, row in [*(("suite " + s, v) for s, v in beside["suites"].items()), *beside["tasks"].items()]:
+        print(f"  {name:15s}" + "".join(f"{row[s]:12.1%}" for s in splits))
     config = {k.replace("-", "_"): str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     write_report(args.json, config, results)
     print(results["protocol"]["caveat"])

@@ -117,6 +117,14 @@ class Suite:
     missing_files: Callable[[str, bool], str] = lambda task, with_lan: ""
     """``missing_files(task, with_lan)``: a one-line error naming the setup command when a file the task needs
     (with ``with_lan``: its paraphrased-instruction variant too) is not on this machine; ``""`` when all are."""
+    training_instructions: Callable[[str, str], list[tuple[str, ...]]] | None = None
+    """``training_instructions(task, mode)``: the instructions each task of a task name is trained with under the
+    config's ``instructions`` mode, one tuple per task id (its own first, then those that say the same), which SFT
+    draws from per frame (``vla_rl.sft.ParaphraseResample``); ``None``: the suite has no such setting."""
+    check_instructions: Callable[[str, str | None, list[str]], None] | None = None
+    """``check_instructions(run_task, task, texts)``: raise ``ValueError`` (one line, naming the fix) unless the
+    caller's instructions ``texts`` can instruct an evaluation of ``task`` (None: the run's) in a run of ``run_task``;
+    ``None``: they are templates whose ``{a}``/``{b}`` each episode's entities fill (``vla_rl.evaluate.InstructedEnv``)."""
 
 
 _SUITES: dict[str, Suite] = {}

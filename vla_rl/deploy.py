@@ -80,8 +80,7 @@ def load_policy(path: str | Path, device: str = "cpu") -> DeployedPolicy:
         cfg = build_config(state["config"])
         spec = _obs_spec(state["obs_spec"], path)
         shapes, action_dim = {k: s.shape for k, s in spec.items()}, int(state["action_dim"])
-        with torch.device("meta"):  # sizes from the checkpoint's config, counted before anything is allocated
-            count = sum(p.numel() for p in policies.make_policy(cfg.policy, shapes, action_dim).parameters())
+        count = policies.parameter_count(cfg.policy, shapes, action_dim)  # before anything is allocated
     except CheckpointError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, RuntimeError, OverflowError) as exc:

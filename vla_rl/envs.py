@@ -265,7 +265,7 @@ def make_env(
         seed: Seed of a ``sims`` env's episode streams (gymnasium envs are seeded by the first ``reset_td(seed)``).
         num_envs: Number of environments; default ``cfg.num_envs``.
         split: Episode split of ``sims`` tasks, one of the suite's ``splits`` (the gantry tasks': train, validation,
-            paraphrase, composition; LIBERO's: train, validation, fixed, lan).
+            paraphrase, composition; LIBERO's: train, validation, fixed, lan, paraphrase).
         group_size: Consecutive environments sharing each episode's initial state (GRPO).
         video: Gymnasium tasks only: render ``rgb_array`` frames for evaluation videos
             (``sims`` videos come from the camera observation).

@@ -145,7 +145,8 @@ class InstructedEnv:
     """A ``sims`` vector env whose episodes are instructed from the caller's templates.
 
     Each episode gets the next template (round robin over environments and episodes), filled with
-    its own entities (``{a}``, ``{b}``: "red block"); success is the task's own predicate, so a
+    its own entities (``{a}``, ``{b}``: "red block"; an env without ``entity_phrases``, LIBERO's, has none: its
+    suite's ``check_instructions`` asks for whole instructions); success is the task's own predicate, so a
     template must describe the episode's task (``--task`` picks it). ``instructions`` grows as new
     strings appear and ``on_new`` is called with it then (the policy embeds them).
     """
@@ -159,7 +160,8 @@ class InstructedEnv:
         self._template = np.arange(env.num_envs) % len(templates)
 
     def _instruct(self, obs: TensorDict) -> None:
-        texts = [self.templates[t].format(a=a, b=b) for t, (a, b) in zip(self._template, self.env.entity_phrases())]
+        phrases = self.env.entity_phrases() if hasattr(self.env, "entity_phrases") else [("", "")] * self.num_envs
+        texts = [self.templates[t].format(a=a, b=b) for t, (a, b) in zip(self._template, phrases)]
         fresh = [t for t in dict.fromkeys(texts) if t not in self._index]
         for text in fresh:
             self._index[text] = len(self.instructions)
@@ -227,14 +229,17 @@ def evaluate_checkpoint(
 
     Args:
         path: A checkpoint file, a ``checkpoints/`` directory or a run directory.
-        split: ``train``, ``validation``, ``paraphrase`` or ``composition`` (``sims`` tasks only).
+        split: ``train``, ``validation``, ``paraphrase`` or ``composition`` (``sims`` tasks only; LIBERO's:
+            ``sims.libero.vec_env.LIBERO_SPLITS``).
         episodes: Episodes to run (default: the run's ``eval.episodes``).
         num_envs: Parallel environments (default: the run's ``eval.num_envs``).
         seed: Reset seed (default: the run's evaluation seed).
         device: Where the policy runs: ``cpu``, ``cuda`` or ``cuda:N`` (the environment stays on the CPU).
         templates: Instructions of the caller's, ``{a}``/``{b}`` filled from each episode (see
-            :class:`InstructedEnv`), instead of the split's own.
-        task: Evaluate this task of a multi-task run (a sims task name); default the run's.
+            :class:`InstructedEnv`), instead of the split's own; checked by the suite's ``check_instructions``
+            where it has one (LIBERO: whole instructions of one task).
+        task: Evaluate this task of a multi-task run (a sims task name, or a LIBERO task of the run such as
+            ``libero_spatial/4``); default the run's.
         record: Keep environment 0's first episode's frames.
 
     Raises:
@@ -255,6 +260,9 @@ def evaluate_checkpoint(
     cfg = build_config(state["config"])
     torch.set_num_threads(cfg.torch_threads)
     sims_env = cfg.env.kind == "sims"
+    check = sims.suite_of(cfg.env.task).check_instructions if sims_env else None
+    if templates and check is not None:
+        check(cfg.env.task, task, templates)
     env_cfg = dataclasses.replace(cfg.env, task=task) if task and sims_env else cfg.env
     n = cfg.eval.num_envs if num_envs is None else num_envs
     if n < 1:
@@ -269,6 +277,9 @@ def evaluate_checkpoint(
         try:
             policy.load_weights(state["policy"])
         except ValueError as exc:
+            if task and task != cfg.env.task:  # e.g. LIBERO's privileged state, padded to the run's tasks
+                raise CheckpointError(f"{path}: --task {task} alone observes what the policy of the run's "
+                                      f"env.task={cfg.env.task} does not fit ({exc}); evaluate it in a run of that task") from exc
             raise CheckpointError(f"{path}: {exc}, the policy its config describes") from exc
         policy.to(target).set_instructions(list(env.instructions))
         policy.eval()
@@ -301,9 +312,13 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
     the run's env plays ``episodes_per_task`` episodes, initial states ``0 .. episodes_per_task - 1`` once
     each (``envs_per_task`` environments per task, environment ``j`` playing states ``j, j + envs_per_task, ...``).
 
+    ``paraphrase`` (the project's held-out paraphrases, :mod:`sims.libero.paraphrase`, on the ``fixed`` states)
+    can be run too.
+
     Returns:
         ``{protocol: {...settings, caveat}, checkpoint, splits: {split: {suites: {suite: rate}, tasks:
-        {task_id: rate + instruction}, wall_s}}}``, each rate ``{success, episodes, ci95}`` (95 % Wilson).
+        {task_id: rate + instruction (or instructions)}, wall_s}}, side_by_side}``, each rate ``{success, episodes,
+        ci95}`` (95 % Wilson); ``side_by_side``: :func:`side_by_side`.
 
     Raises:
         ValueError: a checkpoint not of a LIBERO run, an unknown split, or envs_per_task not dividing
@@ -334,7 +349,7 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
         result = evaluate_checkpoint(path, split, episodes_per_task * len(ids), envs_per_task * len(ids),
                                      device=device, record=False)
         report = result.report()
-        tasks = {name: {**report["tasks"][name], "instruction": result.instructions[t]}
+        tasks = {name: {**report["tasks"][name], **_task_instructions(result, t)}
                  for t, name in enumerate(result.task_names)}
         if any(r["episodes"] != episodes_per_task for r in tasks.values()):
             raise RuntimeError(f"split {split}: episodes per task {[r['episodes'] for r in tasks.values()]}, "
@@ -344,6 +359,30 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
             suites.setdefault(result.task_names[e.task].split("/")[0], []).append(e)
         out["splits"][split] = {"suites": {s: _rate(group) for s, group in suites.items()}, "tasks": tasks,
                                 "wall_s": time.perf_counter() - start}
+    out["side_by_side"] = side_by_side(out["splits"])
+    return out
+
+
+def _task_instructions(result: CheckpointEval, task: int) -> dict[str, Any]:
+    """``{"instruction": text}`` when task ``task``'s episodes had one instruction, else ``{"instructions": [...]}``."""
+    texts = sorted({result.instructions[e.instruction] for e in result.episodes if e.task == task})
+    return {"instruction": texts[0]} if len(texts) == 1 else {"instructions": texts}
+
+
+def side_by_side(splits: dict[str, Any]) -> dict[str, Any]:
+    """Each task's and suite's success on every split, in one row (``{tasks: {task: {split: rate}}, suites: ...}``),
+    with ``<split>_minus_fixed`` (in percentage points) beside the fixed-state figure when ``fixed`` was run."""
+    out: dict[str, Any] = {}
+    for level in ("suites", "tasks"):
+        rows: dict[str, dict[str, float]] = {}
+        for split, figures in splits.items():
+            for name, rate in figures[level].items():
+                rows.setdefault(name, {})[split] = rate["success"]
+        for row in rows.values():
+            if "fixed" in row:
+                row.update({f"{s}_minus_fixed": round(100 * (v - row["fixed"]), 1) for s, v in list(row.items())
+                            if s != "fixed"})
+        out[level] = rows
     return out
 
 

@@ -232,7 +232,7 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
 def _test_fixed_states(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
     """The fixed-initial-states protocol (LIBERO's) on each test split: per task, and overall over the run's tasks."""
     protocol = libero_protocol(run_dir, recipe.test.splits, recipe.test.episodes, recipe.test.num_envs)
-    out: dict[str, Any] = {"protocol": protocol["protocol"]}
+    out: dict[str, Any] = {"protocol": protocol["protocol"], "side_by_side": protocol["side_by_side"]}
     for split, r in protocol["splits"].items():
         n = sum(t["episodes"] for t in r["tasks"].values())
         k = round(sum(t["success"] * t["episodes"] for t in r["tasks"].values()))

@@ -27,7 +27,7 @@ from torch import nn
 from policies.vla import INSTRUCTION_EMBEDDING
 from sims.tasks import instruction_groups, resolve_tasks
 from vla_rl.algorithm import Algorithm, Budget, Experience, Setup
-from vla_rl.config import ConfigError, TrainConfig
+from vla_rl.config import ConfigError, TrainConfig, env_suite
 from vla_rl.demos.reader import DatasetError, DemoDataset
 from vla_rl.ppo import ClippedUpdate, LossWeights
 from vla_rl.rollout import EpisodeStats, Timer
@@ -71,6 +71,25 @@ def paraphrase_table(instructions: list[str], groups: list[tuple[str, ...]]) -> 
             members[i] = rows
     width = max(len(m) for m in members)
     return torch.tensor([m + [m[0]] * (width - len(m)) for m in members], dtype=torch.int64)
+
+
+class ParaphraseResample:
+    """Each frame's instruction drawn anew, uniformly, from the instructions that say what it says (its suite's
+    ``training_instructions``; a LIBERO run with ``env.instructions=paraphrase``: the task's own and its training
+    paraphrases, ``sims.libero.paraphrase``), so SFT sees them all although the demonstrations recorded the task's own.
+
+    Args:
+        instructions: the env's instruction table; groups: instructions of the same meaning (one group per task).
+    """
+
+    def __init__(self, instructions: list[str], groups: list[tuple[str, ...]]) -> None:
+        self.members = paraphrase_table(instructions, groups)  # each row's own members first, then padding
+        self.counts = torch.tensor([len(set(row)) for row in self.members.tolist()])
+
+    def __call__(self, index: torch.Tensor) -> torch.Tensor:
+        """Instruction indices ``[B]`` -> a uniformly drawn member of each one's group ``[B]`` (the trainer's torch RNG)."""
+        pick = (torch.rand(len(index)) * self.counts[index]).long()
+        return self.members[index].gather(1, pick[:, None]).squeeze(1)
 
 
 def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
@@ -160,6 +179,11 @@ class SFT(Algorithm):
         self.device = setup.device
         self.policy = setup.policy
         self.data, self.instruction_map = load_dataset(cfg, setup.instructions)
+        self.resample: ParaphraseResample | None = None
+        training = env_suite(cfg.env).training_instructions if cfg.env.kind == "sims" else None
+        groups = training(cfg.env.task, cfg.env.instructions) if training is not None else []
+        if any(len(group) > 1 for group in groups):  # else each frame keeps its own (and the RNG its stream)
+            self.resample = ParaphraseResample(setup.instructions, groups)
         if not self.cfg.learn_std:  # the exploration noise RL from this checkpoint starts with
             for name, param in setup.policy.named_parameters():
                 if name.endswith("log_std"):
@@ -191,6 +215,8 @@ class SFT(Algorithm):
         frames = self.data.batch(torch.randint(0, len(self.data), (size,)))
         obs = frames.select(*(k for k in OBS_KEYS if k in frames))
         obs["instruction"] = self.instruction_map[obs["instruction"]]
+        if self.resample is not None:
+            obs["instruction"] = self.resample(obs["instruction"])
         batch = TensorDict({"obs": obs, "action": frames["action"]}, batch_size=[size])
         return Experience(batch.to(self.device), 0, {"sft/dataset_frames": float(len(self.data))})
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import policies
+from infra.common.limits import check_param_bytes
 from infra.common.run_dir import RunDirLock
 from infra.common.runlog import CONFIG, CURVES, METRICS, SUMMARY, Curves, Panel, RunLog
 from vla_rl import checkpoint as ckpt
@@ -168,6 +169,9 @@ class Trainer:
         # What the policy was built for, so that it can be rebuilt without an environment (vla_rl.deploy).
         self.obs_spec = {k: {"shape": list(v.shape[1:]), "dtype": str(v.dtype)} for k, v in first_obs.items()}
         self.action_dim = action_dim
+        # Weights, gradients and Adam's two moments: 16 bytes a parameter, checked before any is allocated.
+        check_param_bytes(policies.parameter_count(cfg.policy, first_obs, action_dim), "the policy.* sizes of this "
+                          "config", bytes_per=16)
         self.policy = policies.make_policy(cfg.policy, first_obs, action_dim).to(self.device)
         self.policy.set_instructions(list(collector.instructions))
         reference = self._init_from(cfg.init_from, initial) if initial is not None else None

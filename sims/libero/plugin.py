@@ -4,11 +4,13 @@ initial states (:func:`vla_rl.evaluate.libero_protocol`)."""
 
 from __future__ import annotations
 
+import string
 from typing import Any
 
 import numpy as np
 
 from sims.libero.expert import expert_for
+from sims.libero.paraphrase import libero_training_groups
 from sims.libero.scene import CAMERAS
 from sims.libero.sim import libero_render_config
 from sims.libero.toolchain.install import missing_variants
@@ -79,6 +81,22 @@ def longest_episode(task: str, limit: int | None = None) -> int:
     return limit or max(MAX_STEPS[task_id.split("/")[0]] for task_id in resolve_libero_task(task))
 
 
+def check_instructions(run_task: str, task: str | None, texts: list[str]) -> None:
+    """Raise ValueError unless ``texts`` can instruct a LIBERO evaluation: whole instructions (no ``{a}``/``{b}``:
+    those name the gantry suite's entities) for one task, ``task`` (``libero_spatial/4``) or the run's own, that is
+    a task of the run's ``run_task``."""
+    slotted = [t for t in texts if any(f is not None for _, f, _, _ in string.Formatter().parse(t))]
+    if slotted:
+        raise ValueError(f"instruction {slotted[0]!r}: a LIBERO instruction is a whole sentence; {{a}} and {{b}} fill "
+                         "only the gantry suite's entities, so write the objects out")
+    ids = resolve_libero_task(task or run_task)
+    if len(ids) > 1:
+        raise ValueError(f"an instruction describes one task and {task or run_task} has {len(ids)}; pick one with "
+                         f"--task (e.g. --task libero_{ids[0]})")
+    if ids[0] not in resolve_libero_task(run_task):
+        raise ValueError(f"--task {task}: not a task of the run's env.task={run_task}")
+
+
 SUITE = register(Suite(
     name="libero",
     task_forms=("libero_<suite>", "libero_<suite>/<i>"),
@@ -102,4 +120,6 @@ SUITE = register(Suite(
     demo_terminates=False,  # the env would restart a simulation under its expert's running plan
     protocol=EvalProtocol(fixed_states=True),
     missing_files=missing_variants,
+    training_instructions=libero_training_groups,
+    check_instructions=check_instructions,
 ))

@@ -13,7 +13,8 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   the two finger positions); ``state`` float32 [N, S] (privileged: arm joint angles [7], then every
   non-robot ``qpos``, objects' free joints and articulations, zero-padded to the longest task of the
   env); ``rgb`` uint8 [N, 2, 3, H, W] of ``agentview`` and ``robot0_eye_in_hand`` when rendering;
-  ``instruction`` (the task's BDDL ``:language``; one per task) and ``task`` int64 [N].
+  ``instruction`` int64 [N], an index into ``instructions`` (the task's BDDL ``:language``, or a paraphrase:
+  below) and ``task`` int64 [N].
 - **Reward and success**: the task's goal predicates (:mod:`sims.libero.predicates`); LIBERO has
   no shaping, so the reward is 1 at each step the goal holds (plus ``success_bonus``), else 0.
 - **Episodes** start from LIBERO's fixed initial states, then hold still for ``settle_steps``
@@ -26,11 +27,15 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   object by its support's shift (:func:`jitter_roots`; each split its own seed stream); ``fixed``: the 50
   fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
   ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
-  same scenes with paraphrased instructions and the variant's own 50 fixed initial states. With
-  ``starts="regions"`` the ``train`` and ``validation`` splits start instead from LIBERO's own placement
-  rules (:mod:`sims.libero.regions`: objects and fixtures sampled in their BDDL regions by LIBERO's
-  code, one start per seed, drawn per episode from ``(seed, group, episode, split)``), the fixtures
-  standing where that start put them.
+  same scenes with paraphrased instructions and the variant's own 50 fixed initial states;
+  ``paraphrase``: the 50 fixed initial states with the project's held-out paraphrases
+  (:mod:`sims.libero.paraphrase`), one drawn per episode. With ``starts="regions"`` the ``train`` and
+  ``validation`` splits start instead from LIBERO's own placement rules (:mod:`sims.libero.regions`: objects and
+  fixtures sampled in their BDDL regions by LIBERO's code, one start per seed, drawn per episode from
+  ``(seed, group, episode, split)``), the fixtures standing where that start put them.
+- **Instructions** (``instructions``): ``original``, the task's own in every split but ``lan`` and
+  ``paraphrase``; ``paraphrase``, training and validation episodes draw the task's own or one of its
+  training paraphrases. ``instructions`` (the table ``instruction`` indexes) lists every one the split can issue.
 - **Snapshots**: :meth:`LiberoVectorEnv.get_state` / :meth:`~LiberoVectorEnv.set_state` (plain data, for
   checkpoints) continue bit for bit in an env of the same config, frames included.
 - **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.toolchain.lod`; None: LIBERO's
@@ -52,6 +57,7 @@ import numpy as np
 
 from sims.backends import to_numpy
 from sims.libero import osc
+from sims.libero.paraphrase import INSTRUCTION_MODES, InstructionSampler, check_mode, split_groups
 from sims.libero.regions import draw, load_region_starts
 from sims.libero.scene import (
     MIN_VISUAL_FACES,
@@ -68,7 +74,8 @@ from sims.render import RenderConfig
 from sims.vec_env import ArrayVectorEnv, VecEnvConfig
 
 PREFIX = "libero_"
-LIBERO_SPLITS = ("train", "validation", "fixed", "lan")
+LIBERO_SPLITS = ("train", "validation", "fixed", "lan", "paraphrase")
+FIXED_STATE_SPLITS = ("fixed", "lan", "paraphrase")  # test splits: LIBERO's fixed initial states, in order
 BACKENDS = ("batch", "warp")
 """The physics backends LIBERO runs on."""
 #: Control steps per episode after settling: the limits of OpenVLA's LIBERO evaluation script
@@ -129,6 +136,8 @@ class LiberoEnvConfig(VecEnvConfig):
         controller: one of :data:`CONTROLLERS` (see the module docstring).
         starts: where the ``train`` and ``validation`` splits start: ``jitter`` (fixed states shifted by ``jitter``)
             or ``regions`` (LIBERO's region sampler, :mod:`sims.libero.regions`; the batch backend).
+        instructions: what ``train`` and ``validation`` episodes are instructed with, one of
+            :data:`~sims.libero.paraphrase.INSTRUCTION_MODES` (``original``: the task's own only).
 
     A step pays success only (LIBERO's goals are predicates; there is no shaped reward), plus ``success_bonus``.
     """
@@ -140,6 +149,7 @@ class LiberoEnvConfig(VecEnvConfig):
     visual_faces: int | None = VISUAL_FACES
     controller: str = "servo"
     starts: str = "jitter"
+    instructions: str = INSTRUCTION_MODES[0]
 
     def validate(self) -> tuple[str, ...]:
         """Check the fields; return the task ids.
@@ -150,6 +160,7 @@ class LiberoEnvConfig(VecEnvConfig):
         ids = resolve_libero_task(self.task)
         if self.split not in LIBERO_SPLITS:
             raise ValueError(f"split={self.split!r} is not a LIBERO split; valid: {', '.join(LIBERO_SPLITS)}")
+        check_mode(self.instructions)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}; LIBERO runs on the batch and warp backends")
         super().validate()
@@ -272,7 +283,9 @@ class LiberoVectorEnv(ArrayVectorEnv):
         if config.split == "lan":
             tasks = [load_lan(t, config.cache) for t in tasks]
         self.tasks: list[LiberoTask] = tasks
-        self.instructions: list[str] = [t.instruction for t in tasks]
+        self._sampler = InstructionSampler(split_groups(self.task_names, [t.instruction for t in tasks], config.split,
+                                                        config.instructions), config.split)
+        self.instructions: list[str] = self._sampler.table
         n, g, k = config.num_envs, config.group_size, len(tasks)
         groups = [n // g // k + (i < n // g % k) for i in range(k)]  # groups per task, in task order
         self.bounds = np.concatenate([[0], np.cumsum(groups)]) * g  # task i's environments: bounds[i]..bounds[i+1]
@@ -305,6 +318,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         self._steps = np.zeros(n, np.int64)
         self._episode = np.zeros(n, np.int64)
         self.state_index = np.zeros(n, np.int64)  # the fixed initial state each episode started from
+        self._instruction = np.zeros(n, np.int64)  # each episode's index into self.instructions
         self._obs: dict[str, Any] | None = None
         self.timings = {"render": 0.0}
 
@@ -340,7 +354,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         nq, nv = sim.model.nq, sim.model.nv
         group = ids // g
         episode = self._episode[ids]
-        if cfg.split in ("fixed", "lan"):  # LIBERO's states in order: group j of M plays j, j + M, j + 2M, ...
+        if cfg.split in FIXED_STATE_SPLITS:  # LIBERO's states in order: group j of M plays j, j + M, j + 2M, ...
             local, count = group - self.bounds[k] // g, (self.bounds[k + 1] - self.bounds[k]) // g
             index = (local + episode * count) % len(states)
             for i in np.unique(index):
@@ -405,6 +419,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
                 sim.set_states(sel - lo, qpos, qvel)
                 self._controllers[k].reset(sim, sel - lo, **self._settled_kw(k))
                 self.state_index[sel] = index
+                self._instruction[sel] = self._sampler.draw(k, self._seed, sel // self.config.group_size,
+                                                            self._episode[sel])
         self._episode[ids] += 1
         self._steps[ids] = 0
 
@@ -434,7 +450,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
         sel = slice(None) if ids is None else ax.asarray(ids)
         task = self.env_task if ids is None else self.env_task[ids]
         obs = {"proprio": ax.concatenate(proprio, axis=0)[sel], "state": ax.concatenate(state, axis=0)[sel],
-               "instruction": ax.asarray(task, copy=True), "task": ax.asarray(task, copy=True)}
+               "instruction": ax.asarray(self._instruction if ids is None else self._instruction[ids], copy=True),
+               "task": ax.asarray(task, copy=True)}
         if frames:
             obs["rgb"] = ax.concatenate([ax.asarray(f) for f in frames], axis=0)
             self.timings["render"] += render_s
@@ -469,9 +486,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
 
     def _physics_state(self) -> dict[str, Any]:
         """Each task's physics (its backend's snapshot) and arm controller's state, with the tasks, split and
-        controller it belongs to (the next
-        episodes' initial states follow from the seed and the episode counts: the jittered splits draw from
-        ``(seed, group, episode)``, the fixed ones play states in order)."""
+        controller they belong to (the next episodes' initial states follow from the seed and the episode counts:
+        the jittered and region splits draw from ``(seed, group, episode)``, the fixed ones play states in order)."""
         return {"tasks": list(self.task_names), "split": self.config.split, "controller": self.config.controller,
                 "sims": [sim.get_state() for sim in self.sims],
                 "controllers": [ctl.get_state() for ctl in self._controllers]}
@@ -490,6 +506,10 @@ class LiberoVectorEnv(ArrayVectorEnv):
             ctl.set_state(ctl_state)
 
     def _restored(self, started: bool) -> None:
+        for k in range(len(self.sims)):  # an episode's instruction follows from (seed, group, episode)
+            ids = np.arange(self.bounds[k], self.bounds[k + 1])
+            self._instruction[ids] = self._sampler.draw(k, self._seed, ids // self.config.group_size,
+                                                        np.maximum(self._episode[ids] - 1, 0))
         # An observation is a function of the current state (the autoreset ones too: taken after the reset).
         self._obs = self._observe()[0] if started else None
 

@@ -63,6 +63,30 @@ def test_a_model_beyond_this_machines_memory_is_refused_from_its_sizes(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_torch_threads_beyond_the_cores_are_refused_before_the_run_starts(tmp_path):
+    from infra.common.limits import cores
+    from vla_rl.config import load_config
+
+    cfg = load_config("configs/reach_state_ppo.yaml", [f"out_dir={tmp_path}", "torch_threads=100000"])
+    with pytest.raises(ConfigError, match=f"torch_threads=100000 must be between 1 and the {cores()} cores"):
+        cfg.check()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_training_config_naming_a_huge_policy_is_refused_before_the_policy_is_allocated(tmp_path, monkeypatch):
+    import policies
+    from vla_rl.config import load_config
+    from vla_rl.trainer import Trainer
+
+    built = []
+    monkeypatch.setattr(policies, "make_policy", lambda *a, **k: built.append(a) or pytest.fail("policy allocated"))
+    cfg = load_config("configs/reach_state_ppo.yaml", [f"out_dir={tmp_path}", "name=huge", "env.num_envs=2",
+                                                       "policy.hidden_sizes=[300000,300000]"])
+    with pytest.raises(ConfigError, match=r"the policy\.\* sizes of this config: [\d,]+ parameters need [\d.]+ GiB"):
+        Trainer(cfg)
+    assert built == []
+
+
 def test_a_checkpoint_naming_a_huge_policy_is_refused_before_allocation(tmp_path):
     from infra.common import checkpoint_io
     from vla_rl.checkpoint import CheckpointError
@@ -131,3 +155,13 @@ def test_the_instruction_cache_is_bounded_least_recently_used_first():
     assert set(cache._cache) == {"a", "c"}
     cache(["b", "kept"])  # b comes back through the encoder; a preloaded string never does
     assert cache.encoded == {"a": 1, "b": 2, "c": 1}
+
+
+@pytest.mark.parametrize("value", ["nan", "1e4", "-1"])
+def test_the_scheduler_benchmark_refuses_an_unbounded_inflation(value):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "scripts/bench_scheduler.py", "--inflate", value],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and f"argument --inflate: {value} is outside [0.1, 10]" in out.stderr

@@ -19,10 +19,8 @@ from sims.libero.scene import load_lan, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.toolchain.install import ensure_lan, ensure_tasks, export_lan
 from sims.libero.vec_env import (
-    CONTROLLERS,
     LIBERO_SPLITS,
     SETTLE_STEPS,
-    STARTS,
     LiberoEnvConfig,
     LiberoVectorEnv,
     jitter_roots,
@@ -223,23 +221,24 @@ def test_visual_faces_from_a_training_config_reaches_the_env_and_bad_values_are_
 
 def test_controller_and_starts_from_a_training_config_reach_the_env_config():
     """``env.controller`` and ``env.starts`` become the LIBERO config's fields (their values LIBERO's), default to
-    LIBERO's defaults, and are one-line errors for a bad value or on a gantry task."""
-    import typing
-
+    LIBERO's defaults, and are one-line errors for a bad value, on a gantry task or a gymnasium env."""
     from vla_rl.config import TrainEnvConfig
     from vla_rl.envs import sims_env_config
 
-    hints = typing.get_type_hints(TrainEnvConfig)
-    assert typing.get_args(hints["controller"]) == tuple(CONTROLLERS)
-    assert typing.get_args(hints["starts"]) == STARTS
+    assert (TrainEnvConfig().controller, TrainEnvConfig().starts) == ("servo", "jitter")
     cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", "env.controller=osc",
                                                    "env.starts=regions"])
     built = sims_env_config(cfg.env, num_envs=2, seed=0, split="train")
     assert isinstance(built, LiberoEnvConfig) and (built.controller, built.starts) == ("osc", "regions")
     default = sims_env_config(load_config(CONFIG_DIR / "libero.yaml").env, num_envs=10, seed=0)
     assert (default.controller, default.starts) == (LiberoEnvConfig.controller, LiberoEnvConfig.starts) == ("servo", "jitter")
-    with pytest.raises(ConfigError, match=r"^env.controller='pid' is not a valid choice; valid: servo, osc$"):
+    with pytest.raises(ConfigError, match=r"^env.controller='pid'; use one of servo, osc$"):
         load_config(CONFIG_DIR / "libero.yaml", ["env.controller=pid"])
+    with pytest.raises(ConfigError, match=r"^env.starts='grid'; use one of jitter, regions$"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.starts=grid"])
+    with pytest.raises(ConfigError, match=r"^env.starts='regions' is a setting of LIBERO tasks; .*remove it$"):
+        load_config(CONFIG_DIR / "default.yaml", ["env.kind=gym", "env.task=Pendulum-v1", "policy.name=mlp",
+                                                  "env.starts=regions"])
     for key in ("controller=osc", "starts=regions"):
         with pytest.raises(ConfigError, match=rf"^env.{key} is a setting of another suite; the gantry suite .*remove it$"):
             load_config(CONFIG_DIR / "default.yaml", [f"env.{key}"])
@@ -252,8 +251,8 @@ def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
     assert resolve_libero_task("libero_goal") == tuple(f"goal/{i}" for i in range(10))
     with pytest.raises(TypeError, match=r"reward"):  # LIBERO pays success only: its config has no reward
         LiberoEnvConfig(task="libero_spatial/0", reward="dense")
-    with pytest.raises(ValueError, match=r"split='paraphrase'.*valid: " + ", ".join(LIBERO_SPLITS)):
-        LiberoEnvConfig(task="libero_spatial/0", split="paraphrase").validate()
+    with pytest.raises(ValueError, match=r"split='composition'.*valid: " + ", ".join(LIBERO_SPLITS)):
+        LiberoEnvConfig(task="libero_spatial/0", split="composition").validate()
     with pytest.raises(ValueError, match=r"num_envs=4 .* use num_envs >= 10"):
         LiberoEnvConfig(task="libero_spatial", num_envs=4).validate()
     with pytest.raises(TypeError, match=r"env_offset"):  # a gantry setting: no field of LIBERO's config

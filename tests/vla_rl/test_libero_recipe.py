@@ -57,6 +57,8 @@ def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
             assert figure["episodes"] == 2 and 0.0 <= figure["ci95"][0] <= figure["success"] <= figure["ci95"][1]
             assert set(figure["tasks"]) == {"spatial/0"} and set(figure["suites"]) == {"spatial"}
         assert results["lan"]["tasks"]["spatial/0"]["instruction"] != results["fixed"]["tasks"]["spatial/0"]["instruction"]
+        beside = results["side_by_side"]["tasks"]["spatial/0"]  # lan beside the fixed-state figure
+        assert (beside["fixed"], beside["lan"]) == (results["fixed"]["success"], results["lan"]["success"])
     rl_header = (root / "rl" / "metrics.csv").read_text().splitlines()[0]
     assert "eval/validation/success" in rl_header and "eval/lan/success" not in rl_header  # lan stays held out
 

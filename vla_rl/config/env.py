@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 import sims
 from infra.common.typed_config import ConfigError
+from sims.libero.paraphrase import INSTRUCTION_MODES
 from sims.libero.scene import VISUAL_FACES
-from sims.libero.vec_env import LiberoEnvConfig
+from sims.libero.vec_env import CONTROLLERS, STARTS, LiberoEnvConfig
 from sims.registry import task_forms
 from vla_rl.config.ranges import _check_numbers
 
@@ -27,8 +28,8 @@ GYM_SPLITS = ("train", "validation")
 
 
 SUITE_ONLY = {"visual_faces": "visual_faces", "max_episode_steps": "max_steps", "warp_deterministic": "warp_deterministic",
-              "warp_uncaptured": "warp_uncaptured", "task_weights": "task_weights", "controller": "controller",
-              "starts": "starts"}
+              "warp_uncaptured": "warp_uncaptured", "task_weights": "task_weights", "instructions": "instructions",
+              "controller": "controller", "starts": "starts"}
 """Settings of :class:`TrainEnvConfig` that only some suites' configs have (the section's key -> the suite config's
 field): a suite whose config lacks the field refuses a value other than the section's default."""
 
@@ -79,10 +80,14 @@ class TrainEnvConfig:
     visual_faces: int | None = VISUAL_FACES
     """LIBERO only: triangle budget of each visual-only mesh (decimated copies, ``sims.libero.toolchain.lod``; at least
     ``sims.libero.scene.MIN_VISUAL_FACES``); ``null`` draws LIBERO's full meshes. Frames only: physics is the same."""
-    controller: Literal["servo", "osc"] = _LIBERO.controller
+    instructions: str = INSTRUCTION_MODES[0]
+    """LIBERO only: what training and validation episodes are instructed with: ``original`` (the task's own
+    instruction, LIBERO's protocol) or ``paraphrase`` (the task's own or one of its training paraphrases, drawn
+    per episode, ``sims.libero.paraphrase``; SFT draws one per frame); ``env.instructions`` of the env lists them all."""
+    controller: str = _LIBERO.controller
     """LIBERO only: the arm controller (``sims.libero.vec_env.CONTROLLERS``): ``servo`` (joint servos tracking
     LIBERO's end-effector deltas) or ``osc`` (LIBERO's own OSC_POSE on its torque motors, ``sims.libero.osc``)."""
-    starts: Literal["jitter", "regions"] = _LIBERO.starts
+    starts: str = _LIBERO.starts
     """LIBERO only: where ``train`` and ``validation`` episodes start (``sims.libero.vec_env.STARTS``): ``jitter``
     (LIBERO's fixed states, objects shifted by up to 1 cm) or ``regions`` (LIBERO's own placement rules,
     ``sims.libero.regions``: ``scripts/setup_libero.py --region-starts K`` writes them; ``backend=batch``)."""
@@ -105,12 +110,22 @@ class TrainEnvConfig:
         """Raise :class:`ConfigError` naming the first bad value: the numbers, a ``sims`` task, backend, reward,
         cameras and task weights. A gymnasium id is looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
         _check_numbers(self, "env.")
+        for key, valid in (("instructions", INSTRUCTION_MODES), ("controller", tuple(CONTROLLERS)), ("starts", STARTS)):
+            if getattr(self, key) not in valid:
+                raise ConfigError(f"env.{key}={getattr(self, key)!r}; use one of {', '.join(valid)}")
         if self.kind == "sims":
             _check_suite_env(self, env_suite(self))
             return
         if self.visual_faces != VISUAL_FACES:
             raise ConfigError(f"env.visual_faces={self.visual_faces} sets the mesh detail of LIBERO scenes; "
                               f"env.task={self.task!r} has none: remove it")
+        if self.instructions != INSTRUCTION_MODES[0]:
+            raise ConfigError(f"env.instructions={self.instructions!r} paraphrases LIBERO's instructions; "
+                              f"env.task={self.task!r} has none: remove it")
+        for key in ("controller", "starts"):
+            if getattr(self, key) != getattr(_LIBERO, key):
+                raise ConfigError(f"env.{key}={getattr(self, key)!r} is a setting of LIBERO tasks; env.task={self.task!r} "
+                                  "has none: remove it")
         if self.task_weights:
             raise ConfigError(f"env.task_weights weighs the tasks of a sims suite; env.kind={self.kind!r} has one "
                               "task: remove it")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from infra.common.files import unwritable
+from infra.common.limits import check_threads
 from infra.common.run_dir import check_run_name
 from infra.common.runlog import LogConfig
 from infra.common.typed_config import ConfigError, validate_section
@@ -124,6 +125,7 @@ class TrainConfig:
             ConfigError: The first problem found, naming its key and the fix.
         """
         self.validate()
+        check_threads(self.torch_threads, "torch_threads")
         if self.env.kind == "gym":
             _check_gym_id(self.env.task)
         else:

@@ -1,0 +1,114 @@
+"""LIBERO's instructions at evaluation: scripts/eval.py ``--instruction`` on a LIBERO run (whole sentences
+for one task), and scripts/eval_libero.py's fixed, _lan and paraphrase splits per task, side by side; and in
+SFT: with env.instructions=paraphrase each frame draws one of its task's training instructions.
+
+One PPO iteration of the VLA on spatial/0 at toy scale (two environments, 16x16 frames, 3-step episodes)
+makes the checkpoint; needs the LIBERO cache (spatial/0 and its _lan variant: exported if missing).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sims.libero.paraphrase import libero_training_groups, paraphrases
+from sims.libero.plugin import check_instructions
+from sims.libero.scene import load_lan, load_task
+from sims.libero.toolchain.install import ensure_lan
+from vla_rl.config import CONFIG_DIR, load_config
+from vla_rl.sft import ParaphraseResample
+from vla_rl.trainer import Trainer
+
+TOY = ["env.task=libero_spatial/0", "env.num_envs=2", "env.image_size=16", "policy.image_size=16",
+       "env.max_episode_steps=3", "eval.episodes=2", "eval.num_envs=2", "eval.every=0", "log.wandb=disabled",
+       "log.progress=false", "log.video=false", "policy.conv_channels=[8]", "policy.trunk_sizes=[32]",
+       "policy.width=16", "policy.critic_hidden_sizes=[32]", "total_env_steps=8", "ppo.rollout_steps=4",
+       "ppo.optim.num_minibatches=2"]
+
+
+@pytest.fixture(scope="module")
+def libero_run(tmp_path_factory):
+    ensure_lan(["spatial/0"])
+    out = tmp_path_factory.mktemp("runs")
+    trainer = Trainer(load_config(CONFIG_DIR / "libero.yaml", [*TOY, f"out_dir={out}", "name=lang"]))
+    trainer.train()
+    trainer.close()
+    return out / "lang"
+
+
+def test_user_instructions_instruct_a_libero_run(libero_run, tmp_path, script):
+    said = ["lift the bowl between the plate and the ramekin onto the plate", "plate, bowl: you know what to do"]
+    out = tmp_path / "eval.json"
+    args = ["--checkpoint", str(libero_run), "--split", "fixed", "--episodes", "4", "--num-envs", "2",
+            *(x for t in said for x in ("--instruction", t)), "--json", str(out)]
+    assert script("eval").main(args) == 0
+    results = json.loads(out.read_text())["results"]
+    assert sorted(results["instructions"]) == sorted(said)  # both were said, round robin
+    assert list(results["tasks"]) == ["spatial/0"] and results["episodes"] == 4
+
+
+def test_bad_libero_instructions_are_refused_before_running(libero_run, capsys, script):
+    args = ["--checkpoint", str(libero_run), "--split", "fixed", "--instruction", "put the {a} on the plate"]
+    assert script("eval").main(args) == 2
+    assert "a LIBERO instruction is a whole sentence" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"has 10; pick one with --task \(e.g. --task libero_spatial/0\)$"):
+        check_instructions("libero_spatial", None, ["pick up the bowl"])
+    with pytest.raises(ValueError, match=r"^--task libero_goal/1: not a task of the run's env.task=libero_spatial$"):
+        check_instructions("libero_spatial", "libero_goal/1", ["put the bowl on the stove"])
+    check_instructions("libero_spatial", "libero_spatial/4", ["pick up the bowl in the top drawer"])
+
+
+def test_protocol_reports_lan_and_paraphrase_beside_the_fixed_states(libero_run, tmp_path, script):
+    out = tmp_path / "protocol.json"
+    assert script("eval_libero").main(["--checkpoint", str(libero_run), "--json", str(out), "--episodes-per-task", "2",
+                                       "--envs-per-task", "2", "--splits", "fixed", "lan", "paraphrase"]) == 0
+    results = json.loads(out.read_text())["results"]
+    tasks = {s: results["splits"][s]["tasks"]["spatial/0"] for s in ("fixed", "lan", "paraphrase")}
+    assert tasks["fixed"]["instruction"] == load_task("spatial/0").instruction
+    assert tasks["lan"]["instruction"] == load_lan(load_task("spatial/0")).instruction
+    said = tasks["paraphrase"].get("instructions", [tasks["paraphrase"].get("instruction")])
+    assert set(said) <= set(paraphrases("spatial/0", "heldout"))
+    row = results["side_by_side"]["tasks"]["spatial/0"]
+    assert {k: row[k] for k in ("fixed", "lan", "paraphrase")} == {s: tasks[s]["success"] for s in tasks}
+    assert row["lan_minus_fixed"] == round(100 * (row["lan"] - row["fixed"]), 1)
+    assert set(results["side_by_side"]["suites"]["spatial"]) >= {"fixed", "lan", "paraphrase", "lan_minus_fixed"}
+
+
+def test_sft_draws_every_frame_a_training_instruction_of_its_task():
+    """env.instructions=paraphrase: SFT hands each frame its task's own instruction or one of its training
+    paraphrases, uniformly (the demonstrations recorded the task's own)."""
+    ensure_lan(["spatial/0"])
+    groups = libero_training_groups("libero_spatial/0", "paraphrase")
+    own = load_task("spatial/0").instruction
+    assert groups == [(own, *paraphrases("spatial/0", "train"))]
+    table = ["another task's instruction", *groups[0]]
+    resample = ParaphraseResample(table, [*groups, ("another task's instruction",)])
+    torch.manual_seed(0)
+    drawn = resample(torch.full((4900,), table.index(own)))
+    counts = torch.bincount(drawn, minlength=len(table))
+    assert counts[0] == 0 and (counts[1:] > 50).all() and counts[1:].max() < 160  # 49 members, 100 each expected
+    assert (resample(torch.zeros(5, dtype=torch.int64)) == 0).all()
+
+
+def test_a_libero_sft_run_with_paraphrases_trains_on_them(libero_run, tmp_path):
+    """The SFT stage of a LIBERO run with env.instructions=paraphrase: its frames (recorded with the task's own
+    instruction) reach the policy with the task's training instructions, several of them, nothing else."""
+    from vla_rl.demos.collect import CollectConfig, collect_demos
+
+    demos = tmp_path / "demos"
+    collect_demos(CollectConfig(task="libero_spatial/0", episodes=2, num_envs=2, keep_failures=True, image_size=16,
+                                cameras=("agentview", "robot0_eye_in_hand"), max_steps=3, out=demos), progress=False)
+    cfg = load_config(CONFIG_DIR / "libero.yaml", [*TOY, "algo=sft", f"sft.dataset={demos}", "sft.iterations=1",
+                                                   "sft.updates=2", "sft.batch_size=64", "env.instructions=paraphrase",
+                                                   f"out_dir={tmp_path}", "name=sft"])
+    trainer = Trainer(cfg)
+    try:
+        frames = trainer.algorithm.collect(None, None, 0, None).batch
+        texts = [trainer.collector.instructions[i] for i in frames["obs", "instruction"].tolist()]
+        trainer.train()
+    finally:
+        trainer.close()
+    allowed = {load_task("spatial/0").instruction, *paraphrases("spatial/0", "train")}
+    assert set(texts) <= allowed and len(set(texts)) > 20
