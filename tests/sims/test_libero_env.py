@@ -237,8 +237,7 @@ def test_controller_and_starts_from_a_training_config_reach_the_env_config():
     with pytest.raises(ConfigError, match=r"^env.starts='grid'; use one of jitter, regions$"):
         load_config(CONFIG_DIR / "libero.yaml", ["env.starts=grid"])
     with pytest.raises(ConfigError, match=r"^env.starts='regions' is a setting of LIBERO tasks; .*remove it$"):
-        load_config(CONFIG_DIR / "default.yaml", ["env.kind=gym", "env.task=Pendulum-v1", "policy.name=mlp",
-                                                  "env.starts=regions"])
+        TrainEnvConfig(kind="gym", task="Pendulum-v1", starts="regions").validate()
     for key in ("controller=osc", "starts=regions"):
         with pytest.raises(ConfigError, match=rf"^env.{key} is a setting of another suite; the gantry suite .*remove it$"):
             load_config(CONFIG_DIR / "default.yaml", [f"env.{key}"])
