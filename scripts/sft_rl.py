@@ -6,7 +6,7 @@
     python scripts/sft_rl.py seed=1 sft.sft.iterations=400 rl.total_env_steps=1000000 --json out.json
 
 Writes ``{machine, config, results: {sft: {split: {success, ci95, success_<task>...}}, rl: {...}},
-checkpoints: {sft, rl}, wall_s}``; relaunching the same command continues an interrupted recipe.
+checkpoints: {sft, rl}, wall_s}``, after every stage's training and test too; relaunching the same command continues an interrupted recipe.
 """
 
 from __future__ import annotations
@@ -37,20 +37,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=output_path, required=True, help="where to write the figures")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted recipe overrides")
     args = parser.parse_intermixed_args(argv)
+    machine = machine_info()
+
+    def write(out: dict) -> None:  # after every stage too: a run cut short by a time limit keeps its figures
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
+        tmp.write_text(json.dumps({"machine": machine, **out}, indent=2, default=str))
+        tmp.replace(args.json)
+
     try:
         recipe = load_recipe(args.config, args.overrides)
-        out = run_recipe(recipe)
+        out = run_recipe(recipe, on_stage=write)
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RecipeStopped as exc:
         print(str(exc))
         return 0
-    report = {"machine": machine_info(), **out}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    tmp.replace(args.json)
+    write(out)
     for stage, results in out["results"].items():
         for split, r in results.items():
             if isinstance(r, dict) and "ci95" in r:  # (a LIBERO stage also holds its protocol)

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,9 +233,9 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def _test_libero(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
+def _test_libero(run_dir: Path, recipe: RecipeConfig, device: str) -> dict[str, Any]:
     """LIBERO's protocol on each test split: per task, and overall over the run's tasks."""
-    protocol = libero_protocol(run_dir, recipe.test.splits, recipe.test.episodes, recipe.test.num_envs)
+    protocol = libero_protocol(run_dir, recipe.test.splits, recipe.test.episodes, recipe.test.num_envs, device=device)
     out: dict[str, Any] = {"protocol": protocol["protocol"]}
     for split, r in protocol["splits"].items():
         n = sum(t["episodes"] for t in r["tasks"].values())
@@ -245,20 +246,25 @@ def _test_libero(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
     return out
 
 
-def _test(run_dir: Path, recipe: RecipeConfig, libero: bool) -> dict[str, Any]:
+def _test(run_dir: Path, recipe: RecipeConfig, libero: bool, device: str) -> dict[str, Any]:
+    """The test splits of one stage's checkpoint, its policy on ``device`` (the stage's training device)."""
     if libero:
-        return _test_libero(run_dir, recipe)
+        return _test_libero(run_dir, recipe, device)
     out = {}
     for split in recipe.test.splits:
-        report = evaluate_checkpoint(run_dir, split, recipe.test.episodes, recipe.test.num_envs, record=False).report()
+        report = evaluate_checkpoint(run_dir, split, recipe.test.episodes, recipe.test.num_envs, device=device,
+                                     record=False).report()
         out[split] = {"success": report["success"], "ci95": report["ci95"], "episodes": report["episodes"],
                       **{f"success_{t}": r["success"] for t, r in report["tasks"].items()},
                       "tasks": report["tasks"]}
     return out
 
 
-def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
-    """Run (or continue) every stage; returns ``{config, results: {sft, rl}, checkpoints, wall_s, stage_wall_s}``."""
+def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run (or continue) every stage; returns ``{config, results: {sft, rl}, checkpoints, wall_s, stage_wall_s}``.
+
+    ``on_stage`` gets that dict so far after each stage's training and after its test (a run stopped
+    by a time limit keeps what it finished)."""
     start = time.perf_counter()
     root = _root(recipe)
     walls: dict[str, float] = {}
@@ -277,18 +283,23 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}
+
+    def report() -> dict[str, Any]:
+        return {"config": {"recipe": dataclasses.asdict(recipe), **{s: to_dict(c) for s, c in configs.items()}},
+                "results": results, "checkpoints": {s: str(root / s / "checkpoints" / "latest.pt") for s in configs},
+                "wall_s": time.perf_counter() - start, "stage_wall_s": walls}
+
     for stage in recipe.stages:
         cfg = configs[stage] = planned[stage]  # Trainer checks its inputs, which exist by now
         t = time.perf_counter()
         summary = _train(cfg)
         walls[stage] = time.perf_counter() - t
+        results[stage] = {"train_wall_time_s": summary["wall_time_s"]}
+        if on_stage is not None:
+            on_stage(report())
         t = time.perf_counter()
-        results[stage] = _test(root / stage, recipe, is_libero(env)) | {"train_wall_time_s": summary["wall_time_s"]}
+        results[stage] |= _test(root / stage, recipe, is_libero(env), cfg.device)
         walls[f"test_{stage}"] = time.perf_counter() - t
-    return {
-        "config": {"recipe": dataclasses.asdict(recipe), **{s: to_dict(c) for s, c in configs.items()}},
-        "results": results,
-        "checkpoints": {s: str(root / s / "checkpoints" / "latest.pt") for s in recipe.stages},
-        "wall_s": time.perf_counter() - start,
-        "stage_wall_s": walls,
-    }
+        if on_stage is not None:
+            on_stage(report())
+    return report()
