@@ -237,6 +237,8 @@ class WarpBackend:
     """
 
     renders = True
+    deferred: Any = None
+    """A :class:`sims.deferred.DeferredChecks` while the overflow check is deferred (see its module)."""
 
     def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, device: str = "auto",
                  render: RenderConfig | None = None, colour_geoms: np.ndarray | None = None,
@@ -397,7 +399,9 @@ class WarpBackend:
                 if self._capture:
                     self._step_graph = self._graph(self._substeps)
         full = self._overflow & self._capacity  # sticky per world until its reset
-        if bool(full.any()):
+        if self.deferred is not None:  # read once at the block's end (sims.deferred), not per step
+            self.deferred.add("overflow", full != 0)
+        elif bool(full.any()):
             worlds = torch.nonzero(full).flatten()[:10].tolist()
             raise RuntimeError(f"mujoco_warp overflow in worlds {worlds} (flags {self._overflow[worlds].tolist()}): "
                                f"raise sims.warp_backend.NCONMAX / NJMAX (now {NCONMAX} / {NJMAX})")
