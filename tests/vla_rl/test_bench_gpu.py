@@ -124,6 +124,12 @@ def test_bench_gpu_smoke_writes_every_figure(tmp_path):
     # What ran: the fast mode, and no CUDA graphs on Warp's CPU device.
     assert sims_row["warp_determinism"] == report["config"]["determinism"] == "off"
     assert sims_row["warp_graphs_captured"] == {"step": False, "render": False}
+    # Eager on both paths here: the capture check must find them equal, and no check failed.
+    check = sims_row["warp_capture_check"]
+    assert check["match"] and check["qpos_max_abs_diff"] == check["pixel_max_abs_diff"] == 0.0, check
+    assert sims_row["failed_checks"] == [] and report["results"]["failed_checks"] == {}
+    syncs = report["results"]["host_syncs"]
+    assert syncs["constant"] and syncs["rollout_4"]["syncs"] == syncs["rollout_8"]["syncs"] <= 3, syncs
     training = report["results"]["training"]
     for mode in ("inprocess", "colocated"):
         assert training[mode]["env_steps_per_s"] > 0 and training[mode]["iterations_measured"] == 1, training[mode]
