@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from vla_rl import recipe as R
 from vla_rl.config import CONFIG_DIR
 
@@ -70,3 +73,57 @@ def test_the_benchmark_and_the_trainers_import_without_ffmpeg():
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
+
+
+sys.path.insert(0, str(ROOT / "scripts" / "device"))
+import preflight  # noqa: E402
+
+
+def test_preflight_says_what_it_found_and_the_fix():
+    assert preflight.check_tensordict("2.11.0+cu130", ">=2.11.0a0", None) == (
+        True, "requires torch >=2.11.0a0, found 2.11.0+cu130")
+    ok, message = preflight.check_tensordict("2.10.1", ">=2.11.0a0", None)
+    assert not ok and "needs torch >=2.11.0a0, this machine has 2.10.1: bring an older tensordict wheel" in message
+    ok, message = preflight.check_tensordict("2.11.0", ">=2.11.0a0", "tensordict._C: ImportError: undefined symbol")
+    assert not ok and "compiled extension does not load with torch 2.11.0 (tensordict._C: ImportError" in message
+    assert preflight.check_minimum("transformers", "5.25.0", "5.24") == (True, "5.25.0 (>= 5.24)")
+    assert preflight.check_minimum("transformers", "4.57.1", "5.24")[1] == (
+        "transformers 4.57.1 is older than the project's minimum 5.24: bring a newer wheel")
+    assert not preflight.check_minimum("transformers", None, "5.24")[0]
+    assert preflight.check_mujoco_gl("egl") == (True, "egl")
+    assert preflight.check_mujoco_gl(None)[1].startswith("MUJOCO_GL=None: set MUJOCO_GL=egl")
+    h100 = "/usr/share/glvnd/egl_vendor.d/10_nvidia.json"  # another image's place: found there
+    assert preflight.check_egl_vendor(None, exists=lambda p: p == h100) == (True, h100, h100)
+    ok, message, _ = preflight.check_egl_vendor("/nowhere.json", exists=lambda p: False)
+    assert not ok and message.startswith("__EGL_VENDOR_LIBRARY_FILENAMES=/nowhere.json does not exist")
+    assert not preflight.check_egl_vendor(None, exists=lambda p: False)[0]
+    assert preflight._project_minimum("transformers") == "5.24"
+
+
+def test_embeddings_file_stands_in_for_minilm(tmp_path, monkeypatch):
+    from policies import embedding_file, encoders
+
+    strings = ["put the red block on the blue block", "push the green block to the left"]
+    written = embedding_file.save_embeddings(tmp_path / "e.pt", strings, 24)
+    want_sentence = encoders.shared_sentence_cache()(strings)
+    want_tokens = encoders.shared_token_cache(24)(strings)
+    # A fresh process's caches, whose encoder must never run: every string comes from the file.
+    fresh = {"sentence": encoders.SentenceCache(encode=lambda s: pytest.fail(f"encoded {s}")),
+             "tokens": encoders.SentenceCache(encode=lambda s: pytest.fail(f"encoded {s}"))}
+    monkeypatch.setattr(embedding_file, "shared_sentence_cache", lambda: fresh["sentence"])
+    monkeypatch.setattr(embedding_file, "shared_token_cache", lambda n: fresh["tokens"])
+    assert written["strings"] == 2 and embedding_file.preload_embeddings(tmp_path / "e.pt") == 2
+    assert torch.allclose(fresh["sentence"](strings), want_sentence, atol=1e-3)
+    tokens = fresh["tokens"](strings)
+    assert tokens.shape == want_tokens.shape and torch.allclose(tokens, want_tokens, atol=1e-3)
+    assert torch.equal(tokens.abs().sum(-1) == 0, want_tokens.abs().sum(-1) == 0)  # the padding rows stay zero
+    with pytest.raises(ValueError, match="not an instruction-embeddings file"):
+        torch.save({"x": 1}, tmp_path / "bad.pt")
+        embedding_file.preload_embeddings(tmp_path / "bad.pt")
+
+
+def test_rehearsal_fast_part_passes():
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "device" / "rehearse.sh"), "--quick"], cwd=ROOT,
+                         env={**os.environ, "PYTHON": sys.executable, "MUJOCO_GL": "egl"}, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and "rehearse --quick: ok" in run.stdout, run.stderr[-2000:]
