@@ -19,7 +19,8 @@
 # (a 3.12 torch from PyPI is the 2.5 GB CUDA build), so here REHEARSE_PYTHON=python3.11 is what runs:
 # the transfers are then built for 3.11 (DEVICE_PY), with the same versions.
 # Settings: REHEARSE_PYTHON, PYTHON (the interpreter whose versions the transfers take; .venv's),
-# REHEARSE_DIR (scratch; default a temporary folder, removed unless KEEP=1).
+# REHEARSE_DIR (scratch; default a temporary folder, removed after), REHEARSE_TRANSFERS (a DEST of
+# prepare.sh built for REHEARSE_PYTHON's version, reused instead of building the transfers again).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(git -C "$here" rev-parse --show-toplevel)
@@ -60,18 +61,25 @@ quick
 rehearse_python=${REHEARSE_PYTHON:-/root/.pyenv/versions/3.12.1/bin/python}
 py_version=$("$rehearse_python" -c "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')")
 scratch=${REHEARSE_DIR:-$(mktemp -d)}
-if [[ ${KEEP:-0} != 1 && -z ${REHEARSE_DIR:-} ]]; then trap 'rm -rf "$scratch"' EXIT; fi
+if [[ -z ${REHEARSE_DIR:-} ]]; then trap 'rm -rf "$scratch"' EXIT; fi
 tree=$scratch/tree site=$scratch/site out=$scratch/out stash=$scratch/stash venv=$scratch/venv
 mkdir -p "$tree" "$site" "$out" "$stash"
 began=$(date +%s)
 echo "rehearse: the tree as a call sends it -> $tree"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tree"
-echo "rehearse: the transfers for Python $py_version"
-DEST=$stash DEVICE_PY=$py_version LIBERO=0 PYTHON=$python bash "$here/prepare.sh"
+if [[ -n ${REHEARSE_TRANSFERS:-} ]]; then  # transfers prepare.sh built before (DEST=..., DEVICE_PY=$py_version)
+  echo "rehearse: the transfers of $REHEARSE_TRANSFERS"
+  cp -r "$REHEARSE_TRANSFERS"/.dev1 "$REHEARSE_TRANSFERS"/.dev2 "$REHEARSE_TRANSFERS"/.dev3 "$REHEARSE_TRANSFERS"/.gl "$stash/"
+else
+  echo "rehearse: the transfers for Python $py_version"
+  DEST=$stash DEVICE_PY=$py_version LIBERO=0 PYTHON=$python bash "$here/prepare.sh"
+fi
 
 echo "rehearse: a fresh virtual environment of $rehearse_python with what the GPU machine has (this disk only)"
 "$rehearse_python" -m venv "$venv"
 mapfile -t has < <(sed -e 's/#.*//' -e '/^\s*$/d' "$here/gpu_machine.txt")
+mapfile -t has < <("$python" -c "import importlib.metadata as m, sys
+for d in sys.argv[1:]: print(f'{d}=={m.version(d)}')" "${has[@]}")  # the versions the tests ran
 if ! PIP_INDEX_URL=file:///opt/pypi/simple PIP_EXTRA_INDEX_URL=file:///opt/pypi-more/simple \
     "$venv/bin/python" -m pip install -q --only-binary=:all: "${has[@]}"; then
   echo "rehearse: what the GPU machine has does not install for Python $py_version from this disk (no torch" \

@@ -127,3 +127,17 @@ def test_rehearsal_fast_part_passes():
                          env={**os.environ, "PYTHON": sys.executable, "MUJOCO_GL": "egl"}, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0 and "rehearse --quick: ok" in run.stdout, run.stderr[-2000:]
+
+
+@pytest.mark.slow  # two processes, each a VLA trainer on Warp's CPU device: minutes on 2 cores
+def test_two_ranks_share_one_device_through_gloo(tmp_path):
+    out = tmp_path / "dp.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "device" / "dp_one_gpu.py"), "--device", "cpu",
+                          "--iterations", "1", "--json", str(out), "env.num_envs=4", "ppo.rollout_steps=4"],
+                         cwd=ROOT, env={**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl"},
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["ranks"] == 2 and report["backend"] == "gloo" and report["weights_equal"] is True
+    assert len(report["env_steps_per_s_per_rank"]) == 2 and min(report["env_steps_per_s_per_rank"]) > 0
+    assert "env.backend=warp" in report["overrides"] and "device=cpu" in report["overrides"]
