@@ -7,7 +7,8 @@
 #    RECIPE_SFT_ITERS SFT iterations (300), RECIPE_RL_STEPS RL env steps (1,000,000, the recipe's),
 #    RECIPE_TEST_EPISODES per split (256) -> OUT/sft_rl.json, rewritten after every stage;
 # 2. scripts/llm_rlvr.py on the same device with a tiny randomly initialised Hugging Face model
-#    (scripts/llm_tiny_model.py, one-digit sums) -> OUT/llm_rlvr.json.
+#    (scripts/llm_tiny_model.py, one-digit sums) -> OUT/llm_rlvr.json; skipped, with the reason in
+#    that JSON, where transformers is under the project's minimum (the lent machines have 5.17).
 # All of it within RECIPE_BUDGET_S (530 s: one device call may run 600, and 560 is the project's
 # bound): the recipe stops at the budget less LLM_RESERVE_S (90 s), the tiny model gets 30 s and the
 # LLM run what is left; a stage cut short leaves the JSON of the stages before it.
@@ -61,6 +62,12 @@ timeout --signal=TERM "$(( $(left) - reserve ))" "${launch[@]}" scripts/sft_rl.p
   rl.log.progress=false "${on_device[@]}" "${size[@]}" || rc=$?
 echo "recipe: exit $rc after $(( $(date +%s) - began )) s"
 
+if ! why=$("$python" scripts/device/preflight.py --llm); then  # transformers under the minimum (the lent machines')
+  reason=$(echo "$why" | grep FAIL | head -1)
+  echo "llm_rlvr: skipped: $reason"
+  "$python" -c "import json, sys; print(json.dumps({'skipped': sys.argv[1]}))" "$reason" > "$out/llm_rlvr.json"
+  exit "$rc"
+fi
 lm=$out/tiny_lm
 timeout 30 "$python" scripts/llm_tiny_model.py "$lm" --data "$lm/sums.jsonl" >/dev/null
 llm_began=$(date +%s)

@@ -9,13 +9,15 @@ is 1 when any failed, so a call stops here, in seconds, and not minutes into a r
 - ``python``, ``torch``: the versions, CUDA and the GPU torch sees;
 - ``tensordict``: its version against the torch its metadata requires, and any compiled extension it
   ships importing against this torch (a mismatch fails at import, or worse, at the first op);
-- ``transformers`` (``--recipe``): at least the project's minimum (pyproject.toml);
 - ``MUJOCO_GL``: ``egl`` (a warp-only run imports MuJoCo's renderer module, which without it tries
   a display); ``EGL vendor``: the NVIDIA vendor JSON ``__EGL_VENDOR_LIBRARY_FILENAMES`` names, or one of
   the places other GPU models' images keep it;
 - ``warp``: it loads, sees a CUDA device, and has its memory pool on (CUDA graphs need it);
 - ``imports``: every third-party module the GPU scripts reach (``scripts/check_imports.py``);
-- ``language`` (``--recipe``): MiniLM's package, or an embeddings file that covers the recipe.
+- ``language`` (``--recipe``): MiniLM's package, or an embeddings file that covers the recipe;
+- ``--llm`` alone: ``transformers`` at the project's minimum (pyproject.toml; the lent machines have
+  5.17, under 5.24) and the LLM scripts' imports, which ``scripts/gpu_recipe.sh`` asks before its
+  LLM part, skipping that part (saying why) when they fail.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "scripts" / "device
 EGL_VENDOR_PATHS = ("/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json",
                     "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/etc/glvnd/egl_vendor.d/10_nvidia.json")
 BENCH_SCRIPTS = ("scripts/bench_sims_gpu.py",)
-RECIPE_SCRIPTS = ("scripts/sft_rl.py", "scripts/llm_rlvr.py", "scripts/llm_tiny_model.py")
+RECIPE_SCRIPTS = ("scripts/sft_rl.py",)
+LLM_SCRIPTS = ("scripts/llm_rlvr.py", "scripts/llm_tiny_model.py")
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -169,11 +172,18 @@ def run_checks(recipe: bool, embeddings: str | None, cuda: bool) -> list[tuple[s
     out.append(("imports", not missing, "all found" if not missing else "missing " + ", ".join(
         f"{m} (imported by {sorted(f)[0]})" for m, f in sorted(missing.items()))))
     if recipe:
-        found = (importlib.metadata.version("transformers")
-                 if importlib.util.find_spec("transformers") is not None else None)
-        out.append(("transformers", *check_minimum("transformers", found, _project_minimum("transformers"))))
         out.append(("language", *_language_found(embeddings)))
     return out
+
+
+def llm_checks() -> list[tuple[str, bool, str]]:
+    """What the recipe's LLM part needs: transformers at the project's minimum, and its scripts' imports."""
+    import check_imports
+
+    found = importlib.metadata.version("transformers") if importlib.util.find_spec("transformers") else None
+    missing = check_imports.missing_modules([ROOT / s for s in LLM_SCRIPTS])
+    return [("transformers", *check_minimum("transformers", found, _project_minimum("transformers"))),
+            ("LLM imports", not missing, "all found" if not missing else "missing " + ", ".join(sorted(missing)))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,9 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", action="store_true", help="also what the recipe needs")
     parser.add_argument("--embeddings", help="the instruction-embeddings file standing in for MiniLM")
     parser.add_argument("--cpu", action="store_true", help="no GPU expected (the rehearsal on Warp's CPU device)")
+    parser.add_argument("--llm", action="store_true",
+                        help="only what the recipe's LLM part needs (transformers' minimum, its imports)")
     parser.add_argument("--json", type=Path, help="also write the findings here")
     args = parser.parse_args(argv)
-    checks = run_checks(args.recipe, args.embeddings, cuda=not args.cpu)
+    checks = llm_checks() if args.llm else run_checks(args.recipe, args.embeddings, cuda=not args.cpu)
     for name, ok, message in checks:
         print(f"preflight: {'ok  ' if ok else 'FAIL'} {name}: {message}", flush=True)
     if args.json:

@@ -42,6 +42,13 @@ wheel() {  # wheel DIR DIST: DIST's manylinux wheel for DEVICE_PY at PYTHON's ve
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$1" "$2==$(version "$2")"
 }
+xz_cached() {  # xz_cached SRC DEST: SRC as xz -9 (minutes on 2 cores), kept by content in ~/.cache for reruns
+  local cache="${XDG_CACHE_HOME:-$HOME/.cache}/vla_rl_device" key
+  key=$(sha256sum "$1" | cut -c1-32)
+  mkdir -p "$cache"
+  if [[ ! -s $cache/$key.xz ]]; then xz -9 -T2 -c "$1" > "$cache/$key.xz.tmp" && mv "$cache/$key.xz.tmp" "$cache/$key.xz"; fi
+  cp "$cache/$key.xz" "$2"
+}
 mib() { "$python" -c "import pathlib, sys; print(sum(f.stat().st_size for a in sys.argv[1:] for f in
   ([pathlib.Path(a)] if pathlib.Path(a).is_file() else pathlib.Path(a).rglob('*')) if f.is_file()) / 2**20)" "$@"; }
 tree_mib=$(git ls-files -co --exclude-standard -z | xargs -0 "$python" -c "import os, sys
@@ -58,7 +65,7 @@ done
 # imageio-ffmpeg: the package without its binary (.dev1: importing it needs no ffmpeg), the binary as xz (.dev3).
 mkdir "$work/ffmpeg" && (cd "$work/ffmpeg" && unzip -q "$work"/imageio_ffmpeg-*.whl)
 binary=$(cd "$work/ffmpeg/imageio_ffmpeg/binaries" && ls ffmpeg-*)
-xz -9 -T2 -c "$work/ffmpeg/imageio_ffmpeg/binaries/$binary" > "$dest/.dev3/ffmpeg.xz"
+xz_cached "$work/ffmpeg/imageio_ffmpeg/binaries/$binary" "$dest/.dev3/ffmpeg.xz"
 echo "$binary" > "$dest/.dev3/ffmpeg_name"
 rm "$work/ffmpeg/imageio_ffmpeg/binaries/$binary"
 tar -C "$work/ffmpeg" -cJf "$dest/.dev1/imageio_ffmpeg_pkg.tar.xz" imageio_ffmpeg \
@@ -77,7 +84,7 @@ apt-get "${apt[@]}" update > /dev/null
 # examples; the core library as xz, split so that .dev1 fills up to 60 MiB with the tree.
 mkdir "$work/warp" && (cd "$work/warp" && unzip -q "$work"/warp_lang-*.whl)
 rm -rf "$work/warp/warp/bin/warp-clang.so" "$work/warp/warp/examples"
-xz -9 -T2 -c "$work/warp/warp/bin/warp.so" > "$work/warp.so.xz"
+xz_cached "$work/warp/warp/bin/warp.so" "$work/warp.so.xz"
 rm "$work/warp/warp/bin/warp.so"
 tar -C "$work/warp" -cJf "$dest/.dev1/warp_pkg.tar.xz" warp $(cd "$work/warp" && ls -d warp_lang-*.dist-info)
 first=$("$python" -c "print(int((60 - $tree_mib - $(mib "$dest/.dev1" "$dest/.gl")) * 2**20))")
