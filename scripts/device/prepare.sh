@@ -3,9 +3,9 @@
 # of at most 64 MiB each with the working tree (which travels with every one):
 #   .dev1/ + .gl/  the cp312 wheels of packages.txt, warp without its core library, imageio-ffmpeg
 #                  without its ffmpeg binary, the core's first piece; NVIDIA's GL loader packages
-#   .dev2/  the core's second piece (warp.so is 299 MB, 78 MB as xz), the recipe's instruction
-#           embeddings (the machine has no MiniLM; scripts/device/embed_instructions.py)
-#   .dev3/  imageio-ffmpeg's ffmpeg binary as xz (173 MB, 48 MB as xz): only video needs it
+#   .dev2/  the core's second piece (warp.so is 299 MB, 78 MB as xz)
+#   .dev3/  imageio-ffmpeg's ffmpeg binary as xz (173 MB, 48 MB as xz): only video needs it; the
+#           recipe's instruction embeddings (no MiniLM there; scripts/device/embed_instructions.py)
 #   .dev4/  the LIBERO Spatial suite's tasks from the task cache, as xz (prepare_libero.sh, run last)
 # Versions are PYTHON's (.venv's), so the GPU runs what the tests ran. Run once here (a few minutes,
 # mostly xz):   bash scripts/device/prepare.sh
@@ -78,7 +78,7 @@ apt-get "${apt[@]}" update > /dev/null
 (cd "$dest/.gl" && apt-get "${apt[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 > /dev/null)
 
 # The recipe's instructions, embedded here (MiniLM is installed here, not there).
-"$python" "$here/embed_instructions.py" "$dest/.dev2/instruction_embeddings.pt"
+"$python" "$here/embed_instructions.py" "$dest/.dev3/instruction_embeddings.pt"
 
 # warp: the package without its CPU kernel compiler (warp-clang.so; the GPU compiles with NVRTC) and
 # examples; the core library as xz, split so that .dev1 fills up to 60 MiB with the tree.

@@ -89,7 +89,7 @@ def test_device_scripts_parse_and_carry_what_each_call_unpacks():
     prepare_libero = (DEVICE / "prepare_libero.sh").read_text()
     for made in (".dev1/warp_pkg.tar.xz", ".dev1/warp.so.xz.1", ".dev2/warp.so.xz.2", ".dev3/ffmpeg.xz",
                  ".dev1/imageio_ffmpeg_pkg.tar.xz", ".dev3/ffmpeg_name", ".dev4/libero_bundle.tar.xz",
-                 ".dev2/instruction_embeddings.pt"):
+                 ".dev3/instruction_embeddings.pt"):
         call = (DEVICE / f"call{made[4]}.sh").read_text()
         assert made in (prepare_libero if made.startswith(".dev4") else prepare) and made in call, made
     # prepare.sh builds .dev4 too, every call gets gpu_env.sh, and call4 points the task cache at the bundle.
