@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 import torch
 from bench_report import device_sync, output_path, write_report
-from bench_train_device import measure_training, train_config
+from bench_train_device import _stand_in_embeddings, measure_training, train_config
 
 from sims.capture_check import compare_captured_and_eager
 from sims.render import RenderConfig
@@ -141,6 +141,7 @@ def measure_host_syncs(device: str, num_envs: int, steps: int) -> dict[str, Any]
     for t in (steps, 2 * steps):
         cfg = train_config("colocated", device, num_envs, t, 3, Path(tempfile.mkdtemp(prefix="bench_syncs_")),
                            ("ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false"))
+        out["embeddings"] = _stand_in_embeddings(cfg)  # without MiniLM (the GPU machine): never read per step
         trainer = Trainer(cfg)
         try:
             trainer.step()
