@@ -78,8 +78,7 @@ fi
 echo "rehearse: a fresh virtual environment of $rehearse_python with what the GPU machine has (this disk only)"
 "$rehearse_python" -m venv "$venv"
 mapfile -t has < <(sed -e 's/#.*//' -e '/^\s*$/d' "$here/gpu_machine.txt")
-mapfile -t has < <("$python" -c "import importlib.metadata as m, sys
-for d in sys.argv[1:]: print(f'{d}=={m.version(d)}')" "${has[@]}")  # the versions the tests ran
+has+=("torch==$("$python" -c "import torch; print(torch.__version__)")")  # the CPU build the tests ran
 if ! PIP_INDEX_URL=file:///opt/pypi/simple PIP_EXTRA_INDEX_URL=file:///opt/pypi-more/simple \
     "$venv/bin/python" -m pip install -q --only-binary=:all: "${has[@]}"; then
   echo "rehearse: what the GPU machine has does not install for Python $py_version from this disk (no torch" \
