@@ -59,7 +59,7 @@ on_device=("sft.device=$device" sft.env.backend=warp "sft.env.warp_device=$devic
 rc=0
 timeout --signal=TERM "$(( $(left) - reserve ))" "${launch[@]}" scripts/sft_rl.py --json "$out/sft_rl.json" \
   name=gpu-recipe "out_dir=$out/runs" "test.splits=[train,paraphrase]" sft.log.progress=false \
-  rl.log.progress=false "${on_device[@]}" "${size[@]}" || rc=$?
+  rl.log.progress=false sft.log.wandb=disabled rl.log.wandb=disabled "${on_device[@]}" "${size[@]}" || rc=$?
 echo "recipe: exit $rc after $(( $(date +%s) - began )) s"
 
 if ! why=$("$python" scripts/device/preflight.py --llm); then  # transformers under the minimum (the lent machines')
