@@ -8,9 +8,9 @@ import torch
 
 pytest.importorskip("mujoco_warp")
 
-import sims  # noqa: E402
-from sims.capture_check import compare_captured_and_eager  # noqa: E402
-from sims.render import RenderConfig  # noqa: E402
+import sims
+from sims.capture_check import compare_captured_and_eager
+from sims.render import RenderConfig
 
 
 @pytest.fixture(scope="module")
