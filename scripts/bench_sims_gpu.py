@@ -51,6 +51,7 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
