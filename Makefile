@@ -6,7 +6,7 @@ export PYOPENGL_PLATFORM ?= egl
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup train test test-fast lint bench
+.PHONY: setup train test test-fast lint bench rehearse
 
 setup:
 	@VENV=$(VENV) bash scripts/setup_env.sh
@@ -22,3 +22,7 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# The GPU machine's device session replayed on this CPU (scripts/device/rehearse.sh; --quick runs in make test).
+rehearse: setup
+	PYTHON=$(PY) bash scripts/device/rehearse.sh $(ARGS)

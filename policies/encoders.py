@@ -142,11 +142,12 @@ class SpatialAttentionReadout(nn.Module):
         size = math.isqrt(self.grid.shape[0])
         cell = 2.0 / max(size - 1, 1)
         inside = torch.isfinite(points).all(-1) & (points.abs() <= 1.0).all(-1)
-        if not bool(inside.any()):
-            return logits.sum() * 0.0
-        squared = ((self.grid.unsqueeze(0) - points[inside].unsqueeze(1)) ** 2).sum(-1)  # [b, hw]
+        # Weighted, not masked: a boolean gather would make the host wait for the device each minibatch.
+        safe = torch.where(inside.unsqueeze(-1), points, torch.zeros_like(points))
+        squared = ((self.grid.unsqueeze(0) - safe.unsqueeze(1)) ** 2).sum(-1)  # [B, hw]
         label = torch.softmax(-squared / (2.0 * (sigma * cell) ** 2), dim=-1)
-        return -(label * torch.log_softmax(logits[inside, head], dim=-1)).sum(-1).mean()
+        per_row = -(label * torch.log_softmax(logits[:, head], dim=-1)).sum(-1)
+        return (per_row * inside).sum() / inside.sum().clamp(min=1)
 
 
 class TokenAttention(nn.Module):

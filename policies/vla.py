@@ -225,6 +225,8 @@ class VLAPolicy(ActorCritic):
         "trunk", "head",
     )
 
+    _indices_checked = False  # whether a batch's instruction indices were checked since set_instructions
+
     def __init__(
         self, cfg: VLAConfig, obs_spec: ObsSpec, action_dim: int, sentences: SentenceCache | None = None
     ) -> None:
@@ -325,6 +327,7 @@ class VLAPolicy(ActorCritic):
         embeddings = self.embed_instructions(instructions)
         self.instructions = tuple(instructions)
         self.instruction_embeddings = embeddings.to(self.instruction_embeddings.device)
+        self._indices_checked = False
 
     def _embedding(self, obs: TensorDictBase) -> torch.Tensor:
         """The batch's own ``instruction_embedding`` where it carries one (a deployed actor's input, SFT's
@@ -343,11 +346,14 @@ class VLAPolicy(ActorCritic):
             raise ValueError(
                 f"{self.cfg.instruction_key!r} must be int64 [N]; got {index.dtype} {tuple(index.shape)}."
             )
-        if bool((index < 0).any() | (index >= count).any()):
+        # The first batch after set_instructions is checked (a host read); later ones rely on the
+        # gather's own bounds check: a read per act and value call would stall a GPU every step.
+        if not self._indices_checked and bool((index < 0).any() | (index >= count).any()):
             raise IndexError(
                 f"instruction index out of range [0, {count}); the policy holds {count} instructions. "
                 f"Call set_instructions with the environment's instruction list."
             )
+        self._indices_checked = True
         return self.instruction_embeddings[index]
 
     # --- observation -> features ------------------------------------------------------------

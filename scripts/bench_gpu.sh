@@ -17,7 +17,8 @@
 #   scripts/bench_gpu.sh /tmp/bench_gpu.json --smoke      # every part at toy sizes on Warp's CPU device
 #
 # Before anything runs, scripts/check_imports.py names every third-party module that the code
-# reachable from scripts/bench_sims_gpu.py imports and this Python lacks (mujoco.mjx too when MJX is
+# reachable from scripts/bench_sims_gpu.py imports and this Python lacks (imageio_ffmpeg only where imported
+# at module level: the benchmark writes no video; mujoco.mjx too when MJX is
 # asked for); no Ray, no language model needed (random stand-in embeddings without MiniLM).
 # mujoco_warp compiles its CUDA kernels on the first run (cached by Warp under ~/.cache/warp).
 set -euo pipefail
@@ -29,7 +30,7 @@ if [[ -z ${PYTHON:-} && -x .venv/bin/python ]]; then python=.venv/bin/python; fi
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} HF_HUB_OFFLINE=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and torch share the GPU
 mkdir -p "$(dirname "$out")"
-"$python" scripts/check_imports.py scripts/bench_sims_gpu.py || exit 3
+"$python" scripts/check_imports.py --lazy imageio_ffmpeg scripts/bench_sims_gpu.py || exit 3  # no video, no demos
 mjx_envs=${BENCH_MJX_ENVS-1024,4096}
 if [[ -n $mjx_envs ]] && ! "$python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('mujoco.mjx') is None)"; then
   echo "bench_gpu.sh: mujoco.mjx is missing (mujoco-mjx's wheel); set BENCH_MJX_ENVS= to leave MJX out" >&2; exit 3

@@ -104,7 +104,7 @@ def main() -> None:
         sys.exit(f"bench_libero_gpu: {err}")
     if absent:
         sys.exit(f"bench_libero_gpu: LIBERO tasks {' '.join(absent)} are not in the cache {cache_dir()}; "
-                 f"{setup_hint(' '.join(absent))} (on the GPU machine: .dev4/call4.sh unpacks them)")
+                 f"{setup_hint(' '.join(absent))} (on the GPU machine: scripts/device/call4.sh, sent in .dev4, unpacks them)")
 
     began = time.perf_counter()
     config = {k: v for k, v in vars(args).items() if k != "json"}

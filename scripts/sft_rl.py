@@ -6,7 +6,8 @@
     python scripts/sft_rl.py seed=1 sft.sft.iterations=400 rl.total_env_steps=1000000 --json out.json
 
 Writes ``{git, machine, config, results: {sft: {split: {success, ci95, success_<task>...}}, rl: {...}},
-checkpoints: {sft, rl}, wall_s}``; relaunching the same command continues an interrupted recipe.
+checkpoints: {sft, rl}, wall_s}``, after every stage's training and test too; relaunching the same command
+continues an interrupted recipe.
 """
 
 from __future__ import annotations
@@ -32,16 +33,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=output_path, required=True, help="where to write the figures")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted recipe overrides")
     args = parser.parse_intermixed_args(argv)
+
+    def write(out: dict) -> None:  # after every stage too: a run cut short by a time limit keeps its figures
+        write_report(args.json, out["config"], out["results"], **{k: v for k, v in out.items()
+                                                                    if k not in ("config", "results")})
+
     try:
         recipe = load_recipe(args.config, args.overrides)
-        out = run_recipe(recipe)
+        out = run_recipe(recipe, on_stage=write)
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RecipeStopped as exc:
         print(str(exc))
         return 0
-    write_report(args.json, out["config"], out["results"], **{k: v for k, v in out.items() if k not in ("config", "results")})
+    write(out)
     for stage, results in out["results"].items():
         for split, r in results.items():
             if isinstance(r, dict) and "ci95" in r:  # (a LIBERO stage also holds its protocol)

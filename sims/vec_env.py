@@ -13,6 +13,7 @@ API converts to numpy at its edge, the TensorDict view hands the tensors on as t
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ from gymnasium.vector import AutoresetMode
 from sims import scene as S
 from sims import tasks as T
 from sims.backends import BACKENDS, MJX_WARP_REMOVED, make_backend, to_numpy
+from sims.deferred import DeferredChecks, deferred_checks
 from sims.registry import suite_of
 from sims.render import RenderConfig
 
@@ -166,6 +168,12 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     _obs: dict[str, Any] | None
     _seed: int
     _episode: np.ndarray
+    deferred: DeferredChecks | None = None
+    """Set inside :meth:`deferred_checks`: where the action checks of device arrays go."""
+    host_done: tuple[np.ndarray, np.ndarray] | None = None
+    """The last step's ``(terminated, truncated)`` bool [N] as the host computed them (None: not kept)."""
+    timing_sync: Any = None
+    """Called before each reading of the render clock (``vla_rl.rollout.Timer``: a device wait), or None."""
 
     def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
         """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
@@ -283,10 +291,17 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
         if tuple(arr.shape) != expected:
             raise ValueError(f"action has shape {tuple(arr.shape)}; expected {expected} (num_envs, action_dim)")
         bad = ~ax.all(ax.isfinite(arr), axis=1)
-        if bad.any():
+        if self.deferred is not None and not isinstance(bad, np.ndarray):  # device arrays: read at the block's end
+            self.deferred.add("action", bad)
+        elif bad.any():
             raise ValueError(f"action holds NaN or inf for environments {np.flatnonzero(to_numpy(bad))[:10].tolist()}; "
                              "no environment was stepped — check the policy's outputs")
         return ax.clip(arr, -1.0, 1.0)
+
+    def deferred_checks(self) -> contextlib.AbstractContextManager:
+        """A block whose action and overflow checks of device arrays are read once, at its end
+        (:func:`sims.deferred.deferred_checks`): the training loop's rollout, one host sync, not one per step."""
+        return deferred_checks(self, getattr(self, "_backend", None))
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Gymnasium reset; ``options={"reset_mask": bool[N]}`` resets only those environments."""
@@ -464,6 +479,8 @@ class SimVectorEnv(ArrayVectorEnv):
         }
         if self.config.render is not None:
             goal = out["goal_points"]
+            if self.timing_sync is not None:
+                self.timing_sync()
             start = time.perf_counter()
             if b.renders:  # every world at once, on the device
                 frames = {k: v[sel] for k, v in b.render(goal).items()}
@@ -473,6 +490,8 @@ class SimVectorEnv(ArrayVectorEnv):
                                                T.PALETTE_RGBA[self._colours[rows]], self.layout,
                                                to_numpy(goal)[rows], env_ids=self.config.env_offset + rows)
                 frames = {k: ax.asarray(v) for k, v in frames.items()}
+            if self.timing_sync is not None:
+                self.timing_sync()
             self.timings["render"] += time.perf_counter() - start
             pixels = frames.pop("pixels")
             frames["goal_pixel"], frames["object_goal_pixel"] = pixels[:, :, 0], pixels[:, :, 1]
@@ -519,6 +538,7 @@ class SimVectorEnv(ArrayVectorEnv):
         # Episode bookkeeping is the host's (resets sample episodes there): N bools come back.
         terminated = to_numpy(success).copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self._max_steps[self._task]) & ~terminated
+        self.host_done = (terminated, truncated)  # the collector's, read without touching the device
         final = obs
         obs, reset = self._autoreset(final, terminated | truncated)
         if reset is not None:  # ``progress`` continues from the new episodes' shaped reward

@@ -237,11 +237,13 @@ class WarpBackend:
     """
 
     renders = True
+    deferred: Any = None
+    """A :class:`sims.deferred.DeferredChecks` while the overflow check is deferred (see its module)."""
 
     def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, device: str = "auto",
                  render: RenderConfig | None = None, colour_geoms: np.ndarray | None = None,
                  nconmax: int = NCONMAX, njmax: int = NJMAX, deterministic: bool = False,
-                 uncaptured: bool = False):
+                 uncaptured: bool = False, forward_after_step: bool = False):
         """Args: model; num_envs worlds; frame_skip substeps per step; device ("cpu", "cuda:N" or
         "auto"); render: what to render (None: no renderer); colour_geoms: ids of the geoms whose
         colour each episode sets; nconmax, njmax: contacts and constraint rows per world;
@@ -249,7 +251,8 @@ class WarpBackend:
         CPU device runs serially and is deterministic anyway), on the dense Jacobian, whose
         deterministic records are 15x fewer than the sparse one's (:func:`plan_buffers`);
         uncaptured: on CUDA, step with eager launches instead of CUDA graphs (slow; for drivers
-        without graph support).
+        without graph support); forward_after_step: end each step with ``mjw.forward`` (poses and
+        sensors of the new state, as LIBERO's controllers read them), inside the step's graph.
 
         Raises:
             ValueError: buffers for ``num_envs`` worlds that Warp cannot allocate
@@ -274,6 +277,7 @@ class WarpBackend:
         self.device = torch.device(name)
         self.xp = self.ax = TorchNamespace(self.device)
         self.frame_skip = frame_skip
+        self.forward_after_step = forward_after_step
         self.num_envs = num_envs
         self._cuda = self.wp_device.is_cuda
         self._stream = self.wp_device.stream if self._cuda else None
@@ -349,6 +353,8 @@ class WarpBackend:
     def _substeps(self) -> None:
         for _ in range(self.frame_skip):
             self._mjw.step(self.m, self.d)
+        if self.forward_after_step:
+            self._mjw.forward(self.m, self.d)
 
     # ----------------------------------------------------------------------------- physics
     def compile(self, fn: Any) -> Any:
@@ -397,7 +403,9 @@ class WarpBackend:
                 if self._capture:
                     self._step_graph = self._graph(self._substeps)
         full = self._overflow & self._capacity  # sticky per world until its reset
-        if bool(full.any()):
+        if self.deferred is not None:  # read once at the block's end (sims.deferred), not per step
+            self.deferred.add("overflow", full != 0)
+        elif bool(full.any()):
             worlds = torch.nonzero(full).flatten()[:10].tolist()
             raise RuntimeError(f"mujoco_warp overflow in worlds {worlds} (flags {self._overflow[worlds].tolist()}): "
                                f"raise sims.warp_backend.NCONMAX / NJMAX (now {NCONMAX} / {NJMAX})")

@@ -46,7 +46,9 @@ class TorchNamespace:
             t = torch.as_tensor(np.asarray(x))
         if dtype is None and t.is_floating_point():
             dtype = torch.float32
-        out = t.to(device=self.device, dtype=dtype)
+        # An upload from host memory need not wait for the device's queued work (a blocking copy
+        # does: one host sync per upload); CUDA stages pageable memory at the call, so x may change after.
+        out = t.to(device=self.device, dtype=dtype, non_blocking=t.device.type == "cpu" != self.device.type)
         if copy and out.data_ptr() == t.data_ptr():
             out = out.clone()
         return out

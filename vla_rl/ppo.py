@@ -210,7 +210,8 @@ class ClippedUpdate:
                     break
             if stopped_early:
                 break
-        out = {k: float(v) / max(steps, 1) for k, v in totals.items()}
+        means = (torch.stack([v.float() for v in totals.values()]) / max(steps, 1)).tolist() if totals else []
+        out = dict(zip(totals, means))  # one read of every statistic, not one per statistic
         if cfg.kl_adaptive_lr and cfg.target_kl is not None and not critic_only:  # a frozen actor has no KL
             # rsl_rl's rule: shrink the step when the policy moved too far, grow it when it barely moved.
             if out["approx_kl"] > 2.0 * cfg.target_kl:

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,9 +230,10 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def _test_fixed_states(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
-    """The fixed-initial-states protocol (LIBERO's) on each test split: per task, and overall over the run's tasks."""
-    protocol = libero_protocol(run_dir, recipe.test.splits, recipe.test.episodes, recipe.test.num_envs)
+def _test_fixed_states(run_dir: Path, recipe: RecipeConfig, device: str) -> dict[str, Any]:
+    """The fixed-initial-states protocol (LIBERO's) on each test split, the policy on ``device``: per task, and
+    overall over the run's tasks."""
+    protocol = libero_protocol(run_dir, recipe.test.splits, recipe.test.episodes, recipe.test.num_envs, device=device)
     out: dict[str, Any] = {"protocol": protocol["protocol"], "side_by_side": protocol["side_by_side"]}
     for split, r in protocol["splits"].items():
         n = sum(t["episodes"] for t in r["tasks"].values())
@@ -242,22 +244,26 @@ def _test_fixed_states(run_dir: Path, recipe: RecipeConfig) -> dict[str, Any]:
     return out
 
 
-def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool) -> dict[str, Any]:
-    """The final evaluation of a stage's checkpoint: by its suite's fixed-initial-states protocol, or on fresh
-    episodes of each test split."""
+def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) -> dict[str, Any]:
+    """The final evaluation of a stage's checkpoint, its policy on ``device`` (the stage's training device): by
+    its suite's fixed-initial-states protocol, or on fresh episodes of each test split."""
     if fixed_states:
-        return _test_fixed_states(run_dir, recipe)
+        return _test_fixed_states(run_dir, recipe, device)
     out = {}
     for split in recipe.test.splits:
-        report = evaluate_checkpoint(run_dir, split, recipe.test.episodes, recipe.test.num_envs, record=False).report()
+        report = evaluate_checkpoint(run_dir, split, recipe.test.episodes, recipe.test.num_envs, device=device,
+                                     record=False).report()
         out[split] = {"success": report["success"], "ci95": report["ci95"], "episodes": report["episodes"],
                       **{f"success_{t}": r["success"] for t, r in report["tasks"].items()},
                       "tasks": report["tasks"]}
     return out
 
 
-def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
-    """Run (or continue) every stage; returns ``{config, results: {sft, rl}, checkpoints, wall_s, stage_wall_s}``."""
+def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run (or continue) every stage; returns ``{config, results: {sft, rl}, checkpoints, wall_s, stage_wall_s}``.
+
+    ``on_stage`` gets that dict so far after each stage's training and after its test (a run stopped
+    by a time limit keeps what it finished)."""
     start = time.perf_counter()
     root = _root(recipe)
     walls: dict[str, float] = {}
@@ -276,19 +282,23 @@ def run_recipe(recipe: RecipeConfig) -> dict[str, Any]:
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}
+
+    def report() -> dict[str, Any]:
+        return {"config": {"recipe": dataclasses.asdict(recipe), **{s: to_dict(c) for s, c in configs.items()}},
+                "results": results, "checkpoints": {s: str(root / s / "checkpoints" / "latest.pt") for s in configs},
+                "wall_s": time.perf_counter() - start, "stage_wall_s": walls}
+
     for stage in recipe.stages:
         cfg = configs[stage] = planned[stage]  # Trainer checks its inputs, which exist by now
         t = time.perf_counter()
         summary = _train(cfg)
         walls[stage] = time.perf_counter() - t
+        results[stage] = {"train_wall_time_s": summary["wall_time_s"]}
+        if on_stage is not None:
+            on_stage(report())
         t = time.perf_counter()
-        results[stage] = _test(root / stage, recipe, env_suite(env).protocol.fixed_states) | {
-            "train_wall_time_s": summary["wall_time_s"]}
+        results[stage] |= _test(root / stage, recipe, env_suite(env).protocol.fixed_states, cfg.device)
         walls[f"test_{stage}"] = time.perf_counter() - t
-    return {
-        "config": {"recipe": dataclasses.asdict(recipe), **{s: to_dict(c) for s, c in configs.items()}},
-        "results": results,
-        "checkpoints": {s: str(root / s / "checkpoints" / "latest.pt") for s in recipe.stages},
-        "wall_s": time.perf_counter() - start,
-        "stage_wall_s": walls,
-    }
+        if on_stage is not None:
+            on_stage(report())
+    return report()

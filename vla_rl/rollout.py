@@ -28,14 +28,18 @@ one (``env.backend=warp``: MuJoCo Warp on ``env.warp_device``), else on the host
 is the policy's (``device`` = ``env.warp_device``), a step is device-resident: the policy acts on
 the env's tensors, its action tensor goes to ``step_td`` as it is, and every field is written into
 a ``[T, N]`` TensorDict preallocated on the device; GAE and the PPO update then read it there.
-Nothing on the per-step path converts to the host; what still crosses per step is control flow:
-the env's episode bookkeeping (N done flags, in ``sims``) and one bool, "was an episode truncated",
-that decides whether to bootstrap. Per iteration, :func:`account` reads the ``[T, N]`` rewards
-and flags on the host for episode statistics and reward scaling.
+Nothing on the per-step path reads the device: which episodes were truncated (and so need a bootstrap
+value) comes from the env's host bookkeeping (``env.host_done``, the flags ``sims`` computes on the host
+before uploading them), the validity checks of the device arrays are deferred to the rollout's end
+(``env.deferred_checks``, one read), and a chunk's final observations are merged with ``torch.where``.
+An env without host flags costs one read per step ("was an episode truncated"). Per iteration,
+:func:`account` reads the ``[T, N]`` rewards and flags on the host for episode statistics and
+reward scaling (``vla_rl.host_syncs`` counts these reads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Sequence
@@ -47,17 +51,35 @@ from tensordict import TensorDict
 from torch import nn
 
 from policies import RunningNorm
+from vla_rl.host_syncs import host_side
 
 
 @dataclass
 class Timer:
-    """Seconds spent per phase; ``render`` comes from the env's ``timings`` counter when it has one."""
+    """Seconds spent per phase; ``render`` comes from the env's ``timings`` counter when it has one.
+
+    On a GPU a phase's launches return before their work is done, so its seconds mean little unless
+    the clock waits for the device: with ``sync_device`` (a CUDA device) :meth:`now` synchronises it
+    first, and so does the env's render timer (``timing_sync``); one wait per phase boundary, so
+    only a measurement asks for it."""
 
     seconds: dict[str, float] = field(default_factory=lambda: {"simulate": 0.0, "render": 0.0, "infer": 0.0})
+    sync_device: torch.device | None = None
 
     def add(self, key: str, seconds: float) -> None:
         """Accumulate ``seconds`` under ``key``."""
         self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+
+    def now(self) -> float:
+        """``time.perf_counter()``, after the device's queued work when ``sync_device`` is a CUDA device."""
+        if self.sync_device is not None and self.sync_device.type == "cuda":
+            torch.cuda.synchronize(self.sync_device)
+        return time.perf_counter()
+
+    def sync_env(self, env: Any) -> None:
+        """Have ``env``'s own phase timers (its render seconds) wait for the device as :meth:`now` does."""
+        if hasattr(env, "timing_sync"):
+            env.timing_sync = self.now if self.sync_device is not None else None
 
 
 @dataclass
@@ -179,6 +201,11 @@ def _env_seconds(env: Any) -> dict[str, float]:
     return dict(timings) if timings else {}
 
 
+def _host_done(env: Any) -> tuple[Any, Any] | None:
+    """The last step's ``(terminated, truncated)`` as the env's host bookkeeping holds them (numpy [N]), or None."""
+    return getattr(env, "host_done", None)
+
+
 def env_step(env: Any, action: torch.Tensor, timer: Timer) -> TensorDict:
     """Execute one decision (one action, or a chunk ``[N, K, A]`` open-loop) and time it.
 
@@ -186,10 +213,17 @@ def env_step(env: Any, action: torch.Tensor, timer: Timer) -> TensorDict:
     end of each env's episode, ``terminated``/``truncated``/``success`` are or-ed over the chunk,
     and ``final_observation`` is the one at the episode's end.
     """
+    return env_step_flags(env, action, timer)[0]
+
+
+def env_step_flags(env: Any, action: torch.Tensor, timer: Timer) -> tuple[TensorDict, Any]:
+    """:func:`env_step`, and the decision's truncated-not-terminated flags (numpy bool [N]) where the env's
+    host bookkeeping holds them (``env.host_done``; None otherwise): read without touching the device."""
     chunk = action.unsqueeze(1) if action.dim() == 2 else action
     before = _env_seconds(env)
-    start = time.perf_counter()
+    start = timer.now()
     out = env.step_td(chunk[:, 0].contiguous())
+    host = _host_done(env)
     for k in range(1, chunk.shape[1]):
         step = env.step_td(chunk[:, k].contiguous())
         live = ~(out["terminated"] | out["truncated"])
@@ -198,14 +232,23 @@ def env_step(env: Any, action: torch.Tensor, timer: Timer) -> TensorDict:
         for key in ("terminated", "truncated"):
             out[key] = out[key] | (step[key] & live)
         newly = live & (step["terminated"] | step["truncated"])
-        out["final_observation"][newly] = step["final_observation"][newly]
+        step_host = _host_done(env)
+        if host is None or step_host is None:
+            host = None
+        if host is None or (step_host[0] | step_host[1]).any():  # a where, not a masked copy: no device read
+            out["final_observation"] = step["final_observation"].apply(
+                lambda new, old, newly=newly: torch.where(newly.view(-1, *[1] * (new.dim() - 1)), new, old),
+                out["final_observation"])
+        if host is not None:
+            live_host = ~(host[0] | host[1])
+            host = (host[0] | (step_host[0] & live_host), host[1] | (step_host[1] & live_host))
         out["observation"] = step["observation"]
-    elapsed = time.perf_counter() - start
+    elapsed = timer.now() - start
     after = _env_seconds(env)
     render = after.get("render", 0.0) - before.get("render", 0.0)
     timer.add("render", render)
     timer.add("simulate", elapsed - render)
-    return out
+    return out, (None if host is None else host[1] & ~host[0])
 
 
 def buffer_device(env: Any) -> torch.device:
@@ -284,9 +327,9 @@ class LocalPolicyLink:
 
 
 def _timed(timer: Timer, key: str, fn: Any, *args: Any) -> Any:
-    start = time.perf_counter()
+    start = timer.now()
     result = fn(*args)
-    timer.add(key, time.perf_counter() - start)
+    timer.add(key, timer.now() - start)
     return result
 
 
@@ -333,20 +376,25 @@ def collect_stages(
     obs = list(obs)
     batches: list[TensorDict | None] = [None for _ in stages]
     truncated_prev: list[torch.Tensor | None] = [None for _ in stages]
-    pending = [link.ask(s, obs[s], None, False) for s in stages]
-    for t in range(steps):
-        for s in stages:
-            decision = _timed(timer, link.timer_key, link.wait, pending[s])
-            if t:
-                _fill_bootstrap(batches[s][t - 1], truncated_prev[s], decision)
-            step = env_step(envs[s], decision.action, timer)
-            truncated = step["truncated"] & ~step["terminated"]
-            record = _record(obs[s], decision, step, truncated)
-            batches[s] = _allocate(record, steps) if batches[s] is None else batches[s]
-            batches[s][t] = record
-            obs[s], truncated_prev[s] = step["observation"], truncated
-            final = step["final_observation"][truncated] if truncated.any() else None
-            pending[s] = _timed(timer, link.timer_key, link.ask, s, obs[s], final, t == steps - 1)
+    with contextlib.ExitStack() as deferred:  # validity checks of device arrays: read once, at the end
+        for env in envs:
+            timer.sync_env(env)
+            if hasattr(env, "deferred_checks"):
+                deferred.enter_context(env.deferred_checks())
+        pending = [link.ask(s, obs[s], None, False) for s in stages]
+        for t in range(steps):
+            for s in stages:
+                decision = _timed(timer, link.timer_key, link.wait, pending[s])
+                if t:
+                    _fill_bootstrap(batches[s][t - 1], truncated_prev[s], decision)
+                step, host_truncated = env_step_flags(envs[s], decision.action, timer)
+                truncated = step["truncated"] & ~step["terminated"]
+                record = _record(obs[s], decision, step, truncated)
+                batches[s] = _allocate(record, steps) if batches[s] is None else batches[s]
+                batches[s][t] = record
+                obs[s] = step["observation"]
+                truncated_prev[s], final = _truncated_rows(step, truncated, host_truncated)
+                pending[s] = _timed(timer, link.timer_key, link.ask, s, obs[s], final, t == steps - 1)
     for s in stages:
         decision = _timed(timer, link.timer_key, link.wait, pending[s])
         _fill_bootstrap(batches[s][steps - 1], truncated_prev[s], decision)
@@ -357,9 +405,20 @@ def collect_stages(
     return (batches[0] if len(envs) == 1 else torch.cat(batches, dim=1)), obs
 
 
+def _truncated_rows(step: TensorDict, truncated: torch.Tensor, host: Any) -> tuple[torch.Tensor | None, Any]:
+    """Which rows were truncated (a long index where the env's host flags tell, else the bool mask)
+    and their final observations (None: none). With host flags nothing is read from the device."""
+    if host is None:  # the env keeps no host flags: one read of the device's
+        return (truncated, step["final_observation"][truncated]) if truncated.any() else (None, None)
+    if not host.any():
+        return None, None
+    rows = torch.as_tensor(host.nonzero()[0], device=truncated.device)
+    return rows, step["final_observation"][rows]
+
+
 def _fill_bootstrap(record: TensorDict, truncated: torch.Tensor | None, decision: Decision) -> None:
-    """Write the values of a step's truncated final observations into its record (in place)."""
-    if truncated is not None and truncated.any():
+    """Write the values of a step's truncated final observations (rows of :func:`_truncated_rows`) into its record."""
+    if truncated is not None:
         record["bootstrap"][truncated] = decision.bootstrap_value
 
 
@@ -403,11 +462,12 @@ def account(batch: TensorDict, stats: EpisodeStats, reward_scaler: RewardScaler 
     host = batch.select("reward", "success", "done").to("cpu")
     task = batch["obs", "task"].to("cpu") if ("obs", "task") in batch.keys(True) else None
     scaled = []
-    for t in range(batch.batch_size[0]):
-        reward, done = host["reward"][t], host["done"][t]
-        stats.record(reward, host["success"][t], done, chunk, None if task is None else task[t])
-        if reward_scaler is not None:
-            scaled.append(reward_scaler(reward, done))
+    with host_side():
+        for t in range(batch.batch_size[0]):
+            reward, done = host["reward"][t], host["done"][t]
+            stats.record(reward, host["success"][t], done, chunk, None if task is None else task[t])
+            if reward_scaler is not None:
+                scaled.append(reward_scaler(reward, done))
     if reward_scaler is not None:
         batch["reward"] = torch.stack(scaled).to(batch["reward"].device)
 

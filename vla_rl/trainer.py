@@ -135,6 +135,9 @@ class Trainer:
             config differs from ``cfg``, or a run directory that already holds checkpoints without ``resume``.
     """
 
+    sync_timers: bool = False
+    """Phase timers wait for the device at each boundary (a benchmark's render/simulate split on a GPU)."""
+
     def __init__(self, cfg: TrainConfig, resume: bool = False, collector: Any = None,
                  sync: GradientSync | None = None) -> None:
         cfg.check(envs_here=collector is None)  # before anything is built or written
@@ -256,7 +259,7 @@ class Trainer:
     def step(self) -> dict[str, float]:
         """One iteration: collect experience, update the policy; returns its metrics (not logged)."""
         start = time.perf_counter()
-        timer = Timer()
+        timer = Timer(sync_device=self.device if self.sync_timers else None)
         lr = self.algorithm.set_progress(self.budget.done(self.env_steps, self.iteration))
         experience = self.algorithm.collect(self.collector, self.stats, self.iteration, timer)
         update_start = time.perf_counter()

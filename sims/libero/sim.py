@@ -89,7 +89,7 @@ class LiberoSim:
             from sims.warp_backend import WarpBackend
 
             self.backend = WarpBackend(self.model, num_envs, frame_skip, warp_device, render=render,
-                                       nconmax=WARP_NCONMAX, njmax=WARP_NJMAX)
+                                       nconmax=WARP_NCONMAX, njmax=WARP_NJMAX, forward_after_step=True)
             self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in fields}
         self.ax = self.backend.ax
         self.state_index = np.zeros(num_envs, np.int64)
@@ -167,9 +167,10 @@ class LiberoSim:
 
     def step(self, ctrl: Any) -> None:
         """Apply actuator controls ``ctrl`` [N, nu] for one control step (25 substeps; with torque motors one
-        substep), then forward."""
+        substep), then forward (on Warp inside the step's CUDA graph)."""
         self.backend.step(ctrl)
-        self.forward()
+        if self.backend_name == "batch":
+            self.forward()
 
     def get_state(self) -> dict[str, Any]:
         """A snapshot of every simulation (the backend's: plain numpy arrays, and the fixtures' places), for

@@ -76,3 +76,4 @@ def _eventually(condition, timeout_s: float = 60.0) -> bool:
 def eventually():
     """``eventually(condition, timeout_s=60)``: poll ``condition`` until it holds; False after the timeout."""
     return _eventually
+

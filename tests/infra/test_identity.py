@@ -23,7 +23,8 @@ ray = pytest.importorskip("ray")
 from infra.scheduler.requests import Bundle, GangRequest  # noqa: E402
 from infra.service import cli  # noqa: E402
 from infra.service.actor import TOKEN_FILE_ENV, HandleState, read_token, write_token  # noqa: E402
-from infra.service.client import SchedulerClient, check_reachable, connect, credential  # noqa: E402
+from infra.service.client import SchedulerClient, check_reachable, credential  # noqa: E402
+from tests.infra.service_cluster import admin_ray_cluster, tenant_client  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,28 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="module")
 def admin(tmp_path_factory):
     """A one-node local cluster (loopback, Ray's token on) whose service this process started: the admin."""
-    from infra.ray_cluster.realize import LOOPBACK, secure_local_ray
-
-    config = tmp_path_factory.mktemp("config")
-    old = os.environ.get("XDG_CONFIG_HOME")
-    os.environ["XDG_CONFIG_HOME"] = str(config)  # the admin token goes here, not into the real home
-    secure_local_ray()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK)
-    try:
-        yield connect(poll_s=0.2, owner_lease_s=600)
-    finally:
-        ray.shutdown()
-        if old is None:
-            os.environ.pop("XDG_CONFIG_HOME", None)
-        else:
-            os.environ["XDG_CONFIG_HOME"] = old
-
-
-def _tenant(admin: SchedulerClient, tmp_path, name: str) -> SchedulerClient:
-    """A client holding a fresh token of tenant ``name``, as its user would after `token issue`."""
-    path = tmp_path / f"{name}.token"
-    write_token(path, admin.issue_token(name))
-    return connect(start_service=False, token_file=path)
+    with admin_ray_cluster(tmp_path_factory.mktemp("admin-config"), num_cpus=2) as admin:
+        yield admin
 
 
 def _gang(name: str) -> GangRequest:
@@ -61,7 +42,7 @@ def _gang(name: str) -> GangRequest:
 
 
 def test_a_tenant_acts_as_itself_and_on_its_own_gangs_only(admin, tmp_path):
-    alice, bob = _tenant(admin, tmp_path, "alice"), _tenant(admin, tmp_path, "bob")
+    alice, bob = tenant_client(admin, tmp_path, "alice"), tenant_client(admin, tmp_path, "bob")
     train = alice.submit(_gang("alice-train"), tenant="alice")
     train.wait(timeout_s=60)
     with pytest.raises(PermissionError, match="tenant 'bob' may not submit as tenant 'alice'"):
@@ -83,7 +64,7 @@ def test_a_tenant_acts_as_itself_and_on_its_own_gangs_only(admin, tmp_path):
 
 
 def test_forged_missing_and_revoked_tokens_are_refused(admin, tmp_path):
-    carol = _tenant(admin, tmp_path, "carol")
+    carol = tenant_client(admin, tmp_path, "carol")
     carol.status()
     for cred in ("forged", ""):
         with pytest.raises(PermissionError, match="no valid scheduler credential"):

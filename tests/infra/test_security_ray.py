@@ -24,9 +24,9 @@ from infra.service.actor import (  # noqa: E402
     ensure_admin_token,
     start,
     token_digest,
-    write_token,
 )
 from infra.service.client import SchedulerClient, connect  # noqa: E402
+from tests.infra.service_cluster import admin_ray_cluster, tenant_client  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -34,26 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A one-node local cluster whose service the admin (this process, its own config dir) started."""
-    from infra.ray_cluster.realize import LOOPBACK, secure_local_ray
-
-    old = os.environ.get("XDG_CONFIG_HOME")
-    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("admin-config"))
-    secure_local_ray()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK)
-    try:
-        yield connect(poll_s=0.2, owner_lease_s=600)
-    finally:
-        ray.shutdown()
-        if old is None:
-            os.environ.pop("XDG_CONFIG_HOME", None)
-        else:
-            os.environ["XDG_CONFIG_HOME"] = old
-
-
-def _tenant(admin: SchedulerClient, tmp_path, name: str) -> SchedulerClient:
-    path = tmp_path / f"{name}.token"
-    write_token(path, admin.issue_token(name))
-    return connect(start_service=False, token_file=path)
+    with admin_ray_cluster(tmp_path_factory.mktemp("admin-config"), num_cpus=4) as admin:
+        yield admin
 
 
 def _groups() -> set[str]:
@@ -77,7 +59,7 @@ def test_a_tenant_cannot_become_another_through_ray_kv_or_a_new_service(cluster,
     from ray.experimental import internal_kv
 
     admin = cluster
-    alice, bob = _tenant(admin, tmp_path, "alice"), _tenant(admin, tmp_path, "bob")
+    alice, bob = tenant_client(admin, tmp_path, "alice"), tenant_client(admin, tmp_path, "bob")
     train = alice.submit(GangRequest("alice-train", (Bundle(100, 64),)), tenant="alice")
     train.wait(timeout_s=60)
     groups = _groups()

@@ -82,12 +82,14 @@ def test_prepared_wheels_cover_every_module_the_gpu_scripts_import():
 
 
 def test_device_scripts_parse_and_carry_what_each_call_unpacks():
-    for script in ("prepare.sh", "prepare_libero.sh", "call1.sh", "call2.sh", "call3.sh", "call4.sh", "gpu_env.sh"):
+    for script in ("prepare.sh", "prepare_libero.sh", "call1.sh", "call2.sh", "call3.sh", "call4.sh", "gpu_env.sh",
+                   "rehearse.sh"):
         assert subprocess.run(["bash", "-n", str(DEVICE / script)]).returncode == 0, script
     prepare = (DEVICE / "prepare.sh").read_text()
     prepare_libero = (DEVICE / "prepare_libero.sh").read_text()
     for made in (".dev1/warp_pkg.tar.xz", ".dev1/warp.so.xz.1", ".dev2/warp.so.xz.2", ".dev3/ffmpeg.xz",
-                 ".dev3/imageio_ffmpeg_pkg.tar.xz", ".dev3/ffmpeg_name", ".dev4/libero_bundle.tar.xz"):
+                 ".dev1/imageio_ffmpeg_pkg.tar.xz", ".dev3/ffmpeg_name", ".dev4/libero_bundle.tar.xz",
+                 ".dev3/instruction_embeddings.pt"):
         call = (DEVICE / f"call{made[4]}.sh").read_text()
         assert made in (prepare_libero if made.startswith(".dev4") else prepare) and made in call, made
     # prepare.sh builds .dev4 too, every call gets gpu_env.sh, and call4 points the task cache at the bundle.
@@ -124,6 +126,12 @@ def test_bench_gpu_smoke_writes_every_figure(tmp_path):
     # What ran: the fast mode, and no CUDA graphs on Warp's CPU device.
     assert sims_row["warp_determinism"] == report["config"]["determinism"] == "off"
     assert sims_row["warp_graphs_captured"] == {"step": False, "render": False}
+    # Eager on both paths here: the capture check must find them equal, and no check failed.
+    check = sims_row["warp_capture_check"]
+    assert check["match"] and check["qpos_max_abs_diff"] == check["pixel_max_abs_diff"] == 0.0, check
+    assert sims_row["failed_checks"] == [] and report["results"]["failed_checks"] == {}
+    syncs = report["results"]["host_syncs"]
+    assert syncs["constant"] and syncs["rollout_4"]["syncs"] == syncs["rollout_8"]["syncs"] <= 3, syncs
     training = report["results"]["training"]
     for mode in ("inprocess", "colocated"):
         assert training[mode]["env_steps_per_s"] > 0 and training[mode]["iterations_measured"] == 1, training[mode]

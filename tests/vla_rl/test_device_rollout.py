@@ -76,6 +76,18 @@ class WatchedEnv:
         with self.spy.paused():
             return self.env.reset_td(seed=seed)
 
+    @contextlib.contextmanager
+    def deferred_checks(self):
+        """The env's deferred validity checks: their one read, at the rollout's end, is the env's own."""
+        with self.spy.paused():
+            checks = self.env.deferred_checks()
+            checks.__enter__()
+        try:
+            yield
+        finally:
+            with self.spy.paused():
+                checks.__exit__(None, None, None)
+
     def __getattr__(self, name):  # everything else (snapshots, instructions) is the env's
         return getattr(self.env, name)
 

@@ -20,7 +20,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import imageio_ffmpeg
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -111,6 +110,8 @@ class _VideoFile:
     """One mp4 being written: H.264 through imageio-ffmpeg's bundled ffmpeg, frames appended."""
 
     def __init__(self, path: Path, height: int, width: int, fps: int, pix_fmt: str, crf: int):
+        import imageio_ffmpeg  # here, not at the top: importing the trainers needs no ffmpeg (a GPU benchmark)
+
         path.parent.mkdir(parents=True, exist_ok=True)
         self._gen = imageio_ffmpeg.write_frames(
             str(path), (width, height), fps=fps, codec="libx264", pix_fmt_out=pix_fmt, quality=None,

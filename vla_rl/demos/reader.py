@@ -32,7 +32,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import imageio_ffmpeg
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -172,6 +171,8 @@ def decode_mp4(path: Path) -> np.ndarray:
     Raises:
         DatasetError: ffmpeg cannot read the file (truncated or damaged), in one line naming it.
     """
+    import imageio_ffmpeg  # here, not at the top: importing the trainers needs no ffmpeg (a GPU benchmark)
+
     try:
         frames = imageio_ffmpeg.read_frames(str(path))
         width, height = next(frames)["size"]

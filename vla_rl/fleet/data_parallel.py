@@ -19,7 +19,6 @@ their next collective) and the job starts all ranks again from the last checkpoi
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import socket
 from dataclasses import dataclass
@@ -31,14 +30,10 @@ from ray.exceptions import RayActorError
 
 from infra.service.client import GangBackend, GangHandle
 from vla_rl.fleet.job_gang import JobLayout
+from vla_rl.fleet.rank import join_rank
 
 if TYPE_CHECKING:
     from vla_rl.fleet.job import NoticeRelay
-
-#: Longest a rank waits in one collective for the others (a rank evaluating or writing a checkpoint
-#: keeps the others waiting); a dead rank is noticed by the job long before, by Ray.
-COLLECTIVE_TIMEOUT = datetime.timedelta(hours=1)
-
 
 class RankActor:
     """One data-parallel rank as a Ray actor: a trainer over its own slice of the environments.
@@ -73,29 +68,8 @@ class RankActor:
 
     def join(self, address: str, resume: bool) -> None:
         """Join the process group at ``address`` and build this rank's trainer (all ranks call this together)."""
-        import torch.distributed as dist
-
-        from vla_rl.algorithm import algorithm_class
-        from vla_rl.device import resolve_device
-        from vla_rl.distributed import GradientSync
-        from vla_rl.envs import make_env
-        from vla_rl.rollout import LocalCollector
-        from vla_rl.trainer import Trainer
-
-        cfg, world = self.cfg, self.cfg.fleet.num_gpus
-        device = resolve_device(cfg.device)
-        if device.type == "cuda":  # Ray shows the rank only its own GPU: cuda:0 unless named
-            torch.cuda.set_device(device.index or 0)
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=world,
-                                timeout=COLLECTIVE_TIMEOUT)
-        objects = dist.new_group(backend="gloo") if backend == "nccl" else None  # checkpoints' pickled states
-        n = cfg.env.num_envs // world
-        env = make_env(cfg.env, seed=cfg.seed, num_envs=n, env_offset=self.rank * n,
-                       group_size=algorithm_class(cfg.algo).group_size(cfg),
-                       num_threads=max(1, int(cfg.fleet.trainer.cpus)))
-        self.trainer = Trainer(cfg, resume=resume, collector=LocalCollector(env, device),
-                               sync=GradientSync(device, objects))
+        self.trainer = join_rank(self.cfg, self.rank, self.cfg.fleet.num_gpus, address, resume,
+                                 cpus=self.cfg.fleet.trainer.cpus)
 
     def train(self) -> dict[str, Any]:
         """Train to the end of the run (or to a SIGTERM to any rank); returns this rank's summary."""
