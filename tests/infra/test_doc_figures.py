@@ -101,8 +101,11 @@ def test_readme_headline_equals_the_json():
     ours, fgd = re.search(r"`fgd-strand` (\S+) vs FGD (\S+);", row).groups()
     assert printed(default["fgd-strand"]["alloc_pct_at_100_mean"], ours)
     assert printed(default["fgd"]["alloc_pct_at_100_mean"], fgd)
-    submit = re.search(r"`submit` p99 .*\| (\S+) ms \|", README).group(1)
-    assert printed(results("bench/bench_scheduler_quiet.json")["fill"]["submit_latency_p99_ms"], submit)
+    ratio, submit, cpu = re.search(r"`submit` p99 .*\| (\S+)x FGD \((\S+) ms on a 2-core (.+?), load", README).groups()
+    bench = json.loads((FIGURES / "bench" / "bench_scheduler_quiet.json").read_text())
+    assert printed(bench["results"]["fill"]["ratio_submit_latency_p99_ms_vs_fgd"], ratio)
+    assert printed(bench["results"]["fill"]["submit_latency_p99_ms"], submit)
+    assert bench["machine"]["cpu_model"] == cpu
 
 
 def test_results_scheduler_table_equals_the_json_and_the_scheduler_page():
