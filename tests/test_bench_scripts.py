@@ -70,6 +70,11 @@ CITED: dict[str, Smoke | Elsewhere] = {
                                    ("success", "ci95", "episodes", "tasks.reach.success"), slow=True),  # trains first
 }
 """How each cited benchmark is smoke-run."""
+MODES: dict[str, Smoke] = {
+    "bench_multiplex.py --real": Smoke(("--real", "--real-jobs", "2", "--real-iterations", "1"), (
+        "real.gpu_hours_saved_pct", "real.max_slowdown", "sim_vs_real_error_pct"), slow=True),  # a local Ray cluster
+}
+"""Second modes of a cited benchmark that docs/results.md quotes (``SCRIPT --flag``), each smoke-run too."""
 
 
 def cited_scripts() -> set[str]:
@@ -121,7 +126,7 @@ def checkpoint(tmp_path_factory) -> str:
 
 def _params() -> list:
     return [pytest.param(name, how, id=name, marks=[pytest.mark.slow] if how.slow else [])
-            for name, how in CITED.items() if isinstance(how, Smoke)]
+            for name, how in (*CITED.items(), *MODES.items()) if isinstance(how, Smoke)]
 
 
 @pytest.mark.parametrize(("name", "smoke"), _params())
@@ -132,7 +137,7 @@ def test_cited_benchmark_writes_the_quoted_keys(name, smoke, inputs, request, tm
     out = tmp_path / "out.json"
     env = {**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # this checkout
-    cmd = [sys.executable, str(ROOT / "scripts" / name), *(a.format(**values) for a in smoke.args), "--json", str(out)]
+    cmd = [sys.executable, str(ROOT / "scripts" / name.split()[0]), *(a.format(**values) for a in smoke.args), "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     report = json.loads(out.read_text())
