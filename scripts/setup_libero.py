@@ -16,9 +16,9 @@ import argparse
 import json
 import sys
 
-from sims.libero.regions import ensure_region_starts
 from sims.libero.suites import all_task_ids, cache_dir
 from sims.libero.toolchain.install import ensure_lan, ensure_tasks, ensure_toolchain, folder_size
+from sims.libero.toolchain.region_starts import ensure_region_starts
 
 
 def main() -> None:

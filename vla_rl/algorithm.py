@@ -118,24 +118,6 @@ class Algorithm(ABC):
         """Restore what :meth:`state_dict` returned."""
 
 
-def algorithm_class(name: str) -> type[Algorithm]:
-    """The algorithm registered as ``name`` (``ppo``, ``grpo``, ``distill``, ``sft``)."""
-    # The modules register their algorithms when imported (here: they import this module).
-    import vla_rl.distill
-    import vla_rl.grpo
-    import vla_rl.ppo
-    import vla_rl.sft  # noqa: F401
-
-    if name not in Algorithm.registry:
-        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(Algorithm.registry))}")
-    return Algorithm.registry[name]
-
-
-def make_algorithm(cfg: TrainConfig, setup: Setup) -> Algorithm:
-    """Build the algorithm ``cfg.algo`` names for the policy and environments of ``setup``."""
-    return algorithm_class(cfg.algo)(cfg, setup)
-
-
 def chunk_length(action: torch.Tensor, batch_dims: int) -> int:
     """K of actions ``[..., K, A]`` (1 without action chunks)."""
     return action.shape[batch_dims] if action.dim() == batch_dims + 2 else 1

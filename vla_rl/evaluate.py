@@ -23,7 +23,8 @@ from tensordict import TensorDict
 from torch import nn
 
 import sims
-from sims.libero.vec_env import MAX_STEPS, SETTLE_STEPS
+from sims.libero.suites import MAX_STEPS
+from sims.libero.vec_env import SETTLE_STEPS
 from vla_rl.rollout import EpisodeResult, EpisodeStats, Timer, env_step
 
 

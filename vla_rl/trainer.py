@@ -31,7 +31,8 @@ from infra.common.limits import check_param_bytes
 from infra.common.run_dir import RunDirLock
 from infra.common.runlog import CONFIG, CURVES, METRICS, SUMMARY, Curves, Panel, RunLog
 from vla_rl import checkpoint as ckpt
-from vla_rl.algorithm import Setup, algorithm_class, make_algorithm
+from vla_rl.algorithm import Setup
+from vla_rl.algorithm_registry import algorithm_class, make_algorithm
 from vla_rl.config import (
     RESUMABLE_KEYS,
     ConfigError,

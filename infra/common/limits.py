@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from infra.common.errors import ConfigError
+
 SHORT_CHARS = 80
 """Longest rendering of a value quoted in an error message."""
 
@@ -40,8 +42,6 @@ def memory_bytes() -> int:
 
 def check_threads(threads: int, key: str = "threads") -> None:
     """``ConfigError`` unless ``1 <= threads <= cores()`` (more threads than cores only slow a job down)."""
-    from infra.common.typed_config import ConfigError  # which imports this module
-
     have = cores()
     if not 1 <= threads <= have:
         raise ConfigError(f"{key}={short(threads)} must be between 1 and the {have} cores this process may use: "
@@ -51,8 +51,6 @@ def check_threads(threads: int, key: str = "threads") -> None:
 def check_param_bytes(count: int, what: str, bytes_per: int = 4, share: float = 0.8) -> None:
     """``ConfigError`` when ``count`` parameters of ``bytes_per`` bytes each would take over ``share`` of this
     machine's memory: checked from the sizes a config names, before any tensor is made."""
-    from infra.common.typed_config import ConfigError  # which imports this module
-
     need, have = count * bytes_per, memory_bytes()
     if need > share * have:
         raise ConfigError(f"{what}: {count:,} parameters need {need / 2**30:.1f} GiB, over {share:.0%} of this "

@@ -26,11 +26,8 @@ from typing import Any, Literal
 
 import yaml
 
+from infra.common.errors import ConfigError
 from infra.common.limits import short
-
-
-class ConfigError(ValueError):
-    """A configuration value, key or file is invalid; the message names the fix."""
 
 
 def _coerce(value: Any, tp: Any, path: str) -> Any:

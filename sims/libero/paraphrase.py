@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sims.libero.suites import SUITES, parse_task_id
+from sims.libero.suites import SUITES, parse_task_id, resolve_libero_task
 
 INSTRUCTION_MODES = ("original", "paraphrase")
 """What training and validation episodes are instructed with: ``original``, the task's BDDL
@@ -300,7 +300,6 @@ def libero_training_groups(task: str, mode: str, cache: str | None = None) -> li
         ValueError: an unknown task or mode. FileNotFoundError: a task not in the cache (naming the setup command).
     """
     from sims.libero.scene import load_task
-    from sims.libero.vec_env import resolve_libero_task
 
     ids = resolve_libero_task(task)
     return split_groups(ids, [load_task(t, cache).instruction for t in ids], "train", mode)

@@ -13,16 +13,9 @@ from sims.libero.expert import expert_for
 from sims.libero.paraphrase import libero_training_groups
 from sims.libero.scene import CAMERAS
 from sims.libero.sim import libero_render_config
+from sims.libero.suites import MAX_STEPS, is_libero_task, resolve_libero_task
 from sims.libero.toolchain.install import missing_variants
-from sims.libero.vec_env import (
-    BACKENDS,
-    LIBERO_SPLITS,
-    MAX_STEPS,
-    LiberoEnvConfig,
-    LiberoVectorEnv,
-    is_libero_task,
-    resolve_libero_task,
-)
+from sims.libero.vec_env import BACKENDS, LIBERO_SPLITS, LiberoEnvConfig, LiberoVectorEnv
 from sims.registry import EvalProtocol, MemoryModel, Suite, register
 from sims.render import RenderConfig
 

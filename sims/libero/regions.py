@@ -22,19 +22,12 @@ counts and hash seeds. :func:`draw` picks an episode's start from ``(seed, group
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from sims.libero.suites import LIBERO_SUITE, cache_dir, parse_task_id
+from sims.libero.suites import cache_dir, parse_task_id
 
 FILE = "region_starts.npz"
 #: Starts written per task: each is one hard reset of LIBERO's env (about 0.3 CPU-seconds).
@@ -74,86 +67,3 @@ def load_region_starts(task_id: str, cache: str | os.PathLike | None = None) -> 
 def draw(count: int, seed: int, group: int, episode: int, stream: int) -> int:
     """The start index in ``0..count-1`` of episode ``episode`` of group ``group`` (a pure function of its arguments)."""
     return int(np.random.default_rng([seed, group, episode, stream]).integers(count))
-
-
-def ensure_region_starts(task_ids: list[str], count: int = DEFAULT_COUNT,
-                         cache: str | os.PathLike | None = None) -> list[str]:
-    """Write ``count`` region-sampled starts for each task of ``task_ids`` lacking that many (the task exported
-    first if needed). Returns the ids written.
-
-    Raises:
-        RuntimeError: LIBERO's sampler failed in the toolchain process (the message names the task).
-    """
-    from sims.libero.toolchain.install import ensure_tasks, ensure_toolchain
-
-    root = cache_dir(cache)
-    ensure_tasks(task_ids, root)
-    todo = []
-    for spec in task_ids:
-        suite, index = parse_task_id(spec)
-        path = root / suite / str(index) / FILE
-        if path.is_file():
-            with np.load(path) as f:
-                if len(f["states"]) >= count:
-                    continue
-        todo.append(f"{suite}/{index}")
-    if not todo:
-        return []
-    site = ensure_toolchain(root)
-    repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]),
-           "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "NUMBA_CACHE_DIR": str(root / "numba-cache")}
-    for task_id in todo:
-        proc = subprocess.run([sys.executable, "-m", "sims.libero.regions", "--cache", str(root), "--count",
-                               str(count), task_id], env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"sampling LIBERO's region starts of {task_id} failed ({last})")
-    return todo
-
-
-def sample_task(suite: str, index: int, count: int, cache: Path) -> dict[str, Any]:
-    """In the toolchain's process: run LIBERO's reset for seeds ``0..count-1`` and write the task's
-    :data:`FILE` (module docstring)."""
-    from libero.libero import benchmark, get_libero_path
-    from libero.libero.envs.env_wrapper import ControlEnv
-
-    start = time.perf_counter()
-    task = benchmark.get_benchmark_dict()[LIBERO_SUITE[suite]]().get_task(index)
-    bddl = Path(get_libero_path("bddl_files")) / task.problem_folder / task.bddl_file
-    env = ControlEnv(bddl_file_name=str(bddl), camera_names=[], use_camera_obs=False, has_offscreen_renderer=False,
-                     control_freq=20)
-    fixtures = tuple(sorted(obj.root_body for obj in env.env.fixtures_dict.values()))
-    states, pos, quat = [], [], []
-    for seed in range(count):
-        np.random.seed(seed)  # LIBERO's samplers and the robot's noise draw from numpy's global state
-        env.reset()
-        sim = env.env.sim
-        states.append(np.asarray(sim.get_state().flatten(), np.float64))
-        bodies = [sim.model.body_name2id(name) for name in fixtures]
-        pos.append(np.array(sim.model.body_pos[bodies]).reshape(len(fixtures), 3))
-        quat.append(np.array(sim.model.body_quat[bodies]).reshape(len(fixtures), 4))
-    env.close()
-    out = cache / suite / str(index)
-    tmp = out / f".{FILE}"
-    with open(tmp, "wb") as f:
-        np.savez_compressed(f, states=np.stack(states), fixtures=np.array(fixtures, dtype=str),
-                            fixture_pos=np.stack(pos), fixture_quat=np.stack(quat))
-    os.replace(tmp, out / FILE)
-    return {"task": f"{suite}/{index}", "starts": count, "fixtures": list(fixtures),
-            "seconds": round(time.perf_counter() - start, 1)}
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="write LIBERO's region-sampled starts of cached tasks")
-    parser.add_argument("--cache", type=Path, required=True)
-    parser.add_argument("--count", type=int, default=DEFAULT_COUNT)
-    parser.add_argument("tasks", nargs="+", help="suite/index, e.g. spatial/0")
-    args = parser.parse_args(argv)
-    for spec in args.tasks:
-        suite, index = parse_task_id(spec)
-        print(json.dumps(sample_task(suite, index, args.count, args.cache)), flush=True)
-
-
-if __name__ == "__main__":
-    main()

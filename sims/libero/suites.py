@@ -9,8 +9,11 @@ from pathlib import Path
 LIBERO_SUITE = {"spatial": "libero_spatial", "object": "libero_object", "goal": "libero_goal", "10": "libero_10"}
 SUITES = tuple(LIBERO_SUITE)
 TASKS_PER_SUITE = 10
-# The episode limit LIBERO's evaluation gives each suite, in 20 Hz control steps (its
-# ``max_steps`` in OpenVLA-OFT's and RLinf's LIBERO evaluation scripts).
+PREFIX = "libero_"
+"""A task of :func:`sims.make_vec_env` naming LIBERO tasks starts with this (``libero_spatial``, ``libero_goal/3``)."""
+# The episode limit LIBERO's evaluation gives each suite after its settle, in 20 Hz control steps (its
+# ``max_steps`` in OpenVLA-OFT's and RLinf's LIBERO evaluation scripts, set from each suite's longest
+# demonstration), which later LIBERO RL work reuses.
 MAX_STEPS = {"spatial": 220, "object": 280, "goal": 300, "10": 520}
 
 
@@ -46,3 +49,28 @@ def parse_task_id(spec: str) -> tuple[str, int]:
 def all_task_ids() -> list[str]:
     """Every task of the four suites, ``["spatial/0", ..., "10/9"]``."""
     return [f"{s}/{i}" for s in SUITES for i in range(TASKS_PER_SUITE)]
+
+
+def is_libero_task(task: str) -> bool:
+    """Whether ``task`` names LIBERO tasks (``libero_<suite>`` or ``libero_<suite>/<i>``)."""
+    return task.startswith(PREFIX)
+
+
+def resolve_libero_task(task: str) -> tuple[str, ...]:
+    """Task ids of ``task``: ``libero_spatial`` -> ``("spatial/0", ..., "spatial/9")``, ``libero_goal/3`` -> ``("goal/3",)``.
+
+    Raises:
+        ValueError: an unknown suite or task index (one line naming the valid forms).
+    """
+    name = task.removeprefix(PREFIX)
+    suite, sep, _ = name.partition("/")
+    try:
+        if not is_libero_task(task):
+            raise ValueError
+        if not sep:
+            parse_task_id(f"{suite}/0")
+            return tuple(f"{suite}/{i}" for i in range(TASKS_PER_SUITE))
+        return ("{}/{}".format(*parse_task_id(name)),)
+    except ValueError:
+        raise ValueError(f"unknown LIBERO task {task!r}; use libero_<suite> or libero_<suite>/<0..{TASKS_PER_SUITE - 1}> "
+                         f"with suite one of {', '.join(SUITES)} (e.g. libero_spatial, libero_goal/3)") from None

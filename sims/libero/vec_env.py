@@ -69,18 +69,14 @@ from sims.libero.scene import (
     load_task,
 )
 from sims.libero.sim import LiberoSim
-from sims.libero.suites import SUITES, TASKS_PER_SUITE, parse_task_id
+from sims.libero.suites import MAX_STEPS, parse_task_id, resolve_libero_task
 from sims.render import RenderConfig
 from sims.vec_env import ArrayVectorEnv, VecEnvConfig
 
-PREFIX = "libero_"
 LIBERO_SPLITS = ("train", "validation", "fixed", "lan", "paraphrase")
 FIXED_STATE_SPLITS = ("fixed", "lan", "paraphrase")  # test splits: LIBERO's fixed initial states, in order
 BACKENDS = ("batch", "warp")
 """The physics backends LIBERO runs on."""
-#: Control steps per episode after settling: the limits of OpenVLA's LIBERO evaluation script
-#: (``run_libero_eval.py``, set from each suite's longest demonstration), which later LIBERO RL work reuses.
-MAX_STEPS = {"spatial": 220, "object": 280, "goal": 300, "10": 520}
 SETTLE_STEPS = 10
 ACTION_DIM = 7
 PROPRIO_DIM = 8
@@ -88,31 +84,6 @@ _STREAM = {"train": 0x11B0, "validation": 0x11B1}  # seed streams of the jittere
 #: Arm controllers by name, and the arm each drives (:func:`sims.libero.scene.build_model`'s ``arm``).
 CONTROLLERS = {"servo": "servo", "osc": "torque"}
 STARTS = ("jitter", "regions")
-
-
-def is_libero_task(task: str) -> bool:
-    """Whether ``task`` names LIBERO tasks (``libero_<suite>`` or ``libero_<suite>/<i>``)."""
-    return task.startswith(PREFIX)
-
-
-def resolve_libero_task(task: str) -> tuple[str, ...]:
-    """Task ids of ``task``: ``libero_spatial`` -> ``("spatial/0", ..., "spatial/9")``, ``libero_goal/3`` -> ``("goal/3",)``.
-
-    Raises:
-        ValueError: an unknown suite or task index (one line naming the valid forms).
-    """
-    name = task.removeprefix(PREFIX)
-    suite, sep, _ = name.partition("/")
-    try:
-        if not is_libero_task(task):
-            raise ValueError
-        if not sep:
-            parse_task_id(f"{suite}/0")
-            return tuple(f"{suite}/{i}" for i in range(TASKS_PER_SUITE))
-        return ("{}/{}".format(*parse_task_id(name)),)
-    except ValueError:
-        raise ValueError(f"unknown LIBERO task {task!r}; use libero_<suite> or libero_<suite>/<0..{TASKS_PER_SUITE - 1}> "
-                         f"with suite one of {', '.join(SUITES)} (e.g. libero_spatial, libero_goal/3)") from None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import torch
 import sims
 from sims.libero.scene import load_lan, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
+from sims.libero.suites import resolve_libero_task
 from sims.libero.toolchain.install import ensure_lan, ensure_tasks, export_lan
 from sims.libero.vec_env import (
     LIBERO_SPLITS,
@@ -24,7 +25,6 @@ from sims.libero.vec_env import (
     LiberoEnvConfig,
     LiberoVectorEnv,
     jitter_roots,
-    resolve_libero_task,
     shared_model,
 )
 from vla_rl.config import CONFIG_DIR, ConfigError, load_config

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import sims
-from sims.libero.regions import FILE, ensure_region_starts, load_region_starts
+from sims.libero.regions import FILE, load_region_starts
 from sims.libero.scene import load_task
 from sims.libero.sim import libero_render_config
 from sims.libero.suites import cache_dir
 from sims.libero.toolchain.install import ensure_toolchain
+from sims.libero.toolchain.region_starts import ensure_region_starts
 
 TASK = "spatial/6"  # the bowl beside the cookie box: a cabinet and a stove, both fixtures placed in regions
 COUNT = 3
@@ -53,7 +54,7 @@ def test_a_seed_gives_the_same_start_in_another_process(starts, tmp_path):
     site = ensure_toolchain(root)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.getcwd()]), "PYTHONHASHSEED": "12345",
            "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "NUMBA_CACHE_DIR": str(root / "numba-cache")}
-    proc = subprocess.run([sys.executable, "-m", "sims.libero.regions", "--cache", str(tmp_path), "--count", "2", TASK],
+    proc = subprocess.run([sys.executable, "-m", "sims.libero.toolchain.region_starts", "--cache", str(tmp_path), "--count", "2", TASK],
                           env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = load_region_starts(TASK, tmp_path)

@@ -39,7 +39,7 @@ from infra.ray_cluster.realize import LOOPBACK, node_args, secure_local_ray, sta
 from infra.scheduler.requests import RequestError
 from infra.service.actor import HandleState
 from infra.service.client import GangBackend, GangFailed, GangHandle, connect
-from vla_rl.algorithm import algorithm_class
+from vla_rl.algorithm_registry import algorithm_class
 from vla_rl.checkpoint import LATEST
 from vla_rl.fleet.collector import FleetCollector, FleetError, await_shards
 from vla_rl.fleet.data_parallel import DataParallelFleet

@@ -30,7 +30,7 @@ def join_rank(cfg: Any, rank: int, world: int, address: str, resume: bool = Fals
     """
     import torch.distributed as dist
 
-    from vla_rl.algorithm import algorithm_class
+    from vla_rl.algorithm_registry import algorithm_class
     from vla_rl.device import resolve_device
     from vla_rl.distributed import GradientSync
     from vla_rl.envs import make_env

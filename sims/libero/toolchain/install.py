@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from infra.common.files import atomic_path, write_atomic
-from sims.libero.suites import LIBERO_SUITE, cache_dir, parse_task_id
+from sims.libero.suites import LIBERO_SUITE, cache_dir, parse_task_id, resolve_libero_task
 
 # What the export process imports, installed without dependencies (the project supplies numpy,
 # mujoco, scipy, PyYAML, gymnasium, matplotlib, networkx, pillow, PyOpenGL).
@@ -183,7 +183,6 @@ def missing_variants(task: str, with_lan: bool = False, cache: str | os.PathLike
     """A one-line error naming the setup command if a task of env task ``task`` (``libero_spatial``), or with
     ``with_lan`` its ``_lan`` variant, is not cached; "" when all are."""
     from sims.libero.suites import setup_hint
-    from sims.libero.vec_env import resolve_libero_task
 
     root = cache_dir(cache)
     ids = list(resolve_libero_task(task))
