@@ -225,8 +225,12 @@ def test_a_crafted_record_with_a_valid_checksum_runs_no_code(tmp_path, planted):
         import struct
         import zlib
 
-        body = pickle.dumps((7, "tick", (Boom(),)))
-        line = struct.pack("<II", len(body), zlib.crc32(body)) + body
+        def record(pad: str) -> bytes:
+            body = pickle.dumps((7, "tick", (Boom(),), pad))
+            return struct.pack("<II", len(body), zlib.crc32(body)) + body
+
+        # One damaged record: a newline byte in the binary length, checksum or body would make two.
+        line = next(r for r in map(record, ("", "x", "xx", "xxx", "xxxx")) if b"\n" not in r)
     else:
         args = ({"$fn": "os.system"} if planted == "function"
                 else {"$obj": ["subprocess.Popen", {"args": f"touch {marker}"}]})
