@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import subprocess
 import sys
 import time
@@ -52,6 +51,7 @@ from rich.console import Console
 from rich.table import Table
 from setup_libero_venv import clean_env, ensure_libero_venv
 
+from infra.common.provenance import load_average
 from sims.libero.controller import PandaController
 from sims.libero.scene import VISUAL_FACES, LiberoLayout, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
@@ -60,11 +60,6 @@ from sims.libero.toolchain.install import ensure_tasks
 
 TARGET_SPEEDUP = 20.0
 ROBOSUITE_DRIVER = Path(__file__).resolve().parent / "libero_robosuite_steps.py"
-
-
-def load() -> list[float]:
-    """The 1, 5 and 15 minute load averages (``uptime``), rounded."""
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def rate_and_cpu(fn: Callable[[], None], seconds: float, min_calls: int = 3,
@@ -130,7 +125,7 @@ def bench_sim(task_id: str, num_envs: int, size: int, seconds: float, actions: s
     row = {"num_envs": num_envs, "env_steps_per_s": full * num_envs, "frames_per_s": 2 * full * num_envs,
            "cpu_ms_per_env_step": 1e3 * cpu / num_envs, "no_render_env_steps_per_s": no_render * num_envs,
            "no_render_cpu_ms_per_env_step": 1e3 * cpu_no_render / num_envs, "build_s": round(build_s, 2),
-           "first_step_s": round(first_step_s, 2), "load_after": load()}
+           "first_step_s": round(first_step_s, 2), "load_after": load_average()}
     if backend == "warp":
         row["graphs_captured"] = sim.backend.graphs_captured
     return row
@@ -153,7 +148,7 @@ def bench_robosuite(python: Path, task_id: str, size: int, seconds: float, actio
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"LIBERO's robosuite environment failed in {python}: {last}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**result, "load_after": load()}
+    return {**result, "load_after": load_average()}
 
 
 def speedups(robosuite: dict[str, Any] | None, robosuite_no_render: dict[str, Any] | None,
@@ -229,7 +224,7 @@ def main() -> None:
         sys.exit(f"bench_libero: {err}")
     console = Console(width=max(Console().width, 140))  # the table's eleven columns
     results: dict[str, Any] = {"task": args.task, "size": args.size, "actions": args.actions, "threads": args.threads,
-                               "load_before": load()}
+                               "load_before": load_average()}
     if python is not None:
         for key, cameras in (("robosuite", True), ("robosuite_no_render", False)):
             with console.status(f"LIBERO's robosuite environment, one process, {'both' if cameras else 'no'} cameras"):
@@ -247,7 +242,7 @@ def main() -> None:
         if args.json:
             write_report(args.json, vars(args), results)
     results.update(speedups(results.get("robosuite"), results.get("robosuite_no_render"), results["batch"]),
-                   load_after=load())
+                   load_after=load_average())
     print_table(console, args.task, results)
     if args.json:
         write_report(args.json, vars(args), results)
