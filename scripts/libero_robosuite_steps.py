@@ -9,8 +9,10 @@ What it times is what LIBERO's evaluation scripts run: ``OffScreenRenderEnv`` (t
 LIBERO's OSC_POSE controller, 20 Hz control, ``agentview`` and ``robot0_eye_in_hand`` at
 ``--size`` x ``--size``), set to the task's fixed initial state 0, then ``env.step(action)``
 (physics, both cameras, proprioception, reward) with random actions uniform in [-1, 1]^7 or zero
-actions, for about ``--seconds`` after ``--warmup`` untimed steps. One process, one environment.
-``--no-cameras`` builds it without cameras and offscreen renderer (the same step, no frames).
+actions, for about ``--seconds`` after ``--warmup`` untimed steps. One process, one environment
+(``bench_libero.py`` starts as many as the machine has cores, each timed from the same ``--wait-go``
+signal, for the parallel figure). ``--no-cameras`` builds it without cameras and offscreen renderer
+(the same step, no frames).
 
 Output keys: ``env_steps_per_s``, ``frames_per_s`` (cameras x env-steps/s),
 ``cpu_ms_per_env_step`` (the process's CPU time, all threads incl. Mesa's, per step), ``steps``,
@@ -23,6 +25,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +40,9 @@ def main() -> None:
     parser.add_argument("--actions", choices=("random", "zero"), default="random")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-cameras", action="store_true", help="no camera observations, no renderer")
+    parser.add_argument("--wait-go", action="store_true",
+                        help="after the warm-up print 'ready' and wait for a line on stdin before timing (several "
+                             "processes timed over the same seconds)")
     args = parser.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -67,6 +73,9 @@ def main() -> None:
 
     for _ in range(args.warmup):
         env.step(action())
+    if args.wait_go:
+        print("ready", flush=True)
+        sys.stdin.readline()
     steps, start, cpu = 0, time.perf_counter(), time.process_time()
     while steps < 3 or time.perf_counter() - start < args.seconds:
         env.step(action())

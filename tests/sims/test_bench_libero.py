@@ -39,23 +39,43 @@ def _positive(row: dict, keys: set[str]) -> None:
 def test_batch_smoke_writes_positive_figures(tmp_path):
     report = _bench(tmp_path, "--skip-robosuite")
     r = report["results"]
-    assert r["task"] == "spatial/0" and [b["num_envs"] for b in r["batch"]] == [2]
-    _positive(r["batch"][0], ROW_KEYS | {"no_render_env_steps_per_s", "no_render_cpu_ms_per_env_step"})
-    assert r["batch"][0]["frames_per_s"] == pytest.approx(2 * r["batch"][0]["env_steps_per_s"])
+    assert r["task"] == "spatial/0" and r["controller"] == "osc"
+    for setting in ("like", "lod"):
+        rows = r[f"batch_{setting}"]
+        assert [b["num_envs"] for b in rows] == [2] and rows[0]["controller"] == "osc"
+        _positive(rows[0], ROW_KEYS | {"no_render_env_steps_per_s", "no_render_cpu_ms_per_env_step"})
+        assert rows[0]["frames_per_s"] == pytest.approx(2 * rows[0]["env_steps_per_s"])
+    # LIBERO's full meshes with 4x multisampling cost more per frame than the decimated ones without
+    assert r["batch_like"][0]["cpu_ms_per_env_step"] > r["batch_lod"][0]["cpu_ms_per_env_step"]
+    vd = r["visual_difference"]
+    assert 0 < vd["mean_abs_agentview"] < 12 and 0 < vd["mean_abs_wrist"] < 12 and vd["states"] == 4
     assert len(r["load_before"]) == 3 and len(r["load_after"]) == 3 and "machine" in report
-    assert "robosuite" not in r and "speedup" not in r
+    assert "robosuite" not in r and r["comparisons"] == {"like": {}, "lod": {}}
 
 
-@pytest.mark.slow  # makes .venv-libero when absent (conftest); LIBERO's environment builds twice (with and without cameras), then the batch side: 46-110 s
-def test_robosuite_side_and_ratio(tmp_path, libero_python):
-    r = _bench(tmp_path, "--libero-python", str(libero_python))["results"]
+def test_refuses_sizes_before_any_work(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_libero.py"), "--procs", "0",
+                           "--skip-robosuite", "--json", str(tmp_path / "b.json")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1 and "--procs" in proc.stderr and not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.slow  # makes .venv-libero when absent (conftest); LIBERO's environment builds four times (two at once, one, one without cameras), then the batch side
+def test_robosuite_side_and_ratios(tmp_path, libero_python):
+    r = _bench(tmp_path, "--libero-python", str(libero_python), "--procs", "2", "--settings", "lod")["results"]
     _positive(r["robosuite"], ROW_KEYS)
     assert r["robosuite"]["versions"]["robosuite"] == "1.4.0" and r["robosuite"]["versions"]["mujoco"] == "2.3.7"
     assert r["robosuite_no_render"]["env_steps_per_s"] > 0 and r["robosuite_no_render"]["cameras"] == []
-    assert r["speedup"]["2"] == pytest.approx(r["batch"][0]["env_steps_per_s"] / r["robosuite"]["env_steps_per_s"])
-    assert r["target_met"] == (r["best_speedup"] >= 20) and r["no_render_speedup"]["2"] > 0
-    assert r["no_render_cpu_speedup"]["2"] > 0
-    assert r["cpu_speedup"]["2"] == pytest.approx(r["robosuite"]["cpu_ms_per_env_step"] / r["batch"][0]["cpu_ms_per_env_step"])
+    par = r["robosuite_parallel"]
+    assert par["procs"] == 2 and len(par["per_process_env_steps_per_s"]) == 2 and par["cpu_ms_per_env_step"] > 0
+    assert par["env_steps_per_s"] == pytest.approx(sum(par["per_process_env_steps_per_s"]))
+    lod, cmp = r["batch_lod"][0], r["comparisons"]["lod"]
+    assert cmp["vs_parallel"]["speedup"]["2"] == pytest.approx(lod["env_steps_per_s"] / par["env_steps_per_s"])
+    assert cmp["vs_one"]["speedup"]["2"] == pytest.approx(lod["env_steps_per_s"] / r["robosuite"]["env_steps_per_s"])
+    assert cmp["vs_parallel"]["cpu_speedup"]["2"] == pytest.approx(par["cpu_ms_per_env_step"] / lod["cpu_ms_per_env_step"])
+    assert cmp["no_render_vs_one"]["speedup"]["2"] > 0
+    assert cmp["target_speedup"] == 15 and cmp["target_met"] == (cmp["best_speedup"] >= 15)
+    assert "batch_like" not in r and "like" not in r["comparisons"]
 
 
 def test_venv_made_once_and_remade_when_requirements_change(monkeypatch, tmp_path):
