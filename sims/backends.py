@@ -59,15 +59,18 @@ class BatchBackend:
     xp = ax = np
     renders = False
 
-    def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, num_threads: int | None = None):
-        """Args: model; num_envs simulations; frame_skip substeps per step; num_threads (None: all CPUs)."""
+    def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, num_threads: int | None = None,
+                 persistent: bool = False):
+        """Args: model; num_envs simulations; frame_skip substeps per step; num_threads (None: all CPUs);
+        persistent: keep one ``MjData`` per simulation (always with sleeping), so that a step's ``stage``
+        (:meth:`step`) carries into the next step instead of being computed twice."""
         self.model = model
         self.frame_skip = frame_skip
         nthread = num_threads if num_threads is not None else (os.cpu_count() or 1)
         # Sleeping needs one MjData per simulation (a persistent batch).
         sleep = bool(model.opt.enableflags & mujoco.mjtEnableBit.mjENBL_SLEEP)
         self.batch = mujoco.batch.Batch(model, num_envs, nthread=max(1, min(nthread, num_envs)),
-                                        persistent=sleep)
+                                        persistent=sleep or persistent)
         self._qpos = self.batch.bind("qpos")
         self._qvel = self.batch.bind("qvel")
         self._ctrl = self.batch.bind("ctrl")
@@ -118,10 +121,12 @@ class BatchBackend:
         self._mocap_pos[ids] = mocap_pos
         self._ctrl[ids] = ctrl
 
-    def step(self, ctrl: np.ndarray) -> None:
-        """Apply ``ctrl`` [N, nu] and advance every simulation by ``frame_skip`` substeps."""
+    def step(self, ctrl: np.ndarray, stage: int = mujoco.mjtStage.mjSTAGE_NONE) -> None:
+        """Apply ``ctrl`` [N, nu] and advance every simulation by ``frame_skip`` substeps; ``stage``: the forward
+        stages to compute at the new state (``mujoco.batch.Batch.step``; NONE: derived fields describe the state
+        before the last substep, as after ``mj_step``)."""
         self._ctrl[:] = ctrl
-        self.batch.step(nstep=self.frame_skip)
+        self.batch.step(nstep=self.frame_skip, stage=stage)
         self._log.append(np.array(ctrl, dtype=np.float64))
         self._t += 1
 

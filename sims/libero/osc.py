@@ -287,22 +287,23 @@ class OscController:
                                                             self.state.goal_mat)
         return act
 
-    def substep(self, sim: Any, grip_command: Any) -> None:
-        """One physics substep: ramp the gripper state by the command's sign, recompute the torques, step."""
+    def substep(self, sim: Any, grip_command: Any, last: bool = True) -> None:
+        """One physics substep: ramp the gripper state by the command's sign, recompute the torques, step
+        (``last``: every derived field current after it, else what the next substep's torques read)."""
         lay = sim.layout
         ctrl = sim.current_ctrl()
         self.state.grip = gripper_step(self.state.grip, grip_command)
         ctrl[:, lay.gripper_act] = gripper_targets(self.state.grip, self._finger_range)
         ctrl[:, lay.arm_act] = self.torques(sim)
         self.state.stale = self.state.stale & False
-        sim.step(ctrl)
+        sim.step(ctrl, accelerations=last)
 
     def step(self, sim: Any, action: Any) -> None:
         """One control step of LIBERO actions ``action`` [N, 7]: set the goal, then ``substeps`` physics substeps
         each with torques and gripper targets recomputed from the state."""
         act = self.set_goal(sim, action)
-        for _ in range(self.substeps):
-            self.substep(sim, act[:, 6])
+        for k in range(self.substeps):
+            self.substep(sim, act[:, 6], last=k == self.substeps - 1)
 
 
 def settle(task: Any, model: Any, qpos: np.ndarray, qvel: np.ndarray, steps: int,
