@@ -47,6 +47,10 @@ class EvalProtocol:
     fixed_states: bool = False
     """Each task plays the split's fixed initial states ``0 .. episodes - 1`` once (``episodes`` per task,
     ``num_envs`` per task dividing it), as LIBERO evaluates; otherwise fresh episodes of each split overall."""
+    test_splits: tuple[str, ...] = ()
+    """Splits whose episodes start at the benchmark's test states (LIBERO's fixed initial states): test data only,
+    never the start of a demonstration, a training or a validation episode (``vla_rl`` refuses them in a run's
+    ``eval.splits``)."""
 
 
 @dataclass(frozen=True)

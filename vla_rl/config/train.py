@@ -105,6 +105,7 @@ class TrainConfig:
         if bad_splits := sorted(set(self.eval.splits) - set(splits)):
             raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(splits)} "
                               f"(env.task={self.env.task})")
+        _check_no_test_states(self)
         if self.env.kind == "sims" and self.stop_success is not None and "validation" not in self.eval.splits:
             raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
         _check_algo(self)
@@ -203,13 +204,34 @@ def _check_algo(cfg: TrainConfig) -> None:
                           "init_from=CHECKPOINT, or policy.head.init_log_std for a fresh policy")
     if cfg.init_log_std is not None and getattr(getattr(cfg.policy, "head", None), "kind", "") != "gaussian":
         raise ConfigError(f"init_log_std={cfg.init_log_std} needs a Gaussian action head (policy.head.kind=gaussian)")
+    rl_only = [k for k in ("clip_coef_high", "rollout_temperature") if getattr(optim, k) != getattr(OptimConfig(), k)]
+    if cfg.algo in ("sft", "distill") and rl_only:
+        raise ConfigError(f"{cfg.algo}.optim.{rl_only[0]} acts in the clipped RL update (algo=ppo or grpo); leave "
+                          f"it at {getattr(OptimConfig(), rl_only[0])} for algo={cfg.algo}")
     if cfg.algo == "grpo":
+        try:
+            cfg.grpo.validate()
+        except ValueError as exc:
+            raise ConfigError(f"grpo.{exc}") from exc
         if cfg.env.kind != "sims":
             raise ConfigError("algo=grpo needs env.kind=sims (groups of G environments sharing an initial state)")
         if cfg.env.num_envs % cfg.grpo.group_size:
             raise ConfigError(
                 f"env.num_envs={cfg.env.num_envs} must be a multiple of grpo.group_size={cfg.grpo.group_size}"
             )
+
+
+def _check_no_test_states(cfg: TrainConfig) -> None:
+    """Refuse a run that would start validation episodes at its benchmark's test states (LIBERO's fixed initial
+    states: splits ``fixed``, ``lan``, ``paraphrase``). Training episodes come from ``train`` and demonstrations
+    from ``train`` (``vla_rl.demos.collect.SPLIT``) always; the test splits are played after training only."""
+    if cfg.env.kind != "sims":
+        return
+    held = [s for s in cfg.eval.splits if s in env_suite(cfg.env).protocol.test_splits]
+    if held:
+        raise ConfigError(f"eval.splits has {held}, which start at {env_suite(cfg.env).name}'s fixed test states: "
+                          "test data only, never evaluated during training; use eval.splits=[validation] and test "
+                          "them after training (scripts/eval_libero.py, or a recipe's test.splits)")
 
 
 def _check_files(cfg: TrainConfig) -> None:
