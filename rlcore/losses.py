@@ -4,8 +4,9 @@ The clipped surrogate is PPO's (Schulman et al. 2017); group-relative advantages
 al. 2024, DeepSeekMath): each sample's reward against the other samples of its group, no critic.
 KL terms use Schulman's "k3" estimator; the clip may be asymmetric (DAPO's clip-higher), and
 :func:`group_keep_mask` is DAPO's dynamic sampling (groups that all succeed or all fail dropped).
-:func:`surrogate_loss` averages over a batch of decisions (the VLA trainer's minibatches); :func:`grpo_loss` over the counted tokens of a batch of
-completions, with the KL penalty against a frozen reference (the LLM trainer).
+:func:`surrogate_loss` averages over a batch of decisions (the VLA trainer's minibatches);
+:func:`grpo_loss` over the counted tokens of a batch of completions, with the KL penalty against a
+frozen reference (the LLM trainer).
 """
 
 from __future__ import annotations

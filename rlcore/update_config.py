@@ -117,7 +117,8 @@ OPTIM_RANGES: dict[str, Range] = {
 }
 """Valid range of every numeric field of :class:`OptimConfig`."""
 GRPO_RANGES: dict[str, Range] = {
-    "group_size": Range(2), "std_eps": POSITIVE, "min_group_success": FRACTION, "max_group_success": FRACTION, **{f"optim.{k}": r for k, r in OPTIM_RANGES.items()},
+    "group_size": Range(2), "std_eps": POSITIVE, "min_group_success": FRACTION, "max_group_success": FRACTION,
+    **{f"optim.{k}": r for k, r in OPTIM_RANGES.items()},
 }
 """Valid range of every numeric field of :class:`GRPOConfig` (dotted keys)."""
 
