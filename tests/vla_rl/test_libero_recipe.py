@@ -58,6 +58,9 @@ def _grpo_from_the_sft_checkpoint(out_dir) -> None:
     assert trainer.policy.head.temperature == 1.5
     trainer.train()
     trainer.close()
+    # Where its episodes started: training on the jittered train split, evaluation on validation, none at a fixed state.
+    assert trainer.collector.env.config.split == "train"
+    assert {which: env.config.split for which, env in trainer.eval_envs.items()} == {"validation": "validation"}
     rows = [r for r in _rows(trainer.run_dir) if "grpo/groups_dropped" in r]
     assert len(rows) == 2 and all(r["episode_success"] == 0.0 for r in rows)  # the premise
     assert all((r["grpo/groups_kept"], r["grpo/groups_dropped"], r["minibatch_steps"]) == (0.0, 1.0, 0.0) for r in rows)
@@ -91,6 +94,7 @@ def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
     report = json.loads(out.read_text())
     root = tmp_path / "libero-spatial-sft-rl"
     demos = DemoDataset(root / "demos")
+    assert json.loads((root / "demos" / "meta" / "info.json").read_text())["source"]["split"] == "train"
     assert len(demos) == 2 * 3  # two kept episodes of 3 steps
     batch = demos.batch(torch.arange(len(demos)))
     assert batch["rgb"].shape == (6, 2, 3, 16, 16) and batch["action"].shape == (6, 7) and batch["proprio"].shape == (6, 8)
