@@ -48,9 +48,8 @@ class EvalProtocol:
     """Each task plays the split's fixed initial states ``0 .. episodes - 1`` once (``episodes`` per task,
     ``num_envs`` per task dividing it), as LIBERO evaluates; otherwise fresh episodes of each split overall."""
     test_splits: tuple[str, ...] = ()
-    """Splits whose episodes start at the benchmark's test states (LIBERO's fixed initial states): test data only,
-    never the start of a demonstration, a training or a validation episode (``vla_rl`` refuses them in a run's
-    ``eval.splits``)."""
+    """Splits that play the suite's test states (LIBERO's fixed initial states): test data only, evaluated after
+    training and never used for demonstrations, training or validation (a training config naming one is refused)."""
 
 
 @dataclass(frozen=True)

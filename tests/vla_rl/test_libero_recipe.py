@@ -75,8 +75,8 @@ def test_a_recipe_that_evaluates_the_fixed_states_during_training_is_refused(tmp
     from infra.common.typed_config import ConfigError
     from vla_rl.recipe import load_recipe
 
-    with pytest.raises(ConfigError, match=rf"^recipe stage {stage}: eval\.splits has \['fixed'\], which start at "
-                                          r"libero's fixed test states"):
+    with pytest.raises(ConfigError, match=rf"^recipe stage {stage}: eval\.splits holds \['fixed'\]: libero_spatial/0's "
+                                          r"test states, never evaluated during training"):
         load_recipe(CONFIG_DIR / "libero_spatial.yaml", [*TINY, f"out_dir={tmp_path}",
                                                          f"{stage}.eval.splits=[validation,fixed]"])
     assert not any(tmp_path.iterdir())  # refused before anything was written

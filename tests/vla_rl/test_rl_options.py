@@ -170,7 +170,7 @@ def test_an_inverted_success_band_is_refused(tmp_path):
 
 @pytest.mark.parametrize("split", ["fixed", "lan", "paraphrase"])
 def test_libero_fixed_state_splits_are_refused_for_evaluation_during_training(tmp_path, split):
-    with pytest.raises(ConfigError, match=rf"^eval\.splits has \['{split}'\], which start at libero's fixed test "
-                                          r"states: test data only"):
+    with pytest.raises(ConfigError, match=rf"^eval\.splits holds \['{split}'\]: libero_spatial's test states, "
+                                          r"never evaluated during training; remove them"):
         load_config(CONFIG_DIR / "libero.yaml", [f"out_dir={tmp_path}", f"eval.splits=[validation,{split}]"])
     load_config(CONFIG_DIR / "libero.yaml", [f"out_dir={tmp_path}"])  # the shipped config evaluates validation only

@@ -105,7 +105,9 @@ class TrainConfig:
         if bad_splits := sorted(set(self.eval.splits) - set(splits)):
             raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(splits)} "
                               f"(env.task={self.env.task})")
-        _check_no_test_states(self)
+        if self.env.kind == "sims" and (test := [s for s in self.eval.splits if s in env_suite(self.env).protocol.test_splits]):
+            raise ConfigError(f"eval.splits holds {test}: {self.env.task}'s test states, never evaluated during training; "
+                              "remove them and test after training (a recipe's test.splits, scripts/eval_libero.py)")
         if self.env.kind == "sims" and self.stop_success is not None and "validation" not in self.eval.splits:
             raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
         _check_algo(self)
@@ -219,19 +221,6 @@ def _check_algo(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"env.num_envs={cfg.env.num_envs} must be a multiple of grpo.group_size={cfg.grpo.group_size}"
             )
-
-
-def _check_no_test_states(cfg: TrainConfig) -> None:
-    """Refuse a run that would start validation episodes at its benchmark's test states (LIBERO's fixed initial
-    states: splits ``fixed``, ``lan``, ``paraphrase``). Training episodes come from ``train`` and demonstrations
-    from ``train`` (``vla_rl.demos.collect.SPLIT``) always; the test splits are played after training only."""
-    if cfg.env.kind != "sims":
-        return
-    held = [s for s in cfg.eval.splits if s in env_suite(cfg.env).protocol.test_splits]
-    if held:
-        raise ConfigError(f"eval.splits has {held}, which start at {env_suite(cfg.env).name}'s fixed test states: "
-                          "test data only, never evaluated during training; use eval.splits=[validation] and test "
-                          "them after training (scripts/eval_libero.py, or a recipe's test.splits)")
 
 
 def _check_files(cfg: TrainConfig) -> None:
