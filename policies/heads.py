@@ -140,9 +140,15 @@ class BinnedActions:
 
 
 class ActionHead(nn.Module):
-    """Base class: ``head(features [N, F]) -> ActionDistribution``."""
+    """Base class: ``head(features [N, F]) -> ActionDistribution``.
+
+    ``temperature`` T (1 unless an RL algorithm sets it, ``*.optim.rollout_temperature``) widens or narrows the
+    distribution without moving its mode: the Gaussian's standard deviation times T, the binned head's logits
+    divided by T. A plain attribute, not a weight: checkpoints and a policy rebuilt from one hold T=1.
+    """
 
     action_shape: tuple[int, ...]
+    temperature: float = 1.0
 
     def forward(self, features: torch.Tensor) -> ActionDistribution:  # pragma: no cover - interface
         raise NotImplementedError
@@ -168,7 +174,8 @@ class GaussianHead(ActionHead):
 
     def forward(self, features: torch.Tensor) -> GaussianActions:
         mean = self.mean(features).view(features.shape[0], *self.action_shape)
-        return GaussianActions(mean, self.log_std)
+        log_std = self.log_std if self.temperature == 1.0 else self.log_std + math.log(self.temperature)
+        return GaussianActions(mean, log_std)
 
 
 class BinnedHead(ActionHead):
@@ -193,7 +200,7 @@ class BinnedHead(ActionHead):
 
     def forward(self, features: torch.Tensor) -> BinnedActions:
         logits = self.logits(features).view(features.shape[0], *self.action_shape, self.bins)
-        return BinnedActions(logits)
+        return BinnedActions(logits if self.temperature == 1.0 else logits / self.temperature)
 
 
 HeadKind = Literal["gaussian", "binned"]

@@ -2,9 +2,11 @@
 
 The clipped surrogate is PPO's (Schulman et al. 2017); group-relative advantages are GRPO's (Shao et
 al. 2024, DeepSeekMath): each sample's reward against the other samples of its group, no critic.
-KL terms use Schulman's "k3" estimator. :func:`surrogate_loss` averages over a batch of decisions
-(the VLA trainer's minibatches); :func:`grpo_loss` over the counted tokens of a batch of
-completions, with the KL penalty against a frozen reference (the LLM trainer).
+KL terms use Schulman's "k3" estimator; the clip may be asymmetric (DAPO's clip-higher), and
+:func:`group_keep_mask` is DAPO's dynamic sampling (groups that all succeed or all fail dropped).
+:func:`surrogate_loss` averages over a batch of decisions (the VLA trainer's minibatches);
+:func:`grpo_loss` over the counted tokens of a batch of completions, with the KL penalty against a
+frozen reference (the LLM trainer).
 """
 
 from __future__ import annotations
@@ -34,20 +36,52 @@ def group_advantages(returns: torch.Tensor, group_size: int, eps: float = 1e-6) 
     return ((groups - mean) / (std + eps)).reshape(-1)
 
 
-def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip_coef: float) -> torch.Tensor:
+def clipped_surrogate(
+    ratio: torch.Tensor, advantage: torch.Tensor, clip_coef: float, clip_coef_high: float | None = None
+) -> torch.Tensor:
     """PPO's clipped surrogate, negated to minimise, per element (inputs broadcast together).
 
-    ``ratio`` is ``pi_theta(a|s) / pi_old(a|s)``; ``clip_coef`` the epsilon of the ratio clip.
+    ``ratio`` is ``pi_theta(a|s) / pi_old(a|s)``; ``clip_coef`` the epsilon of the ratio clip below 1 and,
+    unless ``clip_coef_high`` is given, above it too. DAPO's clip-higher (Yu et al. 2025) clips to
+    ``[1 - clip_coef, 1 + clip_coef_high]`` with a larger upper epsilon, so that an action the old policy
+    found unlikely can gain more probability in one update than a symmetric clip allows.
     """
-    # L^CLIP = E[min(r A, clip(r, 1 - eps, 1 + eps) A)]
+    high = clip_coef if clip_coef_high is None else clip_coef_high
+    # L^CLIP = E[min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)]
     pg_loss1 = -advantage * ratio
-    pg_loss2 = -advantage * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
+    pg_loss2 = -advantage * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + high)
     return torch.max(pg_loss1, pg_loss2)
 
 
-def clipped(ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
-    """1.0 where the ratio lies outside ``[1 - clip_coef, 1 + clip_coef]`` (its gradient is cut), else 0.0."""
-    return ((ratio - 1.0).abs() > clip_coef).float()
+def clipped(ratio: torch.Tensor, clip_coef: float, clip_coef_high: float | None = None) -> torch.Tensor:
+    """1.0 where the ratio lies outside ``[1 - clip_coef, 1 + clip_coef_high]`` (``clip_coef_high`` ``None``:
+    ``clip_coef``), else 0.0."""
+    high = clip_coef if clip_coef_high is None else clip_coef_high
+    return ((ratio < 1.0 - clip_coef) | (ratio > 1.0 + high)).float()
+
+
+def group_keep_mask(success: torch.Tensor, group_size: int, low: float, high: float) -> torch.Tensor:
+    """Which samples belong to a group whose success rate lies in ``[low, high]`` (DAPO's dynamic sampling).
+
+    A group whose G samples all succeed or all fail gives every sample the same return, so its
+    group-relative advantages are zero and it adds nothing but weight to the mean loss; with
+    ``[0.1, 0.9]`` and G=8 exactly those groups are dropped (SimpleVLA-RL's filter).
+
+    Args:
+        success: ``[E]`` bool or float in ``[0, 1]``; consecutive blocks of ``group_size`` are groups.
+        group_size: G; ``E`` must be a multiple of it.
+        low, high: The band of group success rates kept, ``0 <= low <= high <= 1`` (``[0, 1]`` keeps all).
+
+    Returns:
+        ``[E]`` bool, True for each sample of a kept group.
+    """
+    if success.dim() != 1 or success.shape[0] % group_size:
+        raise ValueError(
+            f"success must be [E] with E a multiple of group_size={group_size}, got {tuple(success.shape)}"
+        )
+    rate = success.float().reshape(-1, group_size).mean(dim=1)
+    keep = (rate >= low) & (rate <= high)
+    return keep.repeat_interleave(group_size)
 
 
 def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -61,7 +95,8 @@ def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
 
 
 def surrogate_loss(
-    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor, clip_coef: float
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor, clip_coef: float,
+    clip_coef_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate objective over a batch (negated, to minimise), and its diagnostics.
 
@@ -69,16 +104,17 @@ def surrogate_loss(
         log_prob: ``[B]`` log pi_theta(a|s) under the current parameters.
         old_log_prob: ``[B]`` log pi_old(a|s) stored at collection time.
         advantage: ``[B]`` advantage estimates.
-        clip_coef: epsilon of the ratio clip.
+        clip_coef: epsilon of the ratio clip (below 1, and above it unless ``clip_coef_high`` is given).
+        clip_coef_high: epsilon above 1 (clip-higher, :func:`clipped_surrogate`); ``None``: ``clip_coef``.
 
     Returns:
         The scalar loss and ``approx_kl`` (:func:`kl_k3` of pi_old to pi) and ``clip_frac``.
     """
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()
-    loss = clipped_surrogate(ratio, advantage, clip_coef).mean()
+    loss = clipped_surrogate(ratio, advantage, clip_coef, clip_coef_high).mean()
     with torch.no_grad():
-        stats = {"approx_kl": kl_k3(log_ratio).mean(), "clip_frac": clipped(ratio, clip_coef).mean()}
+        stats = {"approx_kl": kl_k3(log_ratio).mean(), "clip_frac": clipped(ratio, clip_coef, clip_coef_high).mean()}
     return loss, stats
 
 

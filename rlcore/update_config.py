@@ -54,7 +54,10 @@ class OptimConfig:
     num_minibatches: int = 4
     """Minibatches per epoch."""
     clip_coef: float = 0.2
-    """PPO ratio clip range epsilon: the ratio is clipped to [1 - eps, 1 + eps]."""
+    """PPO ratio clip range epsilon: the ratio is clipped to [1 - eps, 1 + eps] (above 1: ``clip_coef_high``)."""
+    clip_coef_high: float | None = None
+    """Upper clip epsilon (DAPO's clip-higher, e.g. 0.28 with ``clip_coef`` 0.2): the ratio is clipped to
+    [1 - clip_coef, 1 + clip_coef_high]. ``None``: ``clip_coef``, the symmetric clip."""
     ent_coef: float = 0.0
     """Entropy bonus weight."""
     max_grad_norm: float = 0.5
@@ -66,6 +69,11 @@ class OptimConfig:
     ref_kl_coef: float = 0.0
     """Weight of a KL penalty toward a frozen reference policy (the VLA: the policy ``init_from`` loaded;
     the LLM: the policy after its format warm-up), k3 estimator ``exp(d) - 1 - d``; 0: none."""
+    rollout_temperature: float = 1.0
+    """Temperature T of the RL policy's action distribution: the binned head's logits are divided by T, the
+    Gaussian head's standard deviation multiplied by T, when collecting and in the update's ratios, entropy
+    and reference KL (the ratios are of the distribution that drew the actions). Evaluation takes the mode,
+    which T leaves unchanged. 1: the policy as it is."""
     critic_warmup_iterations: int = 0
     """First iterations that train only the critic (value loss), the actor frozen: a critic fitted to
     a pretrained policy before its first policy-gradient step (PPO; needs ``init_from``)."""
@@ -84,23 +92,33 @@ class GRPOConfig:
     """Samples G per initial state or prompt."""
     std_eps: float = 1e-6
     """Added to the group's return standard deviation before dividing."""
+    min_group_success: float = 0.0
+    """Dynamic sampling (DAPO): a group whose success rate is below this is dropped from the update (its
+    episodes still count as played); with ``max_group_success``, e.g. 0.1 and 0.9. 0: none dropped."""
+    max_group_success: float = 1.0
+    """Dynamic sampling: a group whose success rate is above this is dropped from the update. 1: none dropped."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The clipped update's settings."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field outside its range (:data:`GRPO_RANGES`: G >= 2,
-        ``std_eps`` > 0, the update's settings)."""
+        ``std_eps`` > 0, the update's settings), or a band of group success rates that keeps nothing."""
         _raise_out_of_range(self, GRPO_RANGES)
+        if self.min_group_success > self.max_group_success:
+            raise ValueError(f"min_group_success={self.min_group_success} is above max_group_success="
+                             f"{self.max_group_success}: no group would be kept; use e.g. 0.1 and 0.9")
 
 
 OPTIM_RANGES: dict[str, Range] = {
     "lr": Range(0, 1, low_open=True), "epochs": AT_LEAST_1, "num_minibatches": AT_LEAST_1,
-    "clip_coef": Range(0, 1, low_open=True), "ent_coef": NON_NEGATIVE, "max_grad_norm": POSITIVE,
+    "clip_coef": Range(0, 1, low_open=True), "clip_coef_high": Range(0, 1, low_open=True),
+    "rollout_temperature": Range(0, 10, low_open=True), "ent_coef": NON_NEGATIVE, "max_grad_norm": POSITIVE,
     "target_kl": POSITIVE, "ref_kl_coef": NON_NEGATIVE, "critic_warmup_iterations": NON_NEGATIVE,
 }
 """Valid range of every numeric field of :class:`OptimConfig`."""
 GRPO_RANGES: dict[str, Range] = {
-    "group_size": Range(2), "std_eps": POSITIVE, **{f"optim.{k}": r for k, r in OPTIM_RANGES.items()},
+    "group_size": Range(2), "std_eps": POSITIVE, "min_group_success": FRACTION, "max_group_success": FRACTION,
+    **{f"optim.{k}": r for k, r in OPTIM_RANGES.items()},
 }
 """Valid range of every numeric field of :class:`GRPOConfig` (dotted keys)."""
 

@@ -5,6 +5,11 @@ No critic: each episode's return is compared with the other G - 1 episodes of it
 advantage of every step of that episode (:func:`rlcore.losses.group_advantages`, shared with the
 LLM trainer), and the update is PPO's clipped surrogate
 (:class:`vla_rl.ppo.ClippedUpdate` with ``vf_coef=0``). :class:`GRPO` is the algorithm object.
+
+Dynamic sampling (DAPO, Yu et al. 2025; SimpleVLA-RL's accuracy filter): with ``grpo.min_group_success`` /
+``max_group_success`` (e.g. 0.1 / 0.9) a group whose success rate falls outside the band is dropped from
+the update (:func:`rlcore.losses.group_keep_mask`); its episodes still count as played. Dropped groups are
+not replaced by new ones, so the update's batch shrinks; ``grpo/groups_dropped`` logs how many.
 """
 
 from __future__ import annotations
@@ -14,26 +19,29 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlcore.losses import group_advantages
+from rlcore.losses import group_advantages, group_keep_mask
 from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.config import TrainConfig
 from vla_rl.ppo import ClippedUpdate, LossWeights
 from vla_rl.rollout import EpisodeStats, Timer
 
 
-def episode_batch(batch: TensorDict, advantage: torch.Tensor) -> TensorDict:
+def episode_batch(batch: TensorDict, advantage: torch.Tensor, keep: torch.Tensor | None = None) -> TensorDict:
     """Flatten a ``[T, N]`` episode batch to its live steps, each carrying its episode's advantage.
 
     Args:
         batch: Output of :func:`vla_rl.rollout.collect_episodes` with ``alive`` ``[T, N]``.
         advantage: ``[N]`` advantage of each environment's episode.
+        keep: ``[N]`` bool, the episodes to keep (``None``: all).
 
     Returns:
-        A flat TensorDict ``[B]`` (B = live steps) with ``obs``, ``action``, ``log_prob``, ``advantage``.
+        A flat TensorDict ``[B]`` (B = live steps of the kept episodes) with ``obs``, ``action``, ``log_prob``,
+        ``advantage``.
     """
     batch = batch.clone(False)
     batch["advantage"] = advantage[None].expand(batch.batch_size).clone()
-    flat = batch[batch["alive"]]
+    live = batch["alive"] if keep is None else batch["alive"] & keep.to(batch["alive"].device)[None]
+    flat = batch[live]
     return flat.select("obs", "action", "log_prob", "advantage")
 
 
@@ -67,15 +75,23 @@ class GRPO(Algorithm):
         limit, shape = collector.max_episode_steps, self.policy.action_shape
         decisions = None if limit is None else -(-limit // (shape[0] if len(shape) == 2 else 1))  # K steps each
         batch, returns, success = collector.collect_episodes(self.policy, seed, decisions, timer)
-        advantage = group_advantages(returns, self.cfg.group_size, self.cfg.std_eps)
+        cfg = self.cfg
+        advantage = group_advantages(returns, cfg.group_size, cfg.std_eps)
+        keep = group_keep_mask(success.cpu(), cfg.group_size, cfg.min_group_success, cfg.max_group_success)
         chunk = chunk_length(batch["action"], batch.batch_dims)
         tasks = batch["obs", "task"][0].tolist() if ("obs", "task") in batch.keys(True) else [-1] * len(returns)
         for ret, alive, succeeded, task in zip(returns, batch["alive"].sum(0), success, tasks):
             stats.add_episode(float(ret), int(alive) * chunk, bool(succeeded), int(task))
-        return Experience(episode_batch(batch, advantage).to(self.device), batch.numel() * chunk)
+        groups = len(returns) // cfg.group_size
+        kept = int(keep.sum()) // cfg.group_size
+        metrics = {"grpo/groups_kept": float(kept), "grpo/groups_dropped": float(groups - kept)}
+        return Experience(episode_batch(batch, advantage, keep).to(self.device), batch.numel() * chunk, metrics)
 
     def update(self, batch: TensorDict) -> dict[str, float]:
-        """Clipped surrogate (and auxiliary losses) over minibatch epochs."""
+        """Clipped surrogate (and auxiliary losses) over minibatch epochs; no step when dynamic sampling
+        dropped every group."""
+        if batch.batch_size[0] == 0:
+            return {"minibatch_steps": 0.0, "early_stop": 0.0, "lr_scale": self.updater.lr_scale}
         return self.updater.update(batch)
 
     def state_dict(self) -> dict[str, Any]:

@@ -140,6 +140,11 @@ class ClippedUpdate:
         self.cfg = cfg
         self.weights = weights
         self.reference = reference if cfg.ref_kl_coef > 0 else None
+        for model in (policy, self.reference):  # the reference too: KL between the two tempered distributions
+            if model is not None:
+                model.head.temperature = cfg.rollout_temperature
+        # The actor's own parameters, held still while only the critic learns (a trunk it shares included).
+        self.actor_params = list(policy.actor().parameters())
         # The fused kernel does one pass over all parameters: the same update, less per-tensor overhead.
         self.params = list(policy.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5, fused=True)
@@ -158,7 +163,8 @@ class ClippedUpdate:
     def update(self, batch: TensorDict, critic_only: bool = False) -> dict[str, float]:
         """Run ``epochs x num_minibatches`` gradient steps over ``batch``; returns mean diagnostics.
 
-        ``critic_only``: the loss is the value loss alone (the actor's parameters get no gradient).
+        ``critic_only``: the loss is the value loss alone, and the actor's parameters (``policy.actor()``'s, a trunk
+        it shares with the critic included) are not stepped: only the critic's own parameters learn.
         """
         cfg, w = self.cfg, self.weights
         size = batch.batch_size[0]
@@ -178,7 +184,7 @@ class ClippedUpdate:
                 adv = mb["advantage"]
                 if w.norm_adv and adv.numel() > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                pg_loss, stats = surrogate_loss(log_prob, mb["log_prob"], adv, cfg.clip_coef)
+                pg_loss, stats = surrogate_loss(log_prob, mb["log_prob"], adv, cfg.clip_coef, cfg.clip_coef_high)
                 entropy_loss = entropy.mean()
                 loss = pg_loss - cfg.ent_coef * entropy_loss
                 if self.reference is not None:
@@ -199,6 +205,9 @@ class ClippedUpdate:
                 loss.backward()
                 stats |= {"policy_loss": pg_loss.detach(), "entropy": entropy_loss.detach()}
                 stats = self.sync.reduce_grads(self.params, stats)  # every rank's mean: one step for all
+                if critic_only:
+                    for param in self.actor_params:
+                        param.grad = None  # Adam skips it: the value loss must not move a trunk the actor uses
                 grad_norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 self.optimizer.step()
                 stats["grad_norm"] = grad_norm

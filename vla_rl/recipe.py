@@ -271,6 +271,8 @@ def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] 
     for stage in recipe.stages:  # a run directory that cannot be written, or too little memory: before the demos
         planned[stage].check(inputs=False)  # each stage's inputs are written by the stages before it
     env = planned["sft"].env
+    if message := env_suite(env).missing_files(env.task, "lan" in recipe.test.splits):  # the test's files too
+        raise ConfigError(message)
     demos = root / "demos"
     if not (demos / "meta" / "info.json").exists():
         t = time.perf_counter()

@@ -54,7 +54,11 @@ def test_the_llm_and_vla_trainers_read_one_grpo_config_checked_by_the_same_range
                          ("grpo.std_eps=0", r"grpo\.std_eps=0\.0 must be greater than 0"),
                          ("grpo.optim.epochs=0", r"grpo\.optim\.epochs=0 must be at least 1"),
                          ("grpo.optim.target_kl=0.01", r"grpo\.optim\.target_kl=0\.01 is not implemented"),
-                         ("grpo.optim.anneal_lr=true", r"grpo\.optim\.anneal_lr=True is not implemented.*leave it at False")]:
+                         ("grpo.optim.anneal_lr=true", r"grpo\.optim\.anneal_lr=True is not implemented.*leave it at False"),
+                         ("grpo.optim.clip_coef_high=0.28", r"grpo\.optim\.clip_coef_high=0\.28 is not implemented"),
+                         ("grpo.optim.rollout_temperature=1.5", r"grpo\.optim\.rollout_temperature=1\.5 is not implemented"),
+                         ("grpo.min_group_success=0.1", r"grpo\.min_group_success/max_group_success \(dynamic "
+                                                        r"sampling\) are not implemented")]:
         with pytest.raises(ValueError, match=message):
             apply_overrides(RLVRConfig(), [*CHAR, bad]).check()
 

@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from rlcore.losses import clipped_surrogate, group_advantages, grpo_loss, kl_k3, surrogate_loss
+from rlcore.losses import (
+    clipped,
+    clipped_surrogate,
+    group_advantages,
+    group_keep_mask,
+    grpo_loss,
+    kl_k3,
+    surrogate_loss,
+)
 
 
 def test_surrogate_clips_the_ratio_in_the_pessimistic_direction():
@@ -20,6 +28,33 @@ def test_clipped_surrogate_has_no_gradient_where_the_ratio_is_clipped():
     ratio = torch.tensor([1.5, 1.1, 0.5], requires_grad=True)
     clipped_surrogate(ratio, torch.tensor([1.0, 1.0, -1.0]), 0.2).sum().backward()
     assert ratio.grad.tolist() == [0.0, -1.0, 0.0]  # only the ratio inside [0.8, 1.2] is pushed
+
+
+def test_clip_higher_clips_the_ratio_asymmetrically():
+    ratio = torch.tensor([0.7, 0.85, 1.1, 1.25, 1.35, 0.7, 1.25], requires_grad=True)
+    adv = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0])
+    loss = clipped_surrogate(ratio, adv, 0.2, clip_coef_high=0.28)
+    # A > 0: -min(r, clip(r, 0.8, 1.28)); A < 0: max(r, clip(r, 0.8, 1.28))
+    assert loss.tolist() == pytest.approx([-0.7, -0.85, -1.1, -1.25, -1.28, 0.8, 1.25])
+    loss.sum().backward()
+    # 1.25 is inside the higher clip (the symmetric 0.2 would cut it); 1.35 and the negative-advantage 0.7 are cut.
+    assert ratio.grad.tolist() == [-1.0, -1.0, -1.0, -1.0, 0.0, 0.0, 1.0]
+    symmetric = clipped_surrogate(ratio.detach(), adv, 0.2)
+    assert symmetric[3].item() == pytest.approx(-1.2) and symmetric[6].item() == pytest.approx(1.25)
+    assert clipped(ratio.detach(), 0.2, 0.28).tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    assert clipped(ratio.detach(), 0.2).tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_dynamic_sampling_keeps_exactly_the_groups_inside_the_band():
+    # Four groups of four: success rates 0, 0.25, 0.75, 1.
+    success = torch.tensor([0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1], dtype=torch.bool)
+    keep = group_keep_mask(success, 4, 0.1, 0.9)
+    assert keep.tolist() == [False] * 4 + [True] * 8 + [False] * 4
+    assert group_keep_mask(success, 4, 0.25, 0.75).tolist() == keep.tolist()  # the band's edges are kept
+    assert group_keep_mask(success, 4, 0.3, 0.9).tolist() == [False] * 8 + [True] * 4 + [False] * 4
+    assert group_keep_mask(success, 4, 0.0, 1.0).all()  # the default band drops nothing
+    with pytest.raises(ValueError, match="multiple of group_size=3"):
+        group_keep_mask(success, 3, 0.1, 0.9)
 
 
 def test_group_advantages_normalise_within_each_group():

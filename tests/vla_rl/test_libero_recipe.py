@@ -2,15 +2,18 @@
 environments, 16x16 frames of both cameras, 3-step episodes), then LIBERO's protocol on its checkpoint.
 
 The demonstrations are the Spatial expert's (3 steps are too few to succeed: failures are kept),
-written by the recipe as a LeRobot v3 dataset; SFT and PPO each run; both checkpoints are tested
-on the fixed and the _lan splits with per-task Wilson intervals; scripts/eval_libero.py writes the
-protocol JSON with the simulator caveat. A LIBERO training run crashed and resumed equals the
+written by the recipe as a LeRobot v3 dataset; SFT and PPO each run, PPO with the anchors' options
+(critic warm-up, then clip-higher and a rollout temperature), and GRPO from the same SFT checkpoint with
+dynamic sampling; both recipe checkpoints are tested on the fixed and the _lan splits with per-task
+Wilson intervals; scripts/eval_libero.py writes the protocol JSON with the simulator caveat; a recipe
+that would evaluate the fixed states during training is refused before anything runs. A LIBERO training run crashed and resumed equals the
 uninterrupted one (its environments snapshot). Needs the LIBERO cache (spatial/0 and its _lan variant:
 exported by the fixture if missing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -28,8 +31,55 @@ STAGE = ["env.task=libero_spatial/0", "env.num_envs=2", "env.image_size=16", "po
 TINY = ["demos.episodes=2", "demos.num_envs=2", "demos.keep_failures=true", "demos.noise=0",
         *(f"{stage}.{o}" for stage in ("sft", "rl") for o in STAGE),
         "sft.sft.iterations=2", "sft.sft.updates=2", "sft.sft.batch_size=4", "sft.eval.every=2",
-        "rl.total_env_steps=8", "rl.ppo.rollout_steps=4", "rl.ppo.optim.num_minibatches=2", "rl.eval.every=1",
-        "test.episodes=2", "test.num_envs=2"]
+        "rl.total_env_steps=64", "rl.ppo.rollout_steps=4", "rl.ppo.optim.num_minibatches=2", "rl.eval.every=1",
+        "rl.ppo.optim.critic_warmup_iterations=1", "rl.ppo.optim.clip_coef_high=0.28",
+        "rl.ppo.optim.rollout_temperature=1.5", "test.episodes=2", "test.num_envs=2"]
+GRPO = ["rl.algo=grpo", "rl.grpo.group_size=2", "rl.grpo.min_group_success=0.1", "rl.grpo.max_group_success=0.9",
+        "rl.grpo.optim.num_minibatches=1", "rl.grpo.optim.clip_coef_high=0.28", "rl.grpo.optim.rollout_temperature=1.5",
+        "rl.total_env_steps=16"]
+
+
+def _rows(run_dir) -> list[dict[str, float]]:
+    lines = (run_dir / "metrics.csv").read_text().splitlines()
+    names = lines[0].split(",")
+    return [{k: float(v) for k, v in zip(names, line.split(",")) if v} for line in lines[1:]]
+
+
+def _grpo_from_the_sft_checkpoint(out_dir) -> None:
+    """GRPO with dynamic sampling, clip-higher and a rollout temperature from the recipe's SFT checkpoint: the
+    3-step episodes never succeed, so every group falls below the band, is dropped, and no step is taken."""
+    from vla_rl.checkpoint import load_checkpoint
+    from vla_rl.recipe import load_recipe, stage_configs
+    from vla_rl.trainer import Trainer
+
+    recipe = load_recipe(CONFIG_DIR / "libero_spatial.yaml", [*TINY, *GRPO, f"out_dir={out_dir}"])
+    cfg = dataclasses.replace(stage_configs(recipe)["rl"], name="grpo")
+    trainer = Trainer(cfg)
+    assert trainer.policy.head.temperature == 1.5
+    trainer.train()
+    trainer.close()
+    # Where its episodes started: training on the jittered train split, evaluation on validation, none at a fixed state.
+    assert trainer.collector.env.config.split == "train"
+    assert {which: env.config.split for which, env in trainer.eval_envs.items()} == {"validation": "validation"}
+    rows = [r for r in _rows(trainer.run_dir) if "grpo/groups_dropped" in r]
+    assert len(rows) == 2 and all(r["episode_success"] == 0.0 for r in rows)  # the premise
+    assert all((r["grpo/groups_kept"], r["grpo/groups_dropped"], r["minibatch_steps"]) == (0.0, 1.0, 0.0) for r in rows)
+    sft, grpo = load_checkpoint(out_dir / recipe.name / "sft")["policy"], trainer.policy.state_dict()
+    sft["head.log_std"] = torch.full_like(sft["head.log_std"], cfg.init_log_std)  # RL's exploration noise, set at load
+    moved = [k for k in grpo if not torch.equal(grpo[k], sft[k]) and "norm" not in k]  # statistics still update
+    assert moved == []
+
+
+@pytest.mark.parametrize("stage", ["sft", "rl"])
+def test_a_recipe_that_evaluates_the_fixed_states_during_training_is_refused(tmp_path, stage):
+    from infra.common.typed_config import ConfigError
+    from vla_rl.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match=rf"^recipe stage {stage}: eval\.splits holds \['fixed'\]: libero_spatial/0's "
+                                          r"test states, never evaluated during training"):
+        load_recipe(CONFIG_DIR / "libero_spatial.yaml", [*TINY, f"out_dir={tmp_path}",
+                                                         f"{stage}.eval.splits=[validation,fixed]"])
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +94,7 @@ def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
     report = json.loads(out.read_text())
     root = tmp_path / "libero-spatial-sft-rl"
     demos = DemoDataset(root / "demos")
+    assert json.loads((root / "demos" / "meta" / "info.json").read_text())["source"]["split"] == "train"
     assert len(demos) == 2 * 3  # two kept episodes of 3 steps
     batch = demos.batch(torch.arange(len(demos)))
     assert batch["rgb"].shape == (6, 2, 3, 16, 16) and batch["action"].shape == (6, 7) and batch["proprio"].shape == (6, 8)
@@ -61,6 +112,10 @@ def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
         assert (beside["fixed"], beside["lan"]) == (results["fixed"]["success"], results["lan"]["success"])
     rl_header = (root / "rl" / "metrics.csv").read_text().splitlines()[0]
     assert "eval/validation/success" in rl_header and "eval/lan/success" not in rl_header  # lan stays held out
+    rows = _rows(root / "rl")
+    assert [r["critic_warmup"] for r in rows if "critic_warmup" in r] == [1.0, 0.0]  # warm-up, then a policy update
+    assert report["config"]["rl"]["ppo"]["optim"]["clip_coef_high"] == 0.28
+    _grpo_from_the_sft_checkpoint(tmp_path)
 
     # The protocol alone, on the RL checkpoint: JSON with per-task and per-suite rates and the caveat.
     protocol = tmp_path / "protocol.json"
@@ -121,6 +176,6 @@ def test_a_resumed_libero_run_equals_the_uninterrupted_one(cached, tmp_path, int
     assert [k for k in weights_a if not torch.equal(weights_a[k], weights_b[k])] == []
     assert (straight.collector.obs == resumed.collector.obs).all()  # rgb of both cameras included
     row_a, row_b = straight.log.rows[-1], resumed.log.rows[-1]
-    for key in ("policy_loss", "value_loss", "approx_kl", "eval/validation/success", "eval/fixed/return"):
+    for key in ("policy_loss", "value_loss", "approx_kl", "eval/validation/success", "eval/validation/return"):
         assert row_a[key] == row_b[key], key
     assert not [w for w in caught if "environment state" in str(w.message)], [str(w.message) for w in caught]

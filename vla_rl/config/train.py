@@ -105,6 +105,9 @@ class TrainConfig:
         if bad_splits := sorted(set(self.eval.splits) - set(splits)):
             raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(splits)} "
                               f"(env.task={self.env.task})")
+        if self.env.kind == "sims" and (test := [s for s in self.eval.splits if s in env_suite(self.env).protocol.test_splits]):
+            raise ConfigError(f"eval.splits holds {test}: {self.env.task}'s test states, never evaluated during training; "
+                              "remove them and test after training (a recipe's test.splits, scripts/eval_libero.py)")
         if self.env.kind == "sims" and self.stop_success is not None and "validation" not in self.eval.splits:
             raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
         _check_algo(self)
@@ -129,7 +132,7 @@ class TrainConfig:
         if self.env.kind == "gym":
             _check_gym_id(self.env.task)
         else:
-            if message := env_suite(self.env).missing_files(self.env.task, "lan" in self.eval.splits):
+            if message := env_suite(self.env).missing_files(self.env.task, False):  # lan: test only, never here
                 raise ConfigError(message)
         if inputs:
             _check_files(self)
@@ -203,7 +206,15 @@ def _check_algo(cfg: TrainConfig) -> None:
                           "init_from=CHECKPOINT, or policy.head.init_log_std for a fresh policy")
     if cfg.init_log_std is not None and getattr(getattr(cfg.policy, "head", None), "kind", "") != "gaussian":
         raise ConfigError(f"init_log_std={cfg.init_log_std} needs a Gaussian action head (policy.head.kind=gaussian)")
+    rl_only = [k for k in ("clip_coef_high", "rollout_temperature") if getattr(optim, k) != getattr(OptimConfig(), k)]
+    if cfg.algo in ("sft", "distill") and rl_only:
+        raise ConfigError(f"{cfg.algo}.optim.{rl_only[0]} acts in the clipped RL update (algo=ppo or grpo); leave "
+                          f"it at {getattr(OptimConfig(), rl_only[0])} for algo={cfg.algo}")
     if cfg.algo == "grpo":
+        try:
+            cfg.grpo.validate()
+        except ValueError as exc:
+            raise ConfigError(f"grpo.{exc}") from exc
         if cfg.env.kind != "sims":
             raise ConfigError("algo=grpo needs env.kind=sims (groups of G environments sharing an initial state)")
         if cfg.env.num_envs % cfg.grpo.group_size:
