@@ -22,7 +22,7 @@ from vla_rl.config import CONFIG_DIR
 from vla_rl.demos.reader import DemoDataset
 
 STAGE = ["env.task=libero_spatial/0", "env.num_envs=2", "env.image_size=16", "policy.image_size=16",
-         "env.max_episode_steps=3", "eval.episodes=2", "eval.num_envs=2", "log.wandb=disabled",
+         "env.suite.max_steps=3", "eval.episodes=2", "eval.num_envs=2", "log.wandb=disabled",
          "log.progress=false", "policy.conv_channels=[8]", "policy.trunk_sizes=[32]", "policy.width=16",
          "policy.critic_hidden_sizes=[32]"]
 TINY = ["demos.episodes=2", "demos.num_envs=2", "demos.keep_failures=true", "demos.noise=0",
