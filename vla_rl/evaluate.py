@@ -344,7 +344,7 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
         "task": task, "episodes_per_task": episodes_per_task, "envs_per_task": envs_per_task,
         "initial_states": f"the split's fixed initial states 0..{episodes_per_task - 1}, once each per task",
         "suite_settings": {k: getattr(env, k) for k in sims.suite_settings(suite.config)},
-        "max_steps": {t: suite.max_steps(t, None) for t in ids},
+        "max_steps": suite.max_steps(task, None),  # the suite's own limit; suite_settings holds any override
         "policy": "deterministic (the mode action)", "mujoco": mujoco.__version__,
         "caveat": LIBERO_CAVEAT.format(mujoco=mujoco.__version__)}}
     for split in splits:

@@ -74,6 +74,9 @@ def test_protocol_reports_lan_and_paraphrase_beside_the_fixed_states(libero_run,
     assert {k: row[k] for k in ("fixed", "lan", "paraphrase")} == {s: tasks[s]["success"] for s in tasks}
     assert row["lan_minus_fixed"] == round(100 * (row["lan"] - row["fixed"]), 1)
     assert set(results["side_by_side"]["suites"]["spatial"]) >= {"fixed", "lan", "paraphrase", "lan_minus_fixed"}
+    protocol = results["protocol"]  # the run's env as it was evaluated: its suite settings, LIBERO's limit beside them
+    assert (protocol["suite_settings"]["max_steps"], protocol["suite_settings"]["settle_steps"]) == (3, 10)
+    assert protocol["max_steps"] == 220
 
 
 def test_sft_draws_every_frame_a_training_instruction_of_its_task():
