@@ -77,7 +77,7 @@ def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
 
 def test_memory_estimate_counts_libero_scenes_and_contexts(cached):
     from vla_rl.config import load_config
-    from vla_rl.memory import estimate_run
+    from vla_rl.config.train import estimate_run
 
     memory = sims.suite_of("libero_spatial").memory
 
