@@ -2,7 +2,7 @@
 # The prepared GPU benchmark, one JSON (scripts/bench_sims_gpu.py; figures in docs/sims.md):
 # - simulators: the Warp backend's physics steps/s, environment steps/s and 64x64 frames/s at
 #   1,024-8,192 worlds of the suite scene on one GPU, with the determinism mode that ran and whether
-#   CUDA graphs were captured; at the first size the same with env.warp_deterministic (its cost);
+#   CUDA graphs were captured; at the first size the same with env.suite.warp_deterministic (its cost);
 #   MJX's steps/s at BENCH_MJX_ENVS (1,024 and 4,096; empty: none);
 # - training (scripts/bench_train_device.py): VLA PPO env-steps/s of the default job at
 #   BENCH_TRAIN_ENVS environments, co-located on the GPU (env.backend=warp, one process); with

@@ -19,7 +19,7 @@ front camera), ``results["envs_N"]`` holds
   pass ran as CUDA graphs); a size that fails (a refused size, a failed capture) is recorded as
   ``warp_failed`` with its error and the next size runs;
 - at the first size, ``warp_deterministic_physics_steps_per_s`` and ``warp_deterministic_env_steps_per_s``:
-  the same figures with ``env.warp_deterministic`` (what run-to-run determinism costs), or
+  the same figures with ``env.suite.warp_deterministic`` (what run-to-run determinism costs), or
   ``warp_deterministic_failed`` with why it did not run (``--no-det-cost`` leaves them out);
 - at the sizes of ``--mjx-envs``: ``mjx_steps_per_s`` and ``mjx_compile_s``, the MJX backend's full step
   (or ``mjx_failed`` with its error);
@@ -152,7 +152,7 @@ def measure_host_syncs(device: str, num_envs: int, steps: int) -> dict[str, Any]
 
 
 def measure_determinism_cost(task: str, n: int, device: str, steps: int) -> dict[str, Any]:
-    """Physics and state-step figures with ``env.warp_deterministic``, or why ``n`` worlds do not fit."""
+    """Physics and state-step figures with ``env.suite.warp_deterministic``, or why ``n`` worlds do not fit."""
     try:
         row = _physics_and_step(task, n, device, steps, deterministic=True)
     except (ValueError, RuntimeError) as exc:  # refused by the size check, or its capture failed: record it
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--envs", default="1024,2048,4096,8192", help="comma-separated numbers of worlds")
     parser.add_argument("--steps", type=int, default=20, help="timed calls per figure")
     parser.add_argument("--mjx-envs", default="", help="comma-separated sizes at which to time MJX too (JAX, same GPU)")
-    parser.add_argument("--deterministic", action="store_true", help="run every figure with env.warp_deterministic")
+    parser.add_argument("--deterministic", action="store_true", help="run every figure with env.suite.warp_deterministic")
     parser.add_argument("--no-det-cost", action="store_true",
                         help="leave out the deterministic figures at the first size")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip the sizes left after this long")

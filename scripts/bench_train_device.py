@@ -94,7 +94,7 @@ def measure_training(device: str, num_envs: int, rollout_steps: int, iterations:
                      overrides: tuple[str, ...] = (),
                      modes: tuple[str, ...] = ("inprocess", "colocated")) -> dict[str, Any]:
     """Env-steps/s of each of ``modes`` and their ratio; a mode that fails is recorded with its error,
-    one left out as skipped; ``warp_determinism`` is the co-located job's ``env.warp_deterministic``."""
+    one left out as skipped; ``warp_determinism`` is the co-located job's ``env.suite.warp_deterministic``."""
     out_dir = Path(tempfile.mkdtemp(prefix="bench_train_"))
     results: dict[str, Any] = {"num_envs": num_envs, "rollout_steps": rollout_steps, "iterations": iterations,
                                "warmup_iterations": 1}
@@ -105,7 +105,7 @@ def measure_training(device: str, num_envs: int, rollout_steps: int, iterations:
                 continue
             cfg = train_config(mode, device, num_envs, rollout_steps, iterations, out_dir, overrides)
             if mode == "colocated":
-                results["warp_determinism"] = "all" if cfg.env.warp_deterministic else "off"
+                results["warp_determinism"] = "all" if cfg.env.suite.get("warp_deterministic") else "off"
             results["embeddings"] = _stand_in_embeddings(cfg)
             try:
                 results[mode] = summarize(run_iterations(cfg, iterations), warmup=1)

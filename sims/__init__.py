@@ -34,9 +34,18 @@ from sims.registry import Suite, register, suite_of, suites
 from sims.render import BatchRenderer, RenderConfig
 from sims.single import SingleEnv, gym_id, register_all
 from sims.tasks import TASK_NAMES, TASKS
-from sims.vec_env import REWARDS, EnvConfig, SimVectorEnv, VecEnvConfig, make_vec_env
+from sims.vec_env import (
+    REWARDS,
+    EnvConfig,
+    SimVectorEnv,
+    VecEnvConfig,
+    make_vec_env,
+    shared_settings,
+    suite_settings,
+)
 
 register_all()
 
 __all__ = ["REWARDS", "TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "SingleEnv",
-           "Suite", "VecEnvConfig", "gym_id", "make_vec_env", "register", "suite_of", "suites"]
+           "Suite", "VecEnvConfig", "gym_id", "make_vec_env", "register", "shared_settings", "suite_of", "suite_settings",
+           "suites"]

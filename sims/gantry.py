@@ -8,7 +8,7 @@ from sims import tasks as T
 from sims.experts import ScriptedExpert
 from sims.registry import MemoryModel, Suite, register
 from sims.render import RenderConfig
-from sims.vec_env import REWARDS, EnvConfig, SimVectorEnv
+from sims.vec_env import EnvConfig, SimVectorEnv
 
 
 def render_config(size: int = 64, cameras: tuple[str, ...] = ("front",), depth: bool = False,
@@ -38,7 +38,6 @@ SUITE = register(Suite(
     # Measured 2026-12-04 (mujoco.batch, RSS growth from 64 to 1088 environments): 219 MiB per 1024 environments
     # without frames, 366 MiB with 64 x 64 frames of one camera.
     memory=MemoryModel(per_env=220 * 1024, per_rendered_env=150 * 1024),
-    rewards=REWARDS,
     weigh=T.task_weight_tuple,
     templates=True,
     depth=True,

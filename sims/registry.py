@@ -97,8 +97,6 @@ class Suite:
     """The scripted expert of an env of this suite; raises ``ValueError`` for tasks without one."""
     memory: MemoryModel
     """Host memory of its environments."""
-    rewards: tuple[str, ...] = ("success",)
-    """What a step may pay (the config's ``reward``, where it has the field)."""
     depth: bool = False
     """Its renderer gives linear depth too (``RenderConfig.depth``)."""
     weigh: Callable[[str, dict[str, float]], tuple[float, ...]] | None = None
@@ -120,9 +118,9 @@ class Suite:
     missing_files: Callable[[str, bool], str] = lambda task, with_lan: ""
     """``missing_files(task, with_lan)``: a one-line error naming the setup command when a file the task needs
     (with ``with_lan``: its paraphrased-instruction variant too) is not on this machine; ``""`` when all are."""
-    training_instructions: Callable[[str, str], list[tuple[str, ...]]] | None = None
-    """``training_instructions(task, mode)``: the instructions each task of a task name is trained with under the
-    config's ``instructions`` mode, one tuple per task id (its own first, then those that say the same), which SFT
+    training_instructions: Callable[[Any], list[tuple[str, ...]]] | None = None
+    """``training_instructions(config)``: the instructions each task of an instance of ``config`` is trained with
+    (its settings say which), one tuple per task id (its own first, then those that say the same), which SFT
     draws from per frame (``vla_rl.sft.ParaphraseResample``); ``None``: the suite has no such setting."""
     check_instructions: Callable[[str, str | None, list[str]], None] | None = None
     """``check_instructions(run_task, task, texts)``: raise ``ValueError`` (one line, naming the fix) unless the

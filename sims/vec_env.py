@@ -14,6 +14,7 @@ API converts to numpy at its edge, the TensorDict view hands the tensors on as t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -85,6 +86,24 @@ class VecEnvConfig:
             raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
 
 
+PER_ENV_FIELDS = ("seed", "split", "render", "group_size", "num_threads", "env_offset")
+"""Fields of a suite's config that whoever builds an env sets for that env (its episode stream, split, frames,
+GRPO group, threads and place in a sharded set), not settings a user chooses for the run."""
+
+
+def shared_settings() -> tuple[str, ...]:
+    """The settings every suite reads, which a user chooses for a run: :class:`VecEnvConfig`'s fields less
+    :data:`PER_ENV_FIELDS` (a trainer's env section holds them beside the suite's own, :func:`suite_settings`)."""
+    return tuple(f.name for f in dataclasses.fields(VecEnvConfig) if f.name not in PER_ENV_FIELDS)
+
+
+def suite_settings(config: type) -> tuple[str, ...]:
+    """A suite config class's own settings: its fields beyond :class:`VecEnvConfig`'s, less :data:`PER_ENV_FIELDS`
+    (for :class:`sims.libero.vec_env.LiberoEnvConfig`: ``max_steps``, ``controller``, ``starts``, ...)."""
+    shared = {f.name for f in dataclasses.fields(VecEnvConfig)} | set(PER_ENV_FIELDS)
+    return tuple(f.name for f in dataclasses.fields(config) if f.name not in shared)
+
+
 @dataclass(frozen=True)
 class EnvConfig(VecEnvConfig):
     """Configuration of a :class:`SimVectorEnv`: the gantry tasks' settings over :class:`VecEnvConfig`'s.
@@ -113,8 +132,8 @@ class EnvConfig(VecEnvConfig):
             (potential-based shaping: a whole episode returns its final minus its initial shaping, so
             hovering earns nothing and finishing stops no income). ``success``: 1 at the step the task
             succeeds, else 0 (sparse). ``success_bonus`` is added in every mode.
-        task_weights: relative sampling weight of each task of the resolved task names (``"suite"``:
-            ``sims.tasks.TASK_NAMES`` order) in the ``train`` split; ``None`` samples them uniformly. The
+        task_weights: relative sampling weight of tasks of ``task`` by name in the ``train`` split, e.g.
+            ``{"push": 3, "stack": 3}`` (a task not named weighs 1); ``None`` samples them uniformly. The
             other splits always sample uniformly, so evaluation figures do not depend on it.
     """
 
@@ -124,7 +143,7 @@ class EnvConfig(VecEnvConfig):
     frame_skip: int = 4
     max_delta: float = 0.03
     reward: str = "dense"
-    task_weights: tuple[float, ...] | None = None
+    task_weights: dict[str, float] | None = None
 
     def validate(self) -> None:
         """Check the fields.
@@ -142,7 +161,10 @@ class EnvConfig(VecEnvConfig):
         if self.reward not in REWARDS:
             raise ValueError(f"reward={self.reward!r}; valid rewards: {', '.join(REWARDS)}")
         if self.task_weights is not None:
-            T.check_task_weights(self.task_weights, task_names)
+            try:
+                T.task_weight_tuple(self.task, self.task_weights)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"task_weights={self.task_weights}: {exc}") from None
 
 
 class ArrayVectorEnv(gym.vector.VectorEnv):
@@ -393,7 +415,8 @@ class SimVectorEnv(ArrayVectorEnv):
         self._max_steps = np.array([T.TASKS[n].max_steps for n in self.task_names])
         self._task_p = None  # probability of each task in the train split (None: uniform)
         if config.task_weights is not None and config.split == "train":
-            self._task_p = np.asarray(config.task_weights, dtype=np.float64) / sum(config.task_weights)
+            weights = T.task_weight_tuple(config.task, config.task_weights)
+            self._task_p = np.asarray(weights, dtype=np.float64) / sum(weights)
         self.max_episode_steps = int(self._max_steps.max())  # control steps; an episode truncates by then
         self._ctrl_low = ax.asarray(self.model.actuator_ctrlrange[:, 0].copy())
         self._ctrl_high = ax.asarray(self.model.actuator_ctrlrange[:, 1].copy())

@@ -20,7 +20,7 @@ Warp's stream is ordered against torch's current stream at every hand-over (even
 two libraries never race on a shared array. A capture that fails is an error (uncaptured stepping
 is about 100x slower on the suite) unless ``uncaptured=True`` asks for eager launches.
 
-Determinism is opt-in (``deterministic=True``, ``env.warp_deterministic``): it turns on mujoco_warp's
+Determinism is opt-in (``deterministic=True``, ``env.suite.warp_deterministic``): it turns on mujoco_warp's
 ``DeterminismType.ALL``, whose run-to-run reductions record every floating-point atomic update
 and sort the records after each kernel. :func:`plan_buffers` sizes those records (and the
 contact and constraint buffers) before anything is allocated and :meth:`BufferPlan.check`
@@ -108,7 +108,7 @@ class BufferPlan:
             raise ValueError(
                 f"deterministic Warp at {self.nworld} worlds needs {self.det_records} atomic records and a "
                 f"{self.det_workspace_bytes}-byte sort workspace (Warp's limit: 2^31 - 1): set "
-                f"env.warp_deterministic=false (the default) or use at most {fits} worlds")
+                f"env.suite.warp_deterministic=false (the default) or use at most {fits} worlds")
 
 
 def plan_buffers(nv: int, nworld: int, nconmax: int = 48, njmax: int = 192, deterministic: bool = False,
@@ -314,7 +314,7 @@ class WarpBackend:
         self._capture = self._cuda and not uncaptured
         if self._capture and not wp.is_mempool_enabled(self.wp_device):
             raise ValueError(f"CUDA graphs need Warp's memory pool on {name}, which is off: call "
-                             "wp.set_mempool_enabled(device, True) or set env.warp_uncaptured=true (about 100x slower)")
+                             "wp.set_mempool_enabled(device, True) or set env.suite.warp_uncaptured=true (about 100x slower)")
 
     # ----------------------------------------------------------------------------- streams
     @contextlib.contextmanager
@@ -345,9 +345,9 @@ class WarpBackend:
             with self._wp.ScopedCapture() as capture:
                 launches()
         except Exception as exc:
-            hint = "set env.warp_deterministic=false, or " if self.deterministic else ""
+            hint = "set env.suite.warp_deterministic=false, or " if self.deterministic else ""
             raise RuntimeError(f"CUDA graph capture of mujoco_warp failed ({type(exc).__name__}: {exc}); {hint}"
-                               "set env.warp_uncaptured=true to step without graphs (about 100x slower)") from exc
+                               "set env.suite.warp_uncaptured=true to step without graphs (about 100x slower)") from exc
         return capture.graph
 
     def _substeps(self) -> None:

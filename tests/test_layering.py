@@ -32,6 +32,7 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
      "the scheduler core is engine-free and knows no jobs"),
     ("infra.common", ("sims", "policies", "vla_rl", "rlcore", "infra.scheduler", "infra.service", "infra.ray_cluster",
                       "infra.replay", "infra.llm"), "shared plumbing imports nothing of the project"),
+    ("vla_rl", ("sims.libero", "sims.gantry"), "the trainer reaches a suite through sims.registry (sims.suite_of)"),
 ]
 
 MAY_IMPORT: dict[str, tuple[str, ...]] = {"sims": ("infra.common",)}
@@ -162,6 +163,7 @@ def test_no_import_points_the_wrong_way():
     ("infra/scheduler/planted.py", "import ray", "engine-free"),
     ("infra/llm/planted.py", "from infra.llm.sim.workload import JobProfile", "never imports simulators"),
     ("vla_rl/planted.py", "from scripts.bench_sims import main", "never imports simulators or benchmarks"),
+    ("vla_rl/planted.py", "from sims.libero.vec_env import CONTROLLERS", "through sims.registry"),
     ("infra/common/planted.py", "from infra.scheduler import Cluster", "plumbing imports nothing"),
     ("sims/planted.py", "import policies", "simulators know nothing of networks"),
     ("sims/planted.py", "from infra.scheduler import Cluster", "simulators know nothing of networks"),

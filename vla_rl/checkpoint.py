@@ -21,6 +21,7 @@ import torch
 from infra.common import checkpoint_io
 from infra.common.checkpoint_io import CheckpointError
 from infra.common.files import write_atomic
+from vla_rl.config.files import upgrade_saved
 
 KIND = "vla_rl"
 LATEST = "latest.pt"
@@ -85,7 +86,8 @@ def save_checkpoint(payload: dict[str, Any], directory: Path, iteration: int, ke
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read and verify a checkpoint file (or the ``latest.pt`` of a ``checkpoints/`` or run directory).
+    """Read and verify a checkpoint file (or the ``latest.pt`` of a ``checkpoints/`` or run directory); a config
+    saved in an earlier form comes in today's (:func:`vla_rl.config.files.upgrade_saved`).
 
     Raises:
         CheckpointError: The file is missing, not a checkpoint, truncated or corrupted, or of another format.
@@ -98,4 +100,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"no checkpoint at {path}; train first (scripts/train.py) or pass the path of an existing .pt file"
         )
     fix = f"resume from an older iter_*.pt in {path.parent} or delete the run directory to start over"
-    return checkpoint_io.load(path, KIND, fix)
+    state = checkpoint_io.load(path, KIND, fix)
+    if isinstance(state.get("config"), dict):
+        state["config"] = upgrade_saved(state["config"])
+    return state

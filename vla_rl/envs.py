@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 import sims
-from vla_rl.config import SUITE_ONLY, TrainEnvConfig, named_suite_settings
+from vla_rl.config import TrainEnvConfig, suite_config
 
 
 class GymTensorEnv:
@@ -218,33 +218,24 @@ def sims_env_config(
     num_threads: int | None = None,
 ) -> sims.VecEnvConfig:
     """The config of ``cfg``'s suite (``sims.suite_of(cfg.task).config``, e.g. :class:`sims.EnvConfig`) for a
-    ``sims`` env section: the settings its config has (the section's, and the frames it asks for: the suite's
-    :class:`sims.RenderConfig` with ``num_threads`` GL contexts, or none), its task weights by position.
+    ``sims`` env section (:func:`vla_rl.config.suite_config`: its shared settings and ``env.suite``) with the
+    frames it asks for (the suite's :class:`sims.RenderConfig` with ``num_threads`` GL contexts, or none).
 
-    The other arguments are :func:`make_env`'s; fields the section does not name (``frame_skip``, ``max_delta``)
-    keep the suite config's defaults.
+    The other arguments are :func:`make_env`'s.
 
     Raises:
         ValueError: ``env_offset`` for a suite whose environments are not sharded.
     """
     suite = sims.suite_of(cfg.task)
     render = suite.render(cfg.image_size, tuple(cfg.cameras), cfg.depth, num_threads) if cfg.render else None
-    settings = dict(
-        task=cfg.task, num_envs=num_envs, seed=seed, split=split, render=render, backend=cfg.backend,
-        warp_device=cfg.warp_device, group_size=group_size, num_threads=num_threads,
-        terminate_on_success=cfg.terminate_on_success, success_bonus=cfg.success_bonus,
-        reward=cfg.reward, env_offset=env_offset,
-    )
-    # The suite-only settings the section names (TrainConfig.validate refused those a suite lacks); unnamed, the
-    # suite config's own defaults hold.
-    settings |= {SUITE_ONLY[key]: value for key, value in named_suite_settings(cfg).items()}
-    if cfg.task_weights:
-        settings["task_weights"] = suite.weigh(cfg.task, cfg.task_weights)
-    fields = {f.name for f in dataclasses.fields(suite.config)}
-    if env_offset and "env_offset" not in fields:
-        raise ValueError(f"env_offset={env_offset}: {suite.name} environments are not sharded; use "
-                         "fleet.mode=inprocess or fleet.mode=data_parallel")
-    return suite.config(**{k: v for k, v in settings.items() if k in fields})
+    per_env = dict(num_envs=num_envs, seed=seed, split=split, render=render, group_size=group_size,
+                   num_threads=num_threads)
+    if env_offset:
+        if "env_offset" not in {f.name for f in dataclasses.fields(suite.config)}:
+            raise ValueError(f"env_offset={env_offset}: {suite.name} environments are not sharded; use "
+                             "fleet.mode=inprocess or fleet.mode=data_parallel")
+        per_env["env_offset"] = env_offset
+    return suite_config(cfg, **per_env)
 
 
 def make_env(

@@ -23,8 +23,6 @@ from tensordict import TensorDict
 from torch import nn
 
 import sims
-from sims.libero.suites import MAX_STEPS
-from sims.libero.vec_env import SETTLE_STEPS
 from vla_rl.rollout import EpisodeResult, EpisodeStats, Timer, env_step
 
 
@@ -328,21 +326,25 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
     import mujoco
 
     from vla_rl.checkpoint import load_checkpoint
+    from vla_rl.config import build_config, suite_config
 
     if episodes_per_task < 1 or envs_per_task < 1 or episodes_per_task % envs_per_task:
         raise ValueError(f"envs_per_task={envs_per_task} must divide episodes_per_task={episodes_per_task} (each "
                          "initial state once per task)")
-    task = str(load_checkpoint(path)["config"]["env"]["task"])
+    saved = load_checkpoint(path)["config"]
+    task = str(saved["env"]["task"])
     suite = next((s for s in sims.suites() if s.claims(task)), None)
     if suite is None or not suite.protocol.fixed_states:
         raise ValueError(f"{path} is a run on env.task={task!r}; the LIBERO protocol needs a libero_<suite> run")
     if bad := sorted(set(splits) - set(suite.splits)):
         raise ValueError(f"splits {bad} are not LIBERO splits; valid: {', '.join(suite.splits)}")
     ids = suite.resolve(task)
+    env = suite_config(build_config(saved).env)
     out: dict[str, Any] = {"checkpoint": str(path), "splits": {}, "protocol": {
         "task": task, "episodes_per_task": episodes_per_task, "envs_per_task": envs_per_task,
         "initial_states": f"the split's fixed initial states 0..{episodes_per_task - 1}, once each per task",
-        "settle_steps": SETTLE_STEPS, "max_steps": {t: MAX_STEPS[t.split("/")[0]] for t in ids},
+        "suite_settings": {k: getattr(env, k) for k in sims.suite_settings(suite.config)},
+        "max_steps": suite.max_steps(task, None),  # the suite's own limit; suite_settings holds any override
         "policy": "deterministic (the mode action)", "mujoco": mujoco.__version__,
         "caveat": LIBERO_CAVEAT.format(mujoco=mujoco.__version__)}}
     for split in splits:

@@ -1,7 +1,7 @@
 """Host memory a run will take, estimated from its config and checked before anything is allocated.
 
 ``env.num_envs=100000000`` used to grow the process by gigabytes (environments, then frames, then the
-rollout buffer) until the machine ran out. :func:`check_run_memory` adds up what the config asks for
+rollout buffer) until the machine ran out. :func:`vla_rl.config.train.check_run_memory` adds up what the config asks for
 and raises :class:`~infra.common.typed_config.ConfigError` with the figure and the largest ``num_envs`` that
 fits before the first environment is built. The estimate is a lower bound (the policy, the optimiser
 and Python's own overhead come on top), so a refused config would certainly not have fitted.
@@ -17,7 +17,7 @@ import sims
 from infra.common.typed_config import ConfigError
 
 if TYPE_CHECKING:
-    from vla_rl.config import TrainConfig, TrainEnvConfig
+    from vla_rl.config.env import TrainEnvConfig
 
 STEP_BYTES = 512
 """Per environment and step of the rollout buffer besides the frames: proprio (13), state (42), goal
@@ -49,13 +49,6 @@ def frame_bytes(env: TrainEnvConfig) -> int:
     return pixels * 3 + (pixels * 4 if env.depth else 0)
 
 
-def rollout_steps(cfg: TrainConfig) -> int:
-    """Steps T per environment the selected algorithm's batch holds (GRPO: the longest episode)."""
-    if cfg.algo == "grpo":
-        return sims.suite_of(cfg.env.task).max_steps(cfg.env.task, None)
-    return {"ppo": cfg.ppo.rollout_steps, "distill": cfg.distill.rollout_steps}.get(cfg.algo, 0)
-
-
 def estimate_envs(env: TrainEnvConfig, num_envs: int, scenes: bool = True) -> MemoryEstimate:
     """What ``num_envs`` environments of ``env`` take, frames included (no buffer), by its suite's
     :class:`sims.registry.MemoryModel`. Only ``sims`` environments are counted: a gymnasium environment's size is
@@ -69,20 +62,6 @@ def estimate_envs(env: TrainEnvConfig, num_envs: int, scenes: bool = True) -> Me
     return MemoryEstimate(num_envs * model.per_env + (tasks * model.per_task_scene if scenes else 0),
                           num_envs * (frame + (model.per_rendered_env if frame else 0))
                           + (tasks * model.per_task_context if frame else 0), 0)
-
-
-def estimate_run(cfg: TrainConfig) -> tuple[MemoryEstimate, int]:
-    """What ``cfg``'s training environments, evaluation environments (one set per split) and rollout buffer take.
-
-    Returns:
-        The estimate, and the part of it that does not grow with ``env.num_envs`` (the evaluation environments).
-    """
-    train = estimate_envs(cfg.env, cfg.env.num_envs)
-    splits = len(cfg.eval.splits) if cfg.eval.every or cfg.eval.at_start else 0
-    evaluation = estimate_envs(cfg.env, splits * cfg.eval.num_envs, scenes=False)  # LIBERO: the training env's scenes
-    buffer = rollout_steps(cfg) * cfg.env.num_envs * (frame_bytes(cfg.env) + STEP_BYTES) if cfg.env.kind == "sims" else 0
-    need = MemoryEstimate(train.envs + evaluation.envs, train.frames + evaluation.frames, buffer)
-    return need, evaluation.total
 
 
 def available_bytes() -> int:
@@ -120,9 +99,3 @@ def check_memory(need: MemoryEstimate, key: str, value: int, fixed: int = 0, ava
         f"{gib(need.frames)}, rollout buffer {gib(need.buffer)}) and this machine has {gib(have)} available: "
         f"lower {key} to at most about {fits}"
     )
-
-
-def check_run_memory(cfg: TrainConfig, available: int | None = None) -> None:
-    """:func:`check_memory` of a training run (``env.num_envs`` is what to lower)."""
-    need, fixed = estimate_run(cfg)
-    check_memory(need, "env.num_envs", cfg.env.num_envs, fixed, available)

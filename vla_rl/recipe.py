@@ -280,7 +280,7 @@ def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] 
                                     noise=recipe.demos.noise, image_size=env.image_size,
                                     num_envs=recipe.demos.num_envs, cameras=tuple(env.cameras),
                                     task_weights=recipe.demos.task_weights, keep_failures=recipe.demos.keep_failures,
-                                    max_steps=env.max_episode_steps))
+                                    suite_settings=dict(env.suite)))
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}

@@ -27,7 +27,7 @@ from torch import nn
 from policies.vla import INSTRUCTION_EMBEDDING
 from sims.tasks import instruction_groups, resolve_tasks
 from vla_rl.algorithm import Algorithm, Budget, Experience, Setup
-from vla_rl.config import ConfigError, TrainConfig, env_suite
+from vla_rl.config import ConfigError, TrainConfig, env_suite, suite_config
 from vla_rl.demos.reader import DatasetError, DemoDataset
 from vla_rl.ppo import ClippedUpdate, LossWeights
 from vla_rl.rollout import EpisodeStats, Timer
@@ -75,7 +75,7 @@ def paraphrase_table(instructions: list[str], groups: list[tuple[str, ...]]) -> 
 
 class ParaphraseResample:
     """Each frame's instruction drawn anew, uniformly, from the instructions that say what it says (its suite's
-    ``training_instructions``; a LIBERO run with ``env.instructions=paraphrase``: the task's own and its training
+    ``training_instructions``; a LIBERO run with ``env.suite.instructions=paraphrase``: the task's own and its training
     paraphrases, ``sims.libero.paraphrase``), so SFT sees them all although the demonstrations recorded the task's own.
 
     Args:
@@ -181,7 +181,7 @@ class SFT(Algorithm):
         self.data, self.instruction_map = load_dataset(cfg, setup.instructions)
         self.resample: ParaphraseResample | None = None
         training = env_suite(cfg.env).training_instructions if cfg.env.kind == "sims" else None
-        groups = training(cfg.env.task, cfg.env.instructions) if training is not None else []
+        groups = training(suite_config(cfg.env)) if training is not None else []
         if any(len(group) > 1 for group in groups):  # else each frame keeps its own (and the RNG its stream)
             self.resample = ParaphraseResample(setup.instructions, groups)
         if not self.cfg.learn_std:  # the exploration noise RL from this checkpoint starts with

@@ -30,7 +30,7 @@ from infra.common.errors import ConfigError
 from infra.common.limits import short
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
+def coerce(value: Any, tp: Any, path: str) -> Any:
     """Check ``value`` against the annotation ``tp`` and convert lists and ints where lossless.
 
     Raises:
@@ -46,7 +46,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _coerce(value, arg, path)
+                return coerce(value, arg, path)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError("; ".join(errors))
@@ -58,7 +58,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{path}={short(value)} must be a list, e.g. {path}=[a,b]")
         item = args[0] if args else Any
-        return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple(coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
     if origin is dict:  # a free-form section, validated by whoever reads it (e.g. a nested job's overrides)
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise ConfigError(f"{path} must be a mapping with string keys, got {short(value)}")
@@ -104,7 +104,7 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
     if unknown:
         where = f" in section '{path}'" if path else ""
         raise ConfigError(f"unknown config key(s) {unknown}{where}; valid keys: {', '.join(names)}")
-    cfg = cls(**{name: _coerce(value, hints[name], f"{path}.{name}" if path else name) for name, value in data.items()})
+    cfg = cls(**{name: coerce(value, hints[name], f"{path}.{name}" if path else name) for name, value in data.items()})
     if callable(getattr(cfg, "validate", None)):
         validate_section(cfg, path)
     return cfg

@@ -106,13 +106,12 @@ SUITE = register(Suite(
     # A task's compiled scene (textures downscaled to 512 px) is built once per process: 276 MiB for spatial/5 after
     # spatial/0; a GL context of its renderer 439 MiB (VmRSS, 2026-12-04); per environment as the gantry suite's.
     memory=MemoryModel(per_env=220 * 1024, per_task_scene=250 * 2**20, per_task_context=400 * 2**20),
-    rewards=("success",),
     proprio_names=("eef_x", "eef_y", "eef_z", "eef_ax", "eef_ay", "eef_az", "finger_left", "finger_right"),
     action_names=("dx", "dy", "dz", "drx", "dry", "drz", "gripper"),
     robot_type="panda_libero",
     demo_terminates=False,  # the env would restart a simulation under its expert's running plan
     protocol=EvalProtocol(fixed_states=True, test_splits=FIXED_STATE_SPLITS),
     missing_files=missing_variants,
-    training_instructions=libero_training_groups,
+    training_instructions=lambda config: libero_training_groups(config.task, config.instructions),
     check_instructions=check_instructions,
 ))

@@ -136,6 +136,6 @@ SUITE = Suite(
     name="point", task_forms=("point",), claims=lambda task: task == "point", resolve=resolve, config=PointConfig,
     make=PointVectorEnv, splits=SPLITS, cameras=(), backends=("batch",), render=_no_frames,
     max_steps=lambda task, limit: PointConfig.max_steps, expert=GreedyExpert, memory=MemoryModel(per_env=256),
-    rewards=("dense",), proprio_names=("x", "y"), action_names=("dx", "dy"),
+    proprio_names=("x", "y"), action_names=("dx", "dy"),
 )
 """The point suite's entry: ``sims.register(SUITE)`` adds it."""

@@ -198,49 +198,55 @@ def test_a_snapshot_refuses_an_env_of_another_config(cached):
 
 
 def test_visual_faces_from_a_training_config_reaches_the_env_and_bad_values_are_one_line(cached):
-    """``env.visual_faces`` sets the mesh detail the trainer's LIBERO env draws (null: LIBERO's full meshes), each
+    """``env.suite.visual_faces`` sets the mesh detail the trainer's LIBERO env draws (null: LIBERO's full meshes), each
     setting its own shared model; a budget below the minimum, or the key on a gantry task, is a one-line error."""
     from sims.libero.scene import MIN_VISUAL_FACES, VISUAL_FACES
     from vla_rl.envs import make_env
 
     faces = {}
     for value in ("null", "400", str(VISUAL_FACES)):
-        cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", f"env.visual_faces={value}"])
+        cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", f"env.suite.visual_faces={value}"])
         env = make_env(dataclasses.replace(cfg.env, render=False), seed=0, num_envs=2)  # no GL contexts needed
         faces[value] = int(env.sims[0].model.mesh_facenum.sum())
         env.close()
     assert faces["null"] > faces[str(VISUAL_FACES)] > faces["400"], faces  # full > 2000 per mesh > 400 per mesh
     assert shared_model(load_task("spatial/0"))[0].mesh_facenum.sum() == faces[str(VISUAL_FACES)]  # the default
-    with pytest.raises(ConfigError, match=rf"^env.visual_faces=50 must be at least {MIN_VISUAL_FACES}$"):
-        load_config(CONFIG_DIR / "libero.yaml", ["env.visual_faces=50"])
-    with pytest.raises(ConfigError, match=r"^env.visual_faces=1000 is a setting of another suite; the gantry suite .*remove it$"):
-        load_config(CONFIG_DIR / "default.yaml", ["env.visual_faces=1000"])
+    with pytest.raises(ConfigError, match=rf"^env.suite.visual_faces=50: give at least {MIN_VISUAL_FACES} triangles"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.suite.visual_faces=50"])
+    with pytest.raises(ConfigError, match=r"^env.suite has unknown key\(s\) \['visual_faces'\] for env.task='reach' "
+                                          r"\(the gantry suite's: .*\)$"):
+        load_config(CONFIG_DIR / "default.yaml", ["env.suite.visual_faces=1000"])
     with pytest.raises(ValueError, match=r"^visual_faces=3: give at least .*or None for LIBERO's full meshes$"):
         LiberoEnvConfig(task="libero_spatial/0", visual_faces=3).validate()
 
 
 def test_controller_and_starts_from_a_training_config_reach_the_env_config():
-    """``env.controller`` and ``env.starts`` become the LIBERO config's fields (their values LIBERO's), default to
-    LIBERO's defaults, and are one-line errors for a bad value, on a gantry task or a gymnasium env."""
+    """``env.suite.controller`` and ``env.suite.starts`` become the LIBERO config's fields (their values LIBERO's),
+    default to LIBERO's defaults, and are one-line errors for a bad value, on a gantry task or a gymnasium env, and
+    written at the top of the section (their place before the suite's settings nested)."""
     from vla_rl.config import TrainEnvConfig
     from vla_rl.envs import sims_env_config
 
-    assert (TrainEnvConfig().controller, TrainEnvConfig().starts) == ("servo", "jitter")
-    cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", "env.controller=osc",
-                                                   "env.starts=regions"])
+    assert TrainEnvConfig().suite == {}
+    cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", "env.suite.controller=osc",
+                                                   "env.suite.starts=regions"])
     built = sims_env_config(cfg.env, num_envs=2, seed=0, split="train")
     assert isinstance(built, LiberoEnvConfig) and (built.controller, built.starts) == ("osc", "regions")
     default = sims_env_config(load_config(CONFIG_DIR / "libero.yaml").env, num_envs=10, seed=0)
     assert (default.controller, default.starts) == (LiberoEnvConfig.controller, LiberoEnvConfig.starts) == ("servo", "jitter")
-    with pytest.raises(ConfigError, match=r"^env.controller='pid'; use one of servo, osc$"):
-        load_config(CONFIG_DIR / "libero.yaml", ["env.controller=pid"])
-    with pytest.raises(ConfigError, match=r"^env.starts='grid'; use one of jitter, regions$"):
-        load_config(CONFIG_DIR / "libero.yaml", ["env.starts=grid"])
-    with pytest.raises(ConfigError, match=r"^env.starts='regions' is a setting of LIBERO tasks; .*remove it$"):
-        TrainEnvConfig(kind="gym", task="Pendulum-v1", starts="regions").validate()
+    with pytest.raises(ConfigError, match=r"^env.suite.controller='pid'; valid: servo, osc$"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=pid"])
+    with pytest.raises(ConfigError, match=r"^env.suite.starts='grid'; valid: jitter, regions$"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.suite.starts=grid"])
+    with pytest.raises(ConfigError, match=r"^env.suite=\{'starts': 'regions'\} sets a sims suite's own settings; "
+                                          r"env.kind='gym' has none: remove it$"):
+        TrainEnvConfig(kind="gym", task="Pendulum-v1", suite={"starts": "regions"}).validate()
     for key in ("controller=osc", "starts=regions"):
-        with pytest.raises(ConfigError, match=rf"^env.{key} is a setting of another suite; the gantry suite .*remove it$"):
-            load_config(CONFIG_DIR / "default.yaml", [f"env.{key}"])
+        with pytest.raises(ConfigError, match=r"^env.suite has unknown key\(s\) .* \(the gantry suite's: .*\)$"):
+            load_config(CONFIG_DIR / "default.yaml", [f"env.suite.{key}"])
+        with pytest.raises(ConfigError, match=rf"^env.{key.split('=')[0]} is a suite's own setting \(libero\): write "
+                                              rf"env.suite.{key} "):
+            load_config(CONFIG_DIR / "libero.yaml", [f"env.{key}"])
 
 
 def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):

@@ -220,11 +220,10 @@ def test_instructions_setting_is_checked_and_forwarded(cached):
 
     with pytest.raises(ValueError, match=r"^instructions='free'; use one of original, paraphrase$"):
         _env(instructions="free")
-    with pytest.raises(ConfigError, match=r"^env.instructions='free'; use one of original, paraphrase$"):
-        load_config(CONFIG_DIR / "libero.yaml", ["env.instructions=free"])
-    with pytest.raises(ConfigError, match=r"^env.instructions=paraphrase is a setting of another suite; the gantry suite "
-                                          r"\(env.task=.*\) has none: remove it$"):
-        load_config(CONFIG_DIR / "default.yaml", ["env.instructions=paraphrase"])
-    cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", "env.instructions=paraphrase"])
+    with pytest.raises(ConfigError, match=r"^env.suite.instructions='free'; use one of original, paraphrase$"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.suite.instructions=free"])
+    with pytest.raises(ConfigError, match=r"^env.suite has unknown key\(s\) \['instructions'\] for env.task='reach'"):
+        load_config(CONFIG_DIR / "default.yaml", ["env.suite.instructions=paraphrase"])
+    cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", "env.suite.instructions=paraphrase"])
     env = make_env(dataclasses.replace(cfg.env, render=False), seed=0, num_envs=2)
     assert env.instructions[1:] == list(paraphrases("spatial/0", "train"))

@@ -58,12 +58,18 @@ def test_a_third_suite_trains_for_one_iteration(point, tmp_path):
         f"out_dir={tmp_path}", "name=point", "env.task=point", "env.num_envs=4", "ppo.rollout_steps=8",
         "total_env_steps=32", "ppo.optim.num_minibatches=2", "ppo.optim.epochs=1", "eval.every=1",
         "eval.episodes=4", "eval.num_envs=4", "log.wandb=disabled", "log.progress=false", "log.video=false",
+        "env.suite.speed=0.3", "env.suite.max_steps=8",  # the suite's own settings, which no trainer line names
     ])
     trainer = Trainer(cfg)
     assert type(trainer.collector.env).__name__ == "PointVectorEnv"
+    assert (trainer.collector.env.config.speed, trainer.collector.env.max_episode_steps) == (0.3, 8)
     summary = trainer.train()
     trainer.close()
     assert summary["env_steps"] == 32 and trainer.iteration == 1
     assert 0.0 <= trainer.log.rows[-1]["eval/validation/success"] <= 1.0
     with pytest.raises(ConfigError, match=r"env.cameras=\['front'\] must name distinct cameras .*valid: $"):
         load_config(CONFIG_DIR / "default.yaml", ["env.task=point"])
+    with pytest.raises(ConfigError, match=r"^env.speed is a suite's own setting \(point\): write env.suite.speed=0.3 "):
+        load_config(CONFIG_DIR / "reach_state_ppo.yaml", ["env.task=point", "env.speed=0.3"])
+    with pytest.raises(ConfigError, match=r"^env.suite.speed='fast' must be a number$"):
+        load_config(CONFIG_DIR / "reach_state_ppo.yaml", ["env.task=point", "env.suite.speed=fast"])

@@ -135,7 +135,7 @@ def test_instruction_groups_say_one_thing_with_each_template_of_the_split() -> N
 
 
 def test_task_weights_shape_the_train_split_only() -> None:
-    weights = tuple(3.0 if name in ("push", "stack") else 0.0 if name == "reach" else 1.0 for name in T.TASK_NAMES)
+    weights = {"push": 3.0, "stack": 3.0, "reach": 0.0}  # the others weigh 1
     counts = {}
     for split in ("train", "validation"):
         env = make_vec_env("suite", 64, seed=4, split=split, num_threads=1, task_weights=weights)
@@ -145,8 +145,10 @@ def test_task_weights_shape_the_train_split_only() -> None:
     assert counts["train"]["reach"] == 0
     assert counts["train"]["push"] + counts["train"]["stack"] > 64 * 0.5  # expected 6/10 of 64
     assert counts["validation"]["reach"] > 0  # evaluation splits stay uniform
-    with pytest.raises(ValueError, match="task_weights"):
-        make_vec_env("suite", 4, task_weights=(1.0, 2.0))
+    with pytest.raises(ValueError, match=r"^task_weights=\{'pull': 1.0\}: task weights name \['pull'\], not tasks of"):
+        make_vec_env("suite", 4, task_weights={"pull": 1.0})
+    with pytest.raises(ValueError, match=r"^task_weights=.*each weight must be a number >= 0"):
+        make_vec_env("suite", 4, task_weights={"push": -1.0})
 
 
 @pytest.mark.parametrize("timestep", [0.0, -0.01, float("nan"), MAX_TIMESTEP * 2])

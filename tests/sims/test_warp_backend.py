@@ -177,7 +177,7 @@ def test_buffer_plan_sizes_8192_worlds_without_allocating() -> None:
     shipped = plan_buffers(SUITE_NV, 1024, deterministic=True, sparse=True)
     assert shipped.det_records == 1024 * 32 * 192 * 30 == 188_743_680
     assert abs(shipped.det_workspace_bytes - 7_627_550_207) / 7_627_550_207 < 1e-3
-    with pytest.raises(ValueError, match=r"env.warp_deterministic=false .* at most 288 worlds"):
+    with pytest.raises(ValueError, match=r"env.suite.warp_deterministic=false .* at most 288 worlds"):
         shipped.check()
     # Fast mode (the default) at 8,192 worlds: no records, contacts and rows well inside Warp's limits.
     fast = plan_buffers(SUITE_NV, 8192)
@@ -227,7 +227,7 @@ def test_failed_graph_capture_is_an_error_naming_the_fix(monkeypatch) -> None:
     monkeypatch.setattr(warp, "ScopedCapture", _FailingCapture)
     qpos = backend.qpos.clone()
     with pytest.raises(RuntimeError, match=r"^CUDA graph capture of mujoco_warp failed \(ValueError: Array shapes"
-                                           r".*; set env.warp_uncaptured=true to step without graphs"):
+                                           r".*; set env.suite.warp_uncaptured=true to step without graphs"):
         env.step_arrays(np.zeros((2, ACTION_DIM), np.float32))
     assert not torch.equal(backend.qpos, qpos) and not backend.graphs_captured["step"]  # eager step ran
 

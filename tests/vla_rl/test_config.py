@@ -4,10 +4,20 @@ import dataclasses
 import re
 import typing
 
+import numpy as np
 import pytest
 import torch
 
-from vla_rl.config import CONFIG_DIR, ConfigError, build_config, load_config, parse_overrides, to_dict
+import sims
+from vla_rl.config import (
+    CONFIG_DIR,
+    ConfigError,
+    TrainConfig,
+    build_config,
+    load_config,
+    parse_overrides,
+    to_dict,
+)
 
 GYM = ["env.kind=gym", "env.task=Pendulum-v1", "policy.name=mlp"]
 
@@ -134,10 +144,15 @@ DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
         (DEFAULT, "env.kind=gym env.task=Pendulum-v1", r"policy.name=vla reads camera images: it needs env.kind=sims"),
         (HALFCHEETAH, "ppo.task_adv_norm=true", r"ppo.task_adv_norm normalises advantages per sims task"),
         (HALFCHEETAH, "env.success_bonus=-1", r"env.success_bonus=-1.0 must be in \[0, 100\]"),
-        (DEFAULT, "env.reward=sparse", r"env.reward='sparse' is not a sims reward; valid: dense, progress, success"),
-        (DEFAULT, "env.task_weights.push=2", r"env.task_weights: task weights name \['push'\], not tasks of 'reach'; valid: reach"),
-        (DEFAULT, "env.task_weights.reach=-1", r"each weight must be a number >= 0"),
-        (HALFCHEETAH, "env.task_weights.x=1", r"env.task_weights weighs the tasks of a sims suite"),
+        (DEFAULT, "env.suite.reward=sparse", r"env.suite.reward='sparse'; valid rewards: dense, progress, success"),
+        (DEFAULT, "env.suite.task_weights.push=2", r"env.suite.task_weights=\{'push': 2\}: task weights name \['push'\], not "
+                                                    r"tasks of 'reach'; valid: reach"),
+        (DEFAULT, "env.suite.task_weights.reach=-1", r"each weight must be a number >= 0"),
+        (HALFCHEETAH, "env.suite.task_weights.x=1", r"env.suite=.* sets a sims suite's own settings; env.kind='gym' has none"),
+        (DEFAULT, "env.reward=success", r"env.reward is a suite's own setting \(gantry\): write env.suite.reward=success"),
+        (DEFAULT, "env.suite.num_envs=4", r"env.suite has unknown key\(s\) \['num_envs'\] .*; write env.num_envs"),
+        (DEFAULT, "env.max_episode_steps=10", r"env.max_episode_steps=10 limits gymnasium episodes; a sims suite's own "
+                                              r"settings go under env.suite \(the gantry suite's: .*reward"),
         (HALFCHEETAH, "algo=sft sft.dataset=x sft.instruction_noise=3", r"sft.instruction_noise=3.0 must be in"),
     ],
 )
@@ -196,7 +211,7 @@ def test_render_knobs_reach_the_environment():
 def test_reward_knobs_reach_the_environment():
     from vla_rl.envs import make_env
 
-    cfg = load_config(CONFIG_DIR / DEFAULT, ["env.reward=success", "env.success_bonus=2"])
+    cfg = load_config(CONFIG_DIR / DEFAULT, ["env.suite.reward=success", "env.success_bonus=2"])
     env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
     try:
         env.reset_td(seed=0)
@@ -212,22 +227,25 @@ def test_warp_determinism_knobs_reach_the_backend():
     from vla_rl.envs import make_env
 
     cfg = load_config(CONFIG_DIR / "suite.yaml", ["env.backend=warp", "env.warp_device=cpu",
-                                                  "env.warp_deterministic=true", "env.warp_uncaptured=true"])
+                                                  "env.suite.warp_deterministic=true", "env.suite.warp_uncaptured=true"])
     env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
     env.close()
     backend = env._backend
     assert backend.deterministic and not backend.m.is_sparse and not backend._capture
-    default = load_config(CONFIG_DIR / "suite.yaml", []).env
-    assert (default.warp_deterministic, default.warp_uncaptured) == (False, False)
+    default = make_env(load_config(CONFIG_DIR / "suite.yaml", []).env, seed=0, num_envs=2, num_threads=1)
+    default.close()
+    assert (default.config.warp_deterministic, default.config.warp_uncaptured) == (False, False)
 
 
 def test_task_weights_reach_the_training_environment_in_task_order():
     from vla_rl.envs import make_env
 
-    cfg = load_config(CONFIG_DIR / "suite.yaml", ["env.task_weights={stack: 3, reach: 0}"])
+    cfg = load_config(CONFIG_DIR / "suite.yaml", ["env.suite.task_weights={stack: 3, reach: 0}"])
     env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
     env.close()
-    assert env.config.task_weights == tuple(3.0 if n == "stack" else 0.0 if n == "reach" else 1.0 for n in env.task_names)
+    assert env.config.task_weights == {"stack": 3, "reach": 0}
+    p = np.asarray([3.0 if n == "stack" else 0.0 if n == "reach" else 1.0 for n in env.task_names])
+    np.testing.assert_allclose(env._task_p, p / p.sum())  # the train split's task probabilities, in task order
 
 
 
@@ -239,3 +257,33 @@ def test_cuda_on_a_machine_without_cuda_is_a_config_error_before_the_run_directo
     assert err.startswith("error: ") and "\n" not in err, err
     assert "device='cuda'" in err and "CUDA is not available" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def _flat(cfg: TrainConfig, **old) -> dict:
+    """``cfg`` as ``config.yaml`` held it before the suite's settings nested under ``env.suite``: every suite's
+    setting at the top of ``env`` (the other suites' at the old section's defaults)."""
+    data = to_dict(cfg)
+    data["env"] = {k: v for k, v in data["env"].items() if k != "suite"} | {
+        "reward": "dense", "task_weights": {}, "warp_deterministic": False, "warp_uncaptured": False,
+        "visual_faces": 2000, "instructions": "original", "controller": "servo", "starts": "jitter", **old}
+    return data
+
+
+def test_a_checkpoint_saved_with_a_flat_env_section_loads_nested_and_a_yaml_one_is_refused(tmp_path):
+    """A checkpoint written before ``env.suite`` existed loads with its suite's settings moved there (those at their
+    defaults, and the other suites', dropped), so it evaluates and resumes as before; a YAML file or override in the
+    old form is a one-line error naming the new key."""
+    from vla_rl.checkpoint import load_checkpoint, save_checkpoint
+
+    gantry = load_config(CONFIG_DIR / "suite.yaml", ["env.suite.reward=progress", "env.suite.task_weights={push: 3}"])
+    libero = load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=osc", "env.suite.max_steps=30"])
+    for cfg, old in ((gantry, {"reward": "progress", "task_weights": {"push": 3}}),
+                     (libero, {"controller": "osc", "max_episode_steps": 30, "reward": "success"})):
+        flat = _flat(cfg, **old)
+        suite = sims.suite_of(cfg.env.task).name  # the task's own suite's keys are named first
+        with pytest.raises(ConfigError, match=rf"^env\.(\w+) is a suite's own setting \({suite}\): write env\.suite\.\1="):
+            build_config(flat)
+        save_checkpoint({"config": flat}, tmp_path / cfg.env.task, iteration=1)
+        loaded = load_checkpoint(tmp_path / cfg.env.task)["config"]
+        assert loaded["env"]["suite"] == cfg.env.suite
+        assert build_config(loaded) == cfg

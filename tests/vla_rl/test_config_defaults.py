@@ -83,12 +83,16 @@ def test_recipe_yaml_names_only_what_differs(name):
 
 
 def test_the_env_section_takes_the_simulators_defaults():
-    """``env`` describes a sims env with sims.EnvConfig's defaults (frames: sims.RenderConfig's); the fields
-    only the trainer has are kind, render (on: the default policy reads images) and the gymnasium settings."""
+    """``env`` holds the settings every suite reads (``sims.shared_settings()``) with sims.VecEnvConfig's defaults,
+    the frames with sims.RenderConfig's, and the suite's own settings nested under ``suite`` (empty: its config
+    class's defaults); no suite's own field is declared at the top of the section."""
     section, sim, frames = TrainEnvConfig(), sims.EnvConfig(task="reach"), sims.RenderConfig()
-    shared = {f.name for f in dataclasses.fields(sims.EnvConfig)} & {f.name for f in dataclasses.fields(TrainEnvConfig)}
-    assert shared - {"render", "task_weights"} >= {"task", "num_envs", "backend", "reward", "success_bonus"}
-    for name in shared - {"render", "task_weights"}:
+    top = {f.name for f in dataclasses.fields(TrainEnvConfig)}
+    vec = {f.name for f in dataclasses.fields(sims.VecEnvConfig)}
+    assert top & vec == set(sims.shared_settings()) | {"render"}  # render: on/off here, the suite's frames there
+    for suite in sims.suites():
+        assert not top & set(sims.suite_settings(suite.config)), suite.name
+    for name in sims.shared_settings():
         assert getattr(section, name) == getattr(sim, name), f"env.{name} has a default of its own"
     assert (section.image_size, section.image_size, section.cameras, section.depth) == (
         frames.height, frames.width, frames.cameras, frames.depth)
@@ -99,14 +103,13 @@ def test_the_env_section_takes_the_simulators_defaults():
 
 
 def test_the_env_section_builds_what_it_names():
-    section = TrainEnvConfig(task="suite", num_envs=8, backend="warp", warp_device="cpu", reward="progress",
-                             success_bonus=1.5, terminate_on_success=False, cameras=("front", "wrist"),
-                             image_size=32, task_weights={"push": 3.0})
+    section = TrainEnvConfig(task="suite", num_envs=8, backend="warp", warp_device="cpu", success_bonus=1.5,
+                             terminate_on_success=False, cameras=("front", "wrist"), image_size=32,
+                             suite={"reward": "progress", "task_weights": {"push": 3.0}, "max_delta": 0.02})
     built = sims_env_config(section, num_envs=4, seed=7, split="validation", group_size=2, env_offset=4, num_threads=1)
     assert (built.task, built.num_envs, built.seed, built.split, built.group_size, built.env_offset) == (
         "suite", 4, 7, "validation", 2, 4)
     assert (built.backend, built.warp_device, built.reward, built.success_bonus, built.terminate_on_success) == (
         "warp", "cpu", "progress", 1.5, False)
     assert (built.render.height, built.render.cameras, built.render.num_contexts) == (32, ("front", "wrist"), 1)
-    weights = dict(zip(sims.TASK_NAMES, built.task_weights, strict=True))
-    assert weights["push"] == 3.0 and {w for name, w in weights.items() if name != "push"} == {1.0}
+    assert (built.task_weights, built.max_delta) == ({"push": 3.0}, 0.02)

@@ -95,8 +95,8 @@ def test_the_job_config_checks_sections_together_and_needs_its_policy():
 def test_a_section_made_in_code_is_checked_by_the_job_config():
     cfg = load_config(None, [])
     cfg.validate()
-    bad = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, reward="sparse"))  # dataclasses don't validate
-    with pytest.raises(ConfigError, match=r"^env\.reward='sparse' is not a sims reward"):
+    bad = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, suite={"reward": "sparse"}))  # dataclasses don't validate
+    with pytest.raises(ConfigError, match=r"^env\.suite\.reward='sparse'; valid rewards"):
         bad.validate()
 
 

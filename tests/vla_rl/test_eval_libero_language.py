@@ -1,6 +1,6 @@
 """LIBERO's instructions at evaluation: scripts/eval.py ``--instruction`` on a LIBERO run (whole sentences
 for one task), and scripts/eval_libero.py's fixed, _lan and paraphrase splits per task, side by side; and in
-SFT: with env.instructions=paraphrase each frame draws one of its task's training instructions.
+SFT: with env.suite.instructions=paraphrase each frame draws one of its task's training instructions.
 
 One PPO iteration of the VLA on spatial/0 at toy scale (two environments, 16x16 frames, 3-step episodes)
 makes the checkpoint; needs the LIBERO cache (spatial/0 and its _lan variant: exported if missing).
@@ -22,7 +22,7 @@ from vla_rl.sft import ParaphraseResample
 from vla_rl.trainer import Trainer
 
 TOY = ["env.task=libero_spatial/0", "env.num_envs=2", "env.image_size=16", "policy.image_size=16",
-       "env.max_episode_steps=3", "eval.episodes=2", "eval.num_envs=2", "eval.every=0", "log.wandb=disabled",
+       "env.suite.max_steps=3", "eval.episodes=2", "eval.num_envs=2", "eval.every=0", "log.wandb=disabled",
        "log.progress=false", "log.video=false", "policy.conv_channels=[8]", "policy.trunk_sizes=[32]",
        "policy.width=16", "policy.critic_hidden_sizes=[32]", "total_env_steps=8", "ppo.rollout_steps=4",
        "ppo.optim.num_minibatches=2"]
@@ -74,10 +74,13 @@ def test_protocol_reports_lan_and_paraphrase_beside_the_fixed_states(libero_run,
     assert {k: row[k] for k in ("fixed", "lan", "paraphrase")} == {s: tasks[s]["success"] for s in tasks}
     assert row["lan_minus_fixed"] == round(100 * (row["lan"] - row["fixed"]), 1)
     assert set(results["side_by_side"]["suites"]["spatial"]) >= {"fixed", "lan", "paraphrase", "lan_minus_fixed"}
+    protocol = results["protocol"]  # the run's env as it was evaluated: its suite settings, LIBERO's limit beside them
+    assert (protocol["suite_settings"]["max_steps"], protocol["suite_settings"]["settle_steps"]) == (3, 10)
+    assert protocol["max_steps"] == 220
 
 
 def test_sft_draws_every_frame_a_training_instruction_of_its_task():
-    """env.instructions=paraphrase: SFT hands each frame its task's own instruction or one of its training
+    """env.suite.instructions=paraphrase: SFT hands each frame its task's own instruction or one of its training
     paraphrases, uniformly (the demonstrations recorded the task's own)."""
     ensure_lan(["spatial/0"])
     groups = libero_training_groups("libero_spatial/0", "paraphrase")
@@ -93,7 +96,7 @@ def test_sft_draws_every_frame_a_training_instruction_of_its_task():
 
 
 def test_a_libero_sft_run_with_paraphrases_trains_on_them(libero_run, tmp_path):
-    """The SFT stage of a LIBERO run with env.instructions=paraphrase: its frames (recorded with the task's own
+    """The SFT stage of a LIBERO run with env.suite.instructions=paraphrase: its frames (recorded with the task's own
     instruction) reach the policy with the task's training instructions, several of them, nothing else."""
     from vla_rl.demos.collect import CollectConfig, collect_demos
 
@@ -101,7 +104,7 @@ def test_a_libero_sft_run_with_paraphrases_trains_on_them(libero_run, tmp_path):
     collect_demos(CollectConfig(task="libero_spatial/0", episodes=2, num_envs=2, keep_failures=True, image_size=16,
                                 cameras=("agentview", "robot0_eye_in_hand"), max_steps=3, out=demos), progress=False)
     cfg = load_config(CONFIG_DIR / "libero.yaml", [*TOY, "algo=sft", f"sft.dataset={demos}", "sft.iterations=1",
-                                                   "sft.updates=2", "sft.batch_size=64", "env.instructions=paraphrase",
+                                                   "sft.updates=2", "sft.batch_size=64", "env.suite.instructions=paraphrase",
                                                    f"out_dir={tmp_path}", "name=sft"])
     trainer = Trainer(cfg)
     try:

@@ -16,9 +16,10 @@ from infra.scheduler import PinGPUs, SameGPU, SameNode, Scheduler
 from vla_rl.config import ConfigError, build_config
 from vla_rl.envs import make_env
 from vla_rl.fleet.channel import SocketLink, SocketServer
-from vla_rl.fleet.inference import InferenceCore, Request, RequestsCancelled, from_wire, to_wire
+from vla_rl.fleet.inference import InferenceCore, RequestsCancelled
 from vla_rl.fleet.job_gang import PlacementError, job_request, place_job
 from vla_rl.fleet.section import resolved_placement
+from vla_rl.fleet.wire import Request, from_wire, to_wire
 from vla_rl.fleet.worker import RolloutWorker
 from vla_rl.rollout import Timer, collect_steps
 

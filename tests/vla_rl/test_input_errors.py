@@ -97,7 +97,7 @@ def test_num_envs_beyond_memory_is_refused_before_any_environment(tmp_path, caps
 
 
 def test_memory_estimate_counts_envs_frames_and_buffer_and_names_what_fits():
-    from vla_rl.memory import check_run_memory, estimate_run
+    from vla_rl.config.train import check_run_memory, estimate_run
 
     cfg = load_config(None, ["env.num_envs=1000"])
     need, fixed = estimate_run(cfg)

@@ -25,7 +25,7 @@ from vla_rl.config import CONFIG_DIR
 from vla_rl.demos.reader import DemoDataset
 
 STAGE = ["env.task=libero_spatial/0", "env.num_envs=2", "env.image_size=16", "policy.image_size=16",
-         "env.max_episode_steps=3", "eval.episodes=2", "eval.num_envs=2", "log.wandb=disabled",
+         "env.suite.max_steps=3", "eval.episodes=2", "eval.num_envs=2", "log.wandb=disabled",
          "log.progress=false", "policy.conv_channels=[8]", "policy.trunk_sizes=[32]", "policy.width=16",
          "policy.critic_hidden_sizes=[32]"]
 TINY = ["demos.episodes=2", "demos.num_envs=2", "demos.keep_failures=true", "demos.noise=0",
@@ -132,7 +132,7 @@ def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
 
 def test_memory_estimate_counts_libero_scenes_and_contexts(cached):
     from vla_rl.config import load_config
-    from vla_rl.memory import estimate_run
+    from vla_rl.config.train import estimate_run
 
     memory = sims.suite_of("libero_spatial").memory
 

@@ -1,7 +1,7 @@
 """Typed run configuration: dataclasses, YAML loading and ``key=value`` overrides.
 
-One source of defaults: the dataclasses below (the ``env`` section's simulator settings take
-:class:`sims.EnvConfig`'s). A YAML file under ``configs/`` only names what
+One source of defaults: the dataclasses below (the ``env`` section's shared simulator settings take
+:class:`sims.VecEnvConfig`'s; its ``suite`` mapping, the suite's own, its config class's). A YAML file under ``configs/`` only names what
 differs from them, and ``key=value`` arguments (dotted paths, values parsed as YAML scalars) are
 applied on top. Every key is checked against the dataclass fields where it enters, and an unknown
 key, task, algorithm or model raises :class:`ConfigError` naming the valid choices.
@@ -23,12 +23,12 @@ By what it configures: :mod:`vla_rl.config.env` (the ``env`` section against its
 from infra.common.typed_config import ConfigError, merge, parse_overrides
 from vla_rl.config.env import (
     GYM_SPLITS,
-    SUITE_ONLY,
     TrainEnvConfig,
+    check_flat_keys,
     check_task_weights,
     env_splits,
     env_suite,
-    named_suite_settings,
+    suite_config,
 )
 from vla_rl.config.files import (
     CONFIG_DIR,
@@ -47,8 +47,8 @@ from vla_rl.config.train import RESUMABLE_KEYS, SIMS_FLAT_KEYS, TrainConfig, alg
 
 __all__ = [
     "CONFIG_DIR", "DEFAULT_POLICY", "GYM_SPLITS", "INPUT_PATH_KEYS", "RANGES", "RESUMABLE_KEYS",
-    "SIMS_FLAT_KEYS", "SUITE_ONLY", "ConfigError", "DistillConfig", "EvalConfig", "PPOConfig", "SFTConfig",
-    "TrainConfig", "TrainEnvConfig", "_policy_models", "algo_optim", "build_config", "check_task_weights",
-    "diff_configs", "env_splits", "env_suite", "load_config", "merge", "named_suite_settings", "parse_overrides",
-    "policy_from_dict", "read_yaml", "run_relative", "to_dict",
+    "SIMS_FLAT_KEYS", "ConfigError", "DistillConfig", "EvalConfig", "PPOConfig", "SFTConfig",
+    "TrainConfig", "TrainEnvConfig", "_policy_models", "algo_optim", "build_config", "check_flat_keys", "check_task_weights",
+    "diff_configs", "env_splits", "env_suite", "load_config", "merge", "parse_overrides",
+    "policy_from_dict", "read_yaml", "run_relative", "suite_config", "to_dict",
 ]

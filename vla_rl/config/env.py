@@ -1,25 +1,21 @@
-"""The ``env`` section: which environment to train on, checked against its suite (``sims.suite_of``)."""
+"""The ``env`` section: which environment to train on, the settings every suite reads, and the suite's own
+settings nested under ``env.suite`` (built and checked by the suite's config class, ``sims.suite_of(task).config``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import sims
-from infra.common.typed_config import ConfigError
-from sims.libero.paraphrase import INSTRUCTION_MODES
-from sims.libero.scene import VISUAL_FACES
-from sims.libero.vec_env import CONTROLLERS, STARTS, LiberoEnvConfig
+from infra.common.typed_config import ConfigError, coerce
 from sims.registry import task_forms
 from vla_rl.config.ranges import _check_numbers
 
-_SIMS = sims.EnvConfig
-_LIBERO = LiberoEnvConfig
-
-
+_VEC = sims.VecEnvConfig
 _FRAMES = sims.RenderConfig()
 
 
@@ -27,29 +23,24 @@ GYM_SPLITS = ("train", "validation")
 """Splits of a gymnasium env (one stream of episodes, evaluated as ``train`` and ``validation``)."""
 
 
-SUITE_ONLY = {"visual_faces": "visual_faces", "max_episode_steps": "max_steps", "warp_deterministic": "warp_deterministic",
-              "warp_uncaptured": "warp_uncaptured", "task_weights": "task_weights", "instructions": "instructions",
-              "controller": "controller", "starts": "starts"}
-"""Settings of :class:`TrainEnvConfig` that only some suites' configs have (the section's key -> the suite config's
-field): a suite whose config lacks the field refuses a value other than the section's default."""
-
-
 @dataclass
 class TrainEnvConfig:
     """The ``env`` section: which environment to train on and how many copies to step at once.
 
-    A ``sims`` environment is described by :class:`sims.EnvConfig`: the fields below that it shares take
-    its defaults (and :class:`sims.RenderConfig`'s for the frames), and :func:`vla_rl.envs.sims_env_config`
-    turns this section into one. The other fields are the trainer's: ``kind``, whether to ``render``, and the
-    gymnasium settings.
+    A ``sims`` environment is its suite's config (``sims.suite_of(task).config``, over :class:`sims.VecEnvConfig`):
+    the settings every suite reads are this section's (``sims.shared_settings()``: task, num_envs, backend,
+    warp_device, terminate_on_success, success_bonus, with :class:`sims.VecEnvConfig`'s defaults), the suite's own
+    are the mapping ``suite`` (``sims.suite_settings``), and :func:`suite_config` builds the two into one. The
+    other fields are the trainer's: ``kind``, the frames it asks for and the gymnasium settings.
     """
 
     kind: Literal["sims", "gym"] = "sims"
     """``sims``: the project's batched MuJoCo tasks; ``gym``: any gymnasium environment id."""
     task: str = "reach"
-    """Task name of ``sims`` (or ``suite`` for all tasks; ``libero_<suite>`` or ``libero_<suite>/<i>`` for LIBERO, e.g.
-    ``libero_spatial``), or a gymnasium id such as ``HalfCheetah-v5``."""
-    num_envs: int = _SIMS.num_envs
+    """Task name of a ``sims`` suite, which picks the suite (``sims.suite_of``): a gantry task or ``suite`` for all
+    of them, ``libero_<suite>`` or ``libero_<suite>/<i>`` (e.g. ``libero_spatial``); or a gymnasium id such as
+    ``HalfCheetah-v5``."""
+    num_envs: int = _VEC.num_envs
     """Environments stepped in parallel (N)."""
     render: bool = True
     """Render RGB camera frames into the observation (``sims`` only; the VLA, the default policy, needs them)."""
@@ -61,74 +52,42 @@ class TrainEnvConfig:
     ``robot0_eye_in_hand``); ``rgb`` is ``[N, cams, 3, H, W]``."""
     depth: bool = _FRAMES.depth
     """Also render linear depth in metres as ``depth`` float ``[N, cams, H, W]`` (``sims`` only)."""
-    backend: str = _SIMS.backend
-    """Simulator backend of ``sims``, one of ``sims.backends.BACKENDS``: ``batch`` (threaded CPU),
-    ``warp`` (MuJoCo Warp: physics, task code and rendering on ``warp_device``), ``mjx``."""
-    warp_device: str = _SIMS.warp_device
+    backend: str = _VEC.backend
+    """Simulator backend of ``sims``, one of ``sims.backends.BACKENDS`` the suite runs on: ``batch`` (threaded
+    CPU), ``warp`` (MuJoCo Warp: physics, task code and rendering on ``warp_device``), ``mjx``."""
+    warp_device: str = _VEC.warp_device
     """Device of ``backend=warp``: ``cpu`` (Warp's CPU device, for tests), ``cuda:N``, or ``auto`` (the
     first GPU if there is one, else the CPU)."""
-    warp_deterministic: bool = _SIMS.warp_deterministic
-    """``backend=warp``: run-to-run identical physics on a GPU (mujoco_warp's ``DeterminismType.ALL`` on
-    the dense Jacobian; slower, and at most about 4,300 suite worlds, checked before allocation)."""
-    warp_uncaptured: bool = _SIMS.warp_uncaptured
-    """``backend=warp`` on CUDA: step without CUDA graphs (about 100x slower); otherwise a failed graph
-    capture is an error."""
+    terminate_on_success: bool = _VEC.terminate_on_success
+    """End a ``sims`` episode at its first success (else it runs to its step limit)."""
+    success_bonus: float = _VEC.success_bonus
+    """Reward added at every step a ``sims`` task succeeds (the gantry tasks' shaped reward pays a near miss almost
+    as much as a success; a bonus makes finishing the task pay)."""
+    suite: dict[str, Any] = field(default_factory=dict)
+    """The suite's own settings (``sims`` only), fields of its config class, e.g. ``{reward: progress, task_weights:
+    {push: 3}}`` for the gantry tasks (:class:`sims.EnvConfig`) or ``{controller: osc, starts: regions}`` for
+    LIBERO (:class:`sims.libero.vec_env.LiberoEnvConfig`); unnamed ones keep that class's defaults. Overrides:
+    ``env.suite.controller=osc``."""
     vectorization: Literal["sync", "async"] = "sync"
     """Gymnasium vectorisation (``gym`` only): one process, or one subprocess per environment."""
     max_episode_steps: int | None = None
-    """Episode length limit (gymnasium and LIBERO); ``None`` keeps the environment's own limit (LIBERO's per suite)."""
-    visual_faces: int | None = VISUAL_FACES
-    """LIBERO only: triangle budget of each visual-only mesh (decimated copies, ``sims.libero.toolchain.lod``; at least
-    ``sims.libero.scene.MIN_VISUAL_FACES``); ``null`` draws LIBERO's full meshes. Frames only: physics is the same."""
-    instructions: str = INSTRUCTION_MODES[0]
-    """LIBERO only: what training and validation episodes are instructed with: ``original`` (the task's own
-    instruction, LIBERO's protocol) or ``paraphrase`` (the task's own or one of its training paraphrases, drawn
-    per episode, ``sims.libero.paraphrase``; SFT draws one per frame); ``env.instructions`` of the env lists them all."""
-    controller: str = _LIBERO.controller
-    """LIBERO only: the arm controller (``sims.libero.vec_env.CONTROLLERS``): ``servo`` (joint servos tracking
-    LIBERO's end-effector deltas) or ``osc`` (LIBERO's own OSC_POSE on its torque motors, ``sims.libero.osc``)."""
-    starts: str = _LIBERO.starts
-    """LIBERO only: where ``train`` and ``validation`` episodes start (``sims.libero.vec_env.STARTS``): ``jitter``
-    (LIBERO's fixed states, objects shifted by up to 1 cm) or ``regions`` (LIBERO's own placement rules,
-    ``sims.libero.regions``: ``scripts/setup_libero.py --region-starts K`` writes them; ``backend=batch``)."""
-    terminate_on_success: bool = _SIMS.terminate_on_success
-    """End a ``sims`` episode at its first success (else it runs to its step limit)."""
-    reward: str = _SIMS.reward
-    """What a ``sims`` step pays, one of ``sims.REWARDS`` (LIBERO: ``success`` only): ``dense`` (the shaped reward, positive at every
-    step: with ``terminate_on_success`` a near miss held to the step limit can return more than finishing),
-    ``progress`` (the change of the shaped reward: an episode returns its final minus its initial
-    shaping) or ``success`` (1 at the step the task succeeds)."""
-    success_bonus: float = _SIMS.success_bonus
-    """Reward added at every step a ``sims`` task succeeds (its shaped reward pays a near miss almost as
-    much as a success; a bonus makes finishing the task pay)."""
-    task_weights: dict[str, float] = field(default_factory=dict)
-    """Relative weight of each named task when a ``sims`` multi-task env samples training episodes, e.g.
-    ``{push: 3, stack: 3}`` (a task not named weighs 1; empty: uniform, as ``sims.EnvConfig.task_weights=None``).
-    Evaluation splits sample uniformly."""
+    """Gymnasium episode length limit (``gym`` only); ``None`` keeps the environment's own. A ``sims`` suite's limit,
+    where it has one, is its own setting under ``suite``."""
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first bad value: the numbers, a ``sims`` task, backend, reward,
-        cameras and task weights. A gymnasium id is looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
+        """Raise :class:`ConfigError` naming the first bad value: the numbers, and for ``sims`` the suite's config
+        built from this section (:func:`suite_config`) and the frames against the suite's cameras. A gymnasium id is
+        looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
         _check_numbers(self, "env.")
-        for key, valid in (("instructions", INSTRUCTION_MODES), ("controller", tuple(CONTROLLERS)), ("starts", STARTS)):
-            if getattr(self, key) not in valid:
-                raise ConfigError(f"env.{key}={getattr(self, key)!r}; use one of {', '.join(valid)}")
         if self.kind == "sims":
-            _check_suite_env(self, env_suite(self))
-            return
-        if self.visual_faces != VISUAL_FACES:
-            raise ConfigError(f"env.visual_faces={self.visual_faces} sets the mesh detail of LIBERO scenes; "
-                              f"env.task={self.task!r} has none: remove it")
-        if self.instructions != INSTRUCTION_MODES[0]:
-            raise ConfigError(f"env.instructions={self.instructions!r} paraphrases LIBERO's instructions; "
-                              f"env.task={self.task!r} has none: remove it")
-        for key in ("controller", "starts"):
-            if getattr(self, key) != getattr(_LIBERO, key):
-                raise ConfigError(f"env.{key}={getattr(self, key)!r} is a setting of LIBERO tasks; env.task={self.task!r} "
-                                  "has none: remove it")
-        if self.task_weights:
-            raise ConfigError(f"env.task_weights weighs the tasks of a sims suite; env.kind={self.kind!r} has one "
-                              "task: remove it")
+            if self.max_episode_steps is not None:
+                raise ConfigError(f"env.max_episode_steps={self.max_episode_steps} limits gymnasium episodes; a sims "
+                                  f"suite's own settings go under env.suite ({_settings_hint(env_suite(self))})")
+            _check_against_suite(self, env_suite(self))
+            suite_config(self)
+        elif self.suite:
+            raise ConfigError(f"env.suite={self.suite} sets a sims suite's own settings; env.kind={self.kind!r} has "
+                              "none: remove it")
 
 
 def env_suite(env: TrainEnvConfig) -> sims.Suite:
@@ -143,27 +102,14 @@ def env_suite(env: TrainEnvConfig) -> sims.Suite:
         raise ConfigError(f"env.task={env.task!r} is not a sims task; valid: {', '.join(task_forms())}") from None
 
 
-def _check_suite_env(env: TrainEnvConfig, suite: sims.Suite) -> None:
-    """A ``sims`` env's task name, backend, reward, cameras, task weights and the settings only some suites have,
-    against what its suite offers (its cached files: :meth:`TrainConfig.check`)."""
-    try:
-        suite.resolve(env.task)
-    except ValueError as exc:
-        raise ConfigError(f"env.task: {exc}") from exc
+def _check_against_suite(env: TrainEnvConfig, suite: sims.Suite) -> None:
+    """A ``sims`` env's backend and Warp device, and (rendering) its cameras and depth, against what its suite
+    runs on and renders."""
     if env.backend not in suite.backends:
         raise ConfigError(f"env.backend={env.backend!r} is not a sims backend; valid: {', '.join(suite.backends)} "
                           f"({suite.name} tasks)")
-    if env.reward not in suite.rewards:
-        raise ConfigError(f"env.reward={env.reward!r} is not a sims reward; valid: {', '.join(suite.rewards)} "
-                          f"({suite.name} tasks)")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", env.warp_device):
         raise ConfigError(f"env.warp_device={env.warp_device!r}; valid: auto, cpu, cuda, cuda:N")
-    fields = {f.name for f in dataclasses.fields(suite.config)}
-    for key in named_suite_settings(env):
-        if SUITE_ONLY[key] not in fields:
-            raise ConfigError(f"env.{key}={getattr(env, key)} is a setting of another suite; the {suite.name} suite "
-                              f"(env.task={env.task}) has none: remove it")
-    check_task_weights(env.task_weights, env.task, "env.task_weights")
     if not env.render:  # the frame settings are unused
         return
     unknown = [c for c in env.cameras if c not in suite.cameras]
@@ -174,10 +120,55 @@ def _check_suite_env(env: TrainEnvConfig, suite: sims.Suite) -> None:
         raise ConfigError(f"env.depth=true: the {suite.name} suite renders RGB frames only; set env.depth=false")
 
 
-def named_suite_settings(env: TrainEnvConfig) -> dict[str, Any]:
-    """The settings of :data:`SUITE_ONLY` that ``env`` sets to other than the section's defaults, by section key."""
-    default = TrainEnvConfig()
-    return {key: getattr(env, key) for key in SUITE_ONLY if getattr(env, key) != getattr(default, key)}
+def _settings_hint(suite: sims.Suite) -> str:
+    """The suite's own settings, as an error message lists them."""
+    own = sims.suite_settings(suite.config)
+    return f"the {suite.name} suite's: {', '.join(own)}" if own else f"the {suite.name} suite has none"
+
+
+def suite_config(env: TrainEnvConfig, **per_env: Any) -> sims.VecEnvConfig:
+    """The config of ``env``'s suite (``sims.suite_of(env.task).config``): the section's shared settings
+    (``sims.shared_settings()``), its ``suite`` mapping (typed by the suite config's fields) and ``per_env``
+    (``num_envs``, ``seed``, ``split``, ``render``, ``group_size``, ... of ``sims.vec_env.PER_ENV_FIELDS``), validated.
+
+    Raises:
+        ConfigError: a key of ``env.suite`` the suite has not, a value of the wrong type, or a value the suite's
+            config refuses, named as the section's key (``env.backend=...`` or ``env.suite.controller=...``).
+    """
+    suite = env_suite(env)
+    own = sims.suite_settings(suite.config)
+    if unknown := sorted(set(env.suite) - set(own)):
+        misplaced = [k for k in unknown if k in sims.shared_settings()]
+        where = f"; write env.{misplaced[0]}" if misplaced else ""
+        raise ConfigError(f"env.suite has unknown key(s) {unknown} for env.task={env.task!r} ({_settings_hint(suite)}){where}")
+    hints = typing.get_type_hints(suite.config)
+    values = {k: coerce(v, hints[k], f"env.suite.{k}") for k, v in env.suite.items()}
+    shared = {k: getattr(env, k) for k in sims.shared_settings()}
+    config = suite.config(**(shared | values | per_env))
+    try:
+        config.validate()
+    except ValueError as exc:
+        key = re.match(r"\w+", str(exc))
+        prefix = "env.suite." if key and key.group() in own else "env."
+        raise ConfigError(f"{prefix}{exc}") from None
+    return config
+
+
+def check_flat_keys(section: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` for a suite's own setting written at the top of an ``env`` section (``env.controller``,
+    as before the suite's settings nested under ``env.suite``), naming the new key; before the section is built.
+
+    Args:
+        section: the ``env`` mapping of a YAML file or overrides.
+    """
+    known = {f.name for f in dataclasses.fields(TrainEnvConfig)}
+    task = section.get("task", TrainEnvConfig.task)
+    mine = next((s.name for s in sims.suites() if isinstance(task, str) and s.claims(task)), None)
+    flat = {k: [s.name for s in sims.suites() if k in sims.suite_settings(s.config)] for k in section if k not in known}
+    for key, owners in sorted(flat.items(), key=lambda item: mine not in item[1]):  # the task's suite's first
+        if owners:
+            raise ConfigError(f"env.{key} is a suite's own setting ({', '.join(owners)}): write env.suite.{key}="
+                              f"{section[key]} (YAML: env: {{suite: {{{key}: ...}}}})")
 
 
 def env_splits(env: TrainEnvConfig) -> tuple[str, ...]:

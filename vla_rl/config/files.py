@@ -7,7 +7,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import sims
 from infra.common.typed_config import ConfigError, from_dict, load_yaml, merge, parse_overrides
+from vla_rl.config.env import TrainEnvConfig, check_flat_keys
 from vla_rl.config.policy import _policy_name, policy_from_dict
 from vla_rl.config.train import TrainConfig
 
@@ -77,9 +79,36 @@ def build_config(data: dict[str, Any]) -> TrainConfig:
     """Build a nested dict (as in ``config.yaml``) into a :class:`TrainConfig`, validated (:meth:`TrainConfig.validate`;
     what depends on the machine is :meth:`TrainConfig.check`'s, where the job starts)."""
     data = dict(data)
+    check_flat_keys(data.get("env") or {})
     # The policy's dataclass depends on its ``name``: built first, so that TrainConfig.validate sees it.
     data["policy"] = policy_from_dict(data.pop("policy", None))
     return from_dict(TrainConfig, data)
+
+
+_OLD_NAMES = {"max_episode_steps": "max_steps"}
+"""Keys of the ``env`` section before the suite's settings nested whose field in the suite's config had another name."""
+
+
+def upgrade_saved(data: dict[str, Any]) -> dict[str, Any]:
+    """A config saved with a checkpoint (``config.yaml``, a checkpoint's ``config``) in today's form: an ``env`` section
+    written before the suite's own settings nested under ``env.suite`` has them moved there (those other than the
+    suite config's defaults; the other suites' settings, which that section held at their defaults, dropped). A
+    YAML file or override in the old form is refused instead (:func:`check_flat_keys`, naming the new key).
+    """
+    env = dict(data.get("env") or {})
+    known = {f.name for f in dataclasses.fields(TrainEnvConfig)}
+    old = {k: env.pop(k) for k in list(env) if k not in known}
+    if not old:
+        return data
+    sims_env = env.get("kind", TrainEnvConfig.kind) == "sims"
+    if sims_env and env.get("max_episode_steps") is not None:  # the old section's name of a suite's episode limit
+        old[_OLD_NAMES["max_episode_steps"]] = env.pop("max_episode_steps")
+    if sims_env:
+        config = sims.suite_of(env.get("task", TrainEnvConfig.task)).config
+        defaults = {f.name: f.default for f in dataclasses.fields(config)}
+        own = set(sims.suite_settings(config))
+        env["suite"] = {**{k: v for k, v in old.items() if k in own and v not in (defaults[k], {})}, **env.get("suite", {})}
+    return {**data, "env": env}
 
 
 def diff_configs(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:

@@ -14,14 +14,13 @@ from rlcore.update_config import (
     Range,
     out_of_range,
 )
-from sims.libero.scene import MIN_VISUAL_FACES
 from vla_rl.fleet.section import FLEET_RANGES
 
 RANGES: dict[str, Range] = {
     "seed": Range(0, 2**31 - 1), "total_env_steps": AT_LEAST_1, "stop_success": FRACTION,
     "checkpoint_every": AT_LEAST_1, "torch_threads": AT_LEAST_1, "init_log_std": Range(-10, 2),
     "env.num_envs": AT_LEAST_1, "env.image_size": Range(8, 1024), "env.max_episode_steps": AT_LEAST_1,
-    "env.success_bonus": Range(0, 100), "env.visual_faces": Range(MIN_VISUAL_FACES),
+    "env.success_bonus": Range(0, 100),
     "ppo.rollout_steps": AT_LEAST_1, "ppo.gamma": FRACTION, "ppo.gae_lambda": FRACTION, "ppo.vf_coef": NON_NEGATIVE,
     **{f"grpo.{key}": r for key, r in GRPO_RANGES.items() if not key.startswith("optim.")},
     "distill.rollout_steps": AT_LEAST_1, "distill.teacher_iterations": NON_NEGATIVE,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import sims
 from infra.common.files import unwritable
 from infra.common.limits import check_threads
 from infra.common.run_dir import check_run_name
@@ -21,8 +22,9 @@ from vla_rl.config.env import TrainEnvConfig, _check_gym_id, env_splits, env_sui
 from vla_rl.config.policy import _policy_name
 from vla_rl.config.ranges import RANGES, _check_ranges
 from vla_rl.config.sections import DistillConfig, EvalConfig, PPOConfig, SFTConfig
-from vla_rl.fleet.section import FleetConfig, validate_fleet
-from vla_rl.memory import check_run_memory
+from vla_rl.fleet.checks import validate_fleet
+from vla_rl.fleet.section import FleetConfig
+from vla_rl.memory import STEP_BYTES, MemoryEstimate, check_memory, estimate_envs, frame_bytes
 
 
 @dataclass
@@ -255,3 +257,30 @@ def _check_policy(cfg: TrainConfig) -> None:
 def algo_optim(cfg: TrainConfig) -> OptimConfig:
     """The optimiser section of the selected algorithm."""
     return {"ppo": cfg.ppo.optim, "grpo": cfg.grpo.optim, "distill": cfg.distill.optim, "sft": cfg.sft.optim}[cfg.algo]
+
+
+def _rollout_steps(cfg: TrainConfig) -> int:
+    """Steps T per environment the selected algorithm's batch holds (GRPO: the longest episode)."""
+    if cfg.algo == "grpo":
+        return sims.suite_of(cfg.env.task).max_steps(cfg.env.task, None)
+    return {"ppo": cfg.ppo.rollout_steps, "distill": cfg.distill.rollout_steps}.get(cfg.algo, 0)
+
+
+def estimate_run(cfg: TrainConfig) -> tuple[MemoryEstimate, int]:
+    """What ``cfg``'s training environments, evaluation environments (one set per split) and rollout buffer take.
+
+    Returns:
+        The estimate, and the part of it that does not grow with ``env.num_envs`` (the evaluation environments).
+    """
+    train = estimate_envs(cfg.env, cfg.env.num_envs)
+    splits = len(cfg.eval.splits) if cfg.eval.every or cfg.eval.at_start else 0
+    evaluation = estimate_envs(cfg.env, splits * cfg.eval.num_envs, scenes=False)  # LIBERO: the training env's scenes
+    buffer = _rollout_steps(cfg) * cfg.env.num_envs * (frame_bytes(cfg.env) + STEP_BYTES) if cfg.env.kind == "sims" else 0
+    need = MemoryEstimate(train.envs + evaluation.envs, train.frames + evaluation.frames, buffer)
+    return need, evaluation.total
+
+
+def check_run_memory(cfg: TrainConfig, available: int | None = None) -> None:
+    """:func:`check_memory` of a training run (``env.num_envs`` is what to lower)."""
+    need, fixed = estimate_run(cfg)
+    check_memory(need, "env.num_envs", cfg.env.num_envs, fixed, available)

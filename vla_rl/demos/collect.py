@@ -72,6 +72,10 @@ class CollectConfig:
     empty: uniform), e.g. ``{"push": 3, "stack": 3}`` for more demonstrations of those two."""
     max_steps: int | None = None
     """The episode limit in control steps, for a suite with one (LIBERO; None: the suite's own)."""
+    suite_settings: dict[str, Any] = field(default_factory=dict)
+    """The suite's own settings of the recorded envs, as a run's ``env.suite`` (``sims.suite_settings``; e.g. LIBERO's
+    ``controller``), so demonstrations come from the env the policy is trained in; ``task_weights`` and ``max_steps``
+    above take precedence."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field and its valid values."""
@@ -84,6 +88,9 @@ class CollectConfig:
             suite.weigh(self.task, self.task_weights)
         if self.max_steps is not None and "max_steps" not in {f.name for f in fields(suite.config)}:
             raise ValueError(f"max_steps={self.max_steps}: a {suite.name} task has its own episode limit; remove it")
+        if unknown := sorted(set(self.suite_settings) - set(sims.suite_settings(suite.config))):
+            raise ValueError(f"suite_settings has unknown key(s) {unknown}; the {suite.name} suite's settings: "
+                             f"{', '.join(sims.suite_settings(suite.config))}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps}; it must be at least 1 (or None: the suite's limit)")
         if not self.cameras or set(self.cameras) - set(suite.cameras):
@@ -210,9 +217,9 @@ def _source(env: ArrayVectorEnv, expert: Expert, cfg: CollectConfig, counts: dic
 def _collect(cfg: CollectConfig, partial: Path, progress: bool) -> dict[str, Any]:
     """Record the task's suite's expert into the dataset folder ``partial``; returns its meta/info.json."""
     suite = sims.suite_of(cfg.task)
-    settings: dict[str, Any] = {"num_threads": cfg.num_threads}
+    settings: dict[str, Any] = {**cfg.suite_settings, "num_threads": cfg.num_threads}
     if cfg.task_weights:
-        settings["task_weights"] = suite.weigh(cfg.task, cfg.task_weights)
+        settings["task_weights"] = cfg.task_weights
     if cfg.max_steps is not None:
         settings["max_steps"] = cfg.max_steps
     if not suite.demo_terminates:  # the expert restarts environments itself

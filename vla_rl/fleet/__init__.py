@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vla_rl.fleet.section import FleetConfig, resolved_placement, validate_fleet
+from vla_rl.fleet.checks import validate_fleet
+from vla_rl.fleet.section import FleetConfig, resolved_placement
 
 
 def run_fleet_job(cfg: Any, resume: bool = False) -> dict[str, Any]:

@@ -19,7 +19,7 @@ restarts:
   exception in the shard, as a failed Ray call does.
 
 Frames on the socket: a 16-byte header (ticket, payload length) and a pickled payload
-(a :class:`~vla_rl.fleet.inference.Request` one way; a ``Reply`` or an exception the other way).
+(a :class:`~vla_rl.fleet.wire.Request` one way; a ``Reply`` or an exception the other way).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # inference.py imports this module for its server's socket
-    from vla_rl.fleet.inference import Reply, Request
+if TYPE_CHECKING:  # the messages' module imports torch, which a socket needs not
+    from vla_rl.fleet.wire import Reply, Request
 
 HEADER = struct.Struct("!QQ")
 """A frame's header: the request's ticket and the payload's length in bytes."""
@@ -182,7 +182,7 @@ class RayLink:
 
     Args:
         server: handle with ``infer.remote(request)``; an in-process stand-in may answer with the
-            :class:`~vla_rl.fleet.inference.Reply` itself.
+            :class:`~vla_rl.fleet.wire.Reply` itself.
     """
 
     def __init__(self, server: Any) -> None:

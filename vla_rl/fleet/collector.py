@@ -45,8 +45,9 @@ from tensordict import TensorDict
 from torch import nn
 
 from infra.common.supervisor import Supervisor
-from vla_rl.fleet.inference import NoPolicyError, from_wire
+from vla_rl.fleet.inference import NoPolicyError
 from vla_rl.fleet.section import FleetConfig
+from vla_rl.fleet.wire import from_wire
 from vla_rl.fleet.worker import ShardNotStarted
 from vla_rl.rollout import Timer, episode_outcome
 

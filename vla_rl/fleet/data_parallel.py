@@ -33,7 +33,7 @@ from vla_rl.fleet.job_gang import JobLayout
 from vla_rl.fleet.rank import join_rank
 
 if TYPE_CHECKING:
-    from vla_rl.fleet.job import NoticeRelay
+    from vla_rl.fleet.notice import NoticeRelay
 
 class RankActor:
     """One data-parallel rank as a Ray actor: a trainer over its own slice of the environments.

@@ -23,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import signal
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from vla_rl.fleet.collector import FleetCollector, FleetError, await_shards
 from vla_rl.fleet.data_parallel import DataParallelFleet
 from vla_rl.fleet.inference import InferenceServer
 from vla_rl.fleet.job_gang import JobLayout, PlacementError, cluster_of, job_request, place_job
+from vla_rl.fleet.notice import NoticeRelay
 from vla_rl.fleet.section import FleetConfig
 from vla_rl.fleet.worker import RolloutWorker
 
@@ -119,49 +118,6 @@ class TrainerActor:
             return self.trainer.train()
         finally:
             self.trainer.close()
-
-
-@ray.remote(num_cpus=0, max_retries=0)
-def _sigterm(pid: int) -> None:
-    os.kill(pid, signal.SIGTERM)
-
-
-class NoticeRelay:
-    """Turns the service's preemption notice into SIGTERM for the running trainer (on its node)."""
-
-    def __init__(self) -> None:
-        self.noticed = threading.Event()
-        self._target: tuple[str, int] | None = None
-        self._lock = threading.Lock()
-
-    def notice(self, _status: Any) -> None:
-        """The gang was told to stop: signal the trainer now, or as soon as one is armed."""
-        with self._lock:
-            self.noticed.set()
-            target = self._target
-        if target is not None:
-            _signal(target)
-
-    def arm(self, node_id: str, pid: int) -> None:
-        """The trainer to signal from now on (signalled at once if a notice came first)."""
-        with self._lock:
-            self._target = (node_id, pid)
-            noticed = self.noticed.is_set()
-        if noticed:
-            _signal((node_id, pid))
-
-    def disarm(self) -> None:
-        with self._lock:
-            self._target = None
-
-
-def _signal(target: tuple[str, int]) -> None:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    node_id, pid = target
-    with contextlib.suppress(Exception):  # the trainer may be gone already
-        ray.get(_sigterm.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid),
-                timeout=30)
 
 
 @dataclass

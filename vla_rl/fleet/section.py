@@ -3,8 +3,8 @@
 Typed dataclasses, no string mini-language: each component (simulator shards, the inference server,
 the trainer) gets a :class:`ComponentPlacement` saying how much CPU and GPU it takes and, optionally,
 which node and GPU indices it is pinned to. :meth:`FleetConfig.validate` checks the section's own values,
-:func:`validate_fleet` (which ``TrainConfig.validate`` calls) checks it against the algorithm and the
-environments; both raise :class:`~infra.common.typed_config.ConfigError` naming the fix and never edit the config. Mode defaults (which GPU share each component takes when the user gives none) are
+:func:`vla_rl.fleet.checks.validate_fleet` (which ``TrainConfig.validate`` calls) checks it against the algorithm,
+the environments and the cluster it starts; both raise :class:`~infra.common.typed_config.ConfigError` naming the fix and never edit the config. Mode defaults (which GPU share each component takes when the user gives none) are
 derived by :func:`resolved_placement`, a pure function, so the config stays what the user wrote.
 
 This module imports neither Ray nor torch: the run config is parsed without starting anything.
@@ -13,13 +13,10 @@ This module imports neither Ray nor torch: the run config is parsed without star
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from infra.common.typed_config import ConfigError
 from rlcore.update_config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, out_of_range
-
-if TYPE_CHECKING:
-    from vla_rl.config import TrainConfig
 
 Mode = Literal["inprocess", "colocated", "disaggregated", "pipelined", "data_parallel"]
 MODES: tuple[str, ...] = ("inprocess", "colocated", "disaggregated", "pipelined", "data_parallel")
@@ -156,9 +153,8 @@ class FleetConfig:
     def validate(self) -> None:
         """Raise :class:`~infra.common.typed_config.ConfigError` naming the first bad value of the section and the
         fix: every number's range (:data:`FLEET_RANGES`, in every mode) and, in a Ray mode, the components'
-        placements, the placement policy and the fit on ``cluster``'s declared sizes (nothing is placed: the
-        placement is computed when the job starts). What depends on the algorithm and the environments is
-        :func:`validate_fleet`'s."""
+        placements and the placement policy. What depends on the algorithm, the environments and the cluster's
+        sizes is :func:`vla_rl.fleet.checks.validate_fleet`'s."""
         message = out_of_range(self, FLEET_RANGES, "fleet.")
         if message:
             raise ConfigError(message)
@@ -187,10 +183,6 @@ class FleetConfig:
                 f"fleet.trainer.gpu={trainer_gpu}: disaggregated mode gives the trainer whole GPUs (an integer) so it "
                 "never shares one with simulators and inference; use colocated for sharing"
             )
-        if self.address == "local":
-            from vla_rl.fleet.job_gang import check_fits
-
-            check_fits(self)  # against the sizes of the cluster it starts; the placement is computed at job start
 
 
 FLEET_RANGES: dict[str, Range] = {
@@ -250,58 +242,3 @@ def _check_component(name: str, comp: ComponentPlacement, cluster: ClusterSpec) 
         bad = [g for g in comp.gpu_ids if not 0 <= g < count]
         if bad:
             raise ConfigError(f"{where}.gpu_ids has {bad}; node {comp.node!r} has GPUs 0..{count - 1}")
-
-
-def _check_grpo(cfg: TrainConfig, per_shard: int) -> None:
-    """GRPO on the fleet: synchronous, one stage, and whole groups on every shard."""
-    fleet = cfg.fleet
-    if fleet.mode == "pipelined" or fleet.sync.mode != "sync":
-        raise ConfigError(f"algo=grpo on the fleet collects whole episodes synchronously in one stage; use "
-                          f"fleet.mode=colocated or disaggregated with fleet.sync.mode=sync (not {fleet.mode}/{fleet.sync.mode})")
-    if per_shard % cfg.grpo.group_size:
-        raise ConfigError(f"grpo.group_size={cfg.grpo.group_size} must divide a shard's {per_shard} environments "
-                          "(env.num_envs / fleet.shards), so that no group straddles two shards")
-
-
-def _check_data_parallel(cfg: TrainConfig) -> None:
-    """``data_parallel``: PPO and equal environments per rank (synchronous, one whole GPU per rank: the section's)."""
-    fleet = cfg.fleet
-    if cfg.algo != "ppo":
-        raise ConfigError(f"fleet.mode=data_parallel trains PPO (its ranks' batches are equal in size); use "
-                          f"fleet.mode=colocated or disaggregated for algo={cfg.algo}")
-    if fleet.num_gpus < 1 or cfg.env.num_envs % fleet.num_gpus:
-        raise ConfigError(f"fleet.num_gpus={fleet.num_gpus} must be >= 1 and divide env.num_envs={cfg.env.num_envs} "
-                          "(each rank holds the same number of environments)")
-
-
-def validate_fleet(cfg: TrainConfig) -> None:
-    """Check the ``fleet`` section against the algorithm and the environments (``TrainConfig.validate`` calls it,
-    after :meth:`FleetConfig.validate`); raise ``ConfigError`` naming the fix. Never modifies ``cfg``."""
-    fleet = cfg.fleet
-    if fleet.mode == "inprocess":
-        return
-    if cfg.algo not in ("ppo", "grpo"):
-        raise ConfigError(f"fleet.mode={fleet.mode} runs PPO and GRPO; use fleet.mode=inprocess for algo={cfg.algo}")
-    if fleet.mode == "data_parallel":
-        _check_data_parallel(cfg)  # each rank simulates on its own GPU: warp on CUDA is its purpose
-    elif cfg.env.num_envs % fleet.shards:
-        raise ConfigError(
-            f"fleet.shards={fleet.shards} must divide env.num_envs={cfg.env.num_envs} "
-            "(each shard holds the same number of environments)"
-        )
-    elif cfg.env.kind == "sims" and cfg.env.backend == "warp" and cfg.env.warp_device != "cpu":
-        # Shards and the server exchange numpy arrays (a socket or Ray calls); there is no CUDA IPC path.
-        raise ConfigError(
-            f"env.backend=warp with env.warp_device={cfg.env.warp_device} and fleet.mode={fleet.mode}: the fleet's "
-            "shards hand observations to the inference server through host memory, which a GPU's tensors cannot "
-            "take; train in one process to keep the data on the GPU (fleet.mode=inprocess device=cuda:N "
-            "env.warp_device=cuda:N, or fleet.mode=data_parallel: one such process per GPU), or set env.warp_device=cpu"
-        )
-    per_shard = cfg.env.num_envs // fleet.shards
-    if cfg.algo == "grpo":
-        _check_grpo(cfg, per_shard)
-    if fleet.mode == "pipelined" and (fleet.stages < 2 or per_shard % fleet.stages):
-        raise ConfigError(
-            f"fleet.stages={fleet.stages} must be >= 2 and divide the {per_shard} environments of a shard "
-            "(env.num_envs / fleet.shards) in pipelined mode"
-        )

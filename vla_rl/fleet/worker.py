@@ -26,7 +26,7 @@ from tensordict import TensorDict
 from vla_rl.config import TrainEnvConfig
 from vla_rl.envs import make_env
 from vla_rl.fleet.channel import connect
-from vla_rl.fleet.inference import Reply, Request, Wire, as_tensor, to_wire
+from vla_rl.fleet.wire import Reply, Request, Wire, as_tensor, to_wire
 from vla_rl.rollout import Decision, Timer, collect_first_episodes, collect_stages
 
 
@@ -161,7 +161,7 @@ class RolloutWorker:
             min_version: the oldest weights version the server may answer with.
 
         Returns:
-            The ``[T, n]`` batch (:func:`~vla_rl.fleet.inference.to_wire`), this shard's seconds ``simulate``,
+            The ``[T, n]`` batch (:func:`~vla_rl.fleet.wire.to_wire`), this shard's seconds ``simulate``,
             ``render`` and ``wait`` (blocked on the server: inference not hidden by simulation, plus
             transport), and its state after the rollout (:meth:`get_state`).
 
