@@ -44,6 +44,7 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -56,6 +57,7 @@ import mujoco
 import numpy as np
 
 from sims.backends import to_numpy
+from sims.deferred import deferred_checks
 from sims.libero import osc
 from sims.libero.paraphrase import INSTRUCTION_MODES, InstructionSampler, check_mode, split_groups
 from sims.libero.regions import draw, load_region_starts
@@ -468,6 +470,11 @@ class LiberoVectorEnv(ArrayVectorEnv):
 
     def _observe_reset(self) -> None:
         self._obs, _ = self._observe()
+
+    def deferred_checks(self) -> contextlib.AbstractContextManager:
+        """A block whose action checks and every task's overflow checks of device arrays are read once, at its end
+        (:func:`sims.deferred.deferred_checks`)."""
+        return deferred_checks(self, *(sim.backend for sim in self.sims))
 
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS = ("_steps", "_episode", "state_index")
