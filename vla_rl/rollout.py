@@ -32,7 +32,8 @@ Nothing on the per-step path reads the device: which episodes were truncated (an
 value) comes from the env's host bookkeeping (``env.host_done``, the flags ``sims`` computes on the host
 before uploading them), the validity checks of the device arrays are deferred to the rollout's end
 (``env.deferred_checks``, one read), and a chunk's final observations are merged with ``torch.where``.
-An env without host flags costs one read per step ("was an episode truncated"). Per iteration,
+An env without host flags costs one read per step ("was an episode truncated"). A ``sims`` env renders each
+world once per step when no critic reads the final observations' frames (:func:`frames_for_critic`). Per iteration,
 :func:`account` reads the ``[T, N]`` rewards and flags on the host for episode statistics and
 reward scaling (``vla_rl.host_syncs`` counts these reads).
 """
