@@ -235,15 +235,15 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
         Returns:
             The observation after the step (``final`` with the environments that ended replaced by their next
             episode's first observation, and every world's frames); the final observation (``final``, with the
-            frames where :attr:`final_frames` keeps them: the ended worlds' drawn before their reset, the others'
-            those of the observation, their state being the same); and, when some ended, ``(rows, *rest)``: their
+            frames where :attr:`final_frames` keeps them, at every step: the ended worlds' drawn before their reset,
+            the others' those of the observation, their state being the same); and, when some ended, ``(rows, *rest)``: their
             indices (as the env's array module) and the rest of :meth:`_observe`'s result for them (the gantry env's
             shaped reward and success), else None.
         """
         rendering = self.config.render is not None
         if not done.any():
             obs = {**final, **self._render()} if rendering else final
-            return obs, obs, None
+            return obs, (obs if self.final_frames else final), None  # the same keys at every step
         ax, ids = self._ax, np.flatnonzero(done)
         last = self._render(ids) if rendering and self.final_frames else None
         self._start_episodes(ids)

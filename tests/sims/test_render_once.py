@@ -105,6 +105,10 @@ def test_a_step_with_resets_renders_each_world_once_and_keeps_the_frames(backend
         assert not set(SimVectorEnv.FRAME_KEYS) & set(out["final_observation"])  # not rendered, so absent
         _assert_equal(out["final_observation"], {k: v for k, v in final.items() if k not in SimVectorEnv.FRAME_KEYS},
                       "final observation without frames")
+        drawn.clear()
+        out = new.step_arrays(actions[0])  # nothing ends: the final observation still holds no frames
+        _assert_equal(out["observation"], _old_step(old, actions[0])[0], "a step without resets")
+        assert drawn == [N] and not set(SimVectorEnv.FRAME_KEYS) & set(out["final_observation"])
     finally:
         new.close()
         old.close()

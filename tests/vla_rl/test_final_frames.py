@@ -5,10 +5,11 @@ per step; a critic that shares the actor's images keeps the frames."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
-from policies import SentenceCache, VLAConfig, VLAPolicy, make_policy
+from policies import ActionHeadConfig, SentenceCache, VLAConfig, VLAPolicy, make_policy
 from policies.mlp import MLPPolicyConfig
 from sims.render import RenderConfig
 from sims.vec_env import make_vec_env
@@ -43,18 +44,21 @@ def test_final_frames_follow_what_the_critic_reads():
         env.close()
 
 
-def test_ppo_collection_with_a_state_critic_renders_once_per_step():
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_ppo_collection_with_a_state_critic_renders_once_per_step(chunk):
     env = make_vec_env("reach", N, seed=0, render=RENDER, num_threads=1)
     try:
         obs = env.reset_td(seed=0)
-        policy = make_policy(MLPPolicyConfig(obs_keys=("proprio", "state")), obs, 4)
+        head = ActionHeadConfig(chunk=chunk)
+        policy = make_policy(MLPPolicyConfig(obs_keys=("proprio", "state"), head=head), obs, 4)
         drawn: list[int] = []
         egl_render = env._renderer.render
         env._renderer.render = lambda qpos, *a, **k: drawn.append(len(qpos)) or egl_render(qpos, *a, **k)
-        env._steps[1] = env._max_steps[env._task[1]] - 1  # environment 1 truncates at the first step
+        # Environment 1 truncates at the first decision (with chunks: at its last control step, after one without).
+        env._steps[1] = env._max_steps[env._task[1]] - chunk
         batch, _ = collect_steps(env, policy, obs, STEPS, Timer(), torch.device("cpu"))
         assert batch["truncated"][:, 1].tolist() == [True, False, False, False]
-        assert drawn == [N] * STEPS  # one render of every world per step, the reset step's included
+        assert drawn == [N] * STEPS * chunk  # one render of every world per control step, the reset step's included
         # The truncated episode was bootstrapped from its final observation's value (which holds no frames).
         assert not np.isclose(batch["next_value"][0, 1].item(), batch["value"][1, 1].item())
     finally:
