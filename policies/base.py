@@ -169,6 +169,12 @@ class ActorCritic(nn.Module):
         """Critic features alone; the default computes both and keeps the critic's."""
         return self.features(obs)[1]
 
+    @property
+    def critic_obs_keys(self) -> tuple[str, ...] | None:
+        """The observation keys :meth:`value` reads, or None where it may read any (the default: a critic
+        sharing the actor's features reads what the actor reads, images included)."""
+        return None
+
     def update_normalization(self, obs: TensorDictBase) -> None:
         """Merge a batch of observations into the running statistics (default: nothing to update)."""
 

@@ -111,6 +111,11 @@ class MLPActorCritic(ActorCritic):
         critic = actor if self.critic_trunk is None else self.critic_trunk(x)
         return actor, critic
 
+    @property
+    def critic_obs_keys(self) -> tuple[str, ...]:
+        """The critic reads the ``obs_keys``, as the actor does."""
+        return self.obs_keys
+
     def critic_features(self, obs: TensorDictBase) -> torch.Tensor:
         x = self._normalized(self.flat_obs(obs))
         return self.actor_trunk(x) if self.critic_trunk is None else self.critic_trunk(x)

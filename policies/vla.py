@@ -455,6 +455,11 @@ class VLAPolicy(ActorCritic):
     def _critic_input(self, obs: TensorDictBase) -> torch.Tensor:
         return torch.cat([obs_entry(obs, k).float() for k in self.critic_keys], dim=-1)
 
+    @property
+    def critic_obs_keys(self) -> tuple[str, ...] | None:
+        """``critic_obs_keys`` of the config for a separate critic, else None (the critic shares the actor's images)."""
+        return self.critic_keys if self.critic_trunk is not None else None
+
     def critic_features(self, obs: TensorDictBase) -> torch.Tensor:
         if self.critic_trunk is None or self.critic_norm is None:
             return super().critic_features(obs)

@@ -175,8 +175,9 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     ``_seed`` and ``_episode`` (the episode stream's seed and each environment's episode count, int [N])
     and ``_obs`` (the last observation, None before the first reset), and implements
     ``_start_episodes(ids)``, ``_observe(ids)`` (the observation of environments ``ids``, None: all, first in
-    a tuple of what it computes), ``_observe_reset()`` (refresh ``_obs``) and ``step_arrays(action)`` (see
-    :meth:`SimVectorEnv.step_arrays`, which ends with :meth:`_autoreset`). Snapshots: the class lists its
+    a tuple of what it computes; ``frames=False``: without the frame keys ``FRAME_KEYS``), ``_render(ids)`` (those
+    frames alone; a suite without frames never calls it), ``_observe_reset()`` (refresh ``_obs``) and
+    ``step_arrays(action)`` (see :meth:`SimVectorEnv.step_arrays`, which ends with :meth:`_autoreset`). Snapshots: the class lists its
     per-environment episode arrays in ``_EPISODE_FIELDS`` and implements ``_physics_state()``,
     ``_snapshot_fit()``, ``_restore_physics(state)`` and ``_restored(started)``; :meth:`get_state` and
     :meth:`set_state` are written here once.
@@ -196,6 +197,14 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     """The last step's ``(terminated, truncated)`` bool [N] as the host computed them (None: not kept)."""
     timing_sync: Any = None
     """Called before each reading of the render clock (``vla_rl.rollout.Timer``: a device wait), or None."""
+    FRAME_KEYS: ClassVar[tuple[str, ...]] = ()
+    """The observation keys a render produces (with rendering on)."""
+    final_frames: bool = True
+    """Whether ``final_observation`` carries the frames (``FRAME_KEYS``) of the episodes that ended, drawn at their
+    last state. A consumer that reads none of them sets it False (the PPO collector when its critic reads no
+    pixels, GRPO, which reads no final observation): a step then renders every world once, after the resets,
+    and ``final_observation`` holds no frame keys. On: an ended world is drawn twice (its last and its first
+    frame), and the device renderer, which draws every world, renders twice on a step with resets."""
 
     def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
         """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
@@ -231,28 +240,48 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     def _start_episodes(self, ids: np.ndarray) -> None:
         raise NotImplementedError
 
-    def _observe(self, ids: np.ndarray | None = None) -> tuple[Any, ...]:
+    def _observe(self, ids: np.ndarray | None = None, frames: bool = True) -> tuple[Any, ...]:
         raise NotImplementedError
 
-    def _autoreset(self, final: dict[str, Any], done: np.ndarray) -> tuple[dict[str, Any], tuple[Any, ...] | None]:
-        """SAME_STEP autoreset: start the next episode of the environments ``done`` (bool [N]).
+    def _render(self, ids: np.ndarray | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _autoreset(self, final: dict[str, Any], done: np.ndarray) -> tuple[dict[str, Any], dict[str, Any],
+                                                                           tuple[Any, ...] | None]:
+        """SAME_STEP autoreset: start the next episode of the environments ``done`` (bool [N]), rendering each
+        world once (an ended one twice with :attr:`final_frames`: its last frame and its first).
+
+        Args:
+            final: the step's observation of every environment without frames (``_observe(frames=False)``).
 
         Returns:
-            The observation after the step: ``final`` (left as it is, the final observation) with the
-            environments that ended replaced by their next episode's first observation; and, when some ended,
-            ``(rows, *rest)``: their indices (as the env's array module) and the rest of :meth:`_observe`'s
-            result for them (the gantry env's shaped reward and success), else None.
+            The observation after the step (``final`` with the environments that ended replaced by their next
+            episode's first observation, and every world's frames); the final observation (``final``, with the
+            frames where :attr:`final_frames` keeps them, at every step: the ended worlds' drawn before their reset,
+            the others' those of the observation, their state being the same); and, when some ended, ``(rows, *rest)``: their
+            indices (as the env's array module) and the rest of :meth:`_observe`'s result for them (the gantry env's
+            shaped reward and success), else None.
         """
+        rendering = self.config.render is not None
         if not done.any():
-            return final, None
+            obs = {**final, **self._render()} if rendering else final
+            return obs, (obs if self.final_frames else final), None  # the same keys at every step
         ax, ids = self._ax, np.flatnonzero(done)
+        last = self._render(ids) if rendering and self.final_frames else None
         self._start_episodes(ids)
-        fresh, *rest = self._observe(ids)
+        fresh, *rest = self._observe(ids, frames=False)
         obs = {k: ax.asarray(v, copy=True) for k, v in final.items()}
         rows = ax.asarray(ids)
         for key, value in fresh.items():
             obs[key][rows] = value
-        return obs, (rows, *rest)
+        if rendering:
+            frames = self._render()  # every world at once: the continuing ones' and the fresh ones'
+            obs.update(frames)
+            if last is not None:
+                final = {**final, **{k: ax.asarray(v, copy=True) for k, v in frames.items()}}
+                for key, value in last.items():
+                    final[key][rows] = value
+        return obs, final, (rows, *rest)
 
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ()
@@ -383,8 +412,11 @@ class SimVectorEnv(ArrayVectorEnv):
     losses, never for acting. Autoreset is SAME_STEP: an environment that
     ends is reset within the same ``step``; ``infos["final_obs"]`` holds every environment's
     observation before that reset (equal to the returned one where nothing ended), with
-    ``infos["_final_obs"]`` the mask of those that ended.
+    ``infos["_final_obs"]`` the mask of those that ended; its frames only while ``final_frames`` is on
+    (the default; see :class:`ArrayVectorEnv`).
     """
+
+    FRAME_KEYS = ("rgb", "depth", "goal_pixel", "object_goal_pixel")
 
     def __init__(self, config: EnvConfig):
         """Build the scene, the backend and (if asked for) the renderer."""
@@ -450,6 +482,7 @@ class SimVectorEnv(ArrayVectorEnv):
         self._episode = np.zeros(n, np.int64)
         self._obs: dict[str, Any] | None = None
         self._shaped: Any = None  # the shaped reward at the current state ([N]): ``progress``'s baseline
+        self._goal_points: Any = None  # the task code's goal points at the current state, [N, P, 3]: what frames locate
         self._sync_episodes()
         self.timings = {"render": 0.0}  # seconds spent rendering since construction (monotonic)
 
@@ -484,15 +517,17 @@ class SimVectorEnv(ArrayVectorEnv):
         self._episode_ax = {"instruction": ax.asarray(self._instruction, copy=True),
                             "task": ax.asarray(self._task, copy=True)}
 
-    def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, Any], Any, Any]:
-        """Observation, shaped reward and success of environments ``ids`` (None: all) at the current state.
+    def _observe(self, ids: np.ndarray | None = None, frames: bool = True) -> tuple[dict[str, Any], Any, Any]:
+        """Observation, shaped reward and success of environments ``ids`` (None: all) at the current state
+        (``frames=False``: without the frames, :meth:`_render`'s).
 
         Arrays of the env's module (numpy, or torch on the device). The task code runs on every
-        environment (one compiled shape for jitted backends); the device renderer draws every world.
+        environment (one compiled shape for jitted backends); its goal points are kept for :meth:`_render`.
         """
         ax, b = self._ax, self._backend
         out = self._evaluate(b.qpos, b.qvel, b.mocap_pos, *self._episode_xp)
         out = {k: ax.asarray(v) for k, v in out.items()}  # numpy: as is; JAX: DLPack, no copy
+        self._goal_points = out["goal_points"]  # of the current state, every environment
         sel = slice(None) if ids is None else ax.asarray(ids)
         obs = {
             "proprio": out["proprio"][sel],
@@ -500,26 +535,34 @@ class SimVectorEnv(ArrayVectorEnv):
             # Copies: the episode arrays are shared until the next reset.
             **{k: ax.asarray(v[sel], copy=True) for k, v in self._episode_ax.items()},
         }
-        if self.config.render is not None:
-            goal = out["goal_points"]
-            if self.timing_sync is not None:
-                self.timing_sync()
-            start = time.perf_counter()
-            if b.renders:  # every world at once, on the device
-                frames = {k: v[sel] for k, v in b.render(goal).items()}
-            else:
-                rows = np.arange(self.num_envs)[sel if ids is None else ids]
-                frames = self._renderer.render(to_numpy(b.qpos)[rows], to_numpy(b.mocap_pos)[rows],
-                                               T.PALETTE_RGBA[self._colours[rows]], self.layout,
-                                               to_numpy(goal)[rows], env_ids=self.config.env_offset + rows)
-                frames = {k: ax.asarray(v) for k, v in frames.items()}
-            if self.timing_sync is not None:
-                self.timing_sync()
-            self.timings["render"] += time.perf_counter() - start
-            pixels = frames.pop("pixels")
-            frames["goal_pixel"], frames["object_goal_pixel"] = pixels[:, :, 0], pixels[:, :, 1]
-            obs.update(frames)
+        if frames and self.config.render is not None:
+            obs.update(self._render(ids))
         return obs, out["reward"][sel], out["success"][sel]
+
+    def _render(self, ids: np.ndarray | None = None) -> dict[str, Any]:
+        """Frames (``FRAME_KEYS``) of environments ``ids`` (None: all) at the current state, located with the goal
+        points of the last :meth:`_observe`; the device renderer draws every world and returns those rows."""
+        ax, b = self._ax, self._backend
+        goal = self._goal_points
+        if self.timing_sync is not None:
+            self.timing_sync()
+        start = time.perf_counter()
+        if b.renders:  # every world at once, on the device
+            frames = b.render(goal)
+            if ids is not None:
+                frames = {k: v[ax.asarray(ids)] for k, v in frames.items()}
+        else:
+            rows = np.arange(self.num_envs) if ids is None else np.asarray(ids)
+            frames = self._renderer.render(to_numpy(b.qpos)[rows], to_numpy(b.mocap_pos)[rows],
+                                           T.PALETTE_RGBA[self._colours[rows]], self.layout,
+                                           to_numpy(goal)[rows], env_ids=self.config.env_offset + rows)
+            frames = {k: ax.asarray(v) for k, v in frames.items()}
+        if self.timing_sync is not None:
+            self.timing_sync()
+        self.timings["render"] += time.perf_counter() - start
+        pixels = frames.pop("pixels")
+        frames["goal_pixel"], frames["object_goal_pixel"] = pixels[:, :, 0], pixels[:, :, 1]
+        return frames
 
     def _reward(self, shaped: Any, success: Any) -> Any:
         """A step's reward (see ``EnvConfig.reward``) from the shaped reward at the new state, [N]."""
@@ -547,8 +590,8 @@ class SimVectorEnv(ArrayVectorEnv):
         """Step all environments (the core of ``step`` and ``step_td``).
 
         Returns arrays of the env's module (numpy; torch on the device for ``warp`` and ``mjx``):
-            ``observation`` and ``final_observation`` (dicts of arrays), ``reward`` float32 [N],
-            ``terminated``, ``truncated``, ``success`` bool [N].
+            ``observation`` and ``final_observation`` (dicts of arrays; the latter without frame keys when
+            ``final_frames`` is off), ``reward`` float32 [N], ``terminated``, ``truncated``, ``success`` bool [N].
         """
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
@@ -556,14 +599,13 @@ class SimVectorEnv(ArrayVectorEnv):
         action = self._check_action(action)
         self._backend.step(self._control(action))
         self._steps += 1
-        obs, shaped, success = self._observe()
+        final, shaped, success = self._observe(frames=False)  # frames once the resets are known (_autoreset)
         reward = self._reward(shaped, success)
         # Episode bookkeeping is the host's (resets sample episodes there): N bools come back.
         terminated = to_numpy(success).copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self._max_steps[self._task]) & ~terminated
         self.host_done = (terminated, truncated)  # the collector's, read without touching the device
-        final = obs
-        obs, reset = self._autoreset(final, terminated | truncated)
+        obs, final, reset = self._autoreset(final, terminated | truncated)
         if reset is not None:  # ``progress`` continues from the new episodes' shaped reward
             rows, fresh_shaped, _ = reset
             shaped = ax.asarray(shaped, copy=True)

@@ -32,7 +32,8 @@ Nothing on the per-step path reads the device: which episodes were truncated (an
 value) comes from the env's host bookkeeping (``env.host_done``, the flags ``sims`` computes on the host
 before uploading them), the validity checks of the device arrays are deferred to the rollout's end
 (``env.deferred_checks``, one read), and a chunk's final observations are merged with ``torch.where``.
-An env without host flags costs one read per step ("was an episode truncated"). Per iteration,
+An env without host flags costs one read per step ("was an episode truncated"). A ``sims`` env renders each
+world once per step when no critic reads the final observations' frames (:func:`frames_for_critic`). Per iteration,
 :func:`account` reads the ``[T, N]`` rewards and flags on the host for episode statistics and
 reward scaling (``vla_rl.host_syncs`` counts these reads).
 """
@@ -446,9 +447,20 @@ def collect_steps(
         The batch ``[T, N]`` on :func:`buffer_device` (see module docstring; raw rewards) and the
         observation to act on next.
     """
+    frames_for_critic(env, policy)
     link = LocalPolicyLink(policy, device, buffer_device(env))
     batch, (next_obs,) = collect_stages([env], link, [obs], steps, timer)
     return batch, next_obs
+
+
+def frames_for_critic(env: Any, policy: nn.Module | None) -> None:
+    """Tell a ``sims`` env (``final_frames``) whether the final observations it hands on need their frames: only
+    when ``policy``'s critic (None: no critic reads them) may read a frame key (``env.FRAME_KEYS``); without
+    them a step renders each world once (the device renderer: one pass instead of two on a step with resets)."""
+    if not hasattr(env, "final_frames"):
+        return
+    keys = None if policy is None else getattr(policy, "critic_obs_keys", None)
+    env.final_frames = policy is not None and (keys is None or bool(set(keys) & set(env.FRAME_KEYS)))
 
 
 def account(batch: TensorDict, stats: EpisodeStats, reward_scaler: RewardScaler | None) -> None:
@@ -580,6 +592,7 @@ def collect_episodes(
         The batch ``[T, N]`` with ``alive``, the episode return ``[N]`` and episode success ``[N]``,
         all on :func:`buffer_device` (T is known only at the end, so the steps are stacked).
     """
+    frames_for_critic(env, None)  # GRPO bootstraps from no final observation
     link = LocalPolicyLink(policy, device, buffer_device(env))
     batch, _ = collect_first_episodes(env, link, env.reset_td(seed=seed), max_decisions, timer)
     return (batch, *episode_outcome(batch))

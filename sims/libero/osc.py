@@ -263,7 +263,8 @@ class OscController:
     def _read(self, sim: Any) -> dict[str, Any]:
         """:meth:`arm_state`, with the reset's cached values in the rows still ``stale``."""
         s, stale = self.arm_state(sim), self.state.stale
-        if bool(stale.any()):
+        # On a device the where runs always: reading ``stale`` would make the host wait at every substep.
+        if not isinstance(stale, np.ndarray) or stale.any():
             lib = _lib(stale)
             for key, cached in self._reset_arm.items():
                 mask = stale.reshape(-1, *[1] * (cached.ndim - 1))

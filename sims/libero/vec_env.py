@@ -44,6 +44,7 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -56,6 +57,7 @@ import mujoco
 import numpy as np
 
 from sims.backends import to_numpy
+from sims.deferred import deferred_checks
 from sims.libero import osc
 from sims.libero.paraphrase import INSTRUCTION_MODES, InstructionSampler, check_mode, split_groups
 from sims.libero.regions import draw, load_region_starts
@@ -241,6 +243,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
         initial state each environment's episode started from [N]; state_dim: S.
     """
 
+    FRAME_KEYS = ("rgb",)
+
     def __init__(self, config: LiberoEnvConfig):
         """Load the tasks (and their ``_lan`` variants for ``split="lan"``), build one sim per task.
 
@@ -398,11 +402,11 @@ class LiberoVectorEnv(ArrayVectorEnv):
     def _settled_kw(self, k: int) -> dict[str, int]:
         return {"settled_steps": self.config.settle_steps} if self.sims[k].layout.torque_arm else {}
 
-    def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, Any], Any]:
-        """Observation and success of environments ``ids`` (None: all) at the current state."""
+    def _observe(self, ids: np.ndarray | None = None, frames: bool = True) -> tuple[dict[str, Any], Any]:
+        """Observation and success of environments ``ids`` (None: all) at the current state (``frames=False``:
+        without ``rgb``, :meth:`_render`'s)."""
         ax = self._ax
-        proprio, state, success, frames = [], [], [], []
-        start = time.perf_counter()
+        proprio, state, success = [], [], []
         for k, sim in enumerate(self.sims):
             p = sim.proprio()
             objects = sim.qpos[:, self._object_qpos[k]]
@@ -410,28 +414,40 @@ class LiberoVectorEnv(ArrayVectorEnv):
             proprio.append(ax.astype(p["state"], ax.float32))
             state.append(ax.concatenate([ax.astype(p["joint_pos"], ax.float32), ax.astype(objects, ax.float32), pad], axis=1))
             success.append(sim.success())
-            if self.config.render is not None:
-                rows = None
-                if ids is not None:
-                    lo, hi = self.bounds[k], self.bounds[k + 1]
-                    rows = ids[(ids >= lo) & (ids < hi)] - lo
-                if rows is None or len(rows):
-                    frames.append(sim.render(rows))
-        render_s = time.perf_counter() - start
         sel = slice(None) if ids is None else ax.asarray(ids)
         task = self.env_task if ids is None else self.env_task[ids]
         obs = {"proprio": ax.concatenate(proprio, axis=0)[sel], "state": ax.concatenate(state, axis=0)[sel],
                "instruction": ax.asarray(self._instruction if ids is None else self._instruction[ids], copy=True),
                "task": ax.asarray(task, copy=True)}
-        if frames:
-            obs["rgb"] = ax.concatenate([ax.asarray(f) for f in frames], axis=0)
-            self.timings["render"] += render_s
+        if frames and self.config.render is not None:
+            obs.update(self._render(ids))
         return obs, ax.concatenate(success, axis=0)[sel]
+
+    def _render(self, ids: np.ndarray | None = None) -> dict[str, Any]:
+        """``rgb`` of environments ``ids`` (None: all) at the current state: each task's sim draws its rows (on the
+        warp backend every world of the task, returning those rows)."""
+        ax, frames = self._ax, []
+        if self.timing_sync is not None:
+            self.timing_sync()
+        start = time.perf_counter()
+        for k, sim in enumerate(self.sims):
+            rows = None
+            if ids is not None:
+                lo, hi = self.bounds[k], self.bounds[k + 1]
+                rows = ids[(ids >= lo) & (ids < hi)] - lo
+            if rows is None or len(rows):
+                frames.append(sim.render(rows))
+        rgb = ax.concatenate([ax.asarray(f) for f in frames], axis=0)
+        if self.timing_sync is not None:
+            self.timing_sync()
+        self.timings["render"] += time.perf_counter() - start
+        return {"rgb": rgb}
 
     # ----------------------------------------------------------------------------- core
     def step_arrays(self, action: Any) -> dict[str, Any]:
         """Step all environments; returns ``observation``, ``final_observation``, ``reward`` float32 [N],
-        ``terminated``, ``truncated``, ``success`` bool [N] (arrays of the backend's module)."""
+        ``terminated``, ``truncated``, ``success`` bool [N] (arrays of the backend's module); ``final_observation``
+        holds no ``rgb`` when ``final_frames`` is off (:class:`~sims.vec_env.ArrayVectorEnv`)."""
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
         ax = self._ax
@@ -439,18 +455,26 @@ class LiberoVectorEnv(ArrayVectorEnv):
         for k, (sim, ctl) in enumerate(zip(self.sims, self._controllers)):
             ctl.step(sim, action[self.bounds[k]:self.bounds[k + 1]])
         self._steps += 1
-        final, success = self._observe()
+        final, success = self._observe(frames=False)  # frames once the resets are known (_autoreset)
         reward = ax.astype(success, ax.float32) * (1.0 + self.config.success_bonus)
-        ok = to_numpy(success).astype(bool)
-        terminated = ok.copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
+        # Episode bookkeeping is the host's (resets sample episodes there): success comes back (on the warp
+        # backend a device read per step) only when it ends episodes; the step limit is the host's own count.
+        terminated = (to_numpy(success).astype(bool) if self.config.terminate_on_success
+                      else np.zeros(self.num_envs, bool))
         truncated = (self._steps >= self._max_steps[self.env_task]) & ~terminated
-        obs, _ = self._autoreset(final, terminated | truncated)
+        self.host_done = (terminated, truncated)  # the collector's, read without touching the device
+        obs, final, _ = self._autoreset(final, terminated | truncated)
         self._obs = obs
         return {"observation": obs, "final_observation": final, "reward": reward,
                 "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
 
     def _observe_reset(self) -> None:
         self._obs, _ = self._observe()
+
+    def deferred_checks(self) -> contextlib.AbstractContextManager:
+        """A block whose action checks and every task's overflow checks of device arrays are read once, at its end
+        (:func:`sims.deferred.deferred_checks`)."""
+        return deferred_checks(self, *(sim.backend for sim in self.sims))
 
     # ----------------------------------------------------------------------------- snapshots
     _EPISODE_FIELDS = ("_steps", "_episode", "state_index")

@@ -76,7 +76,7 @@ class PointVectorEnv(ArrayVectorEnv):
         self._episode[ids] += 1
         self._steps[ids] = 0
 
-    def _observe(self, ids: np.ndarray | None = None) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    def _observe(self, ids: np.ndarray | None = None, frames: bool = True) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
         sel = slice(None) if ids is None else ids
         pos, goal = self._pos[sel], self._goal[sel]
         dist = np.linalg.norm(pos - goal, axis=1)
@@ -97,7 +97,7 @@ class PointVectorEnv(ArrayVectorEnv):
         reward = shaped + self.config.success_bonus * success
         terminated = success if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
         truncated = (self._steps >= self.config.max_steps) & ~terminated
-        self._obs, _ = self._autoreset(final, terminated | truncated)
+        self._obs, final, _ = self._autoreset(final, terminated | truncated)
         return {"observation": self._obs, "final_observation": final, "reward": reward,
                 "terminated": terminated, "truncated": truncated, "success": success}
 

@@ -29,10 +29,11 @@ def test_the_counter_sees_each_kind_of_read_on_its_device_only():
     assert other.count == 0  # a tensor on another device
 
 
-def _syncs_per_iteration(tmp_path, rollout_steps: int, extra: tuple[str, ...] = ()) -> tuple[int, dict]:
+def _syncs_per_iteration(tmp_path, rollout_steps: int, extra: tuple[str, ...] = (), num_envs: int = 4) -> tuple[int, dict]:
     cfg = load_config(CONFIG_DIR / "reach_state_ppo.yaml", [
         f"out_dir={tmp_path}", f"name=t{rollout_steps}", "env.backend=warp", "env.warp_device=cpu", "device=cpu",
-        "env.num_envs=4", f"ppo.rollout_steps={rollout_steps}", f"total_env_steps={3 * 4 * rollout_steps}",
+        f"env.num_envs={num_envs}", f"ppo.rollout_steps={rollout_steps}",
+        f"total_env_steps={3 * num_envs * rollout_steps}",
         "eval.every=0", "log.wandb=disabled", "log.progress=false", "log.video=false", *extra])
     trainer = Trainer(cfg)
     try:
@@ -52,6 +53,23 @@ def test_colocated_iteration_reads_the_device_a_fixed_number_of_times(tmp_path):
     assert short == long, (sites, long_sites)
     # The deferred validity checks (one read) and the update's statistics (one read); nothing per step.
     assert short <= 3, sites
+
+
+@pytest.mark.slow  # mujoco_warp compiles a LIBERO scene's kernels once per machine (about 5 minutes, then cached)
+@pytest.mark.parametrize(("controller", "terminate"), [("servo", False), ("osc", False), ("servo", True)])
+def test_colocated_libero_iteration_reads_the_device_a_fixed_number_of_times(tmp_path, controller, terminate):
+    from sims.libero.toolchain.install import ensure_tasks
+
+    ensure_tasks(["spatial/0"])
+    libero = ("env.task=libero_spatial/0", "env.reward=success", f"env.terminate_on_success={str(terminate).lower()}",
+              f"env.controller={controller}", "ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false")
+    short, sites = _syncs_per_iteration(tmp_path, 2, libero, num_envs=2)
+    long, long_sites = _syncs_per_iteration(tmp_path, 4, libero, num_envs=2)
+    # Ending episodes at success reads success back at every control step (the host samples the next episodes).
+    per_step = 1 if terminate else 0
+    assert long - short == per_step * (4 - 2), (sites, long_sites)
+    # Else the deferred checks (every task's overflow flags with the actions') and the update's statistics.
+    assert short - per_step * 2 <= 3, sites
 
 
 def test_deferred_checks_raise_at_the_end_of_the_block(tmp_path):
