@@ -235,6 +235,9 @@ class PickPlaceExpert:
     the grasp candidates and the place point."""
 
     CARRY_EXTRA = 0.0  # m added to the carry height the corridor asks
+    # Whether the carry may start before the carry height, rising on the way where what it must clear
+    # lies ahead (a high obstacle near the place point only: less time lifting).
+    RISING_CARRY = False
 
     def __init__(self, sim: LiberoSim, obj_body: str):
         """Args: sim; obj_body: the body the expert picks (the goal's first argument)."""
@@ -254,6 +257,7 @@ class PickPlaceExpert:
         self.grasp_world = np.zeros((n, 3))  # where the grip site closed
         self.hover = np.zeros(n)  # grip site height for the approach
         self.carry = np.zeros(n)  # grip site height for the carry
+        self.lift = np.zeros(n)  # grip site height at which the carry starts (rising to ``carry`` on the way)
         self.lowest = np.zeros(n)  # the lowest grip site height over the place point (the hand rests above)
         self.rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's target orientation
         self.held = np.zeros((n, 3))  # grip site minus object origin once grasped
@@ -314,9 +318,19 @@ class PickPlaceExpert:
         hang = grip[2] - olo[2]  # the held object's bottom below the grip site
         shift = self.place_points()[i, :2] - d.xpos[self.obj, :2]  # the object's origin: grasp -> place
         centre = (olo[:2] + ohi[:2]) / 2
-        self.carry[i] = self.CARRY_EXTRA + max(grip[2] + LIFT,
-                            _corridor_top(lo, hi, grip, grip[:2] + shift, hand) + HAND_MARGIN - HAND_BOX[2],
-                            _corridor_top(lo, hi, centre, centre + shift, (ohi[:2] - olo[:2]) / 2) + CLEARANCE + hang)
+
+        def carry_over(part: float) -> float:  # the carry height over the first ``part`` of the path
+            return self.CARRY_EXTRA + max(
+                grip[2] + LIFT, _corridor_top(lo, hi, grip, grip[:2] + part * shift, hand) + HAND_MARGIN - HAND_BOX[2],
+                _corridor_top(lo, hi, centre, centre + part * shift, (ohi[:2] - olo[:2]) / 2) + CLEARANCE + hang)
+
+        self.carry[i] = self.lift[i] = carry_over(1.0)
+        if self.RISING_CARRY:  # the hand rises at least half as fast as it travels: lift what the way there needs
+            length = max(float(np.linalg.norm(shift)), 1e-6)
+            for z in np.arange(grip[2] + LIFT, self.carry[i], 0.01):
+                if carry_over(min(1.0, (self.carry[i] - z) / (2 * length))) <= z:
+                    self.lift[i] = z
+                    break
         # A hand wider than the basket rests on its walls: lower only until the hand is just above them.
         held = np.append(grip[:2] + shift, grip[2])
         self.lowest[i] = _under_hand_top(lo, hi, held, yaw) - HAND_BOX[2] + HAND_MARGIN
@@ -350,7 +364,7 @@ class PickPlaceExpert:
             elif name in ("close", "lift"):
                 target[i], grip[i] = self.grasp_world[i], 1.0
                 if name == "lift":
-                    target[i, 2] = self.carry[i]
+                    target[i, 2] = self.lift[i]
             elif name in ("carry", "lower"):
                 # The place point plus the current grip-to-object offset in xy closes the loop on a
                 # small slip; an object that fell out is not chased (the offset as grasped is kept).
@@ -765,9 +779,10 @@ class DrawerPlaceExpert(GoalExpert):
     the cabinet's top."""
 
     MARGIN = 0.01  # m between the object's side and the cabinet's front
-    # A bowl held by its rim sags up to ~2.5 cm in the fingers while carried: over the opened
+    # A bowl held by its rim sags about 1.5 cm in the fingers while carried: over the opened
     # drawer's front panel it would push the drawer shut.
     CARRY_EXTRA = 0.015
+    RISING_CARRY = True  # the opened drawer is the high obstacle, at the end of the way
 
     def __init__(self, sim: LiberoSim, drawer: DrawerExpert):
         """Args: sim; drawer: the expert that opened the drawer (its joint and opening direction)."""
