@@ -827,10 +827,10 @@ class SequenceExpert:
         self.sim, self.experts, self.ctl = sim, experts, experts[0].ctl
         self.stage = np.zeros(sim.num_envs, np.int64)
 
-    def reset(self, ids: np.ndarray | None = None) -> None:
-        """Start simulations ``ids``' (default all) first expert (call after ``sim.reset``)."""
+    def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
+        """Start simulations ``ids``' (default all) first expert (call after ``sim.reset``; ``settle`` as its own)."""
         self.stage[slice(None) if ids is None else ids] = 0
-        self.experts[0].reset(ids)
+        self.experts[0].reset(ids, settle)
 
     def finished(self) -> np.ndarray:
         """Whether each simulation's last expert has ended, bool [N]."""
