@@ -3,13 +3,15 @@
     python scripts/bench_experts.py --split validation --episodes 256 --json runs/bench_experts.json
     python scripts/bench_experts.py --suite libero_spatial --json docs/figures/libero/experts_spatial.json
     python scripts/bench_experts.py --suite libero_spatial --tasks 0 6 --backend warp --warp-device cpu
+    python scripts/bench_experts.py --suite libero_spatial --controller servo --json OUT
 
 Gantry tasks (the default): each task runs alone (``make_vec_env(task)``) with the clean expert
 (no DART noise), on fresh episodes of ``--split``. LIBERO (``--suite``): the suite's expert
 (``sims.libero.expert``) from LIBERO's fixed initial states (``--states``, all 50 by default: the
 LIBERO protocol), one ``LiberoSim`` per task holding every episode, on the batch backend or
-(``--backend warp``) on MuJoCo Warp's ``--warp-device``; a Goal task without an expert (goal/5,
-the plate push) is reported as such. Success per task with its 95 %
+(``--backend warp``) on MuJoCo Warp's ``--warp-device``, the arm driven by ``--controller`` (``osc``:
+LIBERO's OSC_POSE on its torque motors, the default; ``servo``: the joint servos); a Goal task without
+an expert (goal/5, the plate push) is reported as such. Success per task with its 95 %
 Wilson interval.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench_report import output_path, write_report
+from bench_report import BenchReport, output_path, write_report
 from tqdm import tqdm
 
 from sims.experts import run_expert
@@ -32,9 +34,11 @@ def _result(k: int, n: int) -> dict:
     return {"success": k / n, "ci95": wilson_interval(k, n), "episodes": n}
 
 
-def bench_libero(suite: str, tasks: list[int], states: int, threads: int | None, backend: str = "batch",
-                 warp_device: str = "auto") -> dict[str, dict]:
-    """The suite's expert on tasks ``tasks`` from initial states ``0..states-1`` on ``backend``: {task id: result}."""
+def bench_libero(report: BenchReport, suite: str, tasks: list[int], states: int, threads: int | None,
+                 backend: str = "batch", warp_device: str = "auto", controller: str = "osc") -> None:
+    """The suite's expert on tasks ``tasks`` from initial states ``0..states-1`` on ``backend``, the arm driven by
+    ``controller`` (a name of :data:`sims.libero.vec_env.CONTROLLERS`); each task's result added to ``report``
+    (written after each) under its id."""
     import time
 
     import numpy as np
@@ -42,24 +46,23 @@ def bench_libero(suite: str, tasks: list[int], states: int, threads: int | None,
     from sims.libero.expert import run_episodes
     from sims.libero.scene import load_task
     from sims.libero.sim import LiberoSim
+    from sims.libero.vec_env import CONTROLLERS
 
-    results = {}
-    for index in tqdm(tasks, desc=suite):
+    for index in tasks:
         task_id = f"{LIBERO_EXPERT_SUITES[suite]}/{index}"
         start = time.perf_counter()
-        sim = LiberoSim(load_task(task_id), states, backend=backend, warp_device=warp_device, num_threads=threads)
+        sim = LiberoSim(load_task(task_id), states, backend=backend, warp_device=warp_device, num_threads=threads,
+                        arm=CONTROLLERS[controller])
         try:
             success = run_episodes(sim, np.arange(states))
         except ValueError as exc:  # a Goal task without an expert (goal/5)
-            results[task_id] = {"expert": None, "reason": str(exc)}
-            tqdm.write(f"{task_id:10s} no expert")
+            report.add(task_id, {"expert": None, "reason": str(exc)})
             continue
+        finally:
+            sim.close()
         k = int(success.sum())
-        results[task_id] = {**_result(k, states), "failed_states": np.flatnonzero(~success).tolist(),
-                            "seconds": round(time.perf_counter() - start, 1)}
-        low, high = results[task_id]["ci95"]
-        tqdm.write(f"{task_id:10s} {k}/{states}  [{low:.1%}, {high:.1%}]  {results[task_id]['seconds']} s")
-    return results
+        report.add(task_id, {**_result(k, states), "failed_states": np.flatnonzero(~success).tolist(),
+                             "seconds": round(time.perf_counter() - start, 1)})
 
 
 def main() -> None:
@@ -76,6 +79,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="LIBERO: physics threads (default: all cores)")
     parser.add_argument("--backend", default="batch", choices=("batch", "warp"), help="LIBERO: the simulator backend")
     parser.add_argument("--warp-device", default="auto", help="LIBERO, --backend warp: cpu, cuda:N or auto")
+    parser.add_argument("--controller", default="osc", choices=("osc", "servo"),
+                        help="LIBERO: the arm's controller (LIBERO's OSC_POSE, or the joint servos)")
     parser.add_argument("--json", type=output_path, help="write {git, machine, config, results}")
     args = parser.parse_args()
     if args.suite is not None:
@@ -85,10 +90,10 @@ def main() -> None:
             parser.error(f"--tasks {' '.join(args.tasks)}: with --suite give task indices 0..9")
         if not all(0 <= t < 10 for t in args.tasks) or not 1 <= args.states <= 50:
             parser.error(f"--tasks {args.tasks} / --states {args.states}: task indices are 0..9, states 1..50")
-        results = bench_libero(args.suite, args.tasks, args.states, args.threads, args.backend, args.warp_device)
-        if args.json is not None:
-            config = {k: getattr(args, k) for k in ("suite", "tasks", "states", "threads", "backend", "warp_device")}
-            write_report(args.json, config, results)
+        config = {k: getattr(args, k) for k in ("suite", "tasks", "states", "threads", "backend", "warp_device",
+                                                "controller")}
+        bench_libero(BenchReport(args.json, config), args.suite, args.tasks, args.states, args.threads, args.backend,
+                     args.warp_device, args.controller)
         return
     args.tasks = args.tasks or list(TASK_NAMES)
     unknown = sorted(set(args.tasks) - set(TASK_NAMES))

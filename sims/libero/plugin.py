@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from sims.libero.expert import expert_for
+from sims.libero.expert import SETTLE_STEPS, expert_for
 from sims.libero.paraphrase import libero_training_groups
 from sims.libero.scene import CAMERAS
 from sims.libero.sim import libero_render_config
@@ -37,6 +37,9 @@ class VectorExpert:
                              "(libero_goal/0-4, 6-9)") from None
         self.bounds = env.bounds
         self.num_envs = env.num_envs
+        # The env has held still for LIBERO's wait steps before the first observation (outside the step limit,
+        # as LIBERO's evaluation): the experts then plan at once instead of waiting again within the episode.
+        self.settled = env.config.settle_steps >= SETTLE_STEPS
 
     def act(self, obs: dict[str, Any]) -> np.ndarray:
         """Actions float32 [N, 7] (the experts read their sims, not ``obs``)."""
@@ -54,7 +57,7 @@ class VectorExpert:
         """Restart the plans of the tasks whose environments ``mask`` covers (default all), after the env reset."""
         for k, expert in enumerate(self.experts):
             if mask is None or mask[self.bounds[k]:self.bounds[k + 1]].any():
-                expert.reset()
+                expert.reset(settle=not self.settled)
 
 
 def render_config(size: int = 128, cameras: tuple[str, ...] = CAMERAS, depth: bool = False,

@@ -120,7 +120,7 @@ class LiberoEnvConfig(VecEnvConfig):
     jitter: float = 0.01
     cache: str | None = None
     visual_faces: int | None = VISUAL_FACES
-    controller: str = "servo"
+    controller: str = "osc"
     starts: str = "jitter"
     instructions: str = INSTRUCTION_MODES[0]
 

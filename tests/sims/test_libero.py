@@ -1,9 +1,10 @@
 """LIBERO on the project's backends: cached tasks load, start from LIBERO's fixed initial states,
 render both cameras, read LIBERO's proprioception; the goal predicates on hand-placed states; the
-batched Panda controller reaches a commanded pose; the Spatial expert places the bowl (also beside
-the cabinet, where the hand must keep off it), the Object expert puts an object in the basket, the
-Goal experts put a bowl on the stove, open the middle drawer, turn on the stove and put the bowl in
-the top drawer; bad ids and a missing asset package fail with one line naming the fix.
+batched Panda servo controller reaches a commanded pose; on LIBERO's own arm (the OSC on the torque
+motors, the default) the Spatial expert places the bowl (also beside the cabinet, where the hand must
+keep off it), the Object expert puts an object in the basket, the Goal experts put a bowl on the
+stove, open the middle drawer, turn on the stove and put the bowl in the top drawer; bad ids and a
+missing asset package fail with one line naming the fix.
 
 The module fixture exports one task per suite, spatial/6 and goal/1, into the cache if missing
 (installing the export toolchain on a fresh machine: 80 s and 1.6 GB once; a task about 4 CPU-seconds).
@@ -30,6 +31,7 @@ from sims.libero.scene import load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import parse_task_id
 from sims.libero.toolchain.install import check_toolchain, ensure_tasks
+from sims.libero.vec_env import CONTROLLERS
 
 TASKS = ("spatial/0", "object/0", "goal/0", "10/0")
 BESIDE_CABINET = "spatial/6"  # the bowl next to the cookie box, the wooden cabinet behind it
@@ -42,6 +44,11 @@ PUSH_PLATE = "goal/5"  # On(plate_1, main_table_stove_front_region): no expert
 @pytest.fixture(scope="module")
 def cached() -> None:
     ensure_tasks([*TASKS, BESIDE_CABINET, BOWL_ON_STOVE, STOVE_ON, BOWL_IN_DRAWER, PUSH_PLATE])
+
+
+def osc_sim(task_id: str, num_envs: int) -> LiberoSim:
+    """A batch sim of ``task_id`` on LIBERO's torque motors, for the OSC the experts act through."""
+    return LiberoSim(load_task(task_id), num_envs, num_threads=1, arm=CONTROLLERS["osc"])
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +215,7 @@ def test_controller_reaches_commanded_pose(sims_by_task):
 
 
 def test_spatial_expert_places_the_bowl_on_the_plate(sims_by_task):
-    sim = sims_by_task["spatial/0"]
+    sim = osc_sim("spatial/0", 2)
     success = run_episodes(sim, np.array([0, 1]))
     assert success.tolist() == [True, True]
     with pytest.raises(ValueError, match="not a pick-and-place"):
@@ -222,21 +229,22 @@ def test_spatial_expert_places_the_bowl_on_the_plate(sims_by_task):
 def test_spatial_expert_keeps_the_hand_off_the_cabinet(cached):
     """spatial/6: gripping the rim on the cabinet's side (or reaching there straight from the start)
     lands the hand on the cabinet's top; the expert grips the free side and places the bowl."""
-    sim = LiberoSim(load_task(BESIDE_CABINET), 2, num_threads=1)
+    sim = osc_sim(BESIDE_CABINET, 2)
     success = run_episodes(sim, np.array([0, 1]))
     assert success.tolist() == [True, True]
 
 
 def test_goal_expert_puts_the_bowl_on_the_stove(cached):
     """A region target: the bowl's origin over the cook region's site and touching the stove."""
-    sim = LiberoSim(load_task(BOWL_ON_STOVE), 2, num_threads=1)
+    sim = osc_sim(BOWL_ON_STOVE, 2)
     assert run_episodes(sim, np.array([0, 1])).tolist() == [True, True]
 
 
-def test_goal_expert_opens_the_middle_drawer(sims_by_task):
+def test_goal_expert_opens_the_middle_drawer(cached):
     """Open(middle drawer): the hand faces the drawer, grips the handle's bar and pulls the slide
-    joint past LIBERO's -0.14 m (closed at the start: the goal fails there)."""
-    sim = sims_by_task["goal/0"]
+    joint past LIBERO's -0.14 m (closed at the start: the goal fails there); the hand turns above the bowl
+    and the plate in front of the cabinet, not through them."""
+    sim = osc_sim("goal/0", 2)
     sim.reset(np.array([0, 1]))
     assert not sim.success().any()
     assert isinstance(expert_for(sim), DrawerExpert)
@@ -246,7 +254,7 @@ def test_goal_expert_opens_the_middle_drawer(sims_by_task):
 
 def test_goal_expert_turns_on_the_stove(cached):
     """TurnOn(stove): the knob gripped on its hinge's axis and twisted past 0.5 rad."""
-    sim = LiberoSim(load_task(STOVE_ON), 3, num_threads=1)
+    sim = osc_sim(STOVE_ON, 3)
     sim.reset(np.array([0, 1, 2]))
     assert not sim.success().any()
     assert isinstance(expert_for(sim), KnobExpert)
@@ -256,7 +264,7 @@ def test_goal_expert_turns_on_the_stove(cached):
 def test_goal_expert_puts_the_bowl_in_the_top_drawer(cached):
     """In(bowl, top drawer's region): the bowl set aside off the drawer's path, the drawer pulled
     open, the bowl put in through the opening, within LIBERO's 300 steps."""
-    sim = LiberoSim(load_task(BOWL_IN_DRAWER), 2, num_threads=1)
+    sim = osc_sim(BOWL_IN_DRAWER, 2)
     sim.reset(np.array([0, 2]))
     assert isinstance(expert_for(sim), SequenceExpert)
     assert run_episodes(sim, np.array([0, 2])).tolist() == [True, True]
@@ -266,7 +274,7 @@ def test_goal_expert_puts_the_bowl_in_the_top_drawer(cached):
 
 
 def test_object_expert_puts_the_object_in_the_basket(sims_by_task):
-    sim = sims_by_task["object/0"]  # In(alphabet_soup_1, basket_1_contain_region)
+    sim = osc_sim("object/0", 2)  # In(alphabet_soup_1, basket_1_contain_region)
     success = run_episodes(sim, np.array([0, 1]))
     assert success.tolist() == [True, True], "the task's own In(object, basket region) holds at the end"
     with pytest.raises(ValueError, match="not a pick-and-place-in-a-region"):

@@ -15,11 +15,13 @@ import pytest
 import torch
 
 import sims
+from sims.libero.osc import OscController
 from sims.libero.scene import load_lan, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import resolve_libero_task
 from sims.libero.toolchain.install import ensure_lan, ensure_tasks, export_lan
 from sims.libero.vec_env import (
+    CONTROLLERS,
     LIBERO_SPLITS,
     SETTLE_STEPS,
     LiberoEnvConfig,
@@ -89,11 +91,13 @@ def test_fixed_and_lan_splits_play_libero_states_in_order(cached):
         env = _env(split, max_steps=1)
         env.reset_arrays(seed=0)
         assert env.state_index.tolist() == [0, 1] and env.instructions == [source.instruction]
-        # Settling on a private MjData is what 10 held control steps of the batch backend do.
-        reference = LiberoSim(source, 2, num_threads=1, model=shared_model(source))
+        # Settling on a private batch is what LIBERO's 10 wait steps (no motion, the gripper opening) under the OSC
+        # on a batch of the env's own do.
+        reference = LiberoSim(source, 2, num_threads=1, model=shared_model(source, arm=CONTROLLERS["osc"]))
         reference.reset(np.array([0, 1]))
+        ctl = OscController(reference)
         for _ in range(SETTLE_STEPS):
-            reference.step(reference.current_ctrl())
+            ctl.step(reference, HOLD)
         np.testing.assert_allclose(env.sims[0].qpos, reference.qpos, atol=1e-6)
         if split == "fixed":  # LIBERO's objects start a few cm above their supports and drop in place
             model, qpos, given = env.sims[0].model, env.sims[0].qpos, source.init_states[[0, 1], 1:]
@@ -233,7 +237,7 @@ def test_controller_and_starts_from_a_training_config_reach_the_env_config():
     built = sims_env_config(cfg.env, num_envs=2, seed=0, split="train")
     assert isinstance(built, LiberoEnvConfig) and (built.controller, built.starts) == ("osc", "regions")
     default = sims_env_config(load_config(CONFIG_DIR / "libero.yaml").env, num_envs=10, seed=0)
-    assert (default.controller, default.starts) == (LiberoEnvConfig.controller, LiberoEnvConfig.starts) == ("servo", "jitter")
+    assert (default.controller, default.starts) == (LiberoEnvConfig.controller, LiberoEnvConfig.starts) == ("osc", "jitter")
     with pytest.raises(ConfigError, match=r"^env.suite.controller='pid'; valid: servo, osc$"):
         load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=pid"])
     with pytest.raises(ConfigError, match=r"^env.suite.starts='grid'; valid: jitter, regions$"):

@@ -171,7 +171,7 @@ def test_env_with_osc_starts_as_libero_evaluates_and_resumes_from_a_snapshot(mod
     fresh.set_state(snapshot)
     resumed = [fresh.step_arrays(a)["observation"]["proprio"] for a in actions[1:]]
     np.testing.assert_array_equal(np.stack(straight), np.stack(resumed))
-    servo = sims.make_vec_env("libero_spatial/0", 2, split="fixed", num_threads=1, max_steps=4)
+    servo = sims.make_vec_env("libero_spatial/0", 2, split="fixed", num_threads=1, controller="servo", max_steps=4)
     with pytest.raises(ValueError, match=r"'osc'.* does not fit this env's .*'servo'"):  # the other arm's snapshot
         servo.set_state(snapshot)
     with pytest.raises(ValueError, match="controller='joint'; valid: servo, osc"):

@@ -61,8 +61,8 @@ def test_colocated_libero_iteration_reads_the_device_a_fixed_number_of_times(tmp
     from sims.libero.toolchain.install import ensure_tasks
 
     ensure_tasks(["spatial/0"])
-    libero = ("env.task=libero_spatial/0", "env.reward=success", f"env.terminate_on_success={str(terminate).lower()}",
-              f"env.controller={controller}", "ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false")
+    libero = ("env.task=libero_spatial/0", f"env.terminate_on_success={str(terminate).lower()}",
+              f"env.suite.controller={controller}", "ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false")
     short, sites = _syncs_per_iteration(tmp_path, 2, libero, num_envs=2)
     long, long_sites = _syncs_per_iteration(tmp_path, 4, libero, num_envs=2)
     # Ending episodes at success reads success back at every control step (the host samples the next episodes).
