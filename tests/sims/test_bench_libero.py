@@ -119,20 +119,30 @@ def test_docs_table_equals_the_committed_json():
     """docs/sims.md's speed table shows docs/figures/libero/bench_libero.json's figures as printed."""
     r = json.loads(FIGURE.read_text())["results"]
     lines = (ROOT / "docs" / "sims.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| simulator | envs | env-steps/s |"))
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[start + 2:start + 3 + len(r["batch"])]]
-    rs, rs0 = r["robosuite"], r["robosuite_no_render"]
-    want = [["robosuite", "1", rs["env_steps_per_s"], rs["frames_per_s"], 1.0, rs["cpu_ms_per_env_step"], 1.0,
-             rs0["env_steps_per_s"], 1.0, rs0["cpu_ms_per_env_step"], 1.0]]
-    for b in r["batch"]:
-        n = str(b["num_envs"])
-        want.append(["batch", n, b["env_steps_per_s"], b["frames_per_s"], r["speedup"][n], b["cpu_ms_per_env_step"],
-                     r["cpu_speedup"][n], b["no_render_env_steps_per_s"], r["no_render_speedup"][n],
-                     b["no_render_cpu_ms_per_env_step"], r["no_render_cpu_speedup"][n]])
+    start = next(i for i, line in enumerate(lines) if line.startswith("| simulator | visuals | envs | env-steps/s |"))
+    batch = [(s, b) for s in ("like", "lod") for b in r[f"batch_{s}"]]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[start + 2:start + 4 + len(batch)]]
+    par, one, one0 = r["robosuite_parallel"], r["robosuite"], r["robosuite_no_render"]
+    want = [["robosuite", "full, 4x MSAA", f"{par['procs']} processes", par["env_steps_per_s"], 1.0, "",
+             par["cpu_ms_per_env_step"], 1.0, "", ""],
+            ["robosuite", "full, 4x MSAA", "1 process", one["env_steps_per_s"], "", 1.0, one["cpu_ms_per_env_step"], "",
+             one0["env_steps_per_s"], 1.0]]
+    for setting, b in batch:
+        n, cmp = str(b["num_envs"]), r["comparisons"][setting]
+        want.append(["batch", "full, 4x MSAA" if setting == "like" else "level of detail", n, b["env_steps_per_s"],
+                     cmp["vs_parallel"]["speedup"][n], cmp["vs_one"]["speedup"][n], b["cpu_ms_per_env_step"],
+                     cmp["vs_parallel"]["cpu_speedup"][n], b["no_render_env_steps_per_s"],
+                     cmp["no_render_vs_one"]["speedup"][n]])
     assert len(rows) == len(want)
     for row, expected in zip(rows, want):
-        assert row[:2] == expected[:2]
-        for shown, value in zip(row[2:], expected[2:]):
+        assert row[:3] == expected[:3]
+        for shown, value in zip(row[3:], expected[3:]):
+            if value == "":
+                assert shown == "", (row, expected)
+                continue
             digits = len(shown.partition(".")[2])
             assert abs(float(shown.replace(",", "")) - value) <= 0.5 * 10**-digits + 1e-9, (row, expected)
-    assert r["best_speedup"] == max(r["speedup"].values()) and r["target_met"] == (r["best_speedup"] >= 20)
+    for setting, target in (("like", 5), ("lod", 15)):
+        cmp = r["comparisons"][setting]
+        assert cmp["best_speedup"] == max(cmp["vs_parallel"]["speedup"].values())
+        assert cmp["target_met"] == (cmp["best_speedup"] >= target)
