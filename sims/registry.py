@@ -47,6 +47,9 @@ class EvalProtocol:
     fixed_states: bool = False
     """Each task plays the split's fixed initial states ``0 .. episodes - 1`` once (``episodes`` per task,
     ``num_envs`` per task dividing it), as LIBERO evaluates; otherwise fresh episodes of each split overall."""
+    test_splits: tuple[str, ...] = ()
+    """Splits that play the suite's test states (LIBERO's fixed initial states): test data only, evaluated after
+    training and never used for demonstrations, training or validation (a training config naming one is refused)."""
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,14 @@ from infra.common.typed_config import ConfigError, from_dict, merge, parse_overr
 from rlcore.update_config import AT_LEAST_1, Range, out_of_range
 from vla_rl.config import (
     CONFIG_DIR,
+    SUITE_ONLY,
     TrainConfig,
+    TrainEnvConfig,
     build_config,
     check_task_weights,
     env_splits,
     env_suite,
+    named_suite_settings,
     read_yaml,
     to_dict,
 )
@@ -259,6 +262,14 @@ def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) 
     return out
 
 
+def demo_env_settings(env: TrainEnvConfig) -> dict[str, Any]:
+    """The suite-only settings of the SFT stage's env section that the demonstrations' env takes too (LIBERO's
+    controller, starts, meshes): the experts act in the env the policy learns in. Not the instructions: demonstrations
+    record the task's own, SFT draws the paraphrases per frame (``vla_rl.sft``)."""
+    named = named_suite_settings(env)
+    return {SUITE_ONLY[k]: v for k, v in named.items() if k not in ("max_episode_steps", "task_weights", "instructions")}
+
+
 def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run (or continue) every stage; returns ``{config, results: {sft, rl}, checkpoints, wall_s, stage_wall_s}``.
 
@@ -278,7 +289,7 @@ def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] 
                                     noise=recipe.demos.noise, image_size=env.image_size,
                                     num_envs=recipe.demos.num_envs, cameras=tuple(env.cameras),
                                     task_weights=recipe.demos.task_weights, keep_failures=recipe.demos.keep_failures,
-                                    max_steps=env.max_episode_steps))
+                                    max_steps=env.max_episode_steps, env_settings=demo_env_settings(env)))
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}
     configs: dict[str, TrainConfig] = {}

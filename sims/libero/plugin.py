@@ -15,7 +15,7 @@ from sims.libero.scene import CAMERAS
 from sims.libero.sim import libero_render_config
 from sims.libero.suites import MAX_STEPS, is_libero_task, resolve_libero_task
 from sims.libero.toolchain.install import missing_variants
-from sims.libero.vec_env import BACKENDS, LIBERO_SPLITS, LiberoEnvConfig, LiberoVectorEnv
+from sims.libero.vec_env import BACKENDS, FIXED_STATE_SPLITS, LIBERO_SPLITS, LiberoEnvConfig, LiberoVectorEnv
 from sims.registry import EvalProtocol, MemoryModel, Suite, register
 from sims.render import RenderConfig
 
@@ -111,7 +111,7 @@ SUITE = register(Suite(
     action_names=("dx", "dy", "dz", "drx", "dry", "drz", "gripper"),
     robot_type="panda_libero",
     demo_terminates=False,  # the env would restart a simulation under its expert's running plan
-    protocol=EvalProtocol(fixed_states=True),
+    protocol=EvalProtocol(fixed_states=True, test_splits=FIXED_STATE_SPLITS),
     missing_files=missing_variants,
     training_instructions=libero_training_groups,
     check_instructions=check_instructions,

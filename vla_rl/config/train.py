@@ -105,6 +105,9 @@ class TrainConfig:
         if bad_splits := sorted(set(self.eval.splits) - set(splits)):
             raise ConfigError(f"eval.splits has unknown split(s) {bad_splits}; valid: {', '.join(splits)} "
                               f"(env.task={self.env.task})")
+        if self.env.kind == "sims" and (test := [s for s in self.eval.splits if s in env_suite(self.env).protocol.test_splits]):
+            raise ConfigError(f"eval.splits holds {test}: {self.env.task}'s test states, never evaluated during training; "
+                              "remove them and test after training (a recipe's test.splits, scripts/eval_libero.py)")
         if self.env.kind == "sims" and self.stop_success is not None and "validation" not in self.eval.splits:
             raise ConfigError("stop_success reads the validation split: add it to eval.splits (e.g. [train, validation])")
         _check_algo(self)

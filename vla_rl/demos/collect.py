@@ -72,6 +72,9 @@ class CollectConfig:
     empty: uniform), e.g. ``{"push": 3, "stack": 3}`` for more demonstrations of those two."""
     max_steps: int | None = None
     """The episode limit in control steps, for a suite with one (LIBERO; None: the suite's own)."""
+    env_settings: dict[str, Any] = field(default_factory=dict)
+    """Further fields of the suite's env config (``sims.suite_of(task).config``), so the experts act in the env the
+    policy is trained in, e.g. LIBERO's ``{controller: osc, starts: regions}`` (empty: the suite's defaults)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field and its valid values."""
@@ -88,6 +91,11 @@ class CollectConfig:
             raise ValueError(f"max_steps={self.max_steps}; it must be at least 1 (or None: the suite's limit)")
         if not self.cameras or set(self.cameras) - set(suite.cameras):
             raise ValueError(f"cameras={list(self.cameras)}; a {suite.name} scene's cameras are {', '.join(suite.cameras)}")
+        fixed = {"task", "num_envs", "seed", "split", "render", "group_size", "num_threads", "terminate_on_success",
+                 "max_steps", "task_weights"}  # this config's or the recorder's (split: always the train split)
+        if bad := sorted(k for k in self.env_settings if k in fixed or k not in {f.name for f in fields(suite.config)}):
+            raise ValueError(f"env_settings {bad}: not settings of a {suite.name} env this config leaves open; valid: "
+                             f"{', '.join(sorted({f.name for f in fields(suite.config)} - fixed))}")
         if missing := suite.missing_files(self.task, False):
             raise ValueError(missing)
         if self.episodes < 1 or self.num_envs < 1 or self.episodes_per_file < 1:
@@ -201,16 +209,16 @@ def _source(env: ArrayVectorEnv, expert: Expert, cfg: CollectConfig, counts: dic
     seeds = (f"{suite.name} split {SPLIT!r} with seed {cfg.seed}, environments i in [0, {cfg.num_envs}), episodes k "
              f"in [0, {counts['max_env_episode']}); meta/episodes sims/env_index, sims/env_episode say which")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-    env_settings = {k: v for k, v in asdict(env.config).items() if k not in ("render", *settings)}
+    env_fields = {k: v for k, v in asdict(env.config).items() if k not in ("render", *settings)}
     return {"generator": f"scripts/collect_demos.py ({type(expert).__module__}.{type(expert).__name__})",
             "suite": suite.name, "split": SPLIT, "task_names": list(env.task_names), "episode_seeds": seeds,
-            "max_episode_steps": env.max_episode_steps, **env_settings, **counts, **settings}
+            "max_episode_steps": env.max_episode_steps, **env_fields, **counts, **settings}
 
 
 def _collect(cfg: CollectConfig, partial: Path, progress: bool) -> dict[str, Any]:
     """Record the task's suite's expert into the dataset folder ``partial``; returns its meta/info.json."""
     suite = sims.suite_of(cfg.task)
-    settings: dict[str, Any] = {"num_threads": cfg.num_threads}
+    settings: dict[str, Any] = {"num_threads": cfg.num_threads, **cfg.env_settings}
     if cfg.task_weights:
         settings["task_weights"] = suite.weigh(cfg.task, cfg.task_weights)
     if cfg.max_steps is not None:
