@@ -42,6 +42,7 @@ from vla_rl.config import (
     to_dict,
 )
 from vla_rl.demos.collect import CollectConfig, collect_demos
+from vla_rl.envs import sims_env_config
 from vla_rl.evaluate import evaluate_checkpoint, libero_protocol, wilson_interval
 from vla_rl.trainer import Trainer, unfinished
 
@@ -262,12 +263,25 @@ def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) 
     return out
 
 
+_NOT_DEMO_SETTINGS = ("max_episode_steps", "task_weights", "instructions")  # passed apart, or the task's own
+
+
 def demo_env_settings(env: TrainEnvConfig) -> dict[str, Any]:
     """The suite-only settings of the SFT stage's env section that the demonstrations' env takes too (LIBERO's
     controller, starts, meshes): the experts act in the env the policy learns in. Not the instructions: demonstrations
     record the task's own, SFT draws the paraphrases per frame (``vla_rl.sft``)."""
-    named = named_suite_settings(env)
-    return {SUITE_ONLY[k]: v for k, v in named.items() if k not in ("max_episode_steps", "task_weights", "instructions")}
+    return {SUITE_ONLY[k]: v for k, v in named_suite_settings(env).items() if k not in _NOT_DEMO_SETTINGS}
+
+
+def check_demos(demos: Path, env: TrainEnvConfig) -> None:
+    """Raise :class:`ConfigError` if the recorded demonstrations in ``demos`` (a relaunch reuses them) came from
+    another env than the SFT stage's ``env`` would record in (another controller, starts or meshes)."""
+    source = json.loads((demos / "meta" / "info.json").read_text()).get("source", {})
+    wanted = sims_env_config(env, num_envs=env.num_envs, seed=0)
+    for key in (SUITE_ONLY[k] for k in SUITE_ONLY if k not in _NOT_DEMO_SETTINGS):
+        if key in source and hasattr(wanted, key) and source[key] != getattr(wanted, key):
+            raise ConfigError(f"{demos} holds demonstrations recorded with {key}={source[key]}, the SFT env has "
+                              f"{key}={getattr(wanted, key)}: remove that folder (or set another name) to record them again")
 
 
 def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -283,7 +297,9 @@ def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] 
         planned[stage].check(inputs=False)  # each stage's inputs are written by the stages before it
     env = planned["sft"].env
     demos = root / "demos"
-    if not (demos / "meta" / "info.json").exists():
+    if (demos / "meta" / "info.json").exists():
+        check_demos(demos, env)
+    else:
         t = time.perf_counter()
         collect_demos(CollectConfig(task=env.task, episodes=recipe.demos.episodes, out=demos, seed=recipe.seed,
                                     noise=recipe.demos.noise, image_size=env.image_size,

@@ -116,12 +116,13 @@ def test_train_and_validation_draw_disjoint_starts_and_the_fixed_splits_none(sta
 def test_demonstrations_come_from_the_train_starts_in_the_recipes_env(starts, tmp_path):
     """The CPU recipe's demonstrations are recorded with its SFT env's controller and starts (not the suite's
     defaults), each episode from a train start; a demonstration on a fixed-state split is refused."""
-    from vla_rl.config import CONFIG_DIR
+    from vla_rl.config import CONFIG_DIR, load_config
     from vla_rl.demos.collect import CollectConfig, collect_demos
-    from vla_rl.recipe import demo_env_settings, load_recipe, stage_configs
+    from vla_rl.recipe import check_demos, demo_env_settings, load_recipe, stage_configs
 
     recipe = load_recipe(CONFIG_DIR / "libero_spatial_cpu.yaml", [])
-    assert demo_env_settings(stage_configs(recipe)["sft"].env) == {"controller": "osc", "starts": "regions"}
+    env = stage_configs(recipe)["sft"].env
+    assert demo_env_settings(env) == {"controller": "osc", "starts": "regions"}
     cfg = CollectConfig(task=f"libero_{TASK}", episodes=2, out=tmp_path / "demos", num_envs=2, image_size=16,
                         cameras=("agentview",), keep_failures=True, max_steps=3, num_threads=1,
                         env_settings={"controller": "osc", "starts": "regions"})
@@ -130,6 +131,11 @@ def test_demonstrations_come_from_the_train_starts_in_the_recipes_env(starts, tm
     assert (info["source"]["controller"], info["source"]["starts"], info["source"]["split"]) == ("osc", "regions", "train")
     episodes = pq.read_table(tmp_path / "demos/meta/episodes/chunk-000/file-000.parquet").to_pylist()
     assert {e["libero/state_index"] for e in episodes} <= set(split_pool(starts.count, "train"))
+    check_demos(tmp_path / "demos", env)  # a relaunch of the recipe reuses them
+    servo = load_config(CONFIG_DIR / "libero.yaml").env  # a recipe whose env changed since: they are stale
+    with pytest.raises(ConfigError, match=r"holds demonstrations recorded with controller=osc, the SFT env has "
+                                          r"controller=servo: remove that folder"):
+        check_demos(tmp_path / "demos", servo)
     for bad in ({"split": "fixed"}, {"reward": "dense"}):
         with pytest.raises(ValueError, match=rf"env_settings \['{next(iter(bad))}'\]: not settings of a libero env"):
             CollectConfig(task=f"libero_{TASK}", out=tmp_path / "other", cameras=("agentview",), env_settings=bad).validate()
