@@ -1,8 +1,8 @@
 """Starts from LIBERO's own placement rules (sims.libero.regions): they differ from every fixed state, the
 fixtures move between them, the same seed gives the same start in another process with other hash seeds and
 thread counts, and an env with ``starts=regions`` stands its fixtures where each start put them. The train and
-validation splits draw from disjoint starts; demonstrations come from the train split's, in the env the recipe trains
-in; the fixed-state splits are refused wherever training or validation could read them."""
+validation splits draw from disjoint starts, the fixed-state splits from none (tests/vla_rl/test_libero_recipe.py:
+the demonstrations come from the train split's, in the env the recipe trains in)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ import subprocess
 import sys
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 import sims
-from infra.common.typed_config import ConfigError
 from sims.libero.regions import FILE, load_region_starts, split_pool
 from sims.libero.scene import load_task
 from sims.libero.sim import libero_render_config
@@ -112,40 +110,3 @@ def test_train_and_validation_draw_disjoint_starts_and_the_fixed_splits_none(sta
     with pytest.raises(ValueError, match=r"4 region-sampled starts leave the validation split none"):
         split_pool(4, "validation")
 
-
-def test_demonstrations_come_from_the_train_starts_in_the_recipes_env(starts, tmp_path):
-    """The CPU recipe's demonstrations are recorded with its SFT env's controller and starts (not the suite's
-    defaults), each episode from a train start; a demonstration on a fixed-state split is refused."""
-    from vla_rl.config import CONFIG_DIR, load_config
-    from vla_rl.demos.collect import CollectConfig, collect_demos
-    from vla_rl.recipe import check_demos, demo_env_settings, load_recipe, stage_configs
-
-    recipe = load_recipe(CONFIG_DIR / "libero_spatial_cpu.yaml", [])
-    env = stage_configs(recipe)["sft"].env
-    assert demo_env_settings(env) == {"controller": "osc", "starts": "regions"}
-    cfg = CollectConfig(task=f"libero_{TASK}", episodes=2, out=tmp_path / "demos", num_envs=2, image_size=16,
-                        cameras=("agentview",), keep_failures=True, max_steps=3, num_threads=1,
-                        env_settings={"controller": "osc", "starts": "regions"})
-    cfg.validate()
-    info = collect_demos(cfg, progress=False)
-    assert (info["source"]["controller"], info["source"]["starts"], info["source"]["split"]) == ("osc", "regions", "train")
-    episodes = pq.read_table(tmp_path / "demos/meta/episodes/chunk-000/file-000.parquet").to_pylist()
-    assert {e["libero/state_index"] for e in episodes} <= set(split_pool(starts.count, "train"))
-    check_demos(tmp_path / "demos", env)  # a relaunch of the recipe reuses them
-    servo = load_config(CONFIG_DIR / "libero.yaml").env  # a recipe whose env changed since: they are stale
-    with pytest.raises(ConfigError, match=r"holds demonstrations recorded with controller=osc, the SFT env has "
-                                          r"controller=servo: remove that folder"):
-        check_demos(tmp_path / "demos", servo)
-    for bad in ({"split": "fixed"}, {"reward": "dense"}):
-        with pytest.raises(ValueError, match=rf"env_settings \['{next(iter(bad))}'\]: not settings of a libero env"):
-            CollectConfig(task=f"libero_{TASK}", out=tmp_path / "other", cameras=("agentview",), env_settings=bad).validate()
-
-
-def test_a_training_config_refuses_the_fixed_state_splits_in_its_evaluation():
-    from vla_rl.config import CONFIG_DIR, load_config
-
-    for splits in ("[validation,fixed]", "[lan]", "[train,paraphrase]"):
-        with pytest.raises(ConfigError, match=r"^eval.splits holds \[.*\]: libero_spatial's test states, never evaluated "
-                                              r"during training; remove them"):
-            load_config(CONFIG_DIR / "libero.yaml", [f"eval.splits={splits}"])
-    assert load_config(CONFIG_DIR / "libero.yaml").eval.splits == ("validation",)

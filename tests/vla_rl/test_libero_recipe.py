@@ -5,14 +5,16 @@ The demonstrations are the Spatial expert's (3 steps are too few to succeed: fai
 written by the recipe as a LeRobot v3 dataset; SFT and PPO each run; both checkpoints are tested
 on the fixed and the _lan splits with per-task Wilson intervals; scripts/eval_libero.py writes the
 protocol JSON with the simulator caveat. A LIBERO training run crashed and resumed equals the
-uninterrupted one (its environments snapshot). Needs the LIBERO cache (spatial/0 and its _lan variant:
-exported by the fixture if missing).
+uninterrupted one (its environments snapshot). The CPU recipe's demonstrations come from LIBERO's region-sampled
+train starts with its OSC, and no training config evaluates the fixed states. Needs the LIBERO cache (spatial/0 and its
+_lan variant: exported by the fixture if missing).
 """
 
 from __future__ import annotations
 
 import json
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -124,3 +126,48 @@ def test_a_resumed_libero_run_equals_the_uninterrupted_one(cached, tmp_path, int
     for key in ("policy_loss", "value_loss", "approx_kl", "eval/validation/success", "eval/fixed/return"):
         assert row_a[key] == row_b[key], key
     assert not [w for w in caught if "environment state" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_demonstrations_come_from_the_train_starts_in_the_recipes_env(cached, tmp_path, script):
+    """The CPU recipe records its demonstrations with its SFT env's controller and starts (not the suite's defaults),
+    each episode from a train start (scripts/collect_demos.py --env-settings as the recipe passes them); a relaunch
+    refuses demonstrations recorded in another env; a demonstration on a fixed-state split is refused."""
+    from infra.common.typed_config import ConfigError
+    from sims.libero.regions import load_region_starts, split_pool
+    from sims.libero.toolchain.region_starts import ensure_region_starts
+    from vla_rl.config import load_config
+    from vla_rl.demos.collect import CollectConfig
+    from vla_rl.recipe import check_demos, demo_env_settings, load_recipe, stage_configs
+
+    ensure_region_starts(["spatial/0"], 5)
+    env = stage_configs(load_recipe(CONFIG_DIR / "libero_spatial_cpu.yaml", []))["sft"].env
+    assert demo_env_settings(env) == {"controller": "osc", "starts": "regions"}
+    out = tmp_path / "demos"
+    script("collect_demos").main(["--task", "libero_spatial/0", "--episodes", "2", "--out", str(out), "--num-envs", "2",
+                                  "--image-size", "16", "--cameras", "agentview", "--keep-failures", "--max-steps", "3",
+                                  "--num-threads", "1", "--env-settings", "controller=osc", "starts=regions"])
+    source = json.loads((out / "meta/info.json").read_text())["source"]
+    assert (source["controller"], source["starts"], source["split"]) == ("osc", "regions", "train")
+    episodes = pq.read_table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    train = split_pool(load_region_starts("spatial/0").count, "train")
+    assert len(episodes) == 2 and {e["libero/state_index"] for e in episodes} <= set(train)
+    check_demos(out, env)  # a relaunch of the recipe reuses them
+    servo = load_config(CONFIG_DIR / "libero.yaml").env  # a recipe whose env changed since: they are stale
+    with pytest.raises(ConfigError, match=r"holds demonstrations recorded with controller=osc, the SFT env has "
+                                          r"controller=servo: remove that folder"):
+        check_demos(out, servo)
+    for bad in ({"split": "fixed"}, {"reward": "dense"}):
+        with pytest.raises(ValueError, match=rf"env_settings \['{next(iter(bad))}'\]: not settings of a libero env"):
+            CollectConfig(task="libero_spatial/0", out=tmp_path / "other", cameras=("agentview",),
+                          env_settings=bad).validate()
+
+
+def test_a_training_config_refuses_the_fixed_state_splits_in_its_evaluation():
+    from infra.common.typed_config import ConfigError
+    from vla_rl.config import load_config
+
+    for splits in ("[validation,fixed]", "[lan]", "[train,paraphrase]"):
+        with pytest.raises(ConfigError, match=r"^eval.splits holds \[.*\]: libero_spatial's test states, never evaluated "
+                                              r"during training; remove them"):
+            load_config(CONFIG_DIR / "libero.yaml", [f"eval.splits={splits}"])
+    assert load_config(CONFIG_DIR / "libero.yaml").eval.splits == ("validation",)
