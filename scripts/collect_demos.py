@@ -3,12 +3,15 @@
     python scripts/collect_demos.py --task suite --episodes 200 --out runs/demos/suite
     python scripts/collect_demos.py --task lift --episodes 50 --out runs/demos/lift-dart --noise 0.1
     python scripts/collect_demos.py --task libero_spatial --episodes 100 --num-envs 10 --out runs/demos/libero_spatial
+    python scripts/collect_demos.py --task libero_spatial --episodes 100 --num-envs 10 --out runs/demos/osc \
+        --suite-settings controller=osc starts=regions
 
 The experts act in ``--num-envs`` rendering environments of the ``train`` split; successful episodes
 are kept (``--keep-failures``: all). ``--noise SIGMA`` executes the expert's action plus Gaussian
 noise and records the clean action as the label (DART). A LIBERO task (``libero_spatial``,
-``libero_spatial/3``) is demonstrated by its suite's experts (``sims.libero.expert.expert_for``) from jittered
-fixed initial states, both cameras at 128 x 128 by default (``sims.suite_of(task).render()``). Read the folder back with
+``libero_spatial/3``) is demonstrated by its suite's experts (``sims.libero.expert.expert_for``) from the
+``train`` split's starts (``--suite-settings starts=regions``: LIBERO's region sampler; default jittered fixed
+initial states) with its arm controller (``controller=osc``: LIBERO's OSC_POSE), both cameras at 128 x 128 by default (``sims.suite_of(task).render()``). Read the folder back with
 ``vla_rl.demos.DemoDataset(DIR)`` or with LeRobot's ``LeRobotDataset(repo_id, root=DIR)``.
 """
 
@@ -17,13 +20,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+import yaml
 from bench_report import output_path
 
 import sims
 from vla_rl.demos import CollectConfig, collect_demos
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     defaults = CollectConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True,
@@ -47,11 +51,16 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None, help="physics and render threads (default: all cores)")
     parser.add_argument("--task-weights", nargs="+", default=[], metavar="TASK=W",
                         help="sample these tasks of the suite W times as often (others weigh 1), e.g. push=3 stack=3")
-    args = parser.parse_args()
+    parser.add_argument("--suite-settings", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="the suite's own env settings (a run's env.suite), e.g. LIBERO's controller=osc starts=regions")
+    args = parser.parse_args(argv)
     try:
         weights = {k: float(v) for k, v in (item.split("=", 1) for item in args.task_weights)}
     except ValueError:
         parser.error(f"--task-weights {' '.join(args.task_weights)}: give TASK=WEIGHT pairs, e.g. push=3 stack=3")
+    if bad := [item for item in args.suite_settings if "=" not in item]:
+        parser.error(f"--suite-settings {' '.join(bad)}: give KEY=VALUE pairs, e.g. controller=osc starts=regions")
+    settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.suite_settings)}
     try:
         frames = sims.suite_of(args.task).render()  # the suite's default frames
     except ValueError as exc:
@@ -61,7 +70,8 @@ def main() -> None:
     cfg = CollectConfig(task=args.task, episodes=args.episodes, out=args.out, seed=args.seed, noise=args.noise,
                         keep_failures=args.keep_failures, image_size=size, num_envs=args.num_envs,
                         cameras=tuple(cameras), episodes_per_file=args.episodes_per_file, crf=args.crf,
-                        num_threads=args.num_threads, task_weights=weights, max_steps=args.max_steps)
+                        num_threads=args.num_threads, task_weights=weights, max_steps=args.max_steps,
+                        suite_settings=settings)
     try:
         cfg.validate()
     except ValueError as exc:

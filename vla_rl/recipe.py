@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sims
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
 from rlcore.update_config import AT_LEAST_1, Range, out_of_range
 from vla_rl.config import (
     CONFIG_DIR,
     TrainConfig,
+    TrainEnvConfig,
     build_config,
     check_task_weights,
     env_splits,
@@ -39,6 +41,7 @@ from vla_rl.config import (
     to_dict,
 )
 from vla_rl.demos.collect import CollectConfig, collect_demos
+from vla_rl.envs import sims_env_config
 from vla_rl.evaluate import evaluate_checkpoint, libero_protocol, wilson_interval
 from vla_rl.trainer import Trainer, unfinished
 
@@ -259,6 +262,19 @@ def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) 
     return out
 
 
+def check_demos(demos: Path, env: TrainEnvConfig) -> None:
+    """Raise :class:`ConfigError` if the recorded demonstrations in ``demos`` (a relaunch reuses them) came from
+    another env than the SFT stage's ``env`` would record in (a suite setting of its own that differs, LIBERO's
+    controller, starts or meshes; not the recorder's own settings such as its episode limit)."""
+    source = json.loads((demos / "meta" / "info.json").read_text()).get("source", {})
+    wanted = sims_env_config(env, num_envs=env.num_envs, seed=0)
+    own = {f.name for f in dataclasses.fields(CollectConfig)}  # the recorder's own, e.g. its episode limit
+    for key in sims.suite_settings(type(wanted)):
+        if key not in own and key in source and source[key] != getattr(wanted, key):
+            raise ConfigError(f"{demos} holds demonstrations recorded with {key}={source[key]}, the SFT env has "
+                              f"{key}={getattr(wanted, key)}: remove that folder (or set another name) to record them again")
+
+
 def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run (or continue) every stage; returns ``{config, results: {sft, rl}, checkpoints, wall_s, stage_wall_s}``.
 
@@ -274,7 +290,9 @@ def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] 
     if message := env_suite(env).missing_files(env.task, "lan" in recipe.test.splits):  # the test's files too
         raise ConfigError(message)
     demos = root / "demos"
-    if not (demos / "meta" / "info.json").exists():
+    if (demos / "meta" / "info.json").exists():
+        check_demos(demos, env)
+    else:
         t = time.perf_counter()
         collect_demos(CollectConfig(task=env.task, episodes=recipe.demos.episodes, out=demos, seed=recipe.seed,
                                     noise=recipe.demos.noise, image_size=env.image_size,

@@ -17,7 +17,9 @@ hard ``env.reset()``, and records
 into ``<cache>/<suite>/<index>/region_starts.npz``. Start ``k`` comes from seed ``k`` and numpy's
 legacy Mersenne Twister, whose stream numpy keeps identical on every platform and version, with the
 toolchain's pinned LIBERO and robosuite: the same starts on every machine, independent of thread
-counts and hash seeds. :func:`draw` picks an episode's start from ``(seed, group, episode, stream)``.
+counts and hash seeds. The ``train`` and ``validation`` splits own disjoint starts (:func:`split_pool`: every
+:data:`VALIDATION_EVERY`-th is validation's), so no validation episode replays a start a demonstration or a training
+episode saw; :func:`draw` picks an episode's start in its split's pool from ``(seed, group, episode, stream)``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from sims.libero.suites import cache_dir, parse_task_id
 FILE = "region_starts.npz"
 #: Starts written per task: each is one hard reset of LIBERO's env (about 0.3 CPU-seconds).
 DEFAULT_COUNT = 200
+#: Starts ``k`` with ``k % VALIDATION_EVERY == VALIDATION_EVERY - 1`` are the ``validation`` split's, the others
+#: the ``train`` split's (a fifth held out, as many as the validation episodes of a run need).
+VALIDATION_EVERY = 5
+REGION_SPLITS = ("train", "validation")
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,26 @@ def load_region_starts(task_id: str, cache: str | os.PathLike | None = None) -> 
                             fixture_pos=f["fixture_pos"], fixture_quat=f["fixture_quat"])
 
 
-def draw(count: int, seed: int, group: int, episode: int, stream: int) -> int:
-    """The start index in ``0..count-1`` of episode ``episode`` of group ``group`` (a pure function of its arguments)."""
-    return int(np.random.default_rng([seed, group, episode, stream]).integers(count))
+def split_pool(count: int, split: str) -> np.ndarray:
+    """The indices int64 [n] of ``count`` starts that ``split`` (``train`` or ``validation``) draws from.
+
+    Raises:
+        ValueError: ``split`` is not a region split (LIBERO's fixed initial states are test data), or owns no
+            start of ``count`` (the message names the command that writes more).
+    """
+    if split not in REGION_SPLITS:
+        raise ValueError(f"split={split!r} does not start from region-sampled starts; they serve "
+                         f"{', '.join(REGION_SPLITS)} only (the fixed-state splits are test data)")
+    k = np.arange(count)
+    held = k % VALIDATION_EVERY == VALIDATION_EVERY - 1
+    pool = k[held if split == "validation" else ~held]
+    if not len(pool):
+        raise ValueError(f"{count} region-sampled starts leave the {split} split none (every {VALIDATION_EVERY}th is "
+                         f"validation's); write more with scripts/setup_libero.py --region-starts {DEFAULT_COUNT}")
+    return pool
+
+
+def draw(pool: np.ndarray, seed: int, group: int, episode: int, stream: int) -> int:
+    """The start index (an element of ``pool``, :func:`split_pool`) of episode ``episode`` of group ``group``
+    (a pure function of its arguments)."""
+    return int(pool[np.random.default_rng([seed, group, episode, stream]).integers(len(pool))])

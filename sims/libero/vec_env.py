@@ -32,7 +32,8 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   (:mod:`sims.libero.paraphrase`), one drawn per episode. With ``starts="regions"`` the ``train`` and
   ``validation`` splits start instead from LIBERO's own placement rules (:mod:`sims.libero.regions`: objects and
   fixtures sampled in their BDDL regions by LIBERO's code, one start per seed, drawn per episode from
-  ``(seed, group, episode, split)``), the fixtures standing where that start put them.
+  ``(seed, group, episode, split)`` among the split's own starts: the two splits share none), the fixtures standing
+  where that start put them.
 - **Instructions** (``instructions``): ``original``, the task's own in every split but ``lan`` and
   ``paraphrase``; ``paraphrase``, training and validation episodes draw the task's own or one of its
   training paraphrases. ``instructions`` (the table ``instruction`` indexes) lists every one the split can issue.
@@ -60,7 +61,7 @@ from sims.backends import to_numpy
 from sims.deferred import deferred_checks
 from sims.libero import osc
 from sims.libero.paraphrase import INSTRUCTION_MODES, InstructionSampler, check_mode, split_groups
-from sims.libero.regions import draw, load_region_starts
+from sims.libero.regions import draw, load_region_starts, split_pool
 from sims.libero.scene import (
     MIN_VISUAL_FACES,
     VISUAL_FACES,
@@ -288,6 +289,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         self._settled: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # fixed states, settled once
         self._regions = ([load_region_starts(t, config.cache) for t in self.task_names]
                          if config.starts == "regions" and config.split in _STREAM else None)
+        self._pools = [split_pool(r.count, config.split) for r in self._regions or ()]  # train's and validation's disjoint
         self._spaces(render)
         self._seed = config.seed
         self._steps = np.zeros(n, np.int64)
@@ -357,7 +359,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
         """Settled region-sampled starts of task ``k``'s groups ``group`` in episodes ``episode`` (and their indices)."""
         starts, nq = self._regions[k], self.sims[k].model.nq
         stream = _STREAM[self.config.split]
-        index = np.array([draw(starts.count, self._seed, int(m), int(e), stream) for m, e in zip(group, episode)],
+        index = np.array([draw(self._pools[k], self._seed, int(m), int(e), stream) for m, e in zip(group, episode)],
                          np.int64)
         states = starts.states[index]
         fixtures = self._fixtures(k, index)

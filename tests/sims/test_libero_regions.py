@@ -1,6 +1,8 @@
 """Starts from LIBERO's own placement rules (sims.libero.regions): they differ from every fixed state, the
 fixtures move between them, the same seed gives the same start in another process with other hash seeds and
-thread counts, and an env with ``starts=regions`` stands its fixtures where each start put them."""
+thread counts, and an env with ``starts=regions`` stands its fixtures where each start put them. The train and
+validation splits draw from disjoint starts, the fixed-state splits from none (tests/vla_rl/test_libero_recipe.py:
+the demonstrations come from the train split's, in the env the recipe trains in)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 import sims
-from sims.libero.regions import FILE, load_region_starts
+from sims.libero.regions import FILE, load_region_starts, split_pool
 from sims.libero.scene import load_task
 from sims.libero.sim import libero_render_config
 from sims.libero.suites import cache_dir
@@ -20,7 +22,7 @@ from sims.libero.toolchain.install import ensure_toolchain
 from sims.libero.toolchain.region_starts import ensure_region_starts
 
 TASK = "spatial/6"  # the bowl beside the cookie box: a cabinet and a stove, both fixtures placed in regions
-COUNT = 3
+COUNT = 5  # the fifth is the validation split's
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +90,23 @@ def test_env_with_region_starts_places_the_fixtures_and_resumes(starts):
     fresh.close()
     with pytest.raises(ValueError, match=r"starts=regions .* batch backend only"):
         sims.make_vec_env(f"libero_{TASK}", 2, starts="regions", backend="warp")
+
+
+def test_train_and_validation_draw_disjoint_starts_and_the_fixed_splits_none(starts):
+    train, validation = split_pool(starts.count, "train"), split_pool(starts.count, "validation")
+    assert len(train) and len(validation) and not set(train) & set(validation)
+    assert set(train) | set(validation) == set(range(starts.count))
+    render = libero_render_config(16, num_contexts=1)
+    env = sims.make_vec_env(f"libero_{TASK}", 3, split="validation", starts="regions", num_threads=1, render=render)
+    seen = set()
+    for seed in range(4):
+        env.reset_arrays(seed=seed)
+        seen |= set(env.state_index.tolist())
+    env.close()
+    assert seen <= set(validation)
+    for split in ("fixed", "lan", "paraphrase"):
+        with pytest.raises(ValueError, match=rf"split='{split}' does not start from region-sampled starts"):
+            split_pool(starts.count, split)
+    with pytest.raises(ValueError, match=r"4 region-sampled starts leave the validation split none"):
+        split_pool(4, "validation")
+

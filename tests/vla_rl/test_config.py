@@ -276,9 +276,9 @@ def test_a_checkpoint_saved_with_a_flat_env_section_loads_nested_and_a_yaml_one_
     from vla_rl.checkpoint import load_checkpoint, save_checkpoint
 
     gantry = load_config(CONFIG_DIR / "suite.yaml", ["env.suite.reward=progress", "env.suite.task_weights={push: 3}"])
-    libero = load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=osc", "env.suite.max_steps=30"])
+    libero = load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=servo", "env.suite.max_steps=30"])
     for cfg, old in ((gantry, {"reward": "progress", "task_weights": {"push": 3}}),
-                     (libero, {"controller": "osc", "max_episode_steps": 30, "reward": "success"})):
+                     (libero, {"controller": "servo", "max_episode_steps": 30, "reward": "success"})):
         flat = _flat(cfg, **old)
         suite = sims.suite_of(cfg.env.task).name  # the task's own suite's keys are named first
         with pytest.raises(ConfigError, match=rf"^env\.(\w+) is a suite's own setting \({suite}\): write env\.suite\.\1="):

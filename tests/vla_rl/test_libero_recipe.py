@@ -6,7 +6,8 @@ written by the recipe as a LeRobot v3 dataset; SFT and PPO each run, PPO with th
 (critic warm-up, then clip-higher and a rollout temperature), and GRPO from the same SFT checkpoint with
 dynamic sampling; both recipe checkpoints are tested on the fixed and the _lan splits with per-task
 Wilson intervals; scripts/eval_libero.py writes the protocol JSON with the simulator caveat; a recipe
-that would evaluate the fixed states during training is refused before anything runs. A LIBERO training run crashed and resumed equals the
+that would evaluate the fixed states during training is refused before anything runs. The CPU recipe's
+demonstrations come from LIBERO's region-sampled train starts with its OSC. A LIBERO training run crashed and resumed equals the
 uninterrupted one (its environments snapshot). Needs the LIBERO cache (spatial/0 and its _lan variant:
 exported by the fixture if missing).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -179,3 +181,37 @@ def test_a_resumed_libero_run_equals_the_uninterrupted_one(cached, tmp_path, int
     for key in ("policy_loss", "value_loss", "approx_kl", "eval/validation/success", "eval/validation/return"):
         assert row_a[key] == row_b[key], key
     assert not [w for w in caught if "environment state" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_demonstrations_come_from_the_train_starts_in_the_recipes_env(cached, tmp_path, script):
+    """The CPU recipe records its demonstrations with its SFT env's controller and starts (not the suite's defaults),
+    each episode from a train start (scripts/collect_demos.py --suite-settings as the recipe passes them); a relaunch
+    refuses demonstrations recorded in another env; a demonstration on a fixed-state split is refused."""
+    from infra.common.typed_config import ConfigError
+    from sims.libero.regions import load_region_starts, split_pool
+    from sims.libero.toolchain.region_starts import ensure_region_starts
+    from vla_rl.config import load_config
+    from vla_rl.demos.collect import CollectConfig
+    from vla_rl.recipe import check_demos, load_recipe, stage_configs
+
+    ensure_region_starts(["spatial/0"], 5)
+    env = stage_configs(load_recipe(CONFIG_DIR / "libero_spatial_cpu.yaml", []))["sft"].env
+    assert (env.suite["controller"], env.suite["starts"]) == ("osc", "regions")
+    out = tmp_path / "demos"
+    script("collect_demos").main(["--task", "libero_spatial/0", "--episodes", "2", "--out", str(out), "--num-envs", "2",
+                                  "--image-size", "16", "--cameras", "agentview", "--keep-failures", "--max-steps", "3",
+                                  "--num-threads", "1", "--suite-settings", "controller=osc", "starts=regions"])
+    source = json.loads((out / "meta/info.json").read_text())["source"]
+    assert (source["controller"], source["starts"], source["split"]) == ("osc", "regions", "train")
+    episodes = pq.read_table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    train = split_pool(load_region_starts("spatial/0").count, "train")
+    assert len(episodes) == 2 and {e["libero/state_index"] for e in episodes} <= set(train)
+    check_demos(out, env)  # a relaunch of the recipe reuses them
+    servo = load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=servo", "env.suite.starts=regions"]).env
+    with pytest.raises(ConfigError, match=r"holds demonstrations recorded with controller=osc, the SFT env has "
+                                          r"controller=servo: remove that folder"):  # the recipe's env changed since
+        check_demos(out, servo)
+    for bad in ({"split": "fixed"}, {"reward": "dense"}):
+        with pytest.raises(ValueError, match=rf"suite_settings has unknown key\(s\) \['{next(iter(bad))}'\]; the libero "):
+            CollectConfig(task="libero_spatial/0", out=tmp_path / "other", cameras=("agentview",),
+                          suite_settings=bad).validate()

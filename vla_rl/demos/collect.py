@@ -208,10 +208,10 @@ def _source(env: ArrayVectorEnv, expert: Expert, cfg: CollectConfig, counts: dic
     seeds = (f"{suite.name} split {SPLIT!r} with seed {cfg.seed}, environments i in [0, {cfg.num_envs}), episodes k "
              f"in [0, {counts['max_env_episode']}); meta/episodes sims/env_index, sims/env_episode say which")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-    env_settings = {k: v for k, v in asdict(env.config).items() if k not in ("render", *settings)}
+    env_fields = {k: v for k, v in asdict(env.config).items() if k not in ("render", *settings)}
     return {"generator": f"scripts/collect_demos.py ({type(expert).__module__}.{type(expert).__name__})",
             "suite": suite.name, "split": SPLIT, "task_names": list(env.task_names), "episode_seeds": seeds,
-            "max_episode_steps": env.max_episode_steps, **env_settings, **counts, **settings}
+            "max_episode_steps": env.max_episode_steps, **env_fields, **counts, **settings}
 
 
 def _collect(cfg: CollectConfig, partial: Path, progress: bool) -> dict[str, Any]:
