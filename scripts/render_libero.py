@@ -20,16 +20,18 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from infra.common.files import atomic_path
-from sims.libero.expert import run_episodes
+from sims.libero.expert import SETTLE_STEPS, run_episodes
 from sims.libero.scene import CAMERAS, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
+from sims.libero.vec_env import CONTROLLERS, LiberoEnvConfig
 
 
 def run(task_id: str, state: int, size: int, max_steps: int | None) -> tuple[list[np.ndarray], bool, str]:
     """The expert's episode from fixed initial state ``state``: frames uint8 [cams, 3, H, W] per control
     step (the first before any action), whether it succeeded, and the task's instruction."""
     task = load_task(task_id)
-    sim = LiberoSim(task, 1, render=libero_render_config(size, num_contexts=1), num_threads=1)
+    sim = LiberoSim(task, 1, render=libero_render_config(size, num_contexts=1), num_threads=1,
+                    arm=CONTROLLERS[LiberoEnvConfig.controller])  # the env's default arm: LIBERO's OSC
     frames: list[np.ndarray] = []
     bar = tqdm(desc=f"{task_id} state {state}", unit="step")
 
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         with atomic_path(args.video) as tmp:
             imageio.mimsave(tmp, tiles, format=args.video.suffix[1:], fps=20)
     print(f"{args.task} state {args.state} ({language!r}): {'success' if success else 'failure'} after "
-          f"{len(frames) - 1} steps -> {args.out}")
+          f"{len(frames) - 1 - SETTLE_STEPS} steps (and LIBERO's {SETTLE_STEPS} wait steps) -> {args.out}")
     return 0
 
 

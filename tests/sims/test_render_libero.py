@@ -13,6 +13,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import render_libero  # noqa: E402
 
+from sims.libero.expert import SETTLE_STEPS  # noqa: E402
 from sims.libero.toolchain.install import ensure_lan  # noqa: E402
 
 
@@ -29,7 +30,7 @@ def test_frames_of_both_cameras_at_start_and_end_and_the_video(cached, tmp_path,
     assert grid.shape == (2 * 32, 2 * 32, 3)  # rows: agentview, wrist; columns: start, end
     assert grid[:32].std() > 5 and grid[32:].std() > 5  # both cameras drew the scene, not a blank
     video = iio.imread(mp4)
-    assert video.shape[0] == 4 and video.shape[2] == 2 * 32  # the start + 3 steps, cameras side by side
+    assert video.shape[0] == 1 + SETTLE_STEPS + 3 and video.shape[2] == 2 * 32  # the start, LIBERO's wait, 3 steps
     out = capsys.readouterr().out
     assert "pick the akita black bowl" in out and "after 3 steps" in out
 
