@@ -208,7 +208,8 @@ class _Child:
             raise RuntimeError(f"a robosuite process was not ready within {READY_S:.0f} s (building LIBERO's scene, "
                                "10 warm-up steps); see it alone with --procs 1")
         if self.proc.poll() is not None and not any(line.strip() == "ready" for line in self.lines):
-            raise RuntimeError(f"a robosuite process exited before it was ready: {self._last_error()}")
+            last = (self.errors.read_text().strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"a robosuite process exited before it was ready: {last}")
 
     def go(self) -> None:
         self.proc.stdin.write("go\n")
@@ -218,12 +219,7 @@ class _Child:
         """The process's JSON line once it ends. Raises RuntimeError: it failed (its last line of stderr)."""
         self.proc.wait(timeout)
         self.reader.join(timeout)
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"LIBERO's robosuite environment failed in {python}: {self._last_error()}")
-        return json.loads(self.lines[-1])
-
-    def _last_error(self) -> str:
-        return (self.errors.read_text().strip().splitlines() or ["no output"])[-1]
+        return _child_result(self.proc, "".join(self.lines), self.errors.read_text(), python)
 
 
 def bench_robosuite_parallel(python: Path, task_id: str, size: int, seconds: float, actions: str,
