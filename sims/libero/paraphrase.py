@@ -6,14 +6,15 @@ put both, push, open, close, turn on), each naming things from :data:`NOUNS` (a 
 the BDDL object it is), with a relation (:data:`RELATIONS`: on, in, on top of, to the right of, in
 front of) and, for LIBERO-Spatial, a locator that tells which of two black bowls is meant
 (:data:`LOCATORS`: between the X and the Y, next to, on, in the top drawer of, the table's centre).
-A clause is said with a skill's templates (:data:`SKILLS`): ``train`` ones for training and
-validation, ``heldout`` ones for the ``paraphrase`` test split only; a two-clause task joins its
-clauses with a conjunction of the same set (:data:`CONJUNCTIONS`). Every template is filled with
+A clause is said with a skill's templates (:data:`SKILLS`), in three sets that share no sentence:
+``train`` for training, ``validation`` for the ``validation`` split (phrasings never trained on, where
+language settings may be chosen), ``heldout`` for the ``paraphrase`` test split only; a two-clause task
+joins its clauses with a conjunction of the same set (:data:`CONJUNCTIONS`). Every template is filled with
 every choice of words; a task keeps at most :data:`PER_TASK` of them per set, drawn once with a fixed
 seed, so the tables are the same on every machine and do not depend on which tasks an env runs.
 
 LIBERO-PRO's ``_lan`` instructions are never read here: they are test data
-(tests/sims/test_libero_paraphrase.py checks that no instruction of either set equals one of them).
+(tests/sims/test_libero_paraphrase.py checks that no instruction of any set equals one of them).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from sims.libero.suites import SUITES, parse_task_id, resolve_libero_task
 INSTRUCTION_MODES = ("original", "paraphrase")
 """What training and validation episodes are instructed with: ``original``, the task's BDDL
 instruction only (LIBERO's protocol); ``paraphrase``, that instruction or one of the task's training
-paraphrases, drawn per episode."""
-PER_TASK = {"train": 48, "heldout": 24}
+paraphrases per training episode, and of its validation paraphrases per validation episode."""
+PER_TASK = {"train": 48, "heldout": 24, "validation": 24}  # the order seeds each set's draw: append, never reorder
 """The most instructions a task keeps of each template set."""
 _TABLE_SEED = 0x1A56  # draws each task's kept instructions; fixed: the tables are part of the benchmark
 
@@ -116,22 +117,30 @@ VERBS: dict[str, tuple[str, ...]] = {"pick": ("pick up", "grab", "take", "lift")
 
 SKILLS: dict[str, dict[str, tuple[str, ...]]] = {
     "pick_place": {"train": ("{pick} {obj} and {place} it {rel} {dest}", "{place} {obj} {rel} {dest}"),
-                   "heldout": ("get {obj} {rel} {dest}", "{obj} goes {rel} {dest}", "i need {obj} {rel} {dest}")},
+                   "heldout": ("get {obj} {rel} {dest}", "{obj} goes {rel} {dest}", "i need {obj} {rel} {dest}"),
+                   "validation": ("move {obj} {rel} {dest}", "bring {obj} {rel} {dest}", "transfer {obj} {rel} {dest}")},
     "put_both": {"train": ("{place} {obj} {rel} {dest}", "{pick} {obj} and {place} them {rel} {dest}"),
-                 "heldout": ("get {obj} {rel} {dest}", "{obj} go {rel} {dest}", "i need {obj} {rel} {dest}")},
+                 "heldout": ("get {obj} {rel} {dest}", "{obj} go {rel} {dest}", "i need {obj} {rel} {dest}"),
+                 "validation": ("move {obj} {rel} {dest}", "bring {obj} {rel} {dest}", "transfer {obj} {rel} {dest}")},
     "push": {"train": ("push {obj} {rel} {dest}", "slide {obj} {rel} {dest}"),
-             "heldout": ("nudge {obj} {rel} {dest}", "shove {obj} over {rel} {dest}")},
+             "heldout": ("nudge {obj} {rel} {dest}", "shove {obj} over {rel} {dest}"),
+             "validation": ("scoot {obj} {rel} {dest}", "move {obj} {rel} {dest} without lifting it")},
     "open": {"train": ("open {obj}", "pull {obj} open", "pull open {obj}"),
-             "heldout": ("get {obj} open", "i need {obj} open")},
-    "close": {"train": ("close {obj}", "shut {obj}"), "heldout": ("get {obj} closed", "push {obj} shut")},
+             "heldout": ("get {obj} open", "i need {obj} open"),
+             "validation": ("open up {obj}", "slide {obj} open")},
+    "close": {"train": ("close {obj}", "shut {obj}"), "heldout": ("get {obj} closed", "push {obj} shut"),
+              "validation": ("close {obj} up", "make sure {obj} is closed")},
     "turn_on": {"train": ("turn on {obj}", "switch {obj} on", "turn {obj} on"),
-                "heldout": ("fire up {obj}", "get {obj} going", "i need {obj} on")},
+                "heldout": ("fire up {obj}", "get {obj} going", "i need {obj} on"),
+                "validation": ("power on {obj}", "start up {obj}")},
 }
-"""Each skill's templates: ``train`` (training and validation) and ``heldout`` (the paraphrase split)."""
+"""Each skill's templates: ``train`` (training), ``validation`` (the validation split) and ``heldout`` (the
+paraphrase test split)."""
 
 CONJUNCTIONS: dict[str, tuple[str, ...]] = {
     "train": ("{0} and {1}", "{0}, then {1}", "first {0}, then {1}"),
     "heldout": ("{0} and after that {1}", "{0}; once that is done, {1}"),
+    "validation": ("{0}, and next {1}", "{0}, and when that is finished, {1}"),
 }
 """How a two-clause task joins its clauses, per template set."""
 
@@ -228,7 +237,7 @@ def _slots(clause: Clause) -> dict[str, tuple[str, ...]]:
 
 
 def clause_texts(clause: Clause, which: str) -> list[str]:
-    """Every way template set ``which`` (``train`` or ``heldout``) says ``clause``, in a fixed order."""
+    """Every way template set ``which`` (a key of :data:`PER_TASK`) says ``clause``, in a fixed order."""
     slots, out = _slots(clause), []
     for template in SKILLS[clause.skill][which]:
         names = [f for _, f, _, _ in string.Formatter().parse(template) if f]
@@ -242,7 +251,7 @@ def clause_texts(clause: Clause, which: str) -> list[str]:
 
 @functools.cache
 def paraphrases(task_id: str, which: str) -> tuple[str, ...]:
-    """The instructions template set ``which`` (``train`` or ``heldout``) keeps for ``task_id``, sorted:
+    """The instructions template set ``which`` (``train``, ``validation`` or ``heldout``) keeps for ``task_id``, sorted:
     every filling of its templates, or :data:`PER_TASK` of them drawn with a fixed seed.
 
     Raises:
@@ -280,14 +289,14 @@ def split_groups(task_ids: Sequence[str], instructions: Sequence[str], split: st
     """The instructions each task's episodes of ``split`` draw from, one tuple per task.
 
     ``instructions`` are the tasks' own (the BDDL's; for ``lan`` the variant's). ``paraphrase``: the
-    held-out paraphrases; ``train`` and ``validation`` with ``mode="paraphrase"``: the task's own
-    instruction and its training paraphrases; otherwise the task's own instruction only.
+    held-out paraphrases; ``train`` (``validation``) with ``mode="paraphrase"``: the task's own instruction
+    and its training (validation) paraphrases; otherwise the task's own instruction only.
     """
     check_mode(mode)
     if split == "paraphrase":
         return [paraphrases(t, "heldout") for t in task_ids]
     if split in ("train", "validation") and mode == "paraphrase":
-        return [tuple(dict.fromkeys((own, *paraphrases(t, "train")))) for t, own in zip(task_ids, instructions)]
+        return [tuple(dict.fromkeys((own, *paraphrases(t, split)))) for t, own in zip(task_ids, instructions)]
     return [(own,) for own in instructions]
 
 

@@ -1,9 +1,10 @@
 """LIBERO's paraphrased instructions (sims.libero.paraphrase): no instruction of the project's equals one of
 LIBERO-PRO's held-out ``_lan`` instructions, each names its task's things and belongs to one task of the 40,
-the held-out templates never say what training says, and the tables are the same in every process.
+the training, validation and held-out sets share no instruction, and the tables are the same in every process.
 
 The BDDL files (each task's instruction and goal, and the ``_lan`` variants') are read from the export
-toolchain in the LIBERO cache (installed if missing, as the other LIBERO tests do). The env tests run
+toolchain in the LIBERO cache (installed if missing, as the other LIBERO tests do); the exported tasks' ``lan.json``
+are read where the cache has them (skipped, naming the setup command, where it has none). The env tests run
 spatial/0 (exported if missing) with two environments and no frames.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import itertools
+import json
 import os
 import re
 import subprocess
@@ -32,11 +35,12 @@ from sims.libero.paraphrase import (
     split_groups,
 )
 from sims.libero.scene import load_task
-from sims.libero.suites import LIBERO_SUITE, all_task_ids, cache_dir
+from sims.libero.suites import LIBERO_SUITE, all_task_ids, cache_dir, setup_hint
 from sims.libero.toolchain.install import ensure_lan, ensure_toolchain
 from vla_rl.config import CONFIG_DIR, ConfigError, load_config
 
 IDS = all_task_ids()
+SETS = tuple(PER_TASK)  # train, heldout, validation
 _LANGUAGE = re.compile(r"\(:language\s+(.*)\)")
 
 
@@ -61,14 +65,39 @@ def bddl() -> dict[str, dict[str, str]]:
 
 
 def _all(task_id: str) -> tuple[str, ...]:
-    return (*paraphrases(task_id, "train"), *paraphrases(task_id, "heldout"))
+    return tuple(t for which in SETS for t in paraphrases(task_id, which))
+
+
+def _clashes(texts, held_out) -> list[str]:
+    """The ``texts`` that say one of ``held_out``, compared as the tables compare instructions (:func:`normalise`)."""
+    said = {normalise(t) for t in held_out}
+    return sorted({t for t in texts if normalise(t) in said})
 
 
 def test_no_instruction_equals_a_lan_instruction(bddl):
     lan = {normalise(b["lan"]) for b in bddl.values()}
     assert len(lan) == 40
-    clashes = sorted({t for task_id in IDS for t in _all(task_id) if normalise(t) in lan})
-    assert clashes == []
+    assert _clashes([t for task_id in IDS for t in _all(task_id)], lan) == []
+
+
+def test_no_instruction_equals_a_cached_lan_instruction():
+    """The ``_lan`` instructions the exported tasks carry (``<cache>/<suite>/<i>/lan.json``, what the ``lan`` split
+    instructs with) against every table of the 40 tasks: a task's paraphrase must not say another task's either."""
+    files = [cache_dir() / t / "lan.json" for t in IDS]
+    lan = [json.loads(f.read_text())["instruction"] for f in files if f.is_file()]
+    if not lan:
+        pytest.skip(f"no task's lan.json in the LIBERO cache {cache_dir()}; {setup_hint()}")
+    assert _clashes([t for task_id in IDS for t in _all(task_id)], lan) == []
+
+
+def test_the_clash_check_finds_a_paraphrase_said_another_way():
+    """A built-in case (no cache): an instruction given back with other capitals, punctuation and spacing is a clash,
+    so the two tests above cannot pass by comparing raw strings; a sentence of the project's own, in no set, is not."""
+    trained = paraphrases("spatial/0", "train")
+    disguised = "  " + trained[3].upper().replace(" and ", ", and ") + "."
+    outside = "fetch the black bowl between the plate and the ramekin and leave it on the plate"
+    assert _clashes(_all("spatial/0"), [disguised, outside]) == [trained[3]]
+    assert _clashes(_all("spatial/0"), [outside]) == []
 
 
 def test_every_instruction_belongs_to_one_task_of_the_forty(bddl):
@@ -82,10 +111,13 @@ def test_every_instruction_belongs_to_one_task_of_the_forty(bddl):
     assert len(owner) > 40 * 20  # not a vacuous pass: every task has paraphrases
 
 
-def test_heldout_templates_never_say_what_training_says():
-    train = {normalise(t) for task_id in IDS for t in paraphrases(task_id, "train")}
-    heldout = {normalise(t) for task_id in IDS for t in paraphrases(task_id, "heldout")}
-    assert heldout and not train & heldout
+def test_the_three_sets_share_no_instruction():
+    """Training, validation (where language settings may be chosen) and held-out (the paraphrase test split) paraphrases
+    are disjoint pools, each non-empty for every task."""
+    pools = {w: {normalise(t) for task_id in IDS for t in paraphrases(task_id, w)} for w in SETS}
+    assert all(pools.values())
+    assert {(a, b): pools[a] & pools[b] for a, b in itertools.combinations(SETS, 2)} == {
+        (a, b): set() for a, b in itertools.combinations(SETS, 2)}
 
 
 def _named(noun: str, text: str) -> bool:
@@ -114,16 +146,18 @@ def test_described_things_are_the_bddl_tasks_things(bddl):
 
 def test_tables_are_bounded_and_use_every_template():
     for task_id in IDS:
-        for which in ("train", "heldout"):
+        for which in SETS:
             texts = paraphrases(task_id, which)
             assert 4 <= len(texts) <= PER_TASK[which] and list(texts) == sorted(set(texts))
-    spatial = [t for i in range(10) for t in paraphrases(f"spatial/{i}", "train")]
-    frames = [re.sub(r"\{\w+\}", ".*", f) for f in SKILLS["pick_place"]["train"]]
-    assert all(any(re.fullmatch(f, t) for t in spatial) for f in frames)  # the draw keeps every template
+    for which in SETS:  # the draw keeps every template
+        spatial = [t for i in range(10) for t in paraphrases(f"spatial/{i}", which)]
+        frames = [re.sub(r"\{\w+\}", ".*", f) for f in SKILLS["pick_place"][which]]
+        assert all(any(re.fullmatch(f, t) for t in spatial) for f in frames), which
 
 
 _DUMP = ("from sims.libero.paraphrase import paraphrases; from sims.libero.suites import all_task_ids; "
-         "print('\\n'.join(t for i in all_task_ids() for w in ('train', 'heldout') for t in paraphrases(i, w)))")
+         "print('\\n'.join(t for i in all_task_ids() for w in ('train', 'heldout', 'validation') "
+         "for t in paraphrases(i, w)))")
 
 
 def test_tables_are_the_same_in_every_process():
@@ -136,7 +170,7 @@ def test_tables_are_the_same_in_every_process():
         digests.add(hashlib.sha256(out.encode()).hexdigest())
     paraphrases.cache_clear()
     asked_backwards = {i: paraphrases(i, "train") for i in reversed(IDS)}
-    mine = "\n".join(t for i in IDS for w in ("train", "heldout")
+    mine = "\n".join(t for i in IDS for w in SETS
                      for t in (asked_backwards[i] if w == "train" else paraphrases(i, w)))
     assert digests == {hashlib.sha256((mine + "\n").encode()).hexdigest()}
 
@@ -145,8 +179,10 @@ def test_split_groups_and_sampler():
     ids, own = ["spatial/0", "spatial/1"], ["pick the bowl a", "pick the bowl b"]
     assert split_groups(ids, own, "train", "original") == [("pick the bowl a",), ("pick the bowl b",)]
     assert split_groups(ids, own, "fixed", "paraphrase") == [("pick the bowl a",), ("pick the bowl b",)]
-    train = split_groups(ids, own, "validation", "paraphrase")
+    train = split_groups(ids, own, "train", "paraphrase")
     assert train[0][0] == own[0] and set(train[0][1:]) == set(paraphrases("spatial/0", "train"))
+    validation = split_groups(ids, own, "validation", "paraphrase")
+    assert validation[1][0] == own[1] and set(validation[1][1:]) == set(paraphrases("spatial/1", "validation"))
     assert split_groups(ids, own, "paraphrase", "original") == [paraphrases(i, "heldout") for i in ids]
     with pytest.raises(ValueError, match="instructions='free'; use one of original, paraphrase"):
         split_groups(ids, own, "train", "free")
@@ -192,6 +228,17 @@ def test_paraphrase_training_draws_an_instruction_per_episode_and_keeps_the_star
     assert len(set(seen)) > 4 and set(seen) <= set(para.instructions)
     again = _env(instructions="paraphrase")
     assert _texts(again, again.reset_arrays(seed=5)) == seen[-2:]  # seeded: the same draw in a fresh env
+
+
+def test_paraphrase_validation_draws_phrasings_never_trained_on(cached):
+    """With instructions=paraphrase the validation split (the one that may pick a checkpoint) instructs with the
+    task's own instruction or a validation paraphrase: apart from the own one, nothing the training split says."""
+    train, validation = _env(instructions="paraphrase"), _env("validation", instructions="paraphrase")
+    own = load_task("spatial/0").instruction
+    assert validation.instructions == [own, *paraphrases("spatial/0", "validation")]
+    assert set(train.instructions) & set(validation.instructions) == {own}
+    seen = {t for seed in range(6) for t in _texts(validation, validation.reset_arrays(seed=seed))}
+    assert len(seen) > 4 and seen <= set(validation.instructions)
 
 
 def test_paraphrase_split_plays_the_fixed_states_with_held_out_instructions(cached):
