@@ -304,24 +304,34 @@ LIBERO_CAVEAT = (
 """The simulator-version caveat every LIBERO protocol JSON carries (docs/sims.md)."""
 
 
+USER_SPLIT = "instruction"
+"""The key of :func:`libero_protocol`'s figures for the caller's own instructions (LIBERO's fixed states)."""
+
+
 def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan"), episodes_per_task: int = 50,
-                    envs_per_task: int = 10, device: str = "cpu") -> dict[str, Any]:
+                    envs_per_task: int = 10, device: str = "cpu",
+                    instructions: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Evaluate a LIBERO checkpoint by LIBERO's protocol: on each split (``fixed``: LIBERO's fixed initial
     states; ``lan``: LIBERO-PRO's paraphrased instructions with that variant's fixed states), every task of
     the run's env plays ``episodes_per_task`` episodes, initial states ``0 .. episodes_per_task - 1`` once
     each (``envs_per_task`` environments per task, environment ``j`` playing states ``j, j + envs_per_task, ...``).
 
     ``paraphrase`` (the project's held-out paraphrases, :mod:`sims.libero.paraphrase`, on the ``fixed`` states)
-    can be run too.
+    can be run too. ``instructions`` (task name such as ``libero_spatial/4`` -> whole sentences) has each named
+    task play the ``fixed`` states the same way with the caller's sentences instead of its own, round robin
+    over its environments and episodes; its figures are the entry :data:`USER_SPLIT` (tasks only: no suite
+    figure over a few tasks), side by side with the splits'.
 
     Returns:
         ``{protocol: {...settings, caveat}, checkpoint, splits: {split: {suites: {suite: rate}, tasks:
         {task_id: rate + instruction (or instructions)}, wall_s}}, side_by_side}``, each rate ``{success, episodes,
-        ci95}`` (95 % Wilson); ``side_by_side``: :func:`side_by_side`.
+        ci95}`` (95 % Wilson); ``side_by_side``: :func:`side_by_side`. :data:`USER_SPLIT`'s tasks add
+        ``by_instruction``: ``{text: rate}``.
 
     Raises:
-        ValueError: a checkpoint not of a LIBERO run, an unknown split, or envs_per_task not dividing
-            episodes_per_task (then some states would play twice).
+        ValueError: a checkpoint not of a LIBERO run, an unknown split, envs_per_task not dividing
+            episodes_per_task (then some states would play twice), or an instruction that cannot instruct
+            its task (the suite's ``check_instructions``); all before any episode runs.
     """
     import mujoco
 
@@ -338,6 +348,9 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
         raise ValueError(f"{path} is a run on env.task={task!r}; the LIBERO protocol needs a libero_<suite> run")
     if bad := sorted(set(splits) - set(suite.splits)):
         raise ValueError(f"splits {bad} are not LIBERO splits; valid: {', '.join(suite.splits)}")
+    for name, texts in (instructions or {}).items():
+        if suite.check_instructions is not None:
+            suite.check_instructions(task, name, texts)
     ids = suite.resolve(task)
     env = suite_config(build_config(saved).env)
     out: dict[str, Any] = {"checkpoint": str(path), "splits": {}, "protocol": {
@@ -351,19 +364,42 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
         start = time.perf_counter()
         result = evaluate_checkpoint(path, split, episodes_per_task * len(ids), envs_per_task * len(ids),
                                      device=device, record=False)
-        report = result.report()
-        tasks = {name: {**report["tasks"][name], **_task_instructions(result, t)}
-                 for t, name in enumerate(result.task_names)}
-        if any(r["episodes"] != episodes_per_task for r in tasks.values()):
-            raise RuntimeError(f"split {split}: episodes per task {[r['episodes'] for r in tasks.values()]}, "
-                               f"not {episodes_per_task} each")
-        suites: dict[str, list[EpisodeResult]] = {}
-        for e in result.episodes:
-            suites.setdefault(result.task_names[e.task].split("/")[0], []).append(e)
-        out["splits"][split] = {"suites": {s: _rate(group) for s, group in suites.items()}, "tasks": tasks,
-                                "wall_s": time.perf_counter() - start}
+        out["splits"][split] = {**_per_task(result, split, episodes_per_task), "wall_s": time.perf_counter() - start}
+    if instructions:
+        out["splits"][USER_SPLIT] = _user_split(path, instructions, episodes_per_task, envs_per_task, device)
     out["side_by_side"] = side_by_side(out["splits"])
     return out
+
+
+def _per_task(result: CheckpointEval, split: str, episodes_per_task: int) -> dict[str, Any]:
+    """``{suites, tasks}`` of one protocol split: each task's rate with its instruction(s), and each suite's.
+
+    Raises:
+        RuntimeError: a task did not play exactly ``episodes_per_task`` episodes.
+    """
+    report = result.report()
+    tasks = {name: {**report["tasks"][name], **_task_instructions(result, t)}
+             for t, name in enumerate(result.task_names)}
+    if any(r["episodes"] != episodes_per_task for r in tasks.values()):
+        raise RuntimeError(f"split {split}: episodes per task {[r['episodes'] for r in tasks.values()]}, "
+                           f"not {episodes_per_task} each")
+    suites: dict[str, list[EpisodeResult]] = {}
+    for e in result.episodes:
+        suites.setdefault(result.task_names[e.task].split("/")[0], []).append(e)
+    return {"suites": {s: _rate(group) for s, group in suites.items()}, "tasks": tasks}
+
+
+def _user_split(path: str | Path, instructions: dict[str, list[str]], episodes_per_task: int, envs_per_task: int,
+                device: str) -> dict[str, Any]:
+    """:data:`USER_SPLIT`'s figures: each named task alone on the ``fixed`` states with the caller's sentences."""
+    start = time.perf_counter()
+    tasks: dict[str, Any] = {}
+    for name, texts in instructions.items():
+        result = evaluate_checkpoint(path, "fixed", episodes_per_task, envs_per_task, device=device,
+                                     templates=list(texts), task=name, record=False)
+        ((task_id, rate),) = _per_task(result, USER_SPLIT, episodes_per_task)["tasks"].items()
+        tasks[task_id] = {**rate, "by_instruction": result.report()["instructions"]}
+    return {"suites": {}, "tasks": tasks, "wall_s": time.perf_counter() - start}
 
 
 def _task_instructions(result: CheckpointEval, task: int) -> dict[str, Any]:

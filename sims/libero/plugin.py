@@ -90,7 +90,7 @@ def check_instructions(run_task: str, task: str | None, texts: list[str]) -> Non
         raise ValueError(f"an instruction describes one task and {task or run_task} has {len(ids)}; pick one with "
                          f"--task (e.g. --task libero_{ids[0]})")
     if ids[0] not in resolve_libero_task(run_task):
-        raise ValueError(f"--task {task}: not a task of the run's env.task={run_task}")
+        raise ValueError(f"task {task}: not a task of the run's env.task={run_task}")
 
 
 SUITE = register(Suite(

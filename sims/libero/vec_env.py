@@ -35,8 +35,9 @@ each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal`
   ``(seed, group, episode, split)`` among the split's own starts: the two splits share none), the fixtures standing
   where that start put them.
 - **Instructions** (``instructions``): ``original``, the task's own in every split but ``lan`` and
-  ``paraphrase``; ``paraphrase``, training and validation episodes draw the task's own or one of its
-  training paraphrases. ``instructions`` (the table ``instruction`` indexes) lists every one the split can issue.
+  ``paraphrase``; ``paraphrase``, training (validation) episodes draw the task's own or one of its
+  training (validation) paraphrases, two pools that share no sentence. ``instructions`` (the table ``instruction``
+  indexes) lists every one the split can issue.
 - **Snapshots**: :meth:`LiberoVectorEnv.get_state` / :meth:`~LiberoVectorEnv.set_state` (plain data, for
   checkpoints) continue bit for bit in an env of the same config, frames included.
 - **Mesh detail**: ``visual_faces`` triangles per visual-only mesh (:mod:`sims.libero.toolchain.lod`; None: LIBERO's

@@ -1,5 +1,6 @@
 """LIBERO's instructions at evaluation: scripts/eval.py ``--instruction`` on a LIBERO run (whole sentences
-for one task), and scripts/eval_libero.py's fixed, _lan and paraphrase splits per task, side by side; and in
+for one task), and scripts/eval_libero.py's fixed, _lan and paraphrase splits and a user's instructions
+(``--instruction TASK TEXT``) per task, side by side; and in
 SFT: with env.suite.instructions=paraphrase each frame draws one of its task's training instructions.
 
 One PPO iteration of the VLA on spatial/0 at toy scale (two environments, 16x16 frames, 3-step episodes)
@@ -55,7 +56,7 @@ def test_bad_libero_instructions_are_refused_before_running(libero_run, capsys, 
     assert "a LIBERO instruction is a whole sentence" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"has 10; pick one with --task \(e.g. --task libero_spatial/0\)$"):
         check_instructions("libero_spatial", None, ["pick up the bowl"])
-    with pytest.raises(ValueError, match=r"^--task libero_goal/1: not a task of the run's env.task=libero_spatial$"):
+    with pytest.raises(ValueError, match=r"^task libero_goal/1: not a task of the run's env.task=libero_spatial$"):
         check_instructions("libero_spatial", "libero_goal/1", ["put the bowl on the stove"])
     check_instructions("libero_spatial", "libero_spatial/4", ["pick up the bowl in the top drawer"])
 
@@ -77,6 +78,33 @@ def test_protocol_reports_lan_and_paraphrase_beside_the_fixed_states(libero_run,
     protocol = results["protocol"]  # the run's env as it was evaluated: its suite settings, LIBERO's limit beside them
     assert (protocol["suite_settings"]["max_steps"], protocol["suite_settings"]["settle_steps"]) == (3, 10)
     assert protocol["max_steps"] == 220
+
+
+def test_protocol_plays_a_users_instructions_beside_the_fixed_states(libero_run, tmp_path, script, capsys):
+    """eval_libero --instruction TASK TEXT: the task plays the fixed states with the user's sentences (round robin),
+    reported per sentence and side by side with the fixed-state figure; a bad one is refused before anything runs."""
+    said = ["grab the bowl sitting between the plate and the ramekin and set it on the plate", "bowl onto the plate"]
+    out = tmp_path / "user.json"
+    main = script("eval_libero").main
+    assert main(["--checkpoint", str(libero_run), "--json", str(out), "--episodes-per-task", "2", "--envs-per-task",
+                 "2", "--splits", "fixed", *(x for t in said for x in ("--instruction", "libero_spatial/0", t))]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text())["results"]
+    user = results["splits"]["instruction"]["tasks"]["spatial/0"]
+    assert user["episodes"] == 2 and sorted(user["by_instruction"]) == sorted(said)
+    assert [r["episodes"] for r in user["by_instruction"].values()] == [1, 1]  # one environment each
+    row = results["side_by_side"]["tasks"]["spatial/0"]
+    assert row["instruction"] == user["success"]
+    assert row["instruction_minus_fixed"] == round(100 * (row["instruction"] - row["fixed"]), 1)
+    assert "instruction" not in results["side_by_side"]["suites"]["spatial"]  # no suite figure over named tasks
+    assert all(f"'{t}'" in printed for t in said)
+    bad = [(["libero_spatial/0", "put the {a} on the plate"], "a LIBERO instruction is a whole sentence"),
+           (["libero_goal/1", "put the bowl on the stove"], "task libero_goal/1: not a task of the run's env.task=libero_spatial/0")]
+    for instruction, error in bad:
+        assert main(["--checkpoint", str(libero_run), "--json", str(tmp_path / "bad.json"), "--splits", "fixed",
+                     "--instruction", *instruction]) == 2
+        assert error in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()
 
 
 def test_sft_draws_every_frame_a_training_instruction_of_its_task():
