@@ -4,9 +4,11 @@ place to choose language settings (augmentation, encoder), since the paraphrase 
 
     python scripts/bench_language_dev.py --checkpoint runs/NAME --episodes 128 --json dev.json
 
-Each task of ``--phrasings`` (default configs/language_dev.yaml: task -> templates with {a}/{b})
-is run on ``--episodes`` fresh validation episodes; the JSON holds success overall (episodes
-pooled) and per task, with 95 % Wilson intervals.
+Each task of ``--phrasings`` (YAML: task -> templates) is run on ``--episodes`` fresh validation
+episodes; without it, the phrasings of the run's suite where it has its own (LIBERO: each task's
+validation paraphrases, ``sims.libero.paraphrase``, whole sentences by task name such as
+``libero_spatial/0``), else configs/language_dev.yaml (the gantry tasks' templates with {a}/{b}). The
+JSON holds success overall (episodes pooled) and per task, with 95 % Wilson intervals.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import yaml
 from bench_report import output_path, write_report
 from tqdm import tqdm
 
-from vla_rl.evaluate import evaluate_checkpoint, wilson_interval
+from vla_rl.checkpoint import CheckpointError
+from vla_rl.evaluate import evaluate_checkpoint, suite_dev_phrasings, wilson_interval
 
 DEFAULT_PHRASINGS = Path(__file__).resolve().parents[1] / "configs" / "language_dev.yaml"
 
@@ -28,14 +31,22 @@ def main(argv: list[str] | None = None) -> int:
     """Evaluate each task on its development phrasings; print and optionally write the figures."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
-    parser.add_argument("--phrasings", type=Path, default=DEFAULT_PHRASINGS, help="YAML: task -> templates")
+    parser.add_argument("--phrasings", type=Path, default=None,
+                        help="YAML: task -> templates (default: the run's suite's own, else configs/language_dev.yaml)")
     parser.add_argument("--episodes", type=int, default=128, help="validation episodes per task")
     parser.add_argument("--json", type=output_path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
-    phrasings = yaml.safe_load(args.phrasings.read_text())
-    if not isinstance(phrasings, dict) or not all(isinstance(v, list) and v for v in phrasings.values()):
-        print(f"error: {args.phrasings} must map each task to a non-empty list of templates", file=sys.stderr)
+    try:
+        phrasings = None if args.phrasings else suite_dev_phrasings(args.checkpoint)
+    except (CheckpointError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
+    if phrasings is None:
+        source = args.phrasings or DEFAULT_PHRASINGS
+        phrasings = yaml.safe_load(source.read_text())
+        if not isinstance(phrasings, dict) or not all(isinstance(v, list) and v for v in phrasings.values()):
+            print(f"error: {source} must map each task to a non-empty list of templates", file=sys.stderr)
+            return 2
     tasks, wins, total = {}, 0, 0
     for task, templates in tqdm(phrasings.items(), desc="tasks"):
         try:

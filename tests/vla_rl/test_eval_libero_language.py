@@ -1,6 +1,6 @@
 """LIBERO's instructions at evaluation: scripts/eval.py ``--instruction`` on a LIBERO run (whole sentences
-for one task), and scripts/eval_libero.py's fixed, _lan and paraphrase splits and a user's instructions
-(``--instruction TASK TEXT``) per task, side by side; and in
+for one task), scripts/eval_libero.py's fixed, _lan and paraphrase splits and a user's instructions
+(``--instruction TASK TEXT``) per task, side by side, and scripts/bench_language_dev.py's validation paraphrases; and in
 SFT: with env.suite.instructions=paraphrase each frame draws one of its task's training instructions.
 
 One PPO iteration of the VLA on spatial/0 at toy scale (two environments, 16x16 frames, 3-step episodes)
@@ -105,6 +105,17 @@ def test_protocol_plays_a_users_instructions_beside_the_fixed_states(libero_run,
                      "--instruction", *instruction]) == 2
         assert error in capsys.readouterr().err
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_language_dev_plays_a_libero_runs_validation_paraphrases(libero_run, tmp_path, script):
+    """bench_language_dev on a LIBERO run without --phrasings: each task's validation paraphrases (never trained on,
+    in no test set) on validation episodes, where choosing a language setting is allowed."""
+    out = tmp_path / "dev.json"
+    assert script("bench_language_dev").main(["--checkpoint", str(libero_run), "--episodes", "2",
+                                              "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["phrasings"] == {"libero_spatial/0": list(paraphrases("spatial/0", "validation"))}
+    assert report["config"]["split"] == "validation" and report["results"]["tasks"]["libero_spatial/0"]["episodes"] == 2
 
 
 def test_sft_draws_every_frame_a_training_instruction_of_its_task():
