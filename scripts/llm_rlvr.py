@@ -6,8 +6,9 @@
 
 model.path: a Hugging Face causal LM folder (save_pretrained, with its tokenizer). data.path: JSONL
 or parquet rows with `question` and `answer` (the reference answer after `####`; see data.*).
-reward: `module:function(prompt, completion, answer) -> float`, run under reward_timeout_s; a call
-that raises or times out scores 0 and is counted (reward_errors, reward_timeouts). Without data.path
+reward: `module:function(prompt, completion, answer) -> float` (a module on PYTHONPATH or in the working
+directory) or `path/to/file.py:function`, run under reward_timeout_s; a call that raises or times out
+scores 0 and is counted (reward_errors, reward_timeouts). Without data.path
 the built-in `task` is used; without reward, exact match against the reference answer.
 
 ``ray=true`` places the services on a one-node Ray cluster started here, ``ray=auto`` (or
@@ -31,8 +32,6 @@ import os
 import sys
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-# reward=module:function finds a module in the working directory, as under `python -m`.
-sys.path.append(os.getcwd())
 
 from infra.common.run_dir import RunDirBusy
 from infra.common.typed_config import apply_overrides

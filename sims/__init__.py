@@ -37,6 +37,7 @@ from sims.tasks import TASK_NAMES, TASKS
 from sims.vec_env import (
     REWARDS,
     EnvConfig,
+    SharedSettings,
     SimVectorEnv,
     VecEnvConfig,
     make_vec_env,
@@ -46,6 +47,6 @@ from sims.vec_env import (
 
 register_all()
 
-__all__ = ["REWARDS", "TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SimVectorEnv", "SingleEnv",
-           "Suite", "VecEnvConfig", "gym_id", "make_vec_env", "register", "shared_settings", "suite_of", "suite_settings",
+__all__ = ["REWARDS", "TASKS", "TASK_NAMES", "BatchRenderer", "EnvConfig", "RenderConfig", "SharedSettings",
+           "SimVectorEnv", "SingleEnv", "Suite", "VecEnvConfig", "gym_id", "make_vec_env", "register", "shared_settings", "suite_of", "suite_settings",
            "suites"]

@@ -36,40 +36,33 @@ REWARDS = ("dense", "progress", "success")
 
 
 @dataclass(frozen=True)
-class VecEnvConfig:
-    """The settings every suite's vector env reads; a suite's config dataclass adds its own fields
-    (:class:`EnvConfig` for the gantry tasks, :class:`sims.libero.vec_env.LiberoEnvConfig` for LIBERO).
+class SharedSettings:
+    """The settings every suite reads that a user chooses for a run, declared once: each suite's config
+    (:class:`VecEnvConfig` and its subclasses) and the trainer's env section (``vla_rl.config.TrainEnvConfig``)
+    are dataclasses over this one.
 
     Attributes:
-        task: a task name of the suite (``sims.suite_of(task)`` is its suite).
+        task: a task name of a suite (``sims.suite_of(task)`` is its suite); ``reach`` (a gantry task) unless named.
         num_envs: number of environments N.
-        seed: base seed of the episode streams.
-        split: the episodes' split, one of the suite's ``splits``.
-        render: camera observations (None: state only).
         backend: the physics backend, one of :data:`sims.backends.BACKENDS` the suite runs on.
         warp_device: the Warp backend's device: ``"cpu"``, ``"cuda:N"``, or ``"auto"`` (the first
             GPU Warp finds, else the CPU). Observations come as torch tensors on it.
-        group_size: consecutive groups of this many environments share every episode's initial
-            state, as GRPO needs; 1 for independent environments.
-        num_threads: physics threads and GL contexts (None: one per CPU).
-        terminate_on_success: end an episode (``terminated``) at its first success.
-        success_bonus: added to the reward of every step at which the task succeeds, in [0, 100].
+        terminate_on_success: end an episode (``terminated``) at its first success (else it runs to its
+            step limit).
+        success_bonus: added to the reward of every step at which the task succeeds, in [0, 100] (the
+            gantry tasks' shaped reward pays a near miss almost as much as a success; a bonus makes
+            finishing the task pay).
     """
 
-    task: str
+    task: str = "reach"
     num_envs: int = 32
-    seed: int = 0
-    split: str = "train"
-    render: RenderConfig | None = None
     backend: str = "batch"
     warp_device: str = "auto"
-    group_size: int = 1
-    num_threads: int | None = None
     terminate_on_success: bool = True
     success_bonus: float = 0.0
 
     def validate(self) -> None:
-        """Check the shared fields (sims imports nothing of infra, so its configs raise a plain ``ValueError``).
+        """Check the fields (sims imports nothing of infra, so its configs raise a plain ``ValueError``).
 
         Raises:
             ValueError: a field out of range, naming the field and the valid values.
@@ -80,10 +73,40 @@ class VecEnvConfig:
             raise ValueError(f"backend={self.backend!r}; valid backends: {', '.join(BACKENDS)}")
         if self.num_envs < 1:
             raise ValueError(f"num_envs={self.num_envs}; it must be at least 1")
-        if self.group_size < 1 or self.num_envs % self.group_size:
-            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs}")
         if not 0.0 <= self.success_bonus <= 100.0:
             raise ValueError(f"success_bonus={self.success_bonus}; use a value in [0, 100]")
+
+
+@dataclass(frozen=True)
+class VecEnvConfig(SharedSettings):
+    """What every suite's vector env reads: the :class:`SharedSettings` and what whoever builds an env sets
+    for it (:data:`PER_ENV_FIELDS`); a suite's config dataclass adds its own fields (:class:`EnvConfig` for
+    the gantry tasks, :class:`sims.libero.vec_env.LiberoEnvConfig` for LIBERO).
+
+    Attributes:
+        seed: base seed of the episode streams.
+        split: the episodes' split, one of the suite's ``splits``.
+        render: camera observations (None: state only).
+        group_size: consecutive groups of this many environments share every episode's initial
+            state, as GRPO needs; 1 for independent environments.
+        num_threads: physics threads and GL contexts (None: one per CPU).
+    """
+
+    seed: int = 0
+    split: str = "train"
+    render: RenderConfig | None = None
+    group_size: int = 1
+    num_threads: int | None = None
+
+    def validate(self) -> None:
+        """Check the fields.
+
+        Raises:
+            ValueError: a field out of range, naming the field and the valid values.
+        """
+        super().validate()
+        if self.group_size < 1 or self.num_envs % self.group_size:
+            raise ValueError(f"group_size={self.group_size} must be >= 1 and divide num_envs={self.num_envs}")
 
 
 PER_ENV_FIELDS = ("seed", "split", "render", "group_size", "num_threads", "env_offset")
@@ -92,9 +115,9 @@ GRPO group, threads and place in a sharded set), not settings a user chooses for
 
 
 def shared_settings() -> tuple[str, ...]:
-    """The settings every suite reads, which a user chooses for a run: :class:`VecEnvConfig`'s fields less
-    :data:`PER_ENV_FIELDS` (a trainer's env section holds them beside the suite's own, :func:`suite_settings`)."""
-    return tuple(f.name for f in dataclasses.fields(VecEnvConfig) if f.name not in PER_ENV_FIELDS)
+    """The settings every suite reads, which a user chooses for a run: :class:`SharedSettings`' fields (a trainer's
+    env section holds them beside the suite's own, :func:`suite_settings`)."""
+    return tuple(f.name for f in dataclasses.fields(SharedSettings))
 
 
 def suite_settings(config: type) -> tuple[str, ...]:

@@ -1,6 +1,8 @@
-"""User rewards named ``module:function``, run in a worker process under a time limit.
+"""User rewards named ``module:function`` or ``path/to/file.py:function``, run in a worker process under a time limit.
 
-A reward is any importable ``fn(prompt: str, completion: str, answer: str) -> float``. Neither the
+A reward is any ``fn(prompt: str, completion: str, answer: str) -> float`` of an importable module (on
+``PYTHONPATH`` or in the working directory, which ``python -m`` puts first on the worker's path) or of a
+Python file (a relative path is read from the working directory). Neither the
 job's driver nor the reward service imports it: a reward that hangs cannot be stopped inside
 Python, and one that crashes the interpreter would take the process down. :class:`RewardRunner`
 keeps one worker process per reward (``python -m infra.llm.reward module:function``):
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -34,6 +37,8 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 from infra.common.supervisor import Supervisor
@@ -42,21 +47,47 @@ RewardFn = Callable[[str, str, str], float]
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    """``(module, function)`` of ``spec``; ``ValueError`` with the fix when it is not ``module:function``."""
-    module_name, sep, fn_name = spec.partition(":")
+    """``(module or file, function)`` of ``spec``; ``ValueError`` with the fix when it is not ``module:function``
+    or ``path/to/file.py:function``."""
+    module_name, sep, fn_name = spec.rpartition(":")  # a function's name holds no colon; a file's path may
     if not sep or not module_name or not fn_name:
-        raise ValueError(f"reward={spec!r} is not 'module:function' (e.g. reward=my_rewards:gsm8k).")
+        raise ValueError(f"reward={spec!r} is not 'module:function' or 'path/to/file.py:function' "
+                         "(e.g. reward=my_rewards:gsm8k).")
     return module_name, fn_name
 
 
-def resolve_reward(spec: str) -> RewardFn:
-    """The function ``spec`` (``module:function``) names; ``ValueError`` with the fix when it cannot be used."""
-    module_name, fn_name = parse_spec(spec)
+def _load_file(path: Path) -> ModuleType:
+    """The module of the Python file ``path``, executed under a name of its own (``reward_file_<stem>``, so that
+    a file called ``json.py`` shadows nothing) and registered in ``sys.modules`` as an import would be."""
+    name = f"reward_file_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     try:
-        module = importlib.import_module(module_name)
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def resolve_reward(spec: str) -> RewardFn:
+    """The function ``spec`` (``module:function`` or ``path/to/file.py:function``) names; ``ValueError`` with the
+    fix when it cannot be used."""
+    module_name, fn_name = parse_spec(spec)
+    is_file = module_name.endswith(".py")
+    if is_file and not Path(module_name).is_file():
+        raise ValueError(f"reward={spec!r}: there is no file {module_name} (from the working directory "
+                         f"{os.getcwd()}); give the path of the reward's file, or its module (reward=module:function).")
+    try:
+        module = _load_file(Path(module_name)) if is_file else importlib.import_module(module_name)
     except Exception as e:  # any import-time failure of user code is the same user error
-        raise ValueError(f"reward={spec!r}: module {module_name!r} cannot be imported ({type(e).__name__}: {e}); "
-                         "put it on PYTHONPATH or in the working directory.") from e
+        fix = ("fix the file" if is_file else
+               f"put it on PYTHONPATH or in the working directory, or give its file (reward=path/to/file.py:{fn_name})")
+        raise ValueError(f"reward={spec!r}: {'file' if is_file else 'module'} {module_name!r} cannot be imported "
+                         f"({type(e).__name__}: {e}); {fix}.") from e
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ValueError(f"reward={spec!r}: {module_name} has no function {fn_name!r}.")

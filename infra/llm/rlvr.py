@@ -104,7 +104,8 @@ class RLVRConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """A user's prompts and reference answers (JSONL or parquet); empty ``path``: the built-in ``task``."""
     reward: str = "infra.llm.verifiable_tasks:exact_match"
-    """The reward, ``module:function`` with signature ``(prompt, completion, answer) -> float``; it runs
+    """The reward, ``module:function`` (a module on ``PYTHONPATH`` or in the working directory) or
+    ``path/to/file.py:function``, with signature ``(prompt, completion, answer) -> float``; it runs
     in a worker process, and a call that raises or outlives ``reward_timeout_s`` scores 0 and is counted."""
     reward_timeout_s: float = 10.0
     """Time limit of one reward call, in seconds."""

@@ -22,13 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import torch
+import torch.multiprocessing as mp
 
-import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-from vla_rl.config import CONFIG_DIR, load_config  # noqa: E402
+from vla_rl.config import CONFIG_DIR, load_config
 
 WORLD = 2
 

@@ -14,8 +14,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from policies.embedding_file import save_embeddings
 from sims import tasks as T
 from vla_rl.config import CONFIG_DIR

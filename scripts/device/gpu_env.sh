@@ -3,8 +3,10 @@
 # has it; its tar and xz tools are not relied on), and the per-call time limit.
 # DEVICE_REHEARSAL=1 (scripts/device/rehearse.sh): the same calls on this machine's CPU, without
 # touching / (no GL packages unpacked), into $SITE instead of /tmp/site.
+# The project's packages come from the working tree (the call scripts cd to its root before sourcing this):
+# the GPU machine gets the tree, not an installation of the project, and the scripts do not edit sys.path.
 SITE=${SITE:-/tmp/site}
-export PYTHONPATH=$SITE MUJOCO_GL=egl PYOPENGL_PLATFORM=egl XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONPATH=$PWD:$SITE MUJOCO_GL=egl PYOPENGL_PLATFORM=egl XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHON=python3
 # Work in a call stays under this (the call itself may run 600 s; its transfers and start are extra).
 CALL_LIMIT_S=${CALL_LIMIT_S:-560}

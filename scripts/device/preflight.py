@@ -28,11 +28,12 @@ import importlib.util
 import json
 import os
 import re
+import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "scripts" / "device")]
 
 #: Where NVIDIA's EGL vendor file is found on the lent machines (the first), and on other images.
 EGL_VENDOR_PATHS = ("/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json",
@@ -152,9 +153,14 @@ def _language_found(embeddings: str | None) -> tuple[bool, str]:
     return True, f"{embeddings}: {len(data['strings'])} instructions, {tokens} token rows (no MiniLM package)"
 
 
+def _missing_modules(scripts: list[Path], lazy: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``scripts/check_imports.py``'s ``missing_modules``: the one import checker, a script of the folder above,
+    read from its file (run as a script, this one has only its own folder on the path)."""
+    return runpy.run_path(str(ROOT / "scripts" / "check_imports.py"))["missing_modules"](scripts, lazy)
+
+
 def run_checks(recipe: bool, embeddings: str | None, cuda: bool) -> list[tuple[str, bool, str]]:
     """Every check of the module docstring: ``(name, ok, what was found)``."""
-    import check_imports
     import torch
 
     out = [("python", True, sys.version.split()[0])]
@@ -168,7 +174,7 @@ def run_checks(recipe: bool, embeddings: str | None, cuda: bool) -> list[tuple[s
         out.append(("EGL vendor", ok, message))
         out.append(("warp", *_warp_found()))
     scripts = [ROOT / s for s in (*BENCH_SCRIPTS, *(RECIPE_SCRIPTS if recipe else ()))]
-    missing = check_imports.missing_modules(scripts, frozenset() if recipe else frozenset({"imageio_ffmpeg"}))
+    missing = _missing_modules(scripts, frozenset() if recipe else frozenset({"imageio_ffmpeg"}))
     out.append(("imports", not missing, "all found" if not missing else "missing " + ", ".join(
         f"{m} (imported by {sorted(f)[0]})" for m, f in sorted(missing.items()))))
     if recipe:
@@ -178,10 +184,8 @@ def run_checks(recipe: bool, embeddings: str | None, cuda: bool) -> list[tuple[s
 
 def llm_checks() -> list[tuple[str, bool, str]]:
     """What the recipe's LLM part needs: transformers at the project's minimum, and its scripts' imports."""
-    import check_imports
-
     found = importlib.metadata.version("transformers") if importlib.util.find_spec("transformers") else None
-    missing = check_imports.missing_modules([ROOT / s for s in LLM_SCRIPTS])
+    missing = _missing_modules([ROOT / s for s in LLM_SCRIPTS])
     return [("transformers", *check_minimum("transformers", found, _project_minimum("transformers"))),
             ("LLM imports", not missing, "all found" if not missing else "missing " + ", ".join(sorted(missing)))]
 

@@ -52,6 +52,11 @@ quick() {
       grep -q "${f#.dev$n/}" "$here/prepare.sh" "$here/prepare_libero.sh" || { echo "rehearse: call$n.sh reads $f, which nothing prepares" >&2; status=1; }
     done
   done
+  # A call's Python finds the project's packages in the tree, as the GPU machine (no installation of the project)
+  # must: without site-packages (-S) or the command's own folder (-P), only gpu_env.sh's PYTHONPATH can.
+  (SITE=$root/.nonexistent; source "$here/gpu_env.sh" && "$python" -S -P -c "import importlib.util as u, sys
+sys.exit(any(u.find_spec(p) is None for p in ('infra', 'policies', 'rlcore', 'sims', 'vla_rl')))") \
+    || { echo "rehearse: a call's Python does not find the tree's packages (gpu_env.sh's PYTHONPATH)" >&2; status=1; }
   MUJOCO_GL=egl "$python" "$here/preflight.py" --cpu > /dev/null || { echo "rehearse: preflight fails in this interpreter" >&2; status=1; }
   return $status
 }

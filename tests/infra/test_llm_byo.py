@@ -15,7 +15,7 @@ from infra.llm.engine import left_pad, load_engine
 from infra.llm.grpo_trainer import GRPOTrainer, llm_grpo_config
 from infra.llm.lm import build_model, load_codec
 from infra.llm.model import ModelConfig
-from infra.llm.reward import RewardRunner, resolve_reward
+from infra.llm.reward import RewardRunner, check_reward, resolve_reward
 from infra.llm.rlvr import RLVRConfig
 
 torch.set_num_threads(1)
@@ -182,9 +182,28 @@ def test_reward_specs_are_checked_before_anything_runs(rewards) -> None:
     assert resolve_reward(f"{rewards}:exact")("p", " 3 ", "3") is True
     for spec, message in [
         ("my_rewards", r"is not 'module:function'"),
-        ("no_such_module_xyz:f", r"module 'no_such_module_xyz' cannot be imported \(ModuleNotFoundError"),
+        ("no_such_module_xyz:f", r"module 'no_such_module_xyz' cannot be imported \(ModuleNotFoundError.*"
+                                 r"or give its file \(reward=path/to/file.py:f\)"),
         (f"{rewards}:missing", r"my_rewards has no function 'missing'"),
         (f"{rewards}:two_args", r"two_args\(prompt, completion\) cannot be called as two_args\(prompt, completion, answer\)"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            resolve_reward(spec)
+
+
+def test_a_reward_file_is_named_by_its_path(tmp_path, monkeypatch) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "json.py").write_text("def score(prompt, completion, answer):\n    return len(answer)\n")
+    (tmp_path / "mine" / "broken.py").write_text("raise RuntimeError('half written')\n")
+    monkeypatch.chdir(tmp_path)  # a relative path is read from the working directory
+    assert resolve_reward("mine/json.py:score")("p", "c", "abc") == 3
+    assert resolve_reward(f"{tmp_path / 'mine' / 'json.py'}:score")("p", "c", "ab") == 2
+    assert json.dumps([1]) == "[1]" and sys.modules["json"] is json  # the file named json.py shadows nothing
+    check_reward("mine/json.py:score", import_timeout_s=60)  # the worker process finds it the same way
+    for spec, message in [
+        ("mine/none.py:score", rf"there is no file mine/none.py \(from the working directory {tmp_path}\)"),
+        ("mine/broken.py:score", r"file 'mine/broken.py' cannot be imported \(RuntimeError: half written\); fix the file"),
+        ("mine/json.py:missing", r"mine/json.py has no function 'missing'"),
     ]:
         with pytest.raises(ValueError, match=message):
             resolve_reward(spec)

@@ -3,6 +3,8 @@ registration (tests/sims/example_suite.py) and trains with the trainer unchanged
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
@@ -27,10 +29,23 @@ def test_each_task_name_has_one_suite():
     assert sims.suite_of("libero_goal/3").name == "libero"
     with pytest.raises(ValueError, match=r"^unknown task 'pointt'; valid: reach, .*suite, libero_<suite>"):
         sims.suite_of("pointt")
-    for suite in sims.suites():  # every entry's config carries the shared settings, declared once
+    for suite in (*sims.suites(), POINT):  # every entry's config carries the shared settings, declared once
         assert issubclass(suite.config, sims.VecEnvConfig) and "validation" in suite.splits
-        own = set(suite.config.__dataclass_fields__) - set(sims.VecEnvConfig.__dataclass_fields__)
-        assert not own & set(sims.VecEnvConfig.__annotations__), suite.name
+        assert not declared_twice(suite.config), suite.name
+
+
+def declared_twice(cls: type) -> list[str]:
+    """The fields of dataclass ``cls`` that more than one class of its MRO declares (annotates)."""
+    names = [name for klass in cls.__mro__ for name in vars(klass).get("__annotations__", {})]
+    return sorted({name for name in names if names.count(name) > 1})
+
+
+def test_the_check_finds_a_field_declared_twice():
+    @dataclass(frozen=True)
+    class Redeclared(sims.VecEnvConfig):
+        num_envs: int = 8
+
+    assert declared_twice(Redeclared) == ["num_envs"]
 
 
 def test_a_registered_suite_runs_through_the_shared_vector_env(point):

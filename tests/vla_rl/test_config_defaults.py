@@ -88,6 +88,8 @@ def test_the_env_section_takes_the_simulators_defaults():
     class's defaults); no suite's own field is declared at the top of the section."""
     section, sim, frames = TrainEnvConfig(), sims.EnvConfig(task="reach"), sims.RenderConfig()
     top = {f.name for f in dataclasses.fields(TrainEnvConfig)}
+    own = set(vars(TrainEnvConfig)["__annotations__"])
+    assert issubclass(TrainEnvConfig, sims.SharedSettings) and not own & set(sims.shared_settings())  # declared in sims
     vec = {f.name for f in dataclasses.fields(sims.VecEnvConfig)}
     assert top & vec == set(sims.shared_settings()) | {"render"}  # render: on/off here, the suite's frames there
     for suite in sims.suites():

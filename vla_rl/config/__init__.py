@@ -1,7 +1,7 @@
 """Typed run configuration: dataclasses, YAML loading and ``key=value`` overrides.
 
-One source of defaults: the dataclasses below (the ``env`` section's shared simulator settings take
-:class:`sims.VecEnvConfig`'s; its ``suite`` mapping, the suite's own, its config class's). A YAML file under ``configs/`` only names what
+One source of defaults: the dataclasses below (the ``env`` section's shared simulator settings are
+:class:`sims.SharedSettings`' fields, which it inherits; its ``suite`` mapping, the suite's own, its config class's). A YAML file under ``configs/`` only names what
 differs from them, and ``key=value`` arguments (dotted paths, values parsed as YAML scalars) are
 applied on top. Every key is checked against the dataclass fields where it enters, and an unknown
 key, task, algorithm or model raises :class:`ConfigError` naming the valid choices.

@@ -15,7 +15,6 @@ from infra.common.typed_config import ConfigError, coerce
 from sims.registry import task_forms
 from vla_rl.config.ranges import _check_numbers
 
-_VEC = sims.VecEnvConfig
 _FRAMES = sims.RenderConfig()
 
 
@@ -23,25 +22,22 @@ GYM_SPLITS = ("train", "validation")
 """Splits of a gymnasium env (one stream of episodes, evaluated as ``train`` and ``validation``)."""
 
 
-@dataclass
-class TrainEnvConfig:
+@dataclass(frozen=True)
+class TrainEnvConfig(sims.SharedSettings):
     """The ``env`` section: which environment to train on and how many copies to step at once.
 
     A ``sims`` environment is its suite's config (``sims.suite_of(task).config``, over :class:`sims.VecEnvConfig`):
-    the settings every suite reads are this section's (``sims.shared_settings()``: task, num_envs, backend,
-    warp_device, terminate_on_success, success_bonus, with :class:`sims.VecEnvConfig`'s defaults), the suite's own
-    are the mapping ``suite`` (``sims.suite_settings``), and :func:`suite_config` builds the two into one. The
-    other fields are the trainer's: ``kind``, the frames it asks for and the gymnasium settings.
+    the settings every suite reads are this section's, inherited from :class:`sims.SharedSettings` with their
+    defaults (``sims.shared_settings()``: task, num_envs, backend, warp_device, terminate_on_success,
+    success_bonus), the suite's own are the mapping ``suite`` (``sims.suite_settings``), and :func:`suite_config`
+    builds the two into one. The other fields are the trainer's: ``kind``, the frames it asks for and the gymnasium
+    settings. With ``kind=gym``, ``task`` is a gymnasium id (e.g. ``HalfCheetah-v5``) and ``num_envs`` its number of
+    copies; the other shared settings are the simulators' only. Frozen like the suite configs it shares its fields
+    with (a changed copy: ``dataclasses.replace``).
     """
 
     kind: Literal["sims", "gym"] = "sims"
     """``sims``: the project's batched MuJoCo tasks; ``gym``: any gymnasium environment id."""
-    task: str = "reach"
-    """Task name of a ``sims`` suite, which picks the suite (``sims.suite_of``): a gantry task or ``suite`` for all
-    of them, ``libero_<suite>`` or ``libero_<suite>/<i>`` (e.g. ``libero_spatial``); or a gymnasium id such as
-    ``HalfCheetah-v5``."""
-    num_envs: int = _VEC.num_envs
-    """Environments stepped in parallel (N)."""
     render: bool = True
     """Render RGB camera frames into the observation (``sims`` only; the VLA, the default policy, needs them)."""
     image_size: int = _FRAMES.height
@@ -52,17 +48,6 @@ class TrainEnvConfig:
     ``robot0_eye_in_hand``); ``rgb`` is ``[N, cams, 3, H, W]``."""
     depth: bool = _FRAMES.depth
     """Also render linear depth in metres as ``depth`` float ``[N, cams, H, W]`` (``sims`` only)."""
-    backend: str = _VEC.backend
-    """Simulator backend of ``sims``, one of ``sims.backends.BACKENDS`` the suite runs on: ``batch`` (threaded
-    CPU), ``warp`` (MuJoCo Warp: physics, task code and rendering on ``warp_device``), ``mjx``."""
-    warp_device: str = _VEC.warp_device
-    """Device of ``backend=warp``: ``cpu`` (Warp's CPU device, for tests), ``cuda:N``, or ``auto`` (the
-    first GPU if there is one, else the CPU)."""
-    terminate_on_success: bool = _VEC.terminate_on_success
-    """End a ``sims`` episode at its first success (else it runs to its step limit)."""
-    success_bonus: float = _VEC.success_bonus
-    """Reward added at every step a ``sims`` task succeeds (the gantry tasks' shaped reward pays a near miss almost
-    as much as a success; a bonus makes finishing the task pay)."""
     suite: dict[str, Any] = field(default_factory=dict)
     """The suite's own settings (``sims`` only), fields of its config class, e.g. ``{reward: progress, task_weights:
     {push: 3}}`` for the gantry tasks (:class:`sims.EnvConfig`) or ``{controller: osc, starts: regions}`` for
@@ -78,6 +63,8 @@ class TrainEnvConfig:
         """Raise :class:`ConfigError` naming the first bad value: the numbers, and for ``sims`` the suite's config
         built from this section (:func:`suite_config`) and the frames against the suite's cameras. A gymnasium id is
         looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
+        # Not SharedSettings.validate: the suite's config runs it below (its messages named as env.KEY), and a
+        # gymnasium env reads no backend or bonus.
         _check_numbers(self, "env.")
         if self.kind == "sims":
             if self.max_episode_steps is not None:
