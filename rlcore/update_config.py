@@ -63,9 +63,13 @@ class OptimConfig:
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
     target_kl: float | None = None
-    """Stop the epochs early when the approximate KL of a minibatch exceeds this (``None``: never)."""
+    """The approximate KL per update the epochs aim at: past 1.5 x this in a minibatch the epochs stop
+    (``kl_early_stop``), and ``kl_adaptive_lr`` steers the learning rate toward it (``None``: neither)."""
     kl_adaptive_lr: bool = False
     """Scale the learning rate by 1.5 up or down to keep the KL near ``target_kl`` (needs ``target_kl``)."""
+    kl_early_stop: bool = True
+    """With ``target_kl``: stop the epochs when a minibatch's KL passes 1.5 x ``target_kl``. False: the KL only
+    steers the learning rate (``kl_adaptive_lr``, rsl_rl's rule) and every epoch runs."""
     ref_kl_coef: float = 0.0
     """Weight of a KL penalty toward a frozen reference policy (the VLA: the policy ``init_from`` loaded;
     the LLM: the policy after its format warm-up), k3 estimator ``exp(d) - 1 - d``; 0: none."""

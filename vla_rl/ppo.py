@@ -175,6 +175,7 @@ class ClippedUpdate:
         totals: dict[str, torch.Tensor] = {}
         steps = 0
         stopped_early = False
+        stop_kl = 1.5 * cfg.target_kl if cfg.target_kl is not None and cfg.kl_early_stop else None
         for _ in range(cfg.epochs):
             shuffled = batch[torch.randperm(size)]  # one gather per epoch; minibatches are slices of it
             for start in range(0, size - mb_size + 1, mb_size):
@@ -214,7 +215,7 @@ class ClippedUpdate:
                 for key, val in stats.items():
                     totals[key] = totals[key] + val if key in totals else val.clone()
                 steps += 1
-                if cfg.target_kl is not None and float(stats["approx_kl"]) > 1.5 * cfg.target_kl:
+                if stop_kl is not None and float(stats["approx_kl"]) > stop_kl:
                     stopped_early = True
                     break
             if stopped_early:

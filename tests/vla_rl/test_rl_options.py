@@ -1,5 +1,6 @@
 """The anchors' RL options, default off: rollout temperature, critic warm-up that holds the actor, GRPO's
-dynamic sampling in a real run, their config checks, and the refusal of LIBERO's fixed-state splits."""
+dynamic sampling in a real run, the KL early stop as an option, their config checks, and the refusal of
+LIBERO's fixed-state splits."""
 
 from __future__ import annotations
 
@@ -85,6 +86,22 @@ def test_critic_warmup_holds_the_actor_a_shared_trunk_included_while_the_value_l
     # Without warm-up the same value loss moves the shared trunk: the hold above is what kept it still.
     updater.update(batch)
     assert not torch.equal(actor_before["actor_trunk.0.weight"], policy.actor().state_dict()["actor_trunk.0.weight"])
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_kl_early_stop_cuts_the_epochs_only_when_asked(early_stop):
+    torch.manual_seed(0)
+    policy = policies.make_policy(MLPPolicyConfig(obs_keys=("state",), hidden_sizes=(32,)), {"state": (5,)},
+                                  action_dim=2)
+    batch = _warmup_batch(policy)
+    # A KL target far below what one step of this rate moves: the second minibatch (the first after a step; the
+    # first one's ratios are all 1) passes 1.5 x target.
+    optim = OptimConfig(lr=1e-2, anneal_lr=False, epochs=2, num_minibatches=4, target_kl=1e-6,
+                        kl_adaptive_lr=True, kl_early_stop=early_stop)
+    updater = ClippedUpdate(policy, optim, LossWeights())
+    out = updater.update(batch)
+    assert out["minibatch_steps"] == (2 if early_stop else 8) and out["early_stop"] == float(early_stop)
+    assert updater.lr_scale == pytest.approx(1 / 1.5)  # the KL still steers the rate either way
 
 
 GROUP, NUM_ENVS = 4, 16
