@@ -141,7 +141,7 @@ def report_config(args: argparse.Namespace, cfg) -> dict:
         "config_file": str(args.config or "configs/default.yaml"), "overrides": args.overrides,
         "iterations": args.iterations, "warmup_iterations": 1, "rounds": args.rounds, "statistic": "median",
         "comparisons": "median of per-round ratios", "num_envs": cfg.env.num_envs,
-        "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.render,
+        "rollout_steps": cfg.ppo.rollout_steps, "task": cfg.env.task, "render": cfg.env.frames is not None,
         "shards": cfg.fleet.shards, "stages": cfg.fleet.stages,
         "cluster": {"nodes": cfg.fleet.cluster.nodes, "gpus_per_node": cfg.fleet.cluster.gpus,
                     "gpu_model": cfg.fleet.cluster.gpu_model},

@@ -11,7 +11,7 @@ are kept (``--keep-failures``: all). ``--noise SIGMA`` executes the expert's act
 noise and records the clean action as the label (DART). A LIBERO task (``libero_spatial``,
 ``libero_spatial/3``) is demonstrated by its suite's experts (``sims.libero.expert.expert_for``) from the
 ``train`` split's starts (``--suite-settings starts=regions``: LIBERO's region sampler; default jittered fixed
-initial states) with its arm controller (``controller=osc``: LIBERO's OSC_POSE), both cameras at 128 x 128 by default (``sims.suite_of(task).render()``). Read the folder back with
+initial states) with its arm controller (``controller=osc``: LIBERO's OSC_POSE), both cameras at 128 x 128 by default (``sims.suite_of(task).frames``). Read the folder back with
 ``vla_rl.demos.DemoDataset(DIR)`` or with LeRobot's ``LeRobotDataset(repo_id, root=DIR)``.
 """
 
@@ -62,9 +62,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--suite-settings {' '.join(bad)}: give KEY=VALUE pairs, e.g. controller=osc starts=regions")
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.suite_settings)}
     try:
-        frames = sims.suite_of(args.task).render()  # the suite's default frames
+        frames = sims.suite_of(args.task).frames  # the suite's default frames
     except ValueError as exc:
         parser.error(str(exc))
+    if frames is None:
+        parser.error(f"--task {args.task}: its suite renders no frames, and a dataset's episodes hold camera frames")
     cameras = args.cameras or frames.cameras
     size = args.image_size or frames.height
     cfg = CollectConfig(task=args.task, episodes=args.episodes, out=args.out, seed=args.seed, noise=args.noise,

@@ -31,7 +31,7 @@ from rich.table import Table
 
 from infra.common.files import atomic_path
 from infra.replay.dynamic import read_timed_pods, replay_dynamic
-from infra.replay.trace import VARIANTS, ReplayResult, arrival_sequence, make_variant, read_pods, replay
+from infra.replay.trace import VARIANTS, Pod, ReplayResult, arrival_sequence, make_variant, read_pods, replay
 from infra.scheduler import node_scoring
 from infra.scheduler.frag import TypicalPods
 from infra.scheduler.resources import Cluster, ClusterState
@@ -196,19 +196,57 @@ def run_static(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         node_scoring.load(name)  # fail early with the list of valid names
     console = Console(width=160)
     state = ClusterState(Cluster.from_csv(args.nodes))
-    pods = read_pods(args.pods)
-    if args.variant:
-        kind, _, frac = args.variant.partition(":")
-        try:
-            fraction = float(frac)
-        except ValueError:
-            ap.error(f"--variant {args.variant!r}: give KIND:FRACTION, e.g. multigpu:0.3")
-        models = [g.model for n in state.cluster.nodes for g in n.gpus]
-        pods = make_variant(pods, kind, fraction, models, args.variant_seed)
+    pods = _workload(ap, args, state)
     typical = TypicalPods.from_shapes([p.shape for p in pods])
     capacity = state.total_gpu_milli()
     sequences = {s: arrival_sequence(pods, capacity, args.inflate, s) for s in args.seeds}
+    summary, curves = _replay_policies(console, args, names, state, sequences, typical)
+    workload = args.pods.name + (f" ({args.variant})" if args.variant else "")
+    _print_summary(console, args, summary, workload)
+    if args.json:
+        png = args.json.with_suffix(".png")
+        plot(curves, png, f"{workload} ({len(args.seeds)} seeds)")
+        config = {
+            "pods": str(args.pods),
+            "nodes": str(args.nodes),
+            "policies": names,
+            "seeds": args.seeds,
+            "inflate": args.inflate,
+            "latency_repeats": args.latency_repeats,
+            "variant": args.variant,
+            "variant_seed": args.variant_seed if args.variant else None,
+            "num_nodes": state.num_nodes,
+            "gpu_capacity_milli": capacity,
+            "typical_pod_shapes": len(typical.shapes),
+            "plot": str(png),
+        }
+        for name, curve in curves.items():
+            summary[name]["alloc_pct_curve_by_arrived_pct"] = [
+                None if np.isnan(v) else round(float(v), 3) for v in curve
+            ]
+        write_report(args.json, config, summary)
+        console.print(f"wrote {args.json} and {png}")
 
+
+def _workload(ap: argparse.ArgumentParser, args: argparse.Namespace, state: ClusterState) -> list[Pod]:
+    """The trace's pods, or (``--variant KIND:FRACTION``) its variant on the cluster's GPU models."""
+    pods = read_pods(args.pods)
+    if not args.variant:
+        return pods
+    kind, _, frac = args.variant.partition(":")
+    try:
+        fraction = float(frac)
+    except ValueError:
+        ap.error(f"--variant {args.variant!r}: give KIND:FRACTION, e.g. multigpu:0.3")
+    models = [g.model for n in state.cluster.nodes for g in n.gpus]
+    return make_variant(pods, kind, fraction, models, args.variant_seed)
+
+
+def _replay_policies(
+    console: Console, args: argparse.Namespace, names: list[str], state: ClusterState,
+    sequences: dict[int, list[Pod]], typical: TypicalPods,
+) -> tuple[dict[str, dict[str, float]], dict[str, np.ndarray]]:
+    """Replay each policy on each seed's arrival sequence: its summary over the seeds and its mean allocation curve."""
     summary: dict[str, dict[str, float]] = {}
     curves: dict[str, np.ndarray] = {}
     with Progress(console=console, transient=True) as progress:
@@ -226,9 +264,14 @@ def run_static(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 progress.advance(task)
             summary[name] = summarize(results, seconds)
             curves[name] = np.nanmean([r.alloc_curve for r in results], axis=0)
+    return summary, curves
 
+
+def _print_summary(console: Console, args: argparse.Namespace, summary: dict[str, dict[str, float]],
+                   workload: str) -> None:
+    """The table of every policy's figures, each beside its published reference (``--expected``), which is also
+    written into its summary."""
     expected = read_expected(args.expected) if args.expected else {}
-    workload = args.pods.name + (f" ({args.variant})" if args.variant else "")
     table = Table(
         title=f"{workload} on {args.nodes.name}, seeds {args.seeds[0]}..{args.seeds[-1]}, inflate {args.inflate}"
     )
@@ -259,30 +302,6 @@ def run_static(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             f"{r['replay_seconds_per_seed']:.1f}",
         )
     console.print(table)
-
-    if args.json:
-        png = args.json.with_suffix(".png")
-        plot(curves, png, f"{workload} ({len(args.seeds)} seeds)")
-        config = {
-            "pods": str(args.pods),
-            "nodes": str(args.nodes),
-            "policies": names,
-            "seeds": args.seeds,
-            "inflate": args.inflate,
-            "latency_repeats": args.latency_repeats,
-            "variant": args.variant,
-            "variant_seed": args.variant_seed if args.variant else None,
-            "num_nodes": state.num_nodes,
-            "gpu_capacity_milli": capacity,
-            "typical_pod_shapes": len(typical.shapes),
-            "plot": str(png),
-        }
-        for name, curve in curves.items():
-            summary[name]["alloc_pct_curve_by_arrived_pct"] = [
-                None if np.isnan(v) else round(float(v), 3) for v in curve
-            ]
-        write_report(args.json, config, summary)
-        console.print(f"wrote {args.json} and {png}")
 
 
 if __name__ == "__main__":

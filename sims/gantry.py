@@ -11,12 +11,6 @@ from sims.render import RenderConfig
 from sims.vec_env import EnvConfig, SimVectorEnv
 
 
-def render_config(size: int = 64, cameras: tuple[str, ...] = ("front",), depth: bool = False,
-                  num_contexts: int | None = None) -> RenderConfig:
-    """Square frames of the gantry scene's ``cameras`` (with linear depth if ``depth``)."""
-    return RenderConfig(height=size, width=size, cameras=tuple(cameras), depth=depth, num_contexts=num_contexts)
-
-
 def longest_episode(task: str, limit: int | None = None) -> int:
     """Control steps of the longest episode of ``task`` (each gantry task has its own limit; ``limit`` unused)."""
     return max(T.TASKS[name].max_steps for name in T.resolve_tasks(task))
@@ -32,7 +26,7 @@ SUITE = register(Suite(
     splits=T.SPLITS,
     cameras=S.CAMERAS,
     backends=("batch", "mjx", "warp"),
-    render=render_config,
+    frames=RenderConfig(),  # 64x64 RGB of the front camera
     max_steps=longest_episode,
     expert=ScriptedExpert,
     # Measured 2026-12-04 (mujoco.batch, RSS growth from 64 to 1088 environments): 219 MiB per 1024 environments

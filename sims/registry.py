@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from sims.render import RenderConfig
 
 
 class Expert(Protocol):
@@ -88,8 +91,6 @@ class Suite:
     """Camera names its scenes render."""
     backends: tuple[str, ...]
     """Physics backends it runs on (of :data:`sims.backends.BACKENDS`)."""
-    render: Callable[..., Any]
-    """``render(size, cameras, depth, num_contexts)``: its :class:`sims.RenderConfig` of square frames."""
     max_steps: Callable[[str, int | None], int]
     """``max_steps(task, limit)``: the longest episode of a task name, in control steps (``limit``: the
     configured episode limit, where the suite has one)."""
@@ -97,6 +98,9 @@ class Suite:
     """The scripted expert of an env of this suite; raises ``ValueError`` for tasks without one."""
     memory: MemoryModel
     """Host memory of its environments."""
+    frames: RenderConfig | None = None
+    """Its default frames (what ``sims.make_vec_env(task, n, render=True)`` renders);
+    ``None``: it renders none (``cameras`` is empty)."""
     depth: bool = False
     """Its renderer gives linear depth too (``RenderConfig.depth``)."""
     weigh: Callable[[str, dict[str, float]], tuple[float, ...]] | None = None

@@ -51,19 +51,23 @@ _FAST_OFF_FLAGS = (
 
 @dataclass(frozen=True)
 class RenderConfig:
-    """What and how to render.
+    """What and how to render: the frames of a vector env (``VecEnvConfig.render``) and of the trainer's
+    ``env.frames`` section, whose keys are these fields (``env.frames.cameras=[front,wrist]``).
 
     Attributes:
-        width, height: frame size in pixels.
-        cameras: camera names of the model (the gantry scene's are ``sims.scene.CAMERAS``:
-            "front", "wrist"; a LIBERO scene's "agentview", "robot0_eye_in_hand").
-        depth: also return linear depth in metres.
-        textures: the Warp ray tracer samples the model's textures (LIBERO's scenes are textured;
-            the gantry scene has none). MuJoCo's OpenGL renderer always draws them.
-        num_contexts: GL contexts (worker threads); None: one per CPU core.
+        width, height: frame size in pixels, 8 to 1024 each.
+        cameras: camera names of the model, in this order (the gantry scene's are ``sims.scene.CAMERAS``:
+            "front", "wrist"; a LIBERO scene's "agentview", "robot0_eye_in_hand"); ``rgb`` is
+            ``[N, cams, 3, H, W]``.
+        depth: also return linear depth in metres (``depth`` float ``[N, cams, H, W]``).
+        textures: the Warp ray tracer samples the model's textures (LIBERO's scenes are textured, and its
+            env always turns this on; the gantry scene has none). MuJoCo's OpenGL renderer always draws them.
+        num_contexts: GL contexts (worker threads); None: one per CPU core (a trainer's env: one per
+            thread it is given).
         tile_frames: frames per readback (tiles of one offscreen buffer), at most what fits in 1024x1024.
         samples: multisampling (MSAA) samples per pixel; None keeps the model's
-            ``visual/quality/offsamples`` (MuJoCo's default and LIBERO's: 4; the fast gantry scene: 0).
+            ``visual/quality/offsamples`` (MuJoCo's default: 4; the fast gantry scene: 0; a LIBERO env
+            takes None as 0, see :class:`sims.libero.vec_env.LiberoEnvConfig`).
     """
 
     width: int = 64
@@ -75,15 +79,22 @@ class RenderConfig:
     textures: bool = False
     samples: int | None = None
 
-    def validate(self, cameras: tuple[str, ...] = S.CAMERAS) -> None:
-        """Raise ValueError naming a bad field and the valid values (``cameras``: the model's)."""
-        unknown = [c for c in self.cameras if c not in cameras]
-        if unknown or not self.cameras:
-            raise ValueError(f"unknown cameras {unknown or self.cameras}; valid cameras: {cameras}")
-        if not (8 <= self.width <= 1024 and 8 <= self.height <= 1024):
-            raise ValueError(f"frame size {self.width}x{self.height}; width and height must be in [8, 1024]")
-        if self.tile_frames < 1 or (self.num_contexts is not None and self.num_contexts < 1):
-            raise ValueError("tile_frames and num_contexts must be at least 1")
+    def validate(self, cameras: tuple[str, ...] | None = None) -> None:
+        """Raise ValueError naming a bad field and the valid values; with ``cameras`` (the model's or the
+        suite's camera names), also a camera that is not one of them."""
+        if not self.cameras or len(set(self.cameras)) < len(self.cameras):
+            raise ValueError(f"cameras={list(self.cameras)} must name distinct cameras (at least one)"
+                             + (f"; valid: {', '.join(cameras)}" if cameras is not None else ""))
+        unknown = [c for c in self.cameras if cameras is not None and c not in cameras]
+        if unknown:
+            raise ValueError(f"cameras={list(self.cameras)}: unknown camera(s) {unknown}; valid: {', '.join(cameras)}")
+        for name in ("width", "height"):
+            if not 8 <= getattr(self, name) <= 1024:
+                raise ValueError(f"{name}={getattr(self, name)}: a frame's width and height must be in [8, 1024]")
+        if self.tile_frames < 1:
+            raise ValueError(f"tile_frames={self.tile_frames} must be at least 1")
+        if self.num_contexts is not None and self.num_contexts < 1:
+            raise ValueError(f"num_contexts={self.num_contexts} must be at least 1, or None (one per CPU core)")
         if self.samples is not None and not 0 <= self.samples <= 16:
             raise ValueError(f"samples={self.samples}; multisampling takes 0 (off) to 16 samples, or None (the model's)")
 

@@ -154,6 +154,11 @@ def _visual_cylinder(body: mujoco.MjsBody, name: str, radius: float, half_height
     _box(body, f"{name}_collider", (radius, radius, half_height), pos, rgba, mass=mass, group=3)
 
 
+_GREY = (0.5, 0.5, 0.5, 1.0)
+_DARK = (0.25, 0.25, 0.28, 1.0)
+_WOOD = (0.55, 0.38, 0.22, 1.0)
+
+
 def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
     """Build the scene's MjSpec (uncompiled), so callers can edit it further.
 
@@ -164,6 +169,18 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
     config.validate()
     spec = mujoco.MjSpec()
     spec.modelname = "tabletop"
+    _set_options(spec, config)
+    # The order of the parts fixes the bodies', geoms' and joints' ids.
+    _add_table(spec.worldbody)
+    _add_gantry(spec)
+    _add_objects(spec.worldbody)
+    _add_drawer(spec.worldbody)
+    _add_actuators(spec)
+    return spec
+
+
+def _set_options(spec: mujoco.MjSpec, config: SceneConfig) -> None:
+    """Physics (timestep, implicit-fast integrator, solver iterations, sleep) and visual settings."""
     spec.option.timestep = config.timestep
     spec.option.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
     spec.option.iterations = 20
@@ -181,10 +198,10 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
     spec.visual.headlight.ambient = [0.05, 0.05, 0.05]
     spec.visual.global_.offwidth = 1024
     spec.visual.global_.offheight = 1024
-    grey = (0.5, 0.5, 0.5, 1.0)
-    dark = (0.25, 0.25, 0.28, 1.0)
-    wb = spec.worldbody
 
+
+def _add_table(wb: mujoco.MjsBody) -> None:
+    """The table plane, the light and the front camera."""
     # A plane's third size is its rendering grid spacing: 1 m draws one quad, not thousands.
     wb.add_geom(name="table", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0.6, 0.6, 1.0],
                 rgba=[0.6, 0.55, 0.48, 1.0], friction=[1.0, 0.005, 0.0001])
@@ -195,8 +212,10 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
     wb.add_camera(name="front", pos=front_pos.tolist(),
                   quat=_look_at_quat(front_pos, np.array([0.0, 0.05, 0.0])).tolist(), fovy=46.0)
 
-    # Gantry hand: slides x, y, z on nested bodies; the hand holds the palm, fingers and wrist camera.
-    hand_parent = wb
+
+def _add_gantry(spec: mujoco.MjSpec) -> None:
+    """The gantry hand: slides x, y, z on nested bodies; the hand holds the palm, fingers and wrist camera."""
+    hand_parent = spec.worldbody
     for axis, rng in zip("xyz", ARM_RANGE):
         link = hand_parent.add_body(name=f"slide_{axis}", pos=[0, 0, HAND_HOME_Z if axis == "x" else 0],
                                     gravcomp=1.0)
@@ -207,9 +226,9 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
         link.inertia = [1e-3, 1e-3, 1e-3]
         hand_parent = link
     hand = hand_parent.add_body(name="hand", gravcomp=1.0)
-    _box(hand, "palm", (0.02, 0.06, 0.012), (0, 0, 0), dark, contype=0, conaffinity=0)
+    _box(hand, "palm", (0.02, 0.06, 0.012), (0, 0, 0), _DARK, contype=0, conaffinity=0)
     hand.add_geom(name="column", type=mujoco.mjtGeom.mjGEOM_CAPSULE, fromto=[0, 0, 0.012, 0, 0, 0.3],
-                  size=[0.012, 0, 0], rgba=list(grey), contype=0, conaffinity=0)
+                  size=[0.012, 0, 0], rgba=list(_GREY), contype=0, conaffinity=0)
     hand.add_site(name="tip", pos=[0, 0, -TIP_BELOW_HAND], size=[0.005, 0, 0])
     wrist_pos = np.array([0.0, -0.1, 0.05])
     hand.add_camera(name="wrist", pos=wrist_pos.tolist(),
@@ -219,51 +238,56 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
         finger.add_joint(name=f"finger_{side}", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, sign, 0],
                          range=[0.0, FINGER_OPEN], damping=2.0, armature=0.005)
         _box(finger, f"finger_{side}", FINGER_HALF, (0, sign * FINGER_HALF[1], -0.012 - FINGER_HALF[2]),
-             dark, friction=[1.5, 0.005, 0.0001], mass=0.03)
+             _DARK, friction=[1.5, 0.005, 0.0001], mass=0.03)
     spec.add_exclude(bodyname1="finger_left", bodyname2="finger_right")
 
-    # Free objects, resting on the table; colours are set per episode.
+
+def _add_objects(wb: mujoco.MjsBody) -> None:
+    """The free objects resting on the table, the goal pads and the buttons; colours are set per episode."""
     for name in OBJECT_NAMES:
         body = wb.add_body(name=name, pos=[0, 0, 0.03])
         body.add_freejoint(name=name)
         if name == "ball":
             body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_SPHERE, size=[BALL_RADIUS, 0, 0],
-                          rgba=list(grey), mass=0.04, friction=[1.0, 0.005, 0.001])
+                          rgba=list(_GREY), mass=0.04, friction=[1.0, 0.005, 0.001])
         elif name == "cylinder":
-            _visual_cylinder(body, name, CYL_RADIUS, CYL_HALF_HEIGHT, (0, 0, 0), grey, mass=0.04)
+            _visual_cylinder(body, name, CYL_RADIUS, CYL_HALF_HEIGHT, (0, 0, 0), _GREY, mass=0.04)
         else:
-            _box(body, name, (CUBE_HALF,) * 3, (0, 0, 0), grey, mass=0.04)
+            _box(body, name, (CUBE_HALF,) * 3, (0, 0, 0), _GREY, mass=0.04)
 
     for i in range(NUM_PADS):
         pad = wb.add_body(name=f"pad{i}", mocap=True, pos=[0, 0, 0])
         pad.add_geom(name=f"pad{i}", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=[PAD_RADIUS, 0.001, 0],
-                     pos=[0, 0, 0.001], rgba=list(grey), contype=0, conaffinity=0)
+                     pos=[0, 0, 0.001], rgba=list(_GREY), contype=0, conaffinity=0)
 
     for i in range(NUM_BUTTONS):
         base = _placed_body(wb, f"button{i}", "xy", (0, 0, 0))
-        _box(base, f"button{i}_base", (0.035, 0.035, 0.0095), (0, 0, 0.0105), grey)  # clear of the table
+        _box(base, f"button{i}_base", (0.035, 0.035, 0.0095), (0, 0, 0.0105), _GREY)  # clear of the table
         cap = base.add_body(name=f"button{i}_cap", pos=[0, 0, BUTTON_CAP_Z], gravcomp=1.0)
         cap.add_joint(name=f"button{i}", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, 0, 1],
                       range=[-BUTTON_TRAVEL, 0.004], stiffness=40.0, damping=1.0)
-        _visual_cylinder(cap, f"button{i}_cap", 0.025, 0.008, (0, 0, 0), grey, mass=0.02)
+        _visual_cylinder(cap, f"button{i}_cap", 0.025, 0.008, (0, 0, 0), _GREY, mass=0.02)
 
-    # Drawer cabinet: opening faces -y (towards the camera); the drawer slides out along -y.
-    wood = (0.55, 0.38, 0.22, 1.0)
+
+def _add_drawer(wb: mujoco.MjsBody) -> None:
+    """The drawer cabinet: opening faces -y (towards the camera); the drawer slides out along -y."""
     cab = _placed_body(wb, "cabinet", "x", (0, CABINET_Y, 0))
     # One solid block: the drawer (a child body, so the two never collide) disappears into it when
     # closed. Fewer geoms render faster; a hollow cabinet of walls would look the same from outside.
-    _box(cab, "cabinet", (0.1, 0.08, 0.06), (0, 0, 0.061), wood)
+    _box(cab, "cabinet", (0.1, 0.08, 0.06), (0, 0, 0.061), _WOOD)
     drawer = cab.add_body(name="drawer", pos=[0, 0, 0])
     drawer.add_joint(name="drawer", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, -1, 0],
                      range=[0.0, DRAWER_TRAVEL], damping=3.0)
-    _box(drawer, "drawer_bottom", (0.078, 0.07, 0.005), (0, 0, 0.01), wood, mass=0.2)
+    _box(drawer, "drawer_bottom", (0.078, 0.07, 0.005), (0, 0, 0.01), _WOOD, mass=0.2)
     _box(drawer, "drawer_front", (0.08, 0.008, 0.045), (0, -0.078, 0.05), (0.65, 0.48, 0.3, 1.0), mass=0.1)
-    _box(drawer, "handle", (0.04, 0.006, 0.006), tuple(HANDLE_OFFSET), dark, mass=0.02)
+    _box(drawer, "handle", (0.04, 0.006, 0.006), tuple(HANDLE_OFFSET), _DARK, mass=0.02)
     for sx in (-0.035, 0.035):  # posts: physical, hidden (group 3) to save two geoms per frame
         _box(drawer, f"handle_post{'l' if sx < 0 else 'r'}", (0.005, 0.02, 0.005),
-             (sx, HANDLE_OFFSET[1] + 0.02, HANDLE_OFFSET[2]), dark, mass=0.005, group=3)
+             (sx, HANDLE_OFFSET[1] + 0.02, HANDLE_OFFSET[2]), _DARK, mass=0.005, group=3)
 
-    # Actuators: position servos on the slides (targets = joint positions) and the fingers.
+
+def _add_actuators(spec: mujoco.MjSpec) -> None:
+    """Position servos on the slides (targets = joint positions) and the fingers."""
     for axis, rng in zip("xyz", ARM_RANGE):
         act = spec.add_actuator(name=f"arm_{axis}", target=f"arm_{axis}",
                                 trntype=mujoco.mjtTrn.mjTRN_JOINT, ctrlrange=list(rng), forcerange=[-40, 40])
@@ -273,7 +297,6 @@ def build_spec(config: SceneConfig | None = None) -> mujoco.MjSpec:
                                 trntype=mujoco.mjtTrn.mjTRN_JOINT, ctrlrange=[0.0, FINGER_OPEN],
                                 forcerange=[-8, 8])
         act.set_to_position(kp=150.0, kv=4.0)
-    return spec
 
 
 def build_model(config: SceneConfig | None = None) -> tuple[mujoco.MjModel, SceneLayout]:

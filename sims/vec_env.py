@@ -698,13 +698,18 @@ def make_vec_env(task: str, num_envs: int, *, seed: int = 0, split: str = "train
     """Create N environments of ``task``, in the suite that claims it (:func:`sims.registry.suite_of`: a gantry
     task name or ``"suite"``, a LIBERO ``libero_spatial`` or ``libero_goal/3``, ...).
 
-    ``render=True`` renders the suite's default frames (64x64 RGB of the front camera for the gantry tasks);
-    pass a :class:`RenderConfig` for more. Other keyword arguments are fields of the suite's config
+    ``render=True`` renders the suite's default frames (``Suite.frames``: 64x64 RGB of the front camera for the
+    gantry tasks); pass a :class:`RenderConfig` for more. Other keyword arguments are fields of the suite's config
     (:class:`EnvConfig`, :class:`sims.libero.vec_env.LiberoEnvConfig`).
+
+    Raises:
+        ValueError: ``render=True`` for a suite that renders no frames.
     """
     suite = suite_of(task)
     if render is True:
-        render = suite.render()
+        if suite.frames is None:
+            raise ValueError(f"render=True: the {suite.name} suite renders no frames; pass render=None")
+        render = suite.frames
     elif render is False:
         render = None
     return suite.make(suite.config(task=task, num_envs=num_envs, seed=seed, split=split, render=render,

@@ -219,7 +219,7 @@ def sims_env_config(
 ) -> sims.VecEnvConfig:
     """The config of ``cfg``'s suite (``sims.suite_of(cfg.task).config``, e.g. :class:`sims.EnvConfig`) for a
     ``sims`` env section (:func:`vla_rl.config.suite_config`: its shared settings and ``env.suite``) with the
-    frames it asks for (the suite's :class:`sims.RenderConfig` with ``num_threads`` GL contexts, or none).
+    frames it asks for (``cfg.frames``, with ``num_threads`` GL contexts unless it names its own, or none).
 
     The other arguments are :func:`make_env`'s.
 
@@ -227,7 +227,8 @@ def sims_env_config(
         ValueError: ``env_offset`` for a suite whose environments are not sharded.
     """
     suite = sims.suite_of(cfg.task)
-    render = suite.render(cfg.image_size, tuple(cfg.cameras), cfg.depth, num_threads) if cfg.render else None
+    frames = cfg.frames
+    render = None if frames is None else dataclasses.replace(frames, num_contexts=frames.num_contexts or num_threads)
     per_env = dict(num_envs=num_envs, seed=seed, split=split, render=render, group_size=group_size,
                    num_threads=num_threads)
     if env_offset:

@@ -43,10 +43,10 @@ class MemoryEstimate:
 
 def frame_bytes(env: TrainEnvConfig) -> int:
     """Bytes of one environment's observation images: ``cams x 3 x H x W`` uint8 (+ float32 depth), 0 unrendered."""
-    if env.kind != "sims" or not env.render:
+    if env.kind != "sims" or env.frames is None:
         return 0
-    pixels = len(env.cameras) * env.image_size * env.image_size
-    return pixels * 3 + (pixels * 4 if env.depth else 0)
+    pixels = len(env.frames.cameras) * env.frames.height * env.frames.width
+    return pixels * 3 + (pixels * 4 if env.frames.depth else 0)
 
 
 def estimate_envs(env: TrainEnvConfig, num_envs: int, scenes: bool = True) -> MemoryEstimate:

@@ -294,9 +294,10 @@ def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] 
         check_demos(demos, env)
     else:
         t = time.perf_counter()
+        frames = env.frames or sims.RenderConfig()  # a state policy's demos hold the default frames (one camera at least)
         collect_demos(CollectConfig(task=env.task, episodes=recipe.demos.episodes, out=demos, seed=recipe.seed,
-                                    noise=recipe.demos.noise, image_size=env.image_size,
-                                    num_envs=recipe.demos.num_envs, cameras=tuple(env.cameras),
+                                    noise=recipe.demos.noise, image_size=frames.height,
+                                    num_envs=recipe.demos.num_envs, cameras=tuple(frames.cameras),
                                     task_weights=recipe.demos.task_weights, keep_failures=recipe.demos.keep_failures,
                                     suite_settings=dict(env.suite)))
         walls["demos"] = time.perf_counter() - t

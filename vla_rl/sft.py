@@ -44,10 +44,11 @@ def load_dataset(cfg: TrainConfig, instructions: list[str]) -> tuple[DemoDataset
     """
     head = getattr(cfg.policy, "head", None)
     chunk = getattr(head, "chunk", 1)
-    cameras = list(cfg.env.cameras) if getattr(cfg.policy, "image_key", None) else []
+    frames = cfg.env.frames if getattr(cfg.policy, "image_key", None) else None  # a VLA's (its check: not None)
+    cameras = list(frames.cameras) if frames else []
     try:
         data = DemoDataset(cfg.sft.dataset, action_chunk=chunk if chunk > 1 else None, cameras=cameras,
-                           image_size=cfg.env.image_size if cameras else None)
+                           image_size=frames.height if frames else None)
     except (DatasetError, ValueError) as exc:
         raise ConfigError(f"sft.dataset={cfg.sft.dataset!r}: {exc}") from exc
     index = {text: i for i, text in enumerate(instructions)}

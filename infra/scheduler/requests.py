@@ -233,17 +233,7 @@ def validate(
         checked: bundles already known valid on this cluster (skipped; the valid ones are added).
     """
     check_bounds(req)
-    if req.grace_s < 0 or (req.timeout_s is not None and req.timeout_s <= 0):
-        raise RequestError(
-            f"gang {req.name!r}: grace_s={req.grace_s} must be >= 0 and timeout_s={req.timeout_s} > 0 (or None)."
-        )
-    if not req.bundles:
-        raise RequestError(f"gang {req.name!r} has no bundles: give at least one Bundle.")
-    n = len(req.bundles)
-    if not 1 <= req.min_size <= n:
-        raise RequestError(
-            f"gang {req.name!r}: min_bundles={req.min_bundles} must be between 1 and {n} (the number of bundles)."
-        )
+    _check_shape(req)
     for i, b in enumerate(req.bundles):
         if checked is None or b not in checked:
             validate_bundle(b, state, f"gang {req.name!r} bundle {i}")
@@ -255,57 +245,90 @@ def validate(
             "place constrained services as a fixed-size gang."
         )
     for c in req.constraints:
-        idx = (c.bundle,) if isinstance(c, PinGPUs) else c.bundles
-        bad = [i for i in idx if not 0 <= i < n]
-        if bad:
-            raise RequestError(
-                f"gang {req.name!r}: constraint {c} names bundles {bad}; valid indices are 0..{n - 1}."
-            )
-        named = [c.service] if isinstance(c, SameGPU | SameNode) and c.service else []
-        named += list(c.services) if isinstance(c, DifferentNodes) else []
-        missing = [s for s in named if s not in services]
-        if missing:
-            raise RequestError(
-                f"gang {req.name!r}: constraint {c} names services {missing} that are not placed; place them first."
-            )
-        if isinstance(c, SameGPU):
-            whole = [i for i in idx if req.bundles[i].gpus or not req.bundles[i].gpu_fraction]
-            if whole:
-                raise RequestError(
-                    f"gang {req.name!r}: SameGPU needs GPU fractions, but bundles {whole} are not fractions."
-                )
-            if sum(req.bundles[i].gpu_fraction for i in idx) > MILLI:
-                raise RequestError(
-                    f"gang {req.name!r}: SameGPU bundles {list(idx)} ask for more than one whole GPU together."
-                )
-            if len(set(req.bundles[i].gpu_models for i in idx)) > 1:
-                raise RequestError(
-                    f"gang {req.name!r}: SameGPU bundles {list(idx)} allow different GPU models; make them equal."
-                )
-            need = sum(req.bundles[i].gpu_memory_mib for i in idx)
-            allowed = state.model_mask(req.bundles[idx[0]].gpu_models)
-            if need and not (allowed & state.memory_mask(need)).any():
-                raise RequestError(
-                    f"gang {req.name!r}: SameGPU bundles {list(idx)} need {need} MiB of GPU memory together but "
-                    f"the largest allowed GPU has {int(state.gpu_mem[allowed].max(initial=0))} MiB; "
-                    "spread them over several GPUs or allow larger GPU models."
-                )
-        if isinstance(c, PinGPUs):
-            if c.node not in state.node_index:
-                raise RequestError(
-                    f"gang {req.name!r}: PinGPUs names node {c.node!r}, which is not in the cluster."
-                )
-            count = int(state.gpu_count[state.node_index[c.node]])
-            if not c.gpus or any(not 0 <= g < count for g in c.gpus):
-                raise RequestError(
-                    f"gang {req.name!r}: PinGPUs gpus={c.gpus} on node {c.node!r}; valid indices are 0..{count - 1}."
-                )
-            if len(c.gpus) < req.bundles[c.bundle].num_gpu:
-                raise RequestError(
-                    f"gang {req.name!r}: PinGPUs gives {len(c.gpus)} GPUs to bundle {c.bundle}, which needs "
-                    f"{req.bundles[c.bundle].num_gpu}; widen the range."
-                )
+        _check_constraint(req, c, state, services)
     _check_contradictions(req)
+
+
+def _check_shape(req: GangRequest) -> None:
+    """The gang's timing (``grace_s``, ``timeout_s``), its bundles (at least one) and ``min_bundles``."""
+    if req.grace_s < 0 or (req.timeout_s is not None and req.timeout_s <= 0):
+        raise RequestError(
+            f"gang {req.name!r}: grace_s={req.grace_s} must be >= 0 and timeout_s={req.timeout_s} > 0 (or None)."
+        )
+    if not req.bundles:
+        raise RequestError(f"gang {req.name!r} has no bundles: give at least one Bundle.")
+    n = len(req.bundles)
+    if not 1 <= req.min_size <= n:
+        raise RequestError(
+            f"gang {req.name!r}: min_bundles={req.min_bundles} must be between 1 and {n} (the number of bundles)."
+        )
+
+
+def _check_constraint(
+    req: GangRequest, c: Constraint, state: ClusterState, services: dict[str, tuple[int, tuple[int, ...]]]
+) -> None:
+    """One constraint of ``req``: the bundles and placed services it names, then what its kind needs."""
+    n = len(req.bundles)
+    idx = (c.bundle,) if isinstance(c, PinGPUs) else c.bundles
+    bad = [i for i in idx if not 0 <= i < n]
+    if bad:
+        raise RequestError(
+            f"gang {req.name!r}: constraint {c} names bundles {bad}; valid indices are 0..{n - 1}."
+        )
+    named = [c.service] if isinstance(c, SameGPU | SameNode) and c.service else []
+    named += list(c.services) if isinstance(c, DifferentNodes) else []
+    missing = [s for s in named if s not in services]
+    if missing:
+        raise RequestError(
+            f"gang {req.name!r}: constraint {c} names services {missing} that are not placed; place them first."
+        )
+    if isinstance(c, SameGPU):
+        _check_same_gpu(req, idx, state)
+    if isinstance(c, PinGPUs):
+        _check_pin(req, c, state)
+
+
+def _check_same_gpu(req: GangRequest, idx: tuple[int, ...], state: ClusterState) -> None:
+    """Bundles ``idx`` that share one GPU: fractions of one model that fit it together, memory included."""
+    whole = [i for i in idx if req.bundles[i].gpus or not req.bundles[i].gpu_fraction]
+    if whole:
+        raise RequestError(
+            f"gang {req.name!r}: SameGPU needs GPU fractions, but bundles {whole} are not fractions."
+        )
+    if sum(req.bundles[i].gpu_fraction for i in idx) > MILLI:
+        raise RequestError(
+            f"gang {req.name!r}: SameGPU bundles {list(idx)} ask for more than one whole GPU together."
+        )
+    if len(set(req.bundles[i].gpu_models for i in idx)) > 1:
+        raise RequestError(
+            f"gang {req.name!r}: SameGPU bundles {list(idx)} allow different GPU models; make them equal."
+        )
+    need = sum(req.bundles[i].gpu_memory_mib for i in idx)
+    allowed = state.model_mask(req.bundles[idx[0]].gpu_models)
+    if need and not (allowed & state.memory_mask(need)).any():
+        raise RequestError(
+            f"gang {req.name!r}: SameGPU bundles {list(idx)} need {need} MiB of GPU memory together but "
+            f"the largest allowed GPU has {int(state.gpu_mem[allowed].max(initial=0))} MiB; "
+            "spread them over several GPUs or allow larger GPU models."
+        )
+
+
+def _check_pin(req: GangRequest, c: PinGPUs, state: ClusterState) -> None:
+    """A pin's node (in the cluster), its GPU indices (on that node) and their number (the bundle's GPUs)."""
+    if c.node not in state.node_index:
+        raise RequestError(
+            f"gang {req.name!r}: PinGPUs names node {c.node!r}, which is not in the cluster."
+        )
+    count = int(state.gpu_count[state.node_index[c.node]])
+    if not c.gpus or any(not 0 <= g < count for g in c.gpus):
+        raise RequestError(
+            f"gang {req.name!r}: PinGPUs gpus={c.gpus} on node {c.node!r}; valid indices are 0..{count - 1}."
+        )
+    if len(c.gpus) < req.bundles[c.bundle].num_gpu:
+        raise RequestError(
+            f"gang {req.name!r}: PinGPUs gives {len(c.gpus)} GPUs to bundle {c.bundle}, which needs "
+            f"{req.bundles[c.bundle].num_gpu}; widen the range."
+        )
 
 
 def _check_contradictions(req: GangRequest) -> None:

@@ -17,7 +17,6 @@ from sims.libero.suites import MAX_STEPS, is_libero_task, resolve_libero_task
 from sims.libero.toolchain.install import missing_variants
 from sims.libero.vec_env import BACKENDS, FIXED_STATE_SPLITS, LIBERO_SPLITS, LiberoEnvConfig, LiberoVectorEnv
 from sims.registry import EvalProtocol, MemoryModel, Suite, register
-from sims.render import RenderConfig
 
 
 class VectorExpert:
@@ -60,18 +59,6 @@ class VectorExpert:
                 expert.reset(settle=not self.settled)
 
 
-def render_config(size: int = 128, cameras: tuple[str, ...] = CAMERAS, depth: bool = False,
-                  num_contexts: int | None = None) -> RenderConfig:
-    """Square frames of ``cameras`` (textures on).
-
-    Raises:
-        ValueError: ``depth``: LIBERO's frames are RGB only.
-    """
-    if depth:
-        raise ValueError("depth=True: a LIBERO env renders RGB frames only (no depth)")
-    return libero_render_config(size, tuple(cameras), num_contexts=num_contexts)
-
-
 def longest_episode(task: str, limit: int | None = None) -> int:
     """Control steps of the longest episode of ``task``: ``limit``, else LIBERO's limit of its suite (:data:`MAX_STEPS`)."""
     return limit or max(MAX_STEPS[task_id.split("/")[0]] for task_id in resolve_libero_task(task))
@@ -103,7 +90,7 @@ SUITE = register(Suite(
     splits=LIBERO_SPLITS,
     cameras=CAMERAS,
     backends=BACKENDS,
-    render=render_config,
+    frames=libero_render_config(),  # 128x128 RGB of both cameras
     max_steps=longest_episode,
     expert=VectorExpert,
     # A task's compiled scene (textures downscaled to 512 px) is built once per process: 276 MiB for spatial/5 after

@@ -99,8 +99,10 @@ class LiberoEnvConfig(VecEnvConfig):
         task: ``libero_<suite>`` or ``libero_<suite>/<i>``.
         num_envs: environments N (at least one group per task).
         split: one of :data:`LIBERO_SPLITS`.
-        render: camera frames (None: none); LIBERO's textures are always on, and its ``num_contexts`` GL
-            contexts (None: one per CPU core) are shared out over the tasks, at least one each.
+        render: camera frames (None: none), RGB only; LIBERO's textures are always on, ``samples=None`` is no
+            multisampling (LIBERO's model asks 4: twice the CPU per frame for anti-aliased edges, a mean 2-level
+            difference at 128x128), and its ``num_contexts`` GL contexts (None: one per CPU core) are shared out
+            over the tasks, at least one each.
         backend: ``batch`` or ``warp``.
         max_steps: episode length in control steps (None: :data:`MAX_STEPS` of the suite).
         settle_steps: control steps held still before an episode's first observation.
@@ -139,6 +141,8 @@ class LiberoEnvConfig(VecEnvConfig):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}; LIBERO runs on the batch and warp backends")
         super().validate()
+        if self.render is not None and self.render.depth:
+            raise ValueError("render.depth=True: a LIBERO env renders RGB frames only (no depth)")
         if self.num_envs // self.group_size < len(ids):
             raise ValueError(f"num_envs={self.num_envs} in groups of {self.group_size} is fewer groups than the "
                              f"{len(ids)} tasks of {self.task}; use num_envs >= {len(ids) * self.group_size}")
@@ -269,7 +273,8 @@ class LiberoVectorEnv(ArrayVectorEnv):
         render = None
         if config.render is not None:  # GL contexts are shared out over the tasks (each holds a model copy)
             contexts = max(1, (config.render.num_contexts or os.cpu_count() or 1) // k)
-            render = dataclasses.replace(config.render, textures=True, num_contexts=contexts)
+            samples = 0 if config.render.samples is None else config.render.samples
+            render = dataclasses.replace(config.render, textures=True, samples=samples, num_contexts=contexts)
         self.sims = [LiberoSim(t, int(self.bounds[i + 1] - self.bounds[i]), backend=config.backend, render=render,
                                warp_device=config.warp_device, num_threads=config.num_threads,
                                model=shared_model(t, config.visual_faces, CONTROLLERS[config.controller]))

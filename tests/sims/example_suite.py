@@ -44,7 +44,7 @@ class PointConfig(VecEnvConfig):
         if self.split not in SPLITS:
             raise ValueError(f"split={self.split!r}; valid: {', '.join(SPLITS)}")
         if self.render is not None:
-            raise ValueError("the point suite renders no frames; set env.render=false")
+            raise ValueError("render: the point suite renders no frames; pass render=None (trainer: env.frames=null)")
 
 
 class PointVectorEnv(ArrayVectorEnv):
@@ -128,13 +128,9 @@ class GreedyExpert:
         pass
 
 
-def _no_frames(size: int = 0, cameras: tuple[str, ...] = (), depth: bool = False, num_contexts: int | None = None):
-    raise ValueError("the point suite renders no frames; set env.render=false")
-
-
 SUITE = Suite(
     name="point", task_forms=("point",), claims=lambda task: task == "point", resolve=resolve, config=PointConfig,
-    make=PointVectorEnv, splits=SPLITS, cameras=(), backends=("batch",), render=_no_frames,
+    make=PointVectorEnv, splits=SPLITS, cameras=(), backends=("batch",),
     max_steps=lambda task, limit: PointConfig.max_steps, expert=GreedyExpert, memory=MemoryModel(per_env=256),
     proprio_names=("x", "y"), action_names=("dx", "dy"),
 )

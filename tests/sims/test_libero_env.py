@@ -210,7 +210,7 @@ def test_visual_faces_from_a_training_config_reaches_the_env_and_bad_values_are_
     faces = {}
     for value in ("null", "400", str(VISUAL_FACES)):
         cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", f"env.suite.visual_faces={value}"])
-        env = make_env(dataclasses.replace(cfg.env, render=False), seed=0, num_envs=2)  # no GL contexts needed
+        env = make_env(dataclasses.replace(cfg.env, frames=None), seed=0, num_envs=2)  # no GL contexts needed
         faces[value] = int(env.sims[0].model.mesh_facenum.sum())
         env.close()
     assert faces["null"] > faces[str(VISUAL_FACES)] > faces["400"], faces  # full > 2000 per mesh > 400 per mesh
@@ -222,6 +222,29 @@ def test_visual_faces_from_a_training_config_reaches_the_env_and_bad_values_are_
         load_config(CONFIG_DIR / "default.yaml", ["env.suite.visual_faces=1000"])
     with pytest.raises(ValueError, match=r"^visual_faces=3: give at least .*or None for LIBERO's full meshes$"):
         LiberoEnvConfig(task="libero_spatial/0", visual_faces=3).validate()
+
+
+def test_a_training_configs_frames_reach_the_libero_sims_textured_without_multisampling(cached):
+    """``env.frames`` (a sims.RenderConfig, its textures and samples left unset) reaches each task's sim with
+    LIBERO's textures on, no multisampling and the env's threads as GL contexts; depth is refused, by the trainer's
+    section and by LIBERO's config."""
+    from vla_rl.envs import make_env
+
+    cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", "env.frames.width=16",
+                                                   "env.frames.height=16", "policy.image_size=16"])
+    assert (cfg.env.frames.textures, cfg.env.frames.samples) == (False, None)
+    env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
+    try:
+        render = env.sims[0].render_config
+        assert (render.textures, render.samples, render.num_contexts, render.width, render.cameras) == (
+            True, 0, 1, 16, ("agentview", "robot0_eye_in_hand"))
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match=r"^env.frames.depth=true: the libero suite renders RGB frames only; set "
+                                          r"env.frames.depth=false$"):
+        load_config(CONFIG_DIR / "libero.yaml", ["env.frames.depth=true"])
+    with pytest.raises(ValueError, match=r"^render.depth=True: a LIBERO env renders RGB frames only"):
+        LiberoEnvConfig(task="libero_spatial/0", render=sims.RenderConfig(cameras=("agentview",), depth=True)).validate()
 
 
 def test_controller_and_starts_from_a_training_config_reach_the_env_config():

@@ -272,5 +272,5 @@ def test_instructions_setting_is_checked_and_forwarded(cached):
     with pytest.raises(ConfigError, match=r"^env.suite has unknown key\(s\) \['instructions'\] for env.task='reach'"):
         load_config(CONFIG_DIR / "default.yaml", ["env.suite.instructions=paraphrase"])
     cfg = load_config(CONFIG_DIR / "libero.yaml", ["env.task=libero_spatial/0", "env.suite.instructions=paraphrase"])
-    env = make_env(dataclasses.replace(cfg.env, render=False), seed=0, num_envs=2)
+    env = make_env(dataclasses.replace(cfg.env, frames=None), seed=0, num_envs=2)
     assert env.instructions[1:] == list(paraphrases("spatial/0", "train"))

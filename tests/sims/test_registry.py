@@ -3,7 +3,8 @@ registration (tests/sims/example_suite.py) and trains with the trainer unchanged
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import sims
 from infra.common.typed_config import ConfigError
 from sims.registry import unregister
 from tests.sims.example_suite import SUITE as POINT
-from vla_rl.config import CONFIG_DIR, load_config
+from vla_rl.config import CONFIG_DIR, TrainEnvConfig, load_config
 from vla_rl.trainer import Trainer
 
 
@@ -38,6 +39,19 @@ def declared_twice(cls: type) -> list[str]:
     """The fields of dataclass ``cls`` that more than one class of its MRO declares (annotates)."""
     names = [name for klass in cls.__mro__ for name in vars(klass).get("__annotations__", {})]
     return sorted({name for name in names if names.count(name) > 1})
+
+
+def test_the_trainers_env_section_declares_no_field_twice():
+    """The trainer's env section over sims' classes: the shared settings declared in sims.SharedSettings, the frames
+    in sims.RenderConfig (nested as ``frames``, typed as each suite's config types its ``render``), and no name of
+    the section also a frame setting or a suite config's field other than a shared one (one meaning per name)."""
+    assert not declared_twice(TrainEnvConfig) and issubclass(TrainEnvConfig, sims.SharedSettings)
+    section = {f.name for f in fields(TrainEnvConfig)}
+    assert not section & {f.name for f in fields(sims.RenderConfig)}
+    frames_type = typing.get_type_hints(TrainEnvConfig)["frames"]
+    for suite in (*sims.suites(), POINT):
+        assert section & {f.name for f in fields(suite.config)} == set(sims.shared_settings()), suite.name
+        assert typing.get_type_hints(suite.config)["render"] == frames_type, suite.name
 
 
 def test_the_check_finds_a_field_declared_twice():
@@ -82,7 +96,7 @@ def test_a_third_suite_trains_for_one_iteration(point, tmp_path):
     trainer.close()
     assert summary["env_steps"] == 32 and trainer.iteration == 1
     assert 0.0 <= trainer.log.rows[-1]["eval/validation/success"] <= 1.0
-    with pytest.raises(ConfigError, match=r"env.cameras=\['front'\] must name distinct cameras .*valid: $"):
+    with pytest.raises(ConfigError, match=r"^env.frames: the point suite renders no frames; set env.frames=null$"):
         load_config(CONFIG_DIR / "default.yaml", ["env.task=point"])
     with pytest.raises(ConfigError, match=r"^env.speed is a suite's own setting \(point\): write env.suite.speed=0.3 "):
         load_config(CONFIG_DIR / "reach_state_ppo.yaml", ["env.task=point", "env.speed=0.3"])

@@ -12,6 +12,7 @@ import mujoco
 import numpy as np
 import pytest
 
+from sims import scene as S
 from sims import tasks as T
 from sims.backends import to_numpy
 from sims.render import RenderConfig
@@ -88,9 +89,12 @@ def test_multi_camera_frames_follow_the_arm(cameras: tuple[str, ...]) -> None:
 
 
 def test_bad_render_config_is_refused() -> None:
-    with pytest.raises(ValueError, match="valid cameras"):
-        RenderConfig(cameras=("top",)).validate()
-    with pytest.raises(ValueError, match="frame size"):
+    RenderConfig(cameras=("top",)).validate()  # no camera names given: the fields alone
+    with pytest.raises(ValueError, match=r"^cameras=\['top'\]: unknown camera\(s\) \['top'\]; valid: front, wrist$"):
+        RenderConfig(cameras=("top",)).validate(S.CAMERAS)
+    with pytest.raises(ValueError, match=r"^cameras=\['front', 'front'\] must name distinct cameras \(at least one\)$"):
+        RenderConfig(cameras=("front", "front")).validate()
+    with pytest.raises(ValueError, match=r"^width=4: a frame's width and height must be in \[8, 1024\]$"):
         RenderConfig(width=4).validate()
 
 
@@ -165,7 +169,6 @@ def test_nvidia_egl_steers_to_the_warp_renderer(monkeypatch) -> None:
     import warnings
 
     import sims.render as R
-    from sims import scene as S
 
     model = S.build_model()[0]
     with warnings.catch_warnings():

@@ -101,11 +101,14 @@ DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
     [
         (HALFCHEETAH, "ppo.optim.lr=-1", r"ppo.optim.lr=-1.0 must be in \(0, 1\]"),
         (HALFCHEETAH, "ppo.optim.lr=.inf", r"ppo.optim.lr=inf must be in \(0, 1\]"),
-        (DEFAULT, "env.image_size=7", r"env.image_size=7 must be in \[8, 1024\]"),
-        (DEFAULT, "policy.image_size=32", r"policy.image_size=32 must equal env.image_size=64"),
+        (DEFAULT, "env.frames.width=7", r"env.frames.width=7: a frame's width and height must be in \[8, 1024\]$"),
+        (DEFAULT, "policy.image_size=32", r"policy.image_size=32 must equal env.frames.width=64 and env.frames.height=64"),
+        (DEFAULT, "env.frames.height=32", r"policy.image_size=64 must equal env.frames.width=64 and env.frames.height=32"),
         (DEFAULT, "policy.patch_size=3", r"policy.image_size=64 must be a multiple of patch_size=3"),
-        (DEFAULT, "env.cameras=[front,top]", r"env.cameras=\['front', 'top'\] .*valid: front, wrist"),
-        (DEFAULT, "env.render=false", r"policy.name=vla reads camera images: it needs .*env.render=true"),
+        (DEFAULT, "env.frames.cameras=[front,top]", r"env.frames.cameras=\['front', 'top'\]: unknown camera\(s\) "
+                                                    r"\['top'\]; valid: front, wrist$"),
+        (DEFAULT, "env.frames.cameras=[front,front]", r"env.frames.cameras=\['front', 'front'\] must name distinct"),
+        (DEFAULT, "env.frames=null", r"policy.name=vla reads camera images: it needs env.kind=sims and env.frames "),
         (DEFAULT, "env.backend=gpu", r"env.backend='gpu' is not a sims backend; valid: batch, mjx"),
         (DEFAULT, "policy.attention_heads=0", r"policy.attention_heads=0 must be at least 1"),
         (DEFAULT, "policy.readout=flatten", r"policy.attention_target_keys=\['goal_pixel'\] train the attention readout; set readout: attention"),
@@ -150,6 +153,8 @@ DEFAULT, HALFCHEETAH = "default.yaml", "halfcheetah_ppo.yaml"
         (DEFAULT, "env.suite.task_weights.reach=-1", r"each weight must be a number >= 0"),
         (HALFCHEETAH, "env.suite.task_weights.x=1", r"env.suite=.* sets a sims suite's own settings; env.kind='gym' has none"),
         (DEFAULT, "env.reward=success", r"env.reward is a suite's own setting \(gantry\): write env.suite.reward=success"),
+        (DEFAULT, "env.image_size=32", r"env.image_size is a frame setting, now under env.frames: write "
+                                       r"env.frames.width=32 env.frames.height=32 "),
         (DEFAULT, "env.suite.num_envs=4", r"env.suite has unknown key\(s\) \['num_envs'\] .*; write env.num_envs"),
         (DEFAULT, "env.max_episode_steps=10", r"env.max_episode_steps=10 limits gymnasium episodes; a sims suite's own "
                                               r"settings go under env.suite \(the gantry suite's: .*reward"),
@@ -198,8 +203,8 @@ def test_every_numeric_field_has_a_valid_range():
 def test_render_knobs_reach_the_environment():
     from vla_rl.envs import make_env
 
-    cfg = load_config(CONFIG_DIR / DEFAULT, ["env.cameras=[front,wrist]", "env.depth=true", "env.image_size=32",
-                                "policy.image_size=32"])
+    cfg = load_config(CONFIG_DIR / DEFAULT, ["env.frames.cameras=[front,wrist]", "env.frames.depth=true",
+                                                    "env.frames.width=32", "env.frames.height=32", "policy.image_size=32"])
     env = make_env(cfg.env, seed=0, num_envs=2, num_threads=1)
     try:
         obs = env.reset_td(seed=0)
@@ -259,14 +264,26 @@ def test_cuda_on_a_machine_without_cuda_is_a_config_error_before_the_run_directo
     assert list(tmp_path.iterdir()) == []
 
 
-def _flat(cfg: TrainConfig, **old) -> dict:
+def _flat(cfg: TrainConfig, frames: bool = True, **old) -> dict:
     """``cfg`` as ``config.yaml`` held it before the suite's settings nested under ``env.suite``: every suite's
-    setting at the top of ``env`` (the other suites' at the old section's defaults)."""
+    setting at the top of ``env`` (the other suites' at the old section's defaults), and (``frames``) the frame
+    settings too (:func:`_flat_frames`)."""
     data = to_dict(cfg)
     data["env"] = {k: v for k, v in data["env"].items() if k != "suite"} | {
         "reward": "dense", "task_weights": {}, "warp_deterministic": False, "warp_uncaptured": False,
         "visual_faces": 2000, "instructions": "original", "controller": "servo", "starts": "jitter", **old}
+    if frames:
+        data["env"] = _flat_frames(data["env"])
     return data
+
+
+def _flat_frames(env: dict) -> dict:
+    """An ``env`` section as ``config.yaml`` held it before the frames nested under ``env.frames``: ``render``
+    (on/off), the square ``image_size``, ``cameras`` and ``depth`` at its top (the old defaults when off)."""
+    frames = env["frames"] or {"height": 64, "cameras": ["front"], "depth": False}
+    return {k: v for k, v in env.items() if k != "frames"} | {
+        "render": env["frames"] is not None, "image_size": frames["height"], "cameras": frames["cameras"],
+        "depth": frames["depth"]}
 
 
 def test_a_checkpoint_saved_with_a_flat_env_section_loads_nested_and_a_yaml_one_is_refused(tmp_path):
@@ -282,8 +299,41 @@ def test_a_checkpoint_saved_with_a_flat_env_section_loads_nested_and_a_yaml_one_
         flat = _flat(cfg, **old)
         suite = sims.suite_of(cfg.env.task).name  # the task's own suite's keys are named first
         with pytest.raises(ConfigError, match=rf"^env\.(\w+) is a suite's own setting \({suite}\): write env\.suite\.\1="):
-            build_config(flat)
+            build_config(_flat(cfg, frames=False, **old))
         save_checkpoint({"config": flat}, tmp_path / cfg.env.task, iteration=1)
         loaded = load_checkpoint(tmp_path / cfg.env.task)["config"]
         assert loaded["env"]["suite"] == cfg.env.suite
         assert build_config(loaded) == cfg
+
+
+def test_a_checkpoint_saved_with_flat_frame_settings_loads_them_under_env_frames(tmp_path):
+    """A checkpoint written before the frames nested under ``env.frames`` (``env.render``, ``env.image_size``,
+    ``env.cameras``, ``env.depth``) loads with them there, frames off as ``frames: null``; the same keys in a
+    YAML file are refused, naming the new key."""
+    from vla_rl.checkpoint import load_checkpoint, save_checkpoint
+
+    rendered = load_config(CONFIG_DIR / DEFAULT, ["env.frames.cameras=[front,wrist]", "env.frames.depth=true",
+                                                  "env.frames.width=32", "env.frames.height=32", "policy.image_size=32"])
+    for name, cfg in (("on", rendered), ("off", load_config(CONFIG_DIR / "reach_state_ppo.yaml"))):
+        data = to_dict(cfg)
+        data["env"] = _flat_frames(data["env"])
+        with pytest.raises(ConfigError, match=r"^env\.render is a frame setting, now under env\.frames: "):
+            build_config(data)
+        save_checkpoint({"config": data}, tmp_path / name, iteration=1)
+        loaded = load_checkpoint(tmp_path / name)["config"]
+        assert loaded["env"]["frames"] == (to_dict(cfg)["env"]["frames"] if name == "off" else
+                                           {"width": 32, "height": 32, "cameras": ["front", "wrist"], "depth": True})
+        assert build_config(loaded) == cfg
+
+
+@pytest.mark.parametrize(("override", "new"), [
+    ("env.image_size=32", "write env.frames.width=32 env.frames.height=32 (YAML: env: {frames: {width: 32, height: 32}})"),
+    ("env.cameras=[front,wrist]", "write env.frames.cameras=[front,wrist] (YAML: env: {frames: {cameras: [front,wrist]}})"),
+    ("env.depth=true", "write env.frames.depth=true (YAML: env: {frames: {depth: true}})"),
+    ("env.render=false", "write env.frames=null (YAML: env: {frames: null})"),
+    ("env.render=true", "frames are on unless env.frames=null: remove env.render"),
+])
+def test_an_old_flat_frame_key_is_a_one_line_error_naming_its_new_key(override, new):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)} is a frame setting, now under env.frames: {re.escape(new)}$"):
+        load_config(CONFIG_DIR / DEFAULT, [override])

@@ -54,8 +54,8 @@ def train_defaults(policy_name: str | None) -> dict:
 
 
 def test_the_check_finds_a_repeated_default():
-    data = {"env": {"num_envs": to_dict(TrainConfig())["env"]["num_envs"] + 1, "render": True}, "algo": "ppo"}
-    assert repeated_defaults(data, train_defaults(None)) == ["env.render=True", "algo='ppo'"]
+    data = {"env": {"num_envs": to_dict(TrainConfig())["env"]["num_envs"] + 1, "frames": {"width": 64}}, "algo": "ppo"}
+    assert repeated_defaults(data, train_defaults(None)) == ["env.frames.width=64", "algo='ppo'"]
 
 
 def test_the_yaml_lists_cover_every_config():
@@ -84,21 +84,22 @@ def test_recipe_yaml_names_only_what_differs(name):
 
 def test_the_env_section_takes_the_simulators_defaults():
     """``env`` holds the settings every suite reads (``sims.shared_settings()``) with sims.VecEnvConfig's defaults,
-    the frames with sims.RenderConfig's, and the suite's own settings nested under ``suite`` (empty: its config
-    class's defaults); no suite's own field is declared at the top of the section."""
+    the frames as a sims.RenderConfig (``frames``) with its defaults, and the suite's own settings nested under
+    ``suite`` (empty: its config class's defaults); no suite's own field or frame field is declared in the section,
+    and no name means one thing here and another in the suite's config."""
     section, sim, frames = TrainEnvConfig(), sims.EnvConfig(task="reach"), sims.RenderConfig()
     top = {f.name for f in dataclasses.fields(TrainEnvConfig)}
     own = set(vars(TrainEnvConfig)["__annotations__"])
     assert issubclass(TrainEnvConfig, sims.SharedSettings) and not own & set(sims.shared_settings())  # declared in sims
     vec = {f.name for f in dataclasses.fields(sims.VecEnvConfig)}
-    assert top & vec == set(sims.shared_settings()) | {"render"}  # render: on/off here, the suite's frames there
+    assert top & vec == set(sims.shared_settings())  # the frames are the suite's render, named frames here
+    assert not top & {f.name for f in dataclasses.fields(sims.RenderConfig)}  # each frame setting under frames
     for suite in sims.suites():
         assert not top & set(sims.suite_settings(suite.config)), suite.name
     for name in sims.shared_settings():
         assert getattr(section, name) == getattr(sim, name), f"env.{name} has a default of its own"
-    assert (section.image_size, section.image_size, section.cameras, section.depth) == (
-        frames.height, frames.width, frames.cameras, frames.depth)
-    built = sims_env_config(replace(section, render=False), num_envs=section.num_envs, seed=sim.seed)
+    assert section.frames == frames
+    built = sims_env_config(replace(section, frames=None), num_envs=section.num_envs, seed=sim.seed)
     assert built == sim  # the default section builds the default simulator, field for field
     rendered = sims_env_config(section, num_envs=section.num_envs, seed=0)
     assert rendered.render == frames and rendered.task_weights is None
@@ -106,7 +107,8 @@ def test_the_env_section_takes_the_simulators_defaults():
 
 def test_the_env_section_builds_what_it_names():
     section = TrainEnvConfig(task="suite", num_envs=8, backend="warp", warp_device="cpu", success_bonus=1.5,
-                             terminate_on_success=False, cameras=("front", "wrist"), image_size=32,
+                             terminate_on_success=False,
+                             frames=sims.RenderConfig(width=32, height=32, cameras=("front", "wrist")),
                              suite={"reward": "progress", "task_weights": {"push": 3.0}, "max_delta": 0.02})
     built = sims_env_config(section, num_envs=4, seed=7, split="validation", group_size=2, env_offset=4, num_threads=1)
     assert (built.task, built.num_envs, built.seed, built.split, built.group_size, built.env_offset) == (

@@ -36,7 +36,7 @@ prefixes with the section's path: rlcore imports nothing of infra) and the fleet
 BAD = [
     (TrainEnvConfig, "env", {"num_envs": 0}, "env.num_envs=0"),
     (TrainEnvConfig, "env", {"task": "reachh"}, "env.task='reachh'"),
-    (TrainEnvConfig, "env", {"cameras": ["front", "front"]}, "env.cameras"),
+    (TrainEnvConfig, "env", {"frames": {"cameras": ["top"]}}, "env.frames.cameras"),
     (PPOConfig, "ppo", {"gamma": 2}, "ppo.gamma=2.0"),
     (DistillConfig, "distill", {"batch_size": 0}, "distill.batch_size=0"),
     (SFTConfig, "sft", {"token_dropout": 0.95}, "sft.token_dropout=0.95"),

@@ -22,7 +22,7 @@ from vla_rl.config import CONFIG_DIR, load_config
 from vla_rl.sft import ParaphraseResample
 from vla_rl.trainer import Trainer
 
-TOY = ["env.task=libero_spatial/0", "env.num_envs=2", "env.image_size=16", "policy.image_size=16",
+TOY = ["env.task=libero_spatial/0", "env.num_envs=2", "env.frames.width=16", "env.frames.height=16", "policy.image_size=16",
        "env.suite.max_steps=3", "eval.episodes=2", "eval.num_envs=2", "eval.every=0", "log.wandb=disabled",
        "log.progress=false", "log.video=false", "policy.conv_channels=[8]", "policy.trunk_sizes=[32]",
        "policy.width=16", "policy.critic_hidden_sizes=[32]", "total_env_steps=8", "ppo.rollout_steps=4",

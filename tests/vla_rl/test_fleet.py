@@ -373,7 +373,7 @@ def test_a_new_sims_shard_continues_from_the_state_a_rollout_ended_in():
     cfg = build_config(
         {
             "seed": 2,
-            "env": {"kind": "sims", "task": "reach", "num_envs": 4, "render": True, "image_size": 32},
+            "env": {"kind": "sims", "task": "reach", "num_envs": 4, "frames": {"width": 32, "height": 32}},
             "policy": {"name": "mlp", "hidden_sizes": [16]},
             "log": {"wandb": "disabled", "progress": False, "video": False},
         }

@@ -72,7 +72,7 @@ def test_config_refuses_what_data_parallel_cannot_run(tmp_path):
     with pytest.raises(ConfigError, match=r"fleet\.num_gpus=3 must be >= 1 and divide env\.num_envs=4"):
         _config(tmp_path, "x", fleet={"mode": "data_parallel", "num_gpus": 3, "cluster": {"gpus": 4}})
     with pytest.raises(ConfigError, match="data_parallel trains PPO"):
-        _config(tmp_path, "x", algo="grpo", env={"kind": "sims", "task": "reach", "num_envs": 4, "render": False},
+        _config(tmp_path, "x", algo="grpo", env={"kind": "sims", "task": "reach", "num_envs": 4, "frames": None},
                 grpo={"group_size": 2}, policy={"name": "mlp", "obs_keys": ["proprio", "state"]})
     with pytest.raises(ConfigError, match="every rank one whole GPU"):
         _config(tmp_path, "x", fleet={"mode": "data_parallel", "trainer": {"gpu": 0.5}})

@@ -390,7 +390,7 @@ def _grpo_config(tmp_path, name, **top):
     """GRPO on sims reach with state observations: 2 shards of 2 groups of 2 environments, co-located."""
     return build_config({
         "out_dir": str(tmp_path), "name": name, "seed": 5, "algo": "grpo", "checkpoint_every": 1,
-        "env": {"kind": "sims", "task": "reach", "num_envs": 8, "render": False},
+        "env": {"kind": "sims", "task": "reach", "num_envs": 8, "frames": None},
         "grpo": {"group_size": 2, "optim": {"epochs": 1, "num_minibatches": 2}},
         "policy": {"name": "mlp", "hidden_sizes": [16, 16]},
         "eval": {"every": 0}, "log": {"wandb": "disabled", "progress": False, "video": False},

@@ -14,7 +14,7 @@ NUM_ENVS = 16
 def test_group_members_share_initial_state_and_instruction_every_iteration(tmp_path):
     cfg = build_config({
         "out_dir": str(tmp_path), "name": "grpo", "algo": "grpo", "seed": 1, "total_env_steps": 10**9,
-        "env": {"kind": "sims", "task": "reach", "num_envs": NUM_ENVS, "render": False,
+        "env": {"kind": "sims", "task": "reach", "num_envs": NUM_ENVS, "frames": None,
                 "terminate_on_success": True},
         "grpo": {"group_size": GROUP, "optim": {"epochs": 1, "num_minibatches": 1}},
         "policy": {"name": "mlp", "hidden_sizes": [16], "obs_keys": ["proprio", "state"]},

@@ -26,7 +26,7 @@ from sims.libero.toolchain.install import ensure_lan
 from vla_rl.config import CONFIG_DIR
 from vla_rl.demos.reader import DemoDataset
 
-STAGE = ["env.task=libero_spatial/0", "env.num_envs=2", "env.image_size=16", "policy.image_size=16",
+STAGE = ["env.task=libero_spatial/0", "env.num_envs=2", "env.frames.width=16", "env.frames.height=16", "policy.image_size=16",
          "env.suite.max_steps=3", "eval.episodes=2", "eval.num_envs=2", "log.wandb=disabled",
          "log.progress=false", "policy.conv_channels=[8]", "policy.trunk_sizes=[32]", "policy.width=16",
          "policy.critic_hidden_sizes=[32]"]

@@ -110,7 +110,7 @@ GROUP, NUM_ENVS = 4, 16
 def _grpo(tmp_path, **grpo):
     return build_config({
         "out_dir": str(tmp_path), "name": "grpo", "algo": "grpo", "seed": 1, "total_env_steps": 10**9,
-        "env": {"kind": "sims", "task": "reach", "num_envs": NUM_ENVS, "render": False, "terminate_on_success": True},
+        "env": {"kind": "sims", "task": "reach", "num_envs": NUM_ENVS, "frames": None, "terminate_on_success": True},
         "grpo": {"group_size": GROUP, "optim": {"epochs": 1, "num_minibatches": 1}, **grpo},
         "policy": {"name": "mlp", "hidden_sizes": [16], "obs_keys": ["proprio", "state"]},
         "eval": {"every": 0}, "log": {"wandb": "disabled", "progress": False, "video": False},

@@ -18,8 +18,8 @@ ITERATIONS = 3
 # wandb offline.
 STEPS = 4 * 25
 SHORT = [
-    f"total_env_steps={ITERATIONS * STEPS}", "env.num_envs=4", "ppo.rollout_steps=25", "env.render=true",
-    "env.image_size=32", "eval.every=1", "eval.episodes=2", "eval.num_envs=2", "log.wandb=offline",
+    f"total_env_steps={ITERATIONS * STEPS}", "env.num_envs=4", "ppo.rollout_steps=25", "env.frames.width=32",
+    "env.frames.height=32", "eval.every=1", "eval.episodes=2", "eval.num_envs=2", "log.wandb=offline",
     "log.progress=false", "log.video_every=2", "checkpoint_every=100",
 ]
 # The metrics.csv columns README.md promises: returns, success (train and held-out), losses, KL, timings.

@@ -15,9 +15,6 @@ from infra.common.typed_config import ConfigError, coerce
 from sims.registry import task_forms
 from vla_rl.config.ranges import _check_numbers
 
-_FRAMES = sims.RenderConfig()
-
-
 GYM_SPLITS = ("train", "validation")
 """Splits of a gymnasium env (one stream of episodes, evaluated as ``train`` and ``validation``)."""
 
@@ -38,16 +35,12 @@ class TrainEnvConfig(sims.SharedSettings):
 
     kind: Literal["sims", "gym"] = "sims"
     """``sims``: the project's batched MuJoCo tasks; ``gym``: any gymnasium environment id."""
-    render: bool = True
-    """Render RGB camera frames into the observation (``sims`` only; the VLA, the default policy, needs them)."""
-    image_size: int = _FRAMES.height
-    """Height and width of rendered frames in pixels, 8 to 1024 (``sims`` only; the VLA's
-    ``policy.image_size`` must equal it)."""
-    cameras: tuple[str, ...] = _FRAMES.cameras
-    """Cameras rendered, in this order (``sims`` only): ``front`` and/or ``wrist`` (LIBERO: ``agentview`` and/or
-    ``robot0_eye_in_hand``); ``rgb`` is ``[N, cams, 3, H, W]``."""
-    depth: bool = _FRAMES.depth
-    """Also render linear depth in metres as ``depth`` float ``[N, cams, H, W]`` (``sims`` only)."""
+    frames: sims.RenderConfig | None = field(default_factory=sims.RenderConfig)
+    """The camera frames in the observation (``sims`` only; the VLA, the default policy, reads them), a
+    :class:`sims.RenderConfig` whose fields are this section's keys (``env.frames.cameras=[front,wrist]``,
+    ``env.frames.width=128``, ...; unnamed ones keep its defaults); ``null`` (``env.frames=null``): state only.
+    The VLA's ``policy.image_size`` must equal the frames' width and height; ``num_contexts=None`` is one GL
+    context per thread each env is given."""
     suite: dict[str, Any] = field(default_factory=dict)
     """The suite's own settings (``sims`` only), fields of its config class, e.g. ``{reward: progress, task_weights:
     {push: 3}}`` for the gantry tasks (:class:`sims.EnvConfig`) or ``{controller: osc, starts: regions}`` for
@@ -61,8 +54,8 @@ class TrainEnvConfig(sims.SharedSettings):
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad value: the numbers, and for ``sims`` the suite's config
-        built from this section (:func:`suite_config`) and the frames against the suite's cameras. A gymnasium id is
-        looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
+        built from this section (:func:`suite_config`) and the frames against the suite's cameras and depth. A
+        gymnasium id is looked up by :meth:`TrainConfig.check` (gymnasium's registry)."""
         # Not SharedSettings.validate: the suite's config runs it below (its messages named as env.KEY), and a
         # gymnasium env reads no backend or bonus.
         _check_numbers(self, "env.")
@@ -90,21 +83,23 @@ def env_suite(env: TrainEnvConfig) -> sims.Suite:
 
 
 def _check_against_suite(env: TrainEnvConfig, suite: sims.Suite) -> None:
-    """A ``sims`` env's backend and Warp device, and (rendering) its cameras and depth, against what its suite
-    runs on and renders."""
+    """A ``sims`` env's backend and Warp device, and its frames, against what its suite runs on and renders."""
     if env.backend not in suite.backends:
         raise ConfigError(f"env.backend={env.backend!r} is not a sims backend; valid: {', '.join(suite.backends)} "
                           f"({suite.name} tasks)")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", env.warp_device):
         raise ConfigError(f"env.warp_device={env.warp_device!r}; valid: auto, cpu, cuda, cuda:N")
-    if not env.render:  # the frame settings are unused
+    if env.frames is None:
         return
-    unknown = [c for c in env.cameras if c not in suite.cameras]
-    if unknown or not env.cameras or len(set(env.cameras)) < len(env.cameras):
-        raise ConfigError(f"env.cameras={list(env.cameras)} must name distinct cameras (at least one); valid: "
-                          f"{', '.join(suite.cameras)}")
-    if env.depth and not suite.depth:
-        raise ConfigError(f"env.depth=true: the {suite.name} suite renders RGB frames only; set env.depth=false")
+    if not suite.cameras:
+        raise ConfigError(f"env.frames: the {suite.name} suite renders no frames; set env.frames=null")
+    try:
+        env.frames.validate(suite.cameras)
+    except ValueError as exc:
+        raise ConfigError(f"env.frames.{exc}") from None
+    if env.frames.depth and not suite.depth:
+        raise ConfigError(f"env.frames.depth=true: the {suite.name} suite renders RGB frames only; set "
+                          "env.frames.depth=false")
 
 
 def _settings_hint(suite: sims.Suite) -> str:
@@ -141,13 +136,20 @@ def suite_config(env: TrainEnvConfig, **per_env: Any) -> sims.VecEnvConfig:
     return config
 
 
+FLAT_FRAME_KEYS = ("render", "image_size", "cameras", "depth")
+"""The frame settings an ``env`` section held at its top before they nested under ``env.frames``."""
+
+
 def check_flat_keys(section: dict[str, Any]) -> None:
-    """Raise :class:`ConfigError` for a suite's own setting written at the top of an ``env`` section (``env.controller``,
-    as before the suite's settings nested under ``env.suite``), naming the new key; before the section is built.
+    """Raise :class:`ConfigError` for a setting written at the top of an ``env`` section that now nests, naming the
+    new key, before the section is built: a frame setting (:data:`FLAT_FRAME_KEYS`, now under ``env.frames``) or a
+    suite's own setting (``env.controller``, now ``env.suite.controller``).
 
     Args:
         section: the ``env`` mapping of a YAML file or overrides.
     """
+    if key := next((k for k in FLAT_FRAME_KEYS if k in section), None):
+        raise ConfigError(f"env.{key} is a frame setting, now under env.frames: {_frames_form(key, section[key])}")
     known = {f.name for f in dataclasses.fields(TrainEnvConfig)}
     task = section.get("task", TrainEnvConfig.task)
     mine = next((s.name for s in sims.suites() if isinstance(task, str) and s.claims(task)), None)
@@ -156,6 +158,18 @@ def check_flat_keys(section: dict[str, Any]) -> None:
         if owners:
             raise ConfigError(f"env.{key} is a suite's own setting ({', '.join(owners)}): write env.suite.{key}="
                               f"{section[key]} (YAML: env: {{suite: {{{key}: ...}}}})")
+
+
+def _frames_form(key: str, value: Any) -> str:
+    """How to write the old ``env.KEY=VALUE`` frame setting now (its ``env.frames`` override)."""
+    shown = f"[{','.join(map(str, value))}]" if isinstance(value, list | tuple) else str(value).lower()
+    if key == "render":
+        return ("write env.frames=null (YAML: env: {frames: null})" if value is False else
+                "frames are on unless env.frames=null: remove env.render")
+    if key == "image_size":
+        return f"write env.frames.width={shown} env.frames.height={shown} (YAML: env: {{frames: {{width: {shown}, " \
+               f"height: {shown}}}}})"
+    return f"write env.frames.{key}={shown} (YAML: env: {{frames: {{{key}: {shown}}}}})"
 
 
 def env_splits(env: TrainEnvConfig) -> tuple[str, ...]:

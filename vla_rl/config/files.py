@@ -9,7 +9,7 @@ from typing import Any
 
 import sims
 from infra.common.typed_config import ConfigError, from_dict, load_yaml, merge, parse_overrides
-from vla_rl.config.env import TrainEnvConfig, check_flat_keys
+from vla_rl.config.env import FLAT_FRAME_KEYS, TrainEnvConfig, check_flat_keys
 from vla_rl.config.policy import _policy_name, policy_from_dict
 from vla_rl.config.train import TrainConfig
 
@@ -91,15 +91,16 @@ _OLD_NAMES = {"max_episode_steps": "max_steps"}
 
 def upgrade_saved(data: dict[str, Any]) -> dict[str, Any]:
     """A config saved with a checkpoint (``config.yaml``, a checkpoint's ``config``) in today's form: an ``env`` section
-    written before the suite's own settings nested under ``env.suite`` has them moved there (those other than the
+    written before the frame settings nested under ``env.frames`` has them moved there (:func:`_nest_frames`), and one
+    written before the suite's own settings nested under ``env.suite`` has those moved there (those other than the
     suite config's defaults; the other suites' settings, which that section held at their defaults, dropped). A
-    YAML file or override in the old form is refused instead (:func:`check_flat_keys`, naming the new key).
+    YAML file or override in an old form is refused instead (:func:`check_flat_keys`, naming the new key).
     """
-    env = dict(data.get("env") or {})
+    env = _nest_frames(dict(data.get("env") or {}))
     known = {f.name for f in dataclasses.fields(TrainEnvConfig)}
     old = {k: env.pop(k) for k in list(env) if k not in known}
     if not old:
-        return data
+        return {**data, "env": env} if "env" in data else data
     sims_env = env.get("kind", TrainEnvConfig.kind) == "sims"
     if sims_env and env.get("max_episode_steps") is not None:  # the old section's name of a suite's episode limit
         old[_OLD_NAMES["max_episode_steps"]] = env.pop("max_episode_steps")
@@ -109,6 +110,18 @@ def upgrade_saved(data: dict[str, Any]) -> dict[str, Any]:
         own = set(sims.suite_settings(config))
         env["suite"] = {**{k: v for k, v in old.items() if k in own and v not in (defaults[k], {})}, **env.get("suite", {})}
     return {**data, "env": env}
+
+
+def _nest_frames(env: dict[str, Any]) -> dict[str, Any]:
+    """A saved ``env`` section with its flat frame settings (:data:`FLAT_FRAME_KEYS`: ``render`` on/off, the square
+    ``image_size``, ``cameras``, ``depth``) written as ``frames`` (``None`` where ``render`` was off)."""
+    flat = {k: env.pop(k) for k in FLAT_FRAME_KEYS if k in env}
+    if not flat or "frames" in env:
+        return env
+    if flat.get("render", True) is False:
+        return {**env, "frames": None}
+    size = {"width": flat["image_size"], "height": flat["image_size"]} if "image_size" in flat else {}
+    return {**env, "frames": {**size, **{k: flat[k] for k in ("cameras", "depth") if k in flat}}}
 
 
 def diff_configs(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:

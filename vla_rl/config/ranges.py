@@ -19,7 +19,7 @@ from vla_rl.fleet.section import FLEET_RANGES
 RANGES: dict[str, Range] = {
     "seed": Range(0, 2**31 - 1), "total_env_steps": AT_LEAST_1, "stop_success": FRACTION,
     "checkpoint_every": AT_LEAST_1, "torch_threads": AT_LEAST_1, "init_log_std": Range(-10, 2),
-    "env.num_envs": AT_LEAST_1, "env.image_size": Range(8, 1024), "env.max_episode_steps": AT_LEAST_1,
+    "env.num_envs": AT_LEAST_1, "env.max_episode_steps": AT_LEAST_1,
     "env.success_bonus": Range(0, 100),
     "ppo.rollout_steps": AT_LEAST_1, "ppo.gamma": FRACTION, "ppo.gae_lambda": FRACTION, "ppo.vf_coef": NON_NEGATIVE,
     **{f"grpo.{key}": r for key, r in GRPO_RANGES.items() if not key.startswith("optim.")},

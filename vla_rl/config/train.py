@@ -239,10 +239,12 @@ def _check_policy(cfg: TrainConfig) -> None:
     p, env, name = cfg.policy, cfg.env, _policy_name(cfg.policy)
     if not hasattr(p, "image_key"):  # a state policy
         flat = {"policy.obs_keys": p.obs_keys}
-    elif env.kind != "sims" or not env.render:
-        raise ConfigError(f"policy.name={name} reads camera images: it needs env.kind=sims and env.render=true")
-    elif p.image_size != env.image_size:
-        raise ConfigError(f"policy.image_size={p.image_size} must equal env.image_size={env.image_size} (the frame size)")
+    elif env.kind != "sims" or env.frames is None:
+        raise ConfigError(f"policy.name={name} reads camera images: it needs env.kind=sims and env.frames (frames on, "
+                          "not null)")
+    elif p.image_size != env.frames.width or p.image_size != env.frames.height:
+        raise ConfigError(f"policy.image_size={p.image_size} must equal env.frames.width={env.frames.width} and "
+                          f"env.frames.height={env.frames.height} (the frame size)")
     else:
         flat = {"policy.proprio_key": (p.proprio_key,), "policy.trunk_target_key": (p.trunk_target_key,),
                 "policy.critic_obs_keys": p.critic_obs_keys}

@@ -224,7 +224,8 @@ def _collect(cfg: CollectConfig, partial: Path, progress: bool) -> dict[str, Any
         settings["max_steps"] = cfg.max_steps
     if not suite.demo_terminates:  # the expert restarts environments itself
         settings["terminate_on_success"] = False
-    render = suite.render(cfg.image_size, tuple(cfg.cameras), False, cfg.num_threads)
+    render = sims.RenderConfig(width=cfg.image_size, height=cfg.image_size, cameras=tuple(cfg.cameras),
+                               num_contexts=cfg.num_threads)
     env = sims.make_vec_env(cfg.task, cfg.num_envs, seed=cfg.seed, split=SPLIT, render=render, **settings)
     try:
         expert = suite.expert(env)
