@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="reset seed (default: the run's evaluation seed)")
     parser.add_argument("--video", type=output_path, default=None, help="write env 0's first episode (.mp4 or .gif)")
     parser.add_argument("--json", type=output_path, default=None, help="write the figures as JSON")
+    parser.add_argument("--sample", action="store_true",
+                        help="draw actions from the policy's distribution (as training collects) instead of its mode")
     parser.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N (default: cpu)")
     args = parser.parse_args(argv)
     for flag, value in (("--episodes", args.episodes), ("--num-envs", args.num_envs)):
@@ -89,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         templates = _templates(args)
         result = evaluate_checkpoint(args.checkpoint, args.split, args.episodes, args.num_envs, args.seed,
                                      device=args.device, templates=templates or None, task=args.task,
-                                     record=args.video is not None)
+                                     record=args.video is not None, sample=args.sample)
     except (CheckpointError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     cfg = result.config
     report = result.report()
     seed = result.seed
-    source = "custom instructions" if templates else f"the {args.split} split"
+    source = ("custom instructions" if templates else f"the {args.split} split") + (", sampled actions" if args.sample else "")
     _print(report, f"{args.task or cfg.env.task}: {report['episodes']} episodes of {source} (seed {seed}):")
     if args.video and result.frames:
         import imageio.v2 as iio
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         config = {"checkpoint": str(args.checkpoint), "split": args.split, "task": args.task or cfg.env.task,
                   "templates": templates, "episodes": report["episodes"], "seed": seed,
-                  "num_envs": args.num_envs or cfg.eval.num_envs, "device": args.device, "trained_with": dataclasses.asdict(cfg)}
+                  "num_envs": args.num_envs or cfg.eval.num_envs, "device": args.device,
+                  "actions": "sampled" if args.sample else "mode", "trained_with": dataclasses.asdict(cfg)}
         write_report(args.json, config, report | {"steps_per_s": result.steps_per_s})
     return 0
 

@@ -58,8 +58,10 @@ def run_episodes(
     device: torch.device | str = "cpu",
     record: bool = False,
     max_decisions: int = 100_000,
+    sample: bool = False,
 ) -> tuple[list[EpisodeResult], list[np.ndarray], float]:
-    """Run the policy's mode action until every environment has finished its quota of episodes.
+    """Run the policy's mode action (``sample``: actions drawn from its distribution, torch's generator
+    seeded with ``seed``) until every environment has finished its quota of episodes.
 
     Args:
         policy: Policy with ``act(obs, deterministic=True)``.
@@ -69,6 +71,8 @@ def run_episodes(
         device: Device of the policy.
         record: Collect environment 0's frames of its first episode for a video.
         max_decisions: Safety bound on the number of decisions.
+        sample: Draw actions as training's collection does instead of taking the mode; how much the
+            policy's noise adds to its success (a policy that succeeds only by sampling is imprecise).
 
     Returns:
         The episodes, environment 0's frames, and environment steps per second.
@@ -81,6 +85,8 @@ def run_episodes(
     recording = record
     timer = Timer()
     obs = env.reset_td(seed=seed)
+    if sample:
+        torch.manual_seed(seed)
     start = time.perf_counter()
     env_steps = 0
     for _ in range(max_decisions):
@@ -89,7 +95,7 @@ def run_episodes(
         task, instruction = obs["task"].cpu().clone(), obs["instruction"].cpu().clone()
         if recording and (frame := _frame(env, obs)) is not None:
             frames.append(frame)
-        action = policy.act(obs.to(device), deterministic=True)["action"].cpu()
+        action = policy.act(obs.to(device), deterministic=not sample)["action"].cpu()
         chunk = action.unsqueeze(1) if action.dim() == 2 else action
         for k in range(chunk.shape[1]):  # step by step: an episode that ends mid-chunk is followed by the next
             step = env_step(env, chunk[:, k].contiguous(), timer)
@@ -223,6 +229,7 @@ def evaluate_checkpoint(
     templates: list[str] | None = None,
     task: str | None = None,
     record: bool = True,
+    sample: bool = False,
 ) -> CheckpointEval:
     """Load a checkpoint's policy and evaluate it on fresh episodes of one split of its task.
 
@@ -240,6 +247,7 @@ def evaluate_checkpoint(
         task: Evaluate this task of a multi-task run (a sims task name, or a LIBERO task of the run such as
             ``libero_spatial/4``); default the run's.
         record: Keep environment 0's first episode's frames.
+        sample: Sampled actions instead of the mode (:func:`run_episodes`).
 
     Raises:
         vla_rl.checkpoint.CheckpointError: The checkpoint is missing, corrupt, or does not fit its config.
@@ -286,7 +294,7 @@ def evaluate_checkpoint(
             env = InstructedEnv(env, templates, policy.set_instructions)
         results, frames, steps_per_s = run_episodes(
             policy, env, episodes or cfg.eval.episodes, seed,
-            device=target, record=record,
+            device=target, record=record, sample=sample,
         )
     finally:
         close = getattr(env, "close", None)

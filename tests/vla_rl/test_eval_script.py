@@ -99,3 +99,12 @@ def test_language_dev_phrasings_are_outside_both_template_sets_and_run_on_valida
     bad = tmp_path / "bad.yaml"
     bad.write_text("reach: []\n")
     assert main(["--checkpoint", str(suite_run), "--phrasings", str(bad)]) == 2
+
+
+def test_sampled_actions_differ_from_the_mode_and_repeat_for_a_seed(suite_run, tmp_path, eval_main):
+    args = ["--checkpoint", str(suite_run), "--task", "reach", "--episodes", "4", "--num-envs", "4", "--seed", "3"]
+    mode = _run(eval_main, args, tmp_path)
+    sampled = [_run(eval_main, [*args, "--sample"], tmp_path) for _ in range(2)]
+    assert mode["config"]["actions"] == "mode" and sampled[0]["config"]["actions"] == "sampled"
+    assert sampled[0]["results"]["return"] == sampled[1]["results"]["return"]  # seeded: the same draws
+    assert sampled[0]["results"]["return"] != mode["results"]["return"]
