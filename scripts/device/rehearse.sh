@@ -15,9 +15,11 @@
 # Two things come from this disk that the GPU machine does not get: torch (the machine has its own,
 # 2.11 with CUDA; here the CPU build, which pip takes from the local wheel folder) and warp's CPU
 # kernel compiler warp-clang.so (the GPU compiles with NVRTC; prepare.sh leaves it out).
-# REHEARSE_PYTHON defaults to Python 3.12, the GPU machine's; this disk holds torch for 3.11 only
-# (a 3.12 torch from PyPI is the 2.5 GB CUDA build), so here REHEARSE_PYTHON=python3.11 is what runs:
-# the transfers are then built for 3.11 (DEVICE_PY), with the same versions.
+# REHEARSE_PYTHON defaults to Python 3.12, the GPU machine's (pyenv's 3.12.1 here); this disk's indexes
+# hold torch and numpy, scipy, PyYAML, matplotlib, pyarrow, pillow, regex and jaxlib for 3.11 only, and
+# PyPI's cp312 torch is the CUDA 13 build (2.7 GB of wheels with its CUDA libraries, 1.3 GB of them not
+# on this disk), so here REHEARSE_PYTHON=python3.11 is what runs: the transfers are then built for 3.11
+# (DEVICE_PY), with the same versions.
 # Settings: REHEARSE_PYTHON, PYTHON (the interpreter whose versions the transfers take; .venv's),
 # REHEARSE_DIR (scratch; default a temporary folder, removed after), REHEARSE_TRANSFERS (a DEST of
 # prepare.sh built for REHEARSE_PYTHON's version, reused instead of building the transfers again).
