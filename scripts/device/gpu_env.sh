@@ -4,7 +4,8 @@
 # DEVICE_REHEARSAL=1 (scripts/device/rehearse.sh): the same calls on this machine's CPU, without
 # touching / (no GL packages unpacked), into $SITE instead of /tmp/site.
 SITE=${SITE:-/tmp/site}
-export PYTHONPATH=$SITE MUJOCO_GL=egl PYOPENGL_PLATFORM=egl XLA_PYTHON_CLIENT_PREALLOCATE=false
+# The project is not installed there: its packages are found in the tree's root (the call's working directory).
+export PYTHONPATH=$SITE:$PWD MUJOCO_GL=egl PYOPENGL_PLATFORM=egl XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHON=python3
 # Work in a call stays under this (the call itself may run 600 s; its transfers and start are extra).
 CALL_LIMIT_S=${CALL_LIMIT_S:-560}

@@ -55,6 +55,12 @@ quick() {
     done
   done
   MUJOCO_GL=egl "$python" "$here/preflight.py" --cpu > /dev/null || { echo "rehearse: preflight fails in this interpreter" >&2; status=1; }
+  # The calls' environment finds the project's packages without an install (the GPU machine has none):
+  # with -S no site-packages and with -P not the working directory, so only PYTHONPATH as gpu_env.sh sets it.
+  (source "$here/gpu_env.sh" && "$python" -S -P -c "import importlib.util as u, sys
+missing = [p for p in ('sims', 'vla_rl', 'policies', 'infra', 'rlcore') if u.find_spec(p) is None]
+sys.exit(f'not found: {missing}' if missing else None)") \
+    || { echo "rehearse: gpu_env.sh's PYTHONPATH does not reach the project's packages" >&2; status=1; }
   return $status
 }
 
