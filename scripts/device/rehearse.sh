@@ -83,7 +83,9 @@ else
   DEST=$stash DEVICE_PY=$py_version LIBERO=0 PYTHON=$python bash "$here/prepare.sh"
 fi
 
+echo "rehearse: the tree and the transfers in $(( $(date +%s) - began )) s"
 echo "rehearse: a fresh virtual environment of $rehearse_python with what the GPU machine has (this disk only)"
+venv_began=$(date +%s)
 "$rehearse_python" -m venv "$venv"
 mapfile -t has < <(sed -e 's/#.*//' -e '/^\s*$/d' "$here/gpu_machine.txt")
 has+=("torch==$("$python" -c "import torch; print(torch.__version__)")")  # the CPU build the tests ran
@@ -94,6 +96,7 @@ if ! PIP_INDEX_URL=file:///opt/pypi/simple PIP_EXTRA_INDEX_URL=file:///opt/pypi-
   exit 1
 fi
 clang=$("$python" -c "import os, warp; print(os.path.join(os.path.dirname(warp.__file__), 'bin', 'warp-clang.so'))")
+echo "rehearse: the virtual environment in $(( $(date +%s) - venv_began )) s"
 
 call() {  # call N COMMAND...: call N's script with its folders carried, as the device runs it
   local n=$1; shift
