@@ -15,9 +15,11 @@
 # Two things come from this disk that the GPU machine does not get: torch (the machine has its own,
 # 2.11 with CUDA; here the CPU build, which pip takes from the local wheel folder) and warp's CPU
 # kernel compiler warp-clang.so (the GPU compiles with NVRTC; prepare.sh leaves it out).
-# REHEARSE_PYTHON defaults to Python 3.12, the GPU machine's; this disk holds torch for 3.11 only
-# (a 3.12 torch from PyPI is the 2.5 GB CUDA build), so here REHEARSE_PYTHON=python3.11 is what runs:
-# the transfers are then built for 3.11 (DEVICE_PY), with the same versions.
+# REHEARSE_PYTHON defaults to Python 3.12, the GPU machine's (pyenv's 3.12.1 here); this disk's indexes
+# hold torch and numpy, scipy, PyYAML, matplotlib, pyarrow, pillow, regex and jaxlib for 3.11 only, and
+# PyPI's cp312 torch is the CUDA 13 build (2.7 GB of wheels with its CUDA libraries, 1.3 GB of them not
+# on this disk), so here REHEARSE_PYTHON=python3.11 is what runs: the transfers are then built for 3.11
+# (DEVICE_PY), with the same versions.
 # Settings: REHEARSE_PYTHON, PYTHON (the interpreter whose versions the transfers take; .venv's),
 # REHEARSE_DIR (scratch; default a temporary folder, removed after), REHEARSE_TRANSFERS (a DEST of
 # prepare.sh built for REHEARSE_PYTHON's version, reused instead of building the transfers again).
@@ -52,12 +54,13 @@ quick() {
       grep -q "${f#.dev$n/}" "$here/prepare.sh" "$here/prepare_libero.sh" || { echo "rehearse: call$n.sh reads $f, which nothing prepares" >&2; status=1; }
     done
   done
-  # A call's Python finds the project's packages in the tree, as the GPU machine (no installation of the project)
-  # must: without site-packages (-S) or the command's own folder (-P), only gpu_env.sh's PYTHONPATH can.
-  (SITE=$root/.nonexistent; source "$here/gpu_env.sh" && "$python" -S -P -c "import importlib.util as u, sys
-sys.exit(any(u.find_spec(p) is None for p in ('infra', 'policies', 'rlcore', 'sims', 'vla_rl')))") \
-    || { echo "rehearse: a call's Python does not find the tree's packages (gpu_env.sh's PYTHONPATH)" >&2; status=1; }
   MUJOCO_GL=egl "$python" "$here/preflight.py" --cpu > /dev/null || { echo "rehearse: preflight fails in this interpreter" >&2; status=1; }
+  # The calls' environment finds the project's packages without an install (the GPU machine has none):
+  # with -S no site-packages and with -P not the working directory, so only PYTHONPATH as gpu_env.sh sets it.
+  (SITE=$root/.nonexistent; source "$here/gpu_env.sh" && "$python" -S -P -c "import importlib.util as u, sys
+missing = [p for p in ('sims', 'vla_rl', 'policies', 'infra', 'rlcore') if u.find_spec(p) is None]
+sys.exit(f'not found: {missing}' if missing else None)") \
+    || { echo "rehearse: gpu_env.sh's PYTHONPATH does not reach the project's packages" >&2; status=1; }
   return $status
 }
 
@@ -80,7 +83,9 @@ else
   DEST=$stash DEVICE_PY=$py_version LIBERO=0 PYTHON=$python bash "$here/prepare.sh"
 fi
 
+echo "rehearse: the tree and the transfers in $(( $(date +%s) - began )) s"
 echo "rehearse: a fresh virtual environment of $rehearse_python with what the GPU machine has (this disk only)"
+venv_began=$(date +%s)
 "$rehearse_python" -m venv "$venv"
 mapfile -t has < <(sed -e 's/#.*//' -e '/^\s*$/d' "$here/gpu_machine.txt")
 has+=("torch==$("$python" -c "import torch; print(torch.__version__)")")  # the CPU build the tests ran
@@ -91,6 +96,7 @@ if ! PIP_INDEX_URL=file:///opt/pypi/simple PIP_EXTRA_INDEX_URL=file:///opt/pypi-
   exit 1
 fi
 clang=$("$python" -c "import os, warp; print(os.path.join(os.path.dirname(warp.__file__), 'bin', 'warp-clang.so'))")
+echo "rehearse: the virtual environment in $(( $(date +%s) - venv_began )) s"
 
 call() {  # call N COMMAND...: call N's script with its folders carried, as the device runs it
   local n=$1; shift

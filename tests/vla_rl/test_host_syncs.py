@@ -45,14 +45,20 @@ def _syncs_per_iteration(tmp_path, rollout_steps: int, extra: tuple[str, ...] = 
     return counter.count, dict(counter.sites)
 
 
-def test_colocated_iteration_reads_the_device_a_fixed_number_of_times(tmp_path):
+@pytest.mark.parametrize("terminate", [False, True])
+def test_colocated_iteration_reads_the_device_a_fixed_number_of_times(tmp_path, terminate):
     # Without the KL early stop (a read per minibatch, a count set by the config, not by the rollout).
-    fixed = ("ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false")
+    fixed = ("ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false",
+             f"env.terminate_on_success={str(terminate).lower()}")
     short, sites = _syncs_per_iteration(tmp_path, 4, fixed)
     long, long_sites = _syncs_per_iteration(tmp_path, 16, fixed)
-    assert short == long, (sites, long_sites)
-    # The deferred validity checks (one read) and the update's statistics (one read); nothing per step.
-    assert short <= 3, sites
+    # Ending episodes at success reads success back at every control step (the host samples the next
+    # episodes): exactly one read per step, so any other per-step read fails here too.
+    per_step = 1 if terminate else 0
+    assert long - short == per_step * (16 - 4), (sites, long_sites)
+    assert sum(n != sites.get(site, 0) for site, n in long_sites.items()) == per_step, (sites, long_sites)  # one site
+    # Else the deferred validity checks (one read) and the update's statistics (one read).
+    assert short - per_step * 4 <= 3, sites
 
 
 @pytest.mark.slow  # mujoco_warp compiles a LIBERO scene's kernels once per machine (about 5 minutes, then cached)
