@@ -4,11 +4,13 @@
     python scripts/bench_experts.py --suite libero_spatial --json docs/figures/libero/experts_spatial.json
     python scripts/bench_experts.py --suite libero_spatial --tasks 0 6 --backend warp --warp-device cpu
     python scripts/bench_experts.py --suite libero_spatial --controller servo --json OUT
+    python scripts/bench_experts.py --suite libero_spatial --tasks 4 --starts regions --states 100
 
 Gantry tasks (the default): each task runs alone (``make_vec_env(task)``) with the clean expert
 (no DART noise), on fresh episodes of ``--split``. LIBERO (``--suite``): the suite's expert
 (``sims.libero.expert``) from LIBERO's fixed initial states (``--states``, all 50 by default: the
-LIBERO protocol), one ``LiberoSim`` per task holding every episode, on the batch backend or
+LIBERO protocol) or, with ``--starts regions``, from the first ``--states`` region-sampled starts (LIBERO's
+training distribution, ``sims.libero.regions``: what an expert is tuned on; the fixed states are test data), one ``LiberoSim`` per task holding every episode, on the batch backend or
 (``--backend warp``) on MuJoCo Warp's ``--warp-device``, the arm driven by ``--controller`` (``osc``:
 LIBERO's OSC_POSE on its torque motors, the default; ``servo``: the joint servos); a Goal task without
 an expert (goal/5, the plate push) is reported as such. Success per task with its 95 %
@@ -23,6 +25,7 @@ from bench_report import BenchReport, output_path, write_report
 from tqdm import tqdm
 
 from sims.experts import run_expert
+from sims.libero.regions import DEFAULT_COUNT, missing_region_starts
 from sims.tasks import SPLITS, TASK_NAMES
 from sims.vec_env import make_vec_env
 from vla_rl.evaluate import wilson_interval
@@ -35,15 +38,18 @@ def _result(k: int, n: int) -> dict:
 
 
 def bench_libero(report: BenchReport, suite: str, tasks: list[int], states: int, threads: int | None,
-                 backend: str = "batch", warp_device: str = "auto", controller: str = "osc") -> None:
-    """The suite's expert on tasks ``tasks`` from initial states ``0..states-1`` on ``backend``, the arm driven by
-    ``controller`` (a name of :data:`sims.libero.vec_env.CONTROLLERS`); each task's result added to ``report``
-    (written after each) under its id."""
+                 backend: str = "batch", warp_device: str = "auto", controller: str = "osc",
+                 starts: str = "fixed") -> None:
+    """The suite's expert on tasks ``tasks`` from initial states ``0..states-1`` (``starts``: ``fixed``, LIBERO's,
+    or ``regions``, the region-sampled ones) on ``backend``, the arm driven by ``controller`` (a name of
+    :data:`sims.libero.vec_env.CONTROLLERS`); each task's result added to ``report`` (written after each) under its
+    id."""
     import time
 
     import numpy as np
 
     from sims.libero.expert import run_episodes
+    from sims.libero.regions import load_region_starts
     from sims.libero.scene import load_task
     from sims.libero.sim import LiberoSim
     from sims.libero.vec_env import CONTROLLERS
@@ -54,7 +60,8 @@ def bench_libero(report: BenchReport, suite: str, tasks: list[int], states: int,
         sim = LiberoSim(load_task(task_id), states, backend=backend, warp_device=warp_device, num_threads=threads,
                         arm=CONTROLLERS[controller])
         try:
-            success = run_episodes(sim, np.arange(states))
+            regions = load_region_starts(task_id) if starts == "regions" else None
+            success = run_episodes(sim, np.arange(states), regions=regions)
         except ValueError as exc:  # a Goal task without an expert (goal/5)
             report.add(task_id, {"expert": None, "reason": str(exc)})
             continue
@@ -76,6 +83,8 @@ def main() -> None:
                              "indices 0..9 (default all)")
     parser.add_argument("--suite", choices=sorted(LIBERO_EXPERT_SUITES), help="a LIBERO suite instead of the gantry")
     parser.add_argument("--states", type=int, default=50, help="LIBERO: initial states 0..STATES-1 per task")
+    parser.add_argument("--starts", default="fixed", choices=("fixed", "regions"),
+                        help="LIBERO: LIBERO's fixed initial states (test data) or its region-sampled starts")
     parser.add_argument("--threads", type=int, default=None, help="LIBERO: physics threads (default: all cores)")
     parser.add_argument("--backend", default="batch", choices=("batch", "warp"), help="LIBERO: the simulator backend")
     parser.add_argument("--warp-device", default="auto", help="LIBERO, --backend warp: cpu, cuda:N or auto")
@@ -88,12 +97,18 @@ def main() -> None:
             args.tasks = [int(t) for t in args.tasks] if args.tasks else list(range(10))
         except ValueError:
             parser.error(f"--tasks {' '.join(args.tasks)}: with --suite give task indices 0..9")
-        if not all(0 <= t < 10 for t in args.tasks) or not 1 <= args.states <= 50:
-            parser.error(f"--tasks {args.tasks} / --states {args.states}: task indices are 0..9, states 1..50")
-        config = {k: getattr(args, k) for k in ("suite", "tasks", "states", "threads", "backend", "warp_device",
-                                                "controller")}
+        most = 50 if args.starts == "fixed" else DEFAULT_COUNT
+        if not all(0 <= t < 10 for t in args.tasks) or not 1 <= args.states <= most:
+            parser.error(f"--tasks {args.tasks} / --states {args.states}: task indices are 0..9, states 1..{most}")
+        if args.starts == "regions" and args.backend != "batch":
+            parser.error("--starts regions re-places LIBERO's fixtures per start, which runs on --backend batch only")
+        ids = [f"{LIBERO_EXPERT_SUITES[args.suite]}/{t}" for t in args.tasks]
+        if args.starts == "regions" and (missing := missing_region_starts(ids)):
+            parser.error(missing)
+        config = {k: getattr(args, k) for k in ("suite", "tasks", "states", "starts", "threads", "backend",
+                                                "warp_device", "controller")}
         bench_libero(BenchReport(args.json, config), args.suite, args.tasks, args.states, args.threads, args.backend,
-                     args.warp_device, args.controller)
+                     args.warp_device, args.controller, args.starts)
         return
     args.tasks = args.tasks or list(TASK_NAMES)
     unknown = sorted(set(args.tasks) - set(TASK_NAMES))

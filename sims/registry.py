@@ -10,7 +10,7 @@ testing the task's name, so a third suite is one new package and one :func:`regi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -119,9 +119,10 @@ class Suite:
     the env runs on after success and the expert's :meth:`Expert.restart` names the environments to reset."""
     protocol: EvalProtocol = field(default_factory=EvalProtocol)
     """How its checkpoints are tested."""
-    missing_files: Callable[[str, bool], str] = lambda task, with_lan: ""
-    """``missing_files(task, with_lan)``: a one-line error naming the setup command when a file the task needs
-    (with ``with_lan``: its paraphrased-instruction variant too) is not on this machine; ``""`` when all are."""
+    missing_files: Callable[[str, bool, Mapping[str, Any]], str] = lambda task, with_lan, settings: ""
+    """``missing_files(task, with_lan, settings)``: a one-line error naming the setup command when a file the task
+    needs (with ``with_lan``: its paraphrased-instruction variant too; with the suite's own ``settings``, a run's
+    ``env.suite``: what they read) is not on this machine; ``""`` when all are."""
     training_instructions: Callable[[Any], list[tuple[str, ...]]] | None = None
     """``training_instructions(config)``: the instructions each task of an instance of ``config`` is trained with
     (its settings say which), one tuple per task id (its own first, then those that say the same), which SFT

@@ -287,7 +287,7 @@ def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] 
     for stage in recipe.stages:  # a run directory that cannot be written, or too little memory: before the demos
         planned[stage].check(inputs=False)  # each stage's inputs are written by the stages before it
     env = planned["sft"].env
-    if message := env_suite(env).missing_files(env.task, "lan" in recipe.test.splits):  # the test's files too
+    if message := env_suite(env).missing_files(env.task, "lan" in recipe.test.splits, env.suite):  # the test's files too
         raise ConfigError(message)
     demos = root / "demos"
     if (demos / "meta" / "info.json").exists():

@@ -10,9 +10,10 @@ episode, from the settled scene:
 - **Grasp candidates** (:func:`rim_candidates`: the bowl's rim where the fingers' closing axis
   crosses it; :func:`top_candidates`: the object's top with the fingers across a side that fits
   the opening), with the hand's yaw (0 or a quarter turn
-  about the vertical) and the grip depth. Each is scored by how much the hand's and the fingers'
-  boxes at the grasp overlap other objects' collision boxes (a cabinet's top, a neighbour), then
-  by reach from the shoulder; the least-overlapping, nearest one wins.
+  about the vertical) and the grip depth. Those the arm can reach (:func:`wrist_reach`) go first;
+  then each is scored by how much the hand's and the fingers' boxes at the grasp overlap other
+  objects' collision boxes (a cabinet's top, a neighbour), then by reach from the shoulder; the
+  least-overlapping, nearest one wins.
 - **Heights from the corridor.** The hand travels to the grasp, and carries the object to the
   place point, above every collision box under its path (plus the hanging object), so it never
   sweeps through a cabinet or a basket wall; it descends and lifts vertically.
@@ -40,6 +41,7 @@ import numpy as np
 
 from sims.backends import to_numpy
 from sims.libero.osc import make_controller
+from sims.libero.regions import RegionStarts
 from sims.libero.sim import LiberoSim
 from sims.libero.suites import MAX_STEPS
 
@@ -84,6 +86,12 @@ SHOULDER_HEIGHT = 0.333  # m: the Panda's second joint above its base
 # Beyond about 0.8 m from the shoulder the elbow straightens onto its joint limit and the
 # least-squares step (which knows no limits) lets the hand sag: such grasps cost extra.
 COMFORT_REACH, REACH_COST = 0.80, 3.0
+# Held from above, the hand puts the wrist's centre (joint 6's axis) WRIST_UP above the grip site and WRIST_BACK
+# (the flange's offset from that axis) nearer the shoulder; with the elbow straight on its joint limit the
+# shoulder reaches it at most ARM_REACH away (the model's link offsets). A grasp, or the hover over it, that asks
+# for more leaves the arm straining short of it with the fingers over the rim (spatial/4's bowl in the drawer,
+# gripped at its far side): any grasp within reach goes first.
+WRIST_UP, WRIST_BACK, ARM_REACH = 0.204, 0.088, 0.705
 WRIST_TOP = 0.35  # m above the grip site that the wrist and forearm occupy over a grasp from above
 ASIDE_MARGIN = 0.03  # m an object set aside keeps off its neighbours and off a drawer's path
 
@@ -143,6 +151,15 @@ def _column_clear(lo: np.ndarray, hi: np.ndarray, grip: np.ndarray, yaw: float) 
     (hand_lo, hand_hi), _ = _hand_boxes(grip, yaw)
     hand_lo[2], hand_hi[2] = hand_hi[2], grip[2] + WRIST_TOP
     return _overlap(lo, hi, hand_lo, hand_hi) == 0.0
+
+
+def wrist_reach(grip: np.ndarray, shoulder: np.ndarray) -> float:
+    """How far [m] the shoulder ``shoulder`` [3] must reach the wrist's centre for the hand to hold grip site
+    position ``grip`` [3] from above, and :data:`HOVER` above it, whichever is further (compare :data:`ARM_REACH`)."""
+    out = grip[:2] - shoulder[:2]
+    wrist = grip[:2] - WRIST_BACK * out / max(float(np.linalg.norm(out)), 1e-9)
+    return max(float(np.linalg.norm([*(wrist - shoulder[:2]), grip[2] + WRIST_UP + up - shoulder[2]]))
+               for up in (0.0, HOVER))
 
 
 def _rotation_error(target: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
@@ -304,7 +321,8 @@ class PickPlaceExpert:
         for grip, yaw, cost in self.candidates(i, d):
             hit = sum(_overlap(lo, hi, blo, bhi) for blo, bhi in _hand_boxes(grip, yaw))
             reach = np.linalg.norm(grip - shoulder)
-            key = (max(hit, NEGLIGIBLE_OVERLAP), reach + REACH_COST * max(reach - COMFORT_REACH, 0.0) + cost)
+            key = (wrist_reach(grip, shoulder) > ARM_REACH, max(hit, NEGLIGIBLE_OVERLAP),
+                   reach + REACH_COST * max(reach - COMFORT_REACH, 0.0) + cost)
             if best_key is None or key < best_key:
                 best, best_key = (grip, yaw), key
         grip, yaw = best
@@ -905,14 +923,18 @@ def expert_for(sim: LiberoSim) -> Expert:
 
 
 def run_episodes(sim: LiberoSim, state_index: np.ndarray, max_steps: int | None = None,
-                 on_step: Callable[[], None] | None = None) -> np.ndarray:
-    """Run the suite's expert from initial states ``state_index`` [N] for at most ``max_steps``
+                 on_step: Callable[[], None] | None = None, regions: RegionStarts | None = None) -> np.ndarray:
+    """Run the suite's expert from initial states ``state_index`` [N] (LIBERO's fixed states, or with ``regions``
+    those region-sampled starts: :meth:`~sims.libero.sim.LiberoSim.reset_regions`) for at most ``max_steps``
     (default: the suite's LIBERO limit, :data:`sims.libero.suites.MAX_STEPS`) after LIBERO's
     :data:`SETTLE_STEPS` wait steps (the expert's settle phase; LIBERO's limit counts after them), calling ``on_step``
     after the reset and after every control step (to record frames); returns whether the goal held at any
     step, bool [N] (LIBERO's evaluation ends an episode at its first success, as the vector env does)."""
     max_steps = MAX_STEPS[sim.task.task_id.split("/")[0]] if max_steps is None else max_steps
-    sim.reset(state_index)
+    if regions is None:
+        sim.reset(state_index)
+    else:
+        sim.reset_regions(regions, state_index)
     expert = expert_for(sim)
     expert.ctl.reset(sim, np.arange(sim.num_envs))
     expert.reset()

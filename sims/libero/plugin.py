@@ -5,12 +5,14 @@ initial states (:func:`vla_rl.evaluate.libero_protocol`)."""
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from sims.libero.expert import SETTLE_STEPS, expert_for
 from sims.libero.paraphrase import libero_training_groups, libero_validation_phrasings
+from sims.libero.regions import missing_region_starts
 from sims.libero.scene import CAMERAS
 from sims.libero.sim import libero_render_config
 from sims.libero.suites import MAX_STEPS, is_libero_task, resolve_libero_task
@@ -59,6 +61,19 @@ class VectorExpert:
                 expert.reset(settle=not self.settled)
 
 
+def missing_files(task: str, with_lan: bool, settings: Mapping[str, Any]) -> str:
+    """A one-line error naming the setup command when a task of env task ``task`` is not cached (with ``with_lan``:
+    or its ``_lan`` variant), or the suite's own ``settings`` (a run's ``env.suite``) start from region-sampled
+    starts some task lacks; "" when all are there (in the settings' ``cache``)."""
+    cache = settings.get("cache", LiberoEnvConfig.cache)
+    if message := missing_variants(task, with_lan, cache):
+        return message
+    regions = settings.get("starts", LiberoEnvConfig.starts) == "regions"
+    if regions and (message := missing_region_starts(resolve_libero_task(task), cache)):
+        return f"starts=regions: {message}"
+    return ""
+
+
 def longest_episode(task: str, limit: int | None = None) -> int:
     """Control steps of the longest episode of ``task``: ``limit``, else LIBERO's limit of its suite (:data:`MAX_STEPS`)."""
     return limit or max(MAX_STEPS[task_id.split("/")[0]] for task_id in resolve_libero_task(task))
@@ -101,7 +116,7 @@ SUITE = register(Suite(
     robot_type="panda_libero",
     demo_terminates=False,  # the env would restart a simulation under its expert's running plan
     protocol=EvalProtocol(fixed_states=True, test_splits=FIXED_STATE_SPLITS),
-    missing_files=missing_variants,
+    missing_files=missing_files,
     training_instructions=lambda config: libero_training_groups(config.task, config.instructions),
     validation_instructions=libero_validation_phrasings,
     check_instructions=check_instructions,

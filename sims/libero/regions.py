@@ -25,8 +25,11 @@ episode saw; :func:`draw` picks an episode's start in its split's pool from ``(s
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+import mujoco
 import numpy as np
 
 from sims.libero.suites import cache_dir, parse_task_id
@@ -53,6 +56,32 @@ class RegionStarts:
     def count(self) -> int:
         return len(self.states)
 
+    def fixture_places(self, model: mujoco.MjModel, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The fixtures' bodies in ``model`` [B] and their places [n, B, 3], [n, B, 4] (w, x, y, z) in starts
+        ``index`` [n] (what :meth:`sims.libero.sim.LiberoSim.place_fixtures` takes); None: the task has no fixture."""
+        if not self.fixtures:
+            return None
+        bodies = np.array([model.body(name).id for name in self.fixtures])
+        return bodies, self.fixture_pos[index], self.fixture_quat[index]
+
+
+def starts_path(task_id: str, cache: str | os.PathLike | None = None) -> Path:
+    """Where ``task_id``'s region starts are cached."""
+    suite, index = parse_task_id(task_id)
+    return cache_dir(cache) / suite / str(index) / FILE
+
+
+def missing_region_starts(task_ids: Sequence[str], cache: str | os.PathLike | None = None) -> str:
+    """A one-line error naming the tasks of ``task_ids`` whose region starts are not cached, their missing files and
+    the command that writes them; "" when every task has them."""
+    missing = [t for t in task_ids if not starts_path(t, cache).is_file()]
+    if not missing:
+        return ""
+    files = ", ".join(str(starts_path(t, cache)) for t in missing)
+    where = "" if cache is None else f" --cache {cache}"
+    return (f"no region-sampled starts for {' '.join(missing)} ({files} missing); write them with python "
+            f"scripts/setup_libero.py --tasks {' '.join(missing)} --region-starts {DEFAULT_COUNT}{where}")
+
 
 def load_region_starts(task_id: str, cache: str | os.PathLike | None = None) -> RegionStarts:
     """The cached region starts of ``task_id``.
@@ -60,12 +89,9 @@ def load_region_starts(task_id: str, cache: str | os.PathLike | None = None) -> 
     Raises:
         FileNotFoundError: none are cached (the message names the command that writes them).
     """
-    suite, index = parse_task_id(task_id)
-    path = cache_dir(cache) / suite / str(index) / FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no region-sampled starts for {suite}/{index} in {path.parent}; write them with "
-                                f"python scripts/setup_libero.py --tasks {suite}/{index} --region-starts {DEFAULT_COUNT}")
-    with np.load(path) as f:
+    if message := missing_region_starts([task_id], cache):
+        raise FileNotFoundError(message)
+    with np.load(starts_path(task_id, cache)) as f:
         return RegionStarts(states=f["states"], fixtures=tuple(str(n) for n in f["fixtures"]),
                             fixture_pos=f["fixture_pos"], fixture_quat=f["fixture_quat"])
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from sims.backends import BatchBackend
 from sims.libero.predicates import GoalPredicates, Kinematics
+from sims.libero.regions import RegionStarts
 from sims.libero.scene import CAMERAS, VISUAL_FACES, LiberoLayout, LiberoTask, build_model
 from sims.render import BatchRenderer, RenderConfig
 
@@ -93,7 +94,7 @@ class LiberoSim:
                                        nconmax=WARP_NCONMAX, njmax=WARP_NJMAX, forward_after_step=True)
             self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in fields}
         self.ax = self.backend.ax
-        self.state_index = np.zeros(num_envs, np.int64)
+        self.state_index = np.zeros(num_envs, np.int64)  # each simulation's fixed initial state (-1: a region start)
         self.fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see place_fixtures
 
     # ------------------------------------------------------------------ physics
@@ -120,6 +121,26 @@ class LiberoSim:
         states = self.task.init_states[state_index]
         self.set_states(ids, states[:, 1:1 + nq], states[:, 1 + nq:1 + nq + nv])
         self.state_index[ids] = state_index
+
+    def reset_regions(self, starts: RegionStarts, index: np.ndarray) -> None:
+        """Start every simulation from region-sampled start ``index`` [N] of ``starts`` (:mod:`sims.libero.regions`,
+        LIBERO's training distribution), its fixtures standing where that start put them (batch backend only);
+        unsettled, as :meth:`reset` leaves a fixed state.
+
+        Raises:
+            ValueError: an index outside the starts.
+        """
+        index = np.broadcast_to(np.asarray(index, np.int64), (self.num_envs,))
+        if (index < 0).any() or (index >= starts.count).any():
+            raise ValueError(f"region start indices {index.tolist()} outside 0..{starts.count - 1} of {self.task.task_id}; "
+                             "write more with scripts/setup_libero.py --region-starts")
+        ids = np.arange(self.num_envs)
+        fixtures = starts.fixture_places(self.model, index)
+        if fixtures is not None:
+            self.place_fixtures(ids, *fixtures)
+        nq = self.model.nq
+        self.set_states(ids, starts.states[index, 1:1 + nq], starts.states[index, 1 + nq:])
+        self.state_index[:] = -1  # no fixed state
 
     def hold_ctrl(self, qpos: np.ndarray) -> np.ndarray:
         """Controls [n, nu] that hold the arm at ``qpos`` [n, nq]'s joint angles with the gripper open (torque

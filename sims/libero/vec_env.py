@@ -374,11 +374,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
 
     def _fixtures(self, k: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Fixture bodies and their places [n, B, 3], [n, B, 4] in task ``k``'s region starts ``index``."""
-        if self._regions is None or not self._regions[k].fixtures:
-            return None
-        starts, model = self._regions[k], self.sims[k].model
-        bodies = np.array([model.body(name).id for name in starts.fixtures])
-        return bodies, starts.fixture_pos[index], starts.fixture_quat[index]
+        return None if self._regions is None else self._regions[k].fixture_places(self.sims[k].model, index)
 
     def _settle(self, k: int, qpos: np.ndarray, qvel: np.ndarray,
                 fixtures: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:

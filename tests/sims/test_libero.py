@@ -2,7 +2,8 @@
 render both cameras, read LIBERO's proprioception; the goal predicates on hand-placed states; the
 batched Panda servo controller reaches a commanded pose; on LIBERO's own arm (the OSC on the torque
 motors, the default) the Spatial expert places the bowl (also beside the cabinet, where the hand must
-keep off it), the Object expert puts an object in the basket, the Goal experts put a bowl on the
+keep off it, and from the cabinet's opened drawer at the edge of the arm's reach, gripped where the
+arm reaches as the model's links say), the Object expert puts an object in the basket, the Goal experts put a bowl on the
 stove, open the middle drawer, turn on the stove and put the bowl in the top drawer; bad ids and a
 missing asset package fail with one line naming the fix.
 
@@ -12,11 +13,15 @@ The module fixture exports one task per suite, spatial/6 and goal/1, into the ca
 
 from __future__ import annotations
 
+import mujoco
 import numpy as np
 import pytest
 
 from sims.libero.controller import PandaController
 from sims.libero.expert import (
+    ARM_REACH,
+    WRIST_BACK,
+    WRIST_UP,
     DrawerExpert,
     GoalExpert,
     KnobExpert,
@@ -25,16 +30,23 @@ from sims.libero.expert import (
     SpatialExpert,
     expert_for,
     run_episodes,
+    wrist_reach,
 )
 from sims.libero.predicates import GoalPredicates, Kinematics
-from sims.libero.scene import load_task
+from sims.libero.regions import load_region_starts
+from sims.libero.scene import build_model, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import parse_task_id
 from sims.libero.toolchain.install import check_toolchain, ensure_tasks
+from sims.libero.toolchain.region_starts import ensure_region_starts
 from sims.libero.vec_env import CONTROLLERS
 
 TASKS = ("spatial/0", "object/0", "goal/0", "10/0")
 BESIDE_CABINET = "spatial/6"  # the bowl next to the cookie box, the wooden cabinet behind it
+IN_DRAWER = "spatial/4"  # the bowl in the cabinet's opened top drawer, at the edge of the arm's reach
+# Region starts (training data) of IN_DRAWER whose bowl lies furthest out: gripped at the rim's far side the
+# arm strained short of it and the fingers closed on nothing.
+FAR_STARTS = (29, 34)
 BOWL_ON_STOVE = "goal/1"  # On(akita_black_bowl_1, flat_stove_1_cook_region)
 STOVE_ON = "goal/7"  # TurnOn(flat_stove_1): the knob's hinge past 0.5 rad
 BOWL_IN_DRAWER = "goal/3"  # In(akita_black_bowl_1, wooden_cabinet_1_top_region), the drawer closed at the start
@@ -232,6 +244,46 @@ def test_spatial_expert_keeps_the_hand_off_the_cabinet(cached):
     sim = osc_sim(BESIDE_CABINET, 2)
     success = run_episodes(sim, np.array([0, 1]))
     assert success.tolist() == [True, True]
+
+
+def test_the_arm_reach_the_experts_plan_with_is_the_models():
+    """With the elbow on its joint limit the shoulder (joint 2) is ARM_REACH from the wrist's centre (joint 6);
+    the grip site lies WRIST_UP along the hand's axis and WRIST_BACK across it from there, in any posture."""
+    m, lay = build_model(load_task("spatial/0"), arm=CONTROLLERS["osc"])
+    d = mujoco.MjData(m)
+    elbow = m.joint("robot0_joint4").id
+    for q in np.random.default_rng(0).uniform(-1.0, 1.0, (5, 7)):
+        q[3] = m.jnt_range[elbow, 1]
+        d.qpos[lay.arm_qpos] = q
+        mujoco.mj_kinematics(m, d)
+        shoulder, wrist = (d.xpos[m.body(f"robot0_link{k}").id] for k in (2, 6))
+        assert abs(np.linalg.norm(wrist - shoulder) - ARM_REACH) < 1e-3
+        grip = d.site_xpos[lay.eef_site] - wrist
+        axis = d.xmat[m.body("robot0_right_hand").id].reshape(3, 3)[:, 2]  # the fingers point along it
+        assert abs(grip @ axis - WRIST_UP) < 1e-3 and abs(np.linalg.norm(grip - (grip @ axis) * axis) - WRIST_BACK) < 1e-3
+
+
+def test_spatial_expert_grips_the_bowl_in_the_drawer_within_reach(cached):
+    """spatial/4 from its region starts with the bowl furthest out: the expert grips the rim's side the arm
+    reaches (the far side asks the straight arm for more than ARM_REACH) and places the bowl."""
+    ensure_region_starts([IN_DRAWER], max(FAR_STARTS) + 1)
+    sim = osc_sim(IN_DRAWER, len(FAR_STARTS))
+    assert run_episodes(sim, np.array(FAR_STARTS), regions=load_region_starts(IN_DRAWER)).all()
+    sim.reset_regions(load_region_starts(IN_DRAWER), np.array(FAR_STARTS))  # again, up to the plan
+    expert = expert_for(sim)
+    expert.ctl.reset(sim, np.arange(sim.num_envs))
+    expert.reset()
+    while (expert.phase == 0).any():  # LIBERO's wait steps, then the plan
+        expert.ctl.step(sim, expert.act())
+    m = sim.model
+    for i in range(sim.num_envs):
+        d = mujoco.MjData(m)
+        d.qpos[:] = sim.qpos[i]
+        mujoco.mj_kinematics(m, d)
+        shoulder = d.xpos[m.body("robot0_link2").id]
+        planned = d.xpos[expert.obj] + d.xmat[expert.obj].reshape(3, 3) @ expert.grasp[i]
+        farthest = max(wrist_reach(grip, shoulder) for grip, _, _ in expert.candidates(i, d))
+        assert wrist_reach(planned, shoulder) <= ARM_REACH < farthest
 
 
 def test_goal_expert_puts_the_bowl_on_the_stove(cached):

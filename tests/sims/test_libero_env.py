@@ -1,6 +1,7 @@
 """LIBERO as a vector env (sims.libero.vec_env): the trainer's contract (shapes, spaces, SAME_STEP
 autoreset, TensorDict view), the goal's reward on a hand-placed success, LIBERO's fixed initial
-states and the _lan variant, the jittered splits, and one-line errors naming the fix.
+states and the _lan variant, the jittered splits, and one-line errors naming the fix (a missing task, or
+missing region-sampled starts, refused by the config checks before anything is built).
 
 One task (spatial/0), two environments, 16x16 frames with one GL context; the fixture exports the
 task and its _lan variant into the cache if they are missing.
@@ -9,6 +10,8 @@ task and its _lan variant into the cache if they are missing.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 
 import numpy as np
 import pytest
@@ -16,10 +19,12 @@ import torch
 
 import sims
 from sims.libero.osc import OscController
+from sims.libero.regions import FILE as REGION_FILE
 from sims.libero.scene import load_lan, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.suites import resolve_libero_task
 from sims.libero.toolchain.install import ensure_lan, ensure_tasks, export_lan
+from sims.libero.toolchain.region_starts import ensure_region_starts
 from sims.libero.vec_env import (
     CONTROLLERS,
     LIBERO_SPLITS,
@@ -30,6 +35,7 @@ from sims.libero.vec_env import (
     shared_model,
 )
 from vla_rl.config import CONFIG_DIR, ConfigError, load_config
+from vla_rl.demos.collect import CollectConfig
 
 RENDER = libero_render_config(16, num_contexts=1)
 HOLD = np.array([[0, 0, 0, 0, 0, 0, -1]] * 2, np.float32)  # no motion, gripper open
@@ -303,3 +309,30 @@ def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
     (folder / "task.json").write_text(meta)
     with pytest.raises(RuntimeError, match=r"_lan/.*\.bddl is missing; reinstall the toolchain: .*--reinstall"):
         export_lan("spatial/0", tmp_path, tmp_path / "toolchain")
+
+
+def test_missing_region_starts_fail_the_config_check_naming_the_command(cached, tmp_path):
+    """env.suite.starts=regions on a task whose region starts are not cached: the trainer's machine check (the recipe
+    runs it for every stage before its demonstrations) and collect_demos' config refuse it before anything is built,
+    in one line naming the task, the missing file and the command that writes it; with the file there they pass."""
+    folder = tmp_path / "spatial" / "0"
+    folder.mkdir(parents=True)
+    source = load_task("spatial/0").model_path.parent
+    for f in source.iterdir():
+        if f.name != REGION_FILE:
+            os.symlink(f, folder / f.name)
+    want = (rf"^starts=regions: no region-sampled starts for spatial/0 \({re.escape(str(folder / REGION_FILE))} "
+            rf"missing\); write them with python scripts/setup_libero.py --tasks spatial/0 --region-starts 200 "
+            rf"--cache {re.escape(str(tmp_path))}$")
+    overrides = ["env.task=libero_spatial/0", "env.suite.starts=regions", f"env.suite.cache={tmp_path}"]
+    with pytest.raises(ConfigError, match=want):
+        load_config(CONFIG_DIR / "libero.yaml", overrides).check(envs_here=False)
+    settings = {"starts": "regions", "cache": str(tmp_path)}
+    with pytest.raises(ValueError, match=want):
+        CollectConfig(task="libero_spatial/0", out=tmp_path / "demos", cameras=("agentview",),
+                      suite_settings=settings).validate()
+    suite = sims.suite_of("libero_spatial/0")
+    assert suite.missing_files("libero_spatial/0", False, {**settings, "starts": "jitter"}) == ""
+    ensure_region_starts(["spatial/0"], 5)
+    os.symlink(source / REGION_FILE, folder / REGION_FILE)
+    assert suite.missing_files("libero_spatial/0", False, settings) == ""

@@ -6,9 +6,11 @@ the demonstrations come from the train split's, in the env the recipe trains in)
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,3 +112,21 @@ def test_train_and_validation_draw_disjoint_starts_and_the_fixed_splits_none(sta
     with pytest.raises(ValueError, match=r"4 region-sampled starts leave the validation split none"):
         split_pool(4, "validation")
 
+
+
+def test_bench_experts_runs_from_region_starts_and_names_the_command_for_missing_ones(starts, tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "experts.json"
+    cmd = [sys.executable, str(root / "scripts" / "bench_experts.py"), "--suite", "libero_spatial", "--tasks", "6",
+           "--starts", "regions", "--states", "2", "--threads", "1", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["config"]["starts"] == "regions"
+    result = report["results"][TASK]
+    assert result["episodes"] == 2 and result["success"] == 1.0, result  # the expert places the bowl from both
+    missing = subprocess.run(cmd[:-2], capture_output=True, text=True, cwd=root, timeout=120,
+                             env={**env, "VLA_RL_LIBERO_CACHE": str(tmp_path)})
+    assert missing.returncode != 0
+    assert f"--tasks {TASK} --region-starts 200" in missing.stderr and str(tmp_path / TASK / FILE) in missing.stderr

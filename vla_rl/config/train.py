@@ -134,7 +134,7 @@ class TrainConfig:
         if self.env.kind == "gym":
             _check_gym_id(self.env.task)
         else:
-            if message := env_suite(self.env).missing_files(self.env.task, False):  # lan: test only, never here
+            if message := env_suite(self.env).missing_files(self.env.task, False, self.env.suite):  # lan: test only, never here
                 raise ConfigError(message)
         if inputs:
             _check_files(self)
