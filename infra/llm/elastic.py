@@ -40,10 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infra.common.typed_config import ConfigError
-from infra.llm.handles import LocalHandle
+from infra.llm.handles import JobServices, LocalHandle
 from infra.llm.model import ModelConfig
 from infra.llm.pool_shape import PoolShape
-from infra.llm.rlvr import JobServices
 from infra.llm.router import InstanceLoad, Router, load_router
 from infra.llm.service_actors import RewardService, RolloutService, TrainerService
 

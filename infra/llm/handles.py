@@ -1,8 +1,9 @@
 """One way to call a service: ``handle.call(method, *args)`` (in-process here; Ray actors in
-:mod:`infra.llm.service_plane`)."""
+:mod:`infra.llm.service_plane`), and the handles of the three services one job calls."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -21,6 +22,15 @@ class ServiceHandle(Protocol):
         and this process never fetches it. In-process the reference is the payload.
         """
         ...
+
+
+@dataclass(frozen=True)
+class JobServices:
+    """The three services one job calls."""
+
+    rollout: ServiceHandle
+    reward: ServiceHandle
+    trainer: ServiceHandle
 
 
 class LocalHandle:

@@ -252,12 +252,3 @@ def build_model(cfg: ModelConfig, seed: int) -> CausalLM:
     from transformers import AutoModelForCausalLM
 
     return HFCausalLM(AutoModelForCausalLM.from_pretrained(_hf_folder(cfg)).float())
-
-
-def hf_num_params(path: str) -> int:
-    """Parameters of the model in ``path``, counted on the meta device (no weights are read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    return sum(p.numel() for p in net.parameters())

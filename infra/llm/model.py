@@ -65,12 +65,19 @@ class ModelConfig:
         """Parameter count of the model (``char``: from the sizes, embeddings tied with the head;
         ``hf``: counted on a copy built from the folder's config on the meta device)."""
         if self.kind == "hf":
-            from infra.llm.lm import hf_num_params
-
             return hf_num_params(self.path)
         d = self.d_model
         per_block = 4 * d * d + 4 * d + 8 * d * d + 5 * d + 4 * d  # attn, mlp, 2 layernorms
         return self.vocab_size * d + self.max_len * d + self.n_layers * per_block + 2 * d
+
+
+def hf_num_params(path: str) -> int:
+    """Parameters of the model in ``path``, counted on the meta device (no weights are read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return sum(p.numel() for p in net.parameters())
 
 
 @dataclass

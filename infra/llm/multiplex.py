@@ -25,15 +25,11 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from infra.llm.handles import ServiceHandle
-from infra.llm.rlvr import JobResult, JobServices, RLVRConfig, run_job
-
-BYTES_PER_PARAM_WEIGHTS = 2
-"""bf16 weights on the device (what generation needs)."""
-BYTES_PER_PARAM_TRAIN_STATE = 16
-"""bf16 weights + bf16 grads + fp32 master weights and two Adam moments (mixed-precision Adam)."""
+from infra.llm.gpu_group import BYTES_PER_PARAM_TRAIN_STATE, BYTES_PER_PARAM_WEIGHTS, GPUGroup
+from infra.llm.handles import JobServices, ServiceHandle
+from infra.llm.rlvr import JobResult, RLVRConfig, run_job
 
 
 class JobRefused(ValueError):
@@ -49,23 +45,6 @@ class LLMJobSpec:
     """Model parameters."""
     nodes: tuple[str, ...] = ()
     """Nodes that already hold this job's state (affinity); empty = any node."""
-
-
-@dataclass
-class GPUGroup:
-    """GPUs of one node hosting a rollout and a trainer service shared by the admitted jobs."""
-
-    name: str
-    node: str
-    gpu_memory_mib: int
-    """Memory of each GPU of the group."""
-    num_gpus: int
-    host_memory_mib: int
-    """Host memory available for resident job state."""
-    rollout: ServiceHandle
-    trainer: ServiceHandle
-    jobs: list[str] = field(default_factory=list)
-    host_used_mib: int = 0
 
 
 @dataclass(frozen=True)

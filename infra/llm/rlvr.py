@@ -33,11 +33,12 @@ from infra.common.typed_config import ConfigError
 from infra.llm import trainer_checkpoint as ckpt
 from infra.llm.data import DataConfig, load_file_source
 from infra.llm.grpo_trainer import check_grpo, llm_grpo_config
-from infra.llm.handles import LocalHandle, ServiceHandle
+from infra.llm.handles import JobServices, LocalHandle
 from infra.llm.lm import Codec, HFCausalLM, build_model, check_model, load_codec
 from infra.llm.model import ModelConfig
 from infra.llm.reward import RewardBatch, check_reward
 from infra.llm.service_actors import JobStopped, RewardService, RolloutService, TrainerService
+from infra.llm.service_plane import ray_job_services
 from infra.llm.trainer_checkpoint import CheckpointSpec
 from infra.llm.verifiable_tasks import VOCAB_SIZE, Example, PromptSource, TaskSource, load_task
 from rlcore.losses import group_advantages
@@ -299,15 +300,6 @@ def job_inputs(cfg: RLVRConfig) -> JobInputs:
     return JobInputs(source, codec, max_new)
 
 
-@dataclass(frozen=True)
-class JobServices:
-    """The three services one job calls."""
-
-    rollout: ServiceHandle
-    reward: ServiceHandle
-    trainer: ServiceHandle
-
-
 def score(job: str, cfg: RLVRConfig, svc: JobServices, inputs: JobInputs, batch: list[Example],
           completions: list[list[int]]) -> RewardBatch:
     """The reward of each decoded completion against its example's answer (failed calls score 0)."""
@@ -541,8 +533,6 @@ def _run_locked(cfg: RLVRConfig) -> dict[str, float]:
             run.log(row)
 
         if cfg.ray:
-            from infra.llm.service_plane import ray_job_services
-
             address = "local" if cfg.ray is True or cfg.ray == "local" else str(cfg.ray)
             with ray_job_services(cfg.model, address=address, priority=cfg.priority, tenant=cfg.tenant) as svc:
                 result = run_job(cfg.name, cfg, svc, on_iteration=on_iteration)

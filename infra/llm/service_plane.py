@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.common.supervisor import Supervisor
+from infra.llm.gpu_group import BYTES_PER_PARAM_WEIGHTS, GPUGroup
+from infra.llm.handles import JobServices
 from infra.llm.model import ModelConfig
-from infra.llm.multiplex import BYTES_PER_PARAM_WEIGHTS, GPUGroup
-from infra.llm.rlvr import JobServices
 from infra.llm.router import InstanceLoad, RoundRobin, Router
 from infra.llm.service_actors import RewardService, RolloutService, TrainerService
 

@@ -7,10 +7,11 @@ import threading
 import pytest
 import torch
 
+from infra.llm.gpu_group import GPUGroup
 from infra.llm.grpo_trainer import llm_grpo_config
 from infra.llm.handles import LocalHandle
 from infra.llm.model import ModelConfig
-from infra.llm.multiplex import GPUGroup, JobRefused, LLMJobSpec, Multiplexer
+from infra.llm.multiplex import JobRefused, LLMJobSpec, Multiplexer
 from infra.llm.rlvr import RLVRConfig, local_services, run_job
 from infra.llm.service_actors import RewardService, RolloutService, TrainerService
 from infra.llm.verifiable_tasks import VOCAB_SIZE

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from infra.llm.grpo_trainer import llm_grpo_config
+from infra.llm.handles import JobServices
 from infra.llm.model import ModelConfig
 from infra.llm.multiplex import LLMJobSpec, Multiplexer
-from infra.llm.rlvr import JobServices, RLVRConfig, run_job
+from infra.llm.rlvr import RLVRConfig, run_job
 from infra.llm.router import EngineCost, PrefillDecodeAware
 from infra.llm.service_plane import group_request, place_services
 from infra.llm.verifiable_tasks import VOCAB_SIZE

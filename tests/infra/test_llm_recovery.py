@@ -19,9 +19,10 @@ import torch
 
 from infra.llm import trainer_checkpoint as ckpt
 from infra.llm.grpo_trainer import llm_grpo_config
+from infra.llm.handles import JobServices
 from infra.llm.lm import load_codec
 from infra.llm.model import ModelConfig
-from infra.llm.rlvr import JobServices, RLVRConfig, run_job
+from infra.llm.rlvr import RLVRConfig, run_job
 from infra.llm.service_actors import RewardService, RolloutService, TrainerService
 from infra.llm.service_plane import TRAINER_REPLAY, ResilientService
 from infra.llm.trainer_checkpoint import CheckpointError, CheckpointSpec

@@ -218,8 +218,9 @@ def test_a_preempted_llm_job_resumes_from_its_trainer_checkpoint(cluster, eventu
     continues from its checkpoint: the job ends with every GRPO update applied once, weights equal
     to an undisturbed run of the same job and to its last checkpoint."""
     from infra.llm.grpo_trainer import llm_grpo_config
+    from infra.llm.handles import JobServices
     from infra.llm.model import ModelConfig
-    from infra.llm.rlvr import JobServices, RLVRConfig, checkpoint_spec, run_job
+    from infra.llm.rlvr import RLVRConfig, checkpoint_spec, run_job
     from infra.llm.service_plane import ServiceSizes, place_services
     from infra.llm.trainer_checkpoint import checkpoint_path, load
     from infra.llm.verifiable_tasks import VOCAB_SIZE
