@@ -65,6 +65,7 @@ CITED: dict[str, Smoke | Elsewhere] = {
         "comparisons.ratio_pipelined_vs_colocated"), slow=True),
     "bench_experts.py": Elsewhere("tests/sims/test_tasks.py::test_bench_experts_writes_each_tasks_success_with_an_interval"),
     "bench_libero.py": Elsewhere("tests/sims/test_bench_libero.py::test_robosuite_side_and_ratios"),
+    "bench_seeds.py": Elsewhere("tests/vla_rl/test_bench_seeds.py::test_seeds_train_evaluate_and_read_back"),
     "bench_halfcheetah.py": Elsewhere("tests/vla_rl/test_bench_halfcheetah.py::test_commands_run_the_shipped_jobs_pinned_to_cores"),
     "bench_language_dev.py": Smoke(("--checkpoint", "{checkpoint}", "--phrasings", "{phrasings}", "--episodes", "2"),
                                    ("success", "ci95", "episodes", "tasks.reach.success"), slow=True),  # trains first
