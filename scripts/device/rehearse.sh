@@ -20,7 +20,9 @@
 # PyPI's cp312 torch is the CUDA 13 build (2.7 GB of wheels with its CUDA libraries, 1.3 GB of them not
 # on this disk), so here REHEARSE_PYTHON=python3.11 is what runs: the transfers are then built for 3.11
 # (DEVICE_PY), with the same versions.
-# Settings: REHEARSE_PYTHON, PYTHON (the interpreter whose versions the transfers take; .venv's),
+# REHEARSE_TORCH=2.11.0 instead installs the GPU machine's torch and the rest from the package index (PyPI:
+# 2.7 GB for torch's CUDA 13 build, which runs on the CPU), so Python 3.12 rehearses as the machine runs it.
+# Settings: REHEARSE_PYTHON, REHEARSE_TORCH, PYTHON (the interpreter whose versions the transfers take; .venv's),
 # REHEARSE_DIR (scratch; default a temporary folder, removed after), REHEARSE_TRANSFERS (a DEST of
 # prepare.sh built for REHEARSE_PYTHON's version, reused instead of building the transfers again).
 set -euo pipefail
@@ -84,15 +86,23 @@ else
 fi
 
 echo "rehearse: the tree and the transfers in $(( $(date +%s) - began )) s"
-echo "rehearse: a fresh virtual environment of $rehearse_python with what the GPU machine has (this disk only)"
+source_of="this disk only"; [[ -n ${REHEARSE_TORCH:-} ]] && source_of="torch $REHEARSE_TORCH, the package index"
+echo "rehearse: a fresh virtual environment of $rehearse_python with what the GPU machine has ($source_of)"
 venv_began=$(date +%s)
 "$rehearse_python" -m venv "$venv"
 mapfile -t has < <(sed -e 's/#.*//' -e '/^\s*$/d' "$here/gpu_machine.txt")
-has+=("torch==$("$python" -c "import torch; print(torch.__version__)")")  # the CPU build the tests ran
-if ! PIP_INDEX_URL=file:///opt/pypi/simple PIP_EXTRA_INDEX_URL=file:///opt/pypi-more/simple \
-    "$venv/bin/python" -m pip install -q --only-binary=:all: "${has[@]}"; then
-  echo "rehearse: what the GPU machine has does not install for Python $py_version from this disk (no torch" \
-       "wheel for it?): set REHEARSE_PYTHON to an interpreter this disk has wheels for (python3.11)" >&2
+if [[ -n ${REHEARSE_TORCH:-} ]]; then
+  # The GPU machine's own torch (its CUDA build runs on the CPU too), with everything from the package index.
+  has+=("torch==$REHEARSE_TORCH")
+  index=()
+else
+  has+=("torch==$("$python" -c "import torch; print(torch.__version__)")")  # the CPU build the tests ran
+  index=(PIP_INDEX_URL=file:///opt/pypi/simple PIP_EXTRA_INDEX_URL=file:///opt/pypi-more/simple)
+fi
+if ! env "${index[@]}" "$venv/bin/python" -m pip install -q --only-binary=:all: "${has[@]}"; then
+  echo "rehearse: what the GPU machine has does not install for Python $py_version (no torch wheel for it" \
+       "on this disk?): set REHEARSE_TORCH=2.11.0 to take the GPU machine's torch from the package index," \
+       "or REHEARSE_PYTHON to an interpreter this disk has wheels for (python3.11)" >&2
   exit 1
 fi
 clang=$("$python" -c "import os, warp; print(os.path.join(os.path.dirname(warp.__file__), 'bin', 'warp-clang.so'))")
