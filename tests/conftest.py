@@ -11,6 +11,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# No Ray call starts a cluster of its own: one after a test's ray.shutdown() (a watcher thread's last call, say)
+# would otherwise start a whole local Ray (both cores, a dashboard) that the next teardown kills.
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+# Ray's core worker ends its whole process (exit status 1, nothing printed) once the GCS it is connected to has
+# been unreachable for this long (60 s by default): such a cluster killed under the test process made pytest die
+# a minute later in an unrelated test. The tests never wait on a lost GCS.
+os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "3600")
 # A script a test runs in a subprocess imports the tree under test, not the checkout the project is installed
 # from (scripts find the packages through the installation: they do not edit sys.path).
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
