@@ -214,7 +214,9 @@ class RunLog:
     def video(
         self, frames: list[np.ndarray], name: str, fps: int = 20, wandb_key: str = "video", step: int | None = None
     ) -> Path | None:
-        """Write ``frames`` (``[H, W, 3]`` uint8) to ``videos/<name>.<format>``; ``None`` when disabled or empty.
+        """Write ``frames`` (``[H, W, 3]`` uint8) to ``videos/<name>.<format>``; ``None`` when disabled or empty,
+        or when the encoder cannot run (one line says why: a video is not worth a run, and mp4 forks an encoder
+        process, which a loaded machine can refuse a large trainer with ``ENOMEM``).
 
         With wandb enabled the file is also logged as a ``wandb.Video`` under ``wandb_key`` at ``step``
         (environment steps; the media land in ``wandb/*/files/media/videos/``).
@@ -226,11 +228,15 @@ class RunLog:
         path = self.run_dir / "videos" / f"{name}.{self.cfg.video_format}"
         path.parent.mkdir(exist_ok=True)
         big = [upscale(f) for f in frames]
-        with atomic_path(path) as tmp:
-            if self.cfg.video_format == "gif":
-                iio.mimwrite(tmp, big, duration=1000 / fps, loop=0)
-            else:
-                iio.mimwrite(tmp, big, fps=fps, macro_block_size=16)
+        try:
+            with atomic_path(path) as tmp:
+                if self.cfg.video_format == "gif":
+                    iio.mimwrite(tmp, big, duration=1000 / fps, loop=0)
+                else:
+                    iio.mimwrite(tmp, big, fps=fps, macro_block_size=16)
+        except OSError as err:
+            tqdm.write(f"[log] video {path.name} not written ({err}); the run goes on")
+            return None
         if self.wandb_run is not None:
             import wandb
 

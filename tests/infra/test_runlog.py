@@ -69,3 +69,26 @@ def test_videos_go_under_videos_only_when_there_are_frames(tmp_path: Path) -> No
     path = run.video(frames, "clip")
     run.close()
     assert path == tmp_path / "r" / "videos" / "clip.gif" and len(iio.mimread(path)) == 3
+
+
+def test_a_video_the_encoder_cannot_write_is_skipped_with_a_line_and_the_run_goes_on(tmp_path: Path, monkeypatch,
+                                                                                      capsys) -> None:
+    """mp4 forks ffmpeg: a loaded machine refused that fork to a large trainer (ENOMEM) and the run died at an
+    evaluation; the video is skipped, nothing half-written is left, and the next one is written."""
+    import errno
+
+    cfg = LogConfig(wandb="disabled", progress=False, video=True, video_format="gif")
+    run = RunLog(tmp_path / "r", cfg, 1, {}, ONE_PANEL)
+    frames = [np.full((16, 16, 3), 40 * i, dtype=np.uint8) for i in range(3)]
+    real = iio.mimwrite
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(iio, "mimwrite", refused)
+    assert run.video(frames, "eval") is None
+    assert "video eval.gif not written" in capsys.readouterr().out
+    assert list((tmp_path / "r" / "videos").iterdir()) == []
+    monkeypatch.setattr(iio, "mimwrite", real)
+    assert run.video(frames, "eval").is_file()
+    run.close()
