@@ -30,7 +30,7 @@ from sims.tasks import SPLITS, TASK_NAMES
 from sims.vec_env import make_vec_env
 from vla_rl.evaluate import wilson_interval
 
-LIBERO_EXPERT_SUITES = {"libero_spatial": "spatial", "libero_object": "object", "libero_goal": "goal"}
+LIBERO_EXPERT_SUITES = {"libero_spatial": "spatial", "libero_object": "object", "libero_goal": "goal", "libero_10": "10"}
 
 
 def _result(k: int, n: int) -> dict:

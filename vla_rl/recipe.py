@@ -262,6 +262,11 @@ def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) 
     return out
 
 
+_PHRASING_ONLY = {"instructions"}
+"""Suite settings that leave the recorded episodes as they are: experts record each task's own instruction, and
+SFT draws every frame's phrasing from the env's instruction groups itself (:class:`vla_rl.sft.ParaphraseResample`)."""
+
+
 def check_demos(demos: Path, env: TrainEnvConfig) -> None:
     """Raise :class:`ConfigError` if the recorded demonstrations in ``demos`` (a relaunch reuses them) came from
     another env than the SFT stage's ``env`` would record in (a suite setting of its own that differs, LIBERO's
@@ -270,6 +275,8 @@ def check_demos(demos: Path, env: TrainEnvConfig) -> None:
     wanted = sims_env_config(env, num_envs=env.num_envs, seed=0)
     own = {f.name for f in dataclasses.fields(CollectConfig)}  # the recorder's own, e.g. its episode limit
     for key in sims.suite_settings(type(wanted)):
+        if key in _PHRASING_ONLY:
+            continue
         if key not in own and key in source and source[key] != getattr(wanted, key):
             raise ConfigError(f"{demos} holds demonstrations recorded with {key}={source[key]}, the SFT env has "
                               f"{key}={getattr(wanted, key)}: remove that folder (or set another name) to record them again")

@@ -1,6 +1,7 @@
 """Scripted experts for LIBERO-Spatial (a bowl onto the plate), LIBERO-Object (an object into the
-basket) and LIBERO-Goal (an object onto an object or a region; a drawer opened; the stove turned
-on; the bowl put in the top drawer), batched over a :class:`sims.libero.sim.LiberoSim`.
+basket), LIBERO-Goal (an object onto an object or a region; a drawer opened; the stove turned
+on; the bowl put in the top drawer) and LIBERO-10 (those, one after another), batched over a
+:class:`sims.libero.sim.LiberoSim`.
 
 A phase machine per simulation on the privileged state (body poses, geom boxes), acting through
 LIBERO's action space (:class:`sims.libero.controller.PandaController`): settle, over the grasp
@@ -28,7 +29,9 @@ the slide joint), :class:`KnobExpert` turns the stove's knob (gripped on the hin
 hand twisted about it). "Open the top drawer and put the bowl inside" chains three experts
 (:class:`SequenceExpert`): the bowl set aside off the drawer's path (:class:`AsideExpert`), the
 drawer opened, the bowl put in (:class:`DrawerPlaceExpert`). "Push the plate" (goal/5) has no
-expert. :func:`expert_for` picks the expert of a task.
+expert. LIBERO-10's goals are conjunctions: :func:`long_expert` chains each predicate's expert
+(:func:`predicate_expert`); a ``Close`` (of a drawer or the microwave's door) has none yet.
+:func:`expert_for` picks the expert of a task.
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ SETTLE_STEPS = 10  # LIBERO's evaluation waits 10 steps for the objects to settl
 # Some initial states hold an object in the air (spatial/5's bowl lands tilted on the ramekin at
 # step ~15): the plan waits until the object rests, at most SETTLE_MAX steps.
 SETTLE_MAX, AT_REST = 30, 0.01  # steps; m/s and rad/s
+# Nor while another object flies: LIBERO-10's living-room states sink the ketchup 2.9 cm into the table, and
+# MuJoCo 4's box-box contact (the true depth; MuJoCo 2.3.7 reports half) throws it 70 cm up for 15 steps.
+FLYING = 0.05  # m/s
 PHASES = ("settle", "above", "down", "close", "lift", "carry", "lower", "open", "up", "done")
 # The Panda hand's collision hull and open fingers relative to the grip site, fingers closing along
 # local y (half-widths in x, y; z range), measured on the model: the hull's bottom is flat 2.4 cm
@@ -81,6 +87,7 @@ HAND_BOX = (0.045, 0.11, 0.022, 0.15)
 FINGER_BOX = (0.015, 0.05, -0.014, 0.05)
 ROBOT_PREFIXES = ("robot0_", "gripper0_", "mount0_")
 NEGLIGIBLE_OVERLAP = 2e-6  # m^3 (2 cm^3): AABBs of rotated meshes overlap a little where nothing touches
+OVERLAP_STEP = 1e-9  # m^3 (1 mm^3)
 UP = np.array([0.0, 0.0, 1.0])
 SHOULDER_HEIGHT = 0.333  # m: the Panda's second joint above its base
 # Beyond about 0.8 m from the shoulder the elbow straightens onto its joint limit and the
@@ -226,6 +233,12 @@ def rim_candidates(m: mujoco.MjModel, d: mujoco.MjData, bowl: int, geoms: np.nda
     return out
 
 
+def rim_grasped(body: str) -> bool:
+    """Whether the experts hold object ``body`` by its rim (:func:`rim_candidates`): bowls, and mugs, whose open
+    top is wider than the fingers' opening and whose body slips from a grip across it."""
+    return any(kind in body for kind in ("bowl", "mug"))
+
+
 def top_candidates(m: mujoco.MjModel, d: mujoco.MjData, obj: int, geoms: np.ndarray) -> tuple[list[Candidate], float]:
     """Grasps of an object (body ``obj``, collision ``geoms``) from above near its top, the fingers
     across a side that fits the opening, at the centre or shifted along the other side (a long box
@@ -265,6 +278,8 @@ class PickPlaceExpert:
         m = sim.model
         self.obj = m.body(obj_body).id
         self._obj_dof = m.jnt_dofadr[m.body_jntadr[self.obj]] + np.arange(6)  # its free joint
+        free = np.flatnonzero(m.jnt_type == mujoco.mjtJoint.mjJNT_FREE)
+        self._others_dof = (m.jnt_dofadr[free[m.jnt_bodyid[free] != self.obj]][:, None] + np.arange(3)).ravel()
         robot = np.array([m.body(b).name.startswith(ROBOT_PREFIXES) for b in range(m.nbody)])
         collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
         self._scene_geoms = np.flatnonzero(collide & ~robot[m.geom_bodyid] & (m.body_rootid[m.geom_bodyid] != self.obj))
@@ -321,7 +336,9 @@ class PickPlaceExpert:
         for grip, yaw, cost in self.candidates(i, d):
             hit = sum(_overlap(lo, hi, blo, bhi) for blo, bhi in _hand_boxes(grip, yaw))
             reach = np.linalg.norm(grip - shoulder)
-            key = (wrist_reach(grip, shoulder) > ARM_REACH, max(hit, NEGLIGIBLE_OVERLAP),
+            # Overlaps in whole OVERLAP_STEPs: candidates whose hulls touch the same boxes differ in float noise only,
+            # and reach and cost then decide.
+            key = (wrist_reach(grip, shoulder) > ARM_REACH, round(max(hit, NEGLIGIBLE_OVERLAP) / OVERLAP_STEP),
                    reach + REACH_COST * max(reach - COMFORT_REACH, 0.0) + cost)
             if best_key is None or key < best_key:
                 best, best_key = (grip, yaw), key
@@ -365,7 +382,10 @@ class PickPlaceExpert:
         quat = to_numpy(sim.field("xquat")[:, sim.layout.hand_body])
         obj = to_numpy(sim.field("xpos")[:, self.obj])
         obj_quat = to_numpy(sim.field("xquat")[:, self.obj])
-        moving = np.abs(to_numpy(sim.qvel[:, self._obj_dof])).max(1) > AT_REST
+        qvel = to_numpy(sim.qvel)
+        moving = np.abs(qvel[:, self._obj_dof]).max(1) > AT_REST
+        if len(self._others_dof):
+            moving |= np.abs(qvel[:, self._others_dof]).max(1) > FLYING
         place = self.place_points()
         target, grip = eef.copy(), np.full(len(eef), -1.0)
         turn = np.zeros((len(eef), 3))
@@ -491,20 +511,26 @@ class GoalExpert(PickPlaceExpert):
     DROP = 0.01  # m: the object's bottom is released this high above the target's surface
     FOOTPRINT = 0.01  # m: half-size of the spot under the target point whose surface counts
 
-    def __init__(self, sim: LiberoSim):
-        """Raises: ValueError: the task's goal is not a single ``On``/``In(object, object or an object's region)``."""
+    def __init__(self, sim: LiberoSim, pred: dict | None = None):
+        """Args: sim; pred: the ``On``/``In`` predicate it makes hold (default: the task's single goal).
+
+        Raises: ValueError: ``pred`` (the task's goal) is not one ``On``/``In(object, object or region)``.
+        """
         goal = sim.task.goal
-        if len(goal) != 1 or goal[0]["predicate"] not in ("on", "in") or (goal[0]["entities"][1]["kind"] == "site"
-                                                                and goal[0]["entities"][1]["parent_body"] is None):
-            raise ValueError(f"{sim.task.task_id} is not a pick-and-place task onto or into an object: "
-                             f"goal {goal}")
-        obj, target = goal[0]["entities"]
+        pred = pred if pred is not None else goal[0] if len(goal) == 1 else None
+        if pred is None or pred["predicate"] not in ("on", "in"):
+            raise ValueError(f"{sim.task.task_id}: {pred or goal} is not a pick-and-place task onto or into "
+                             "something")
+        obj, target = pred["entities"]
         super().__init__(sim, obj["body"])
         m = sim.model
-        self.rim = "bowl" in obj["body"]
+        self.rim = rim_grasped(obj["body"])
         self.site = m.site(target["site"]).id if target["kind"] == "site" else None
         self.target = m.body(target["body"]).id if self.site is None else None
-        support = m.body(target["body"] if self.site is None else target["parent_body"]).id
+        if self.site is None:
+            support = self.target
+        else:  # a region of an object, or of the table itself (the site's own body)
+            support = m.body(target["parent_body"]).id if target["parent_body"] else m.site_bodyid[self.site]
         collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
         self._support_geoms = np.flatnonzero(collide & (m.body_rootid[m.geom_bodyid] == m.body_rootid[support]))
         self.place_z = np.zeros(sim.num_envs)  # the object's origin when released
@@ -756,7 +782,7 @@ class AsideExpert(PickPlaceExpert):
         """Args: sim; obj_body: the object moved; drawer: the expert that opens the drawer next."""
         super().__init__(sim, obj_body)
         self.drawer = drawer
-        self.rim = "bowl" in obj_body
+        self.rim = rim_grasped(obj_body)
         self.place = np.zeros((sim.num_envs, 3))
 
     def _free_spot(self, d: mujoco.MjData) -> np.ndarray:
@@ -806,9 +832,10 @@ class DrawerPlaceExpert(GoalExpert):
     CARRY_EXTRA = 0.015
     RISING_CARRY = True  # the opened drawer is the high obstacle, at the end of the way
 
-    def __init__(self, sim: LiberoSim, drawer: DrawerExpert):
-        """Args: sim; drawer: the expert that opened the drawer (its joint and opening direction)."""
-        super().__init__(sim)
+    def __init__(self, sim: LiberoSim, drawer: DrawerExpert, pred: dict | None = None):
+        """Args: sim; drawer: the expert that opened the drawer (its joint and opening direction); pred: as
+        :class:`GoalExpert`'s."""
+        super().__init__(sim, pred)
         m = sim.model
         self.drawer = drawer
         frame = m.body_parentid[m.jnt_bodyid[drawer.joint]]
@@ -871,51 +898,80 @@ class SequenceExpert:
 Expert = PickPlaceExpert | MotionExpert | SequenceExpert
 
 
-def goal_expert(sim: LiberoSim) -> Expert:
-    """LIBERO-Goal's expert for the sim's task, by the goal's form: ``Open`` a drawer:
+def predicate_expert(sim: LiberoSim, pred: dict) -> Expert:
+    """The expert that makes one goal predicate ``pred`` hold, by its form: ``Open`` a drawer:
     :class:`DrawerExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region of a
-    closed drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer
-    opened, the object put in (:class:`DrawerPlaceExpert`); any other ``On``/``In`` onto or into
-    an object: :class:`GoalExpert`.
+    drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer opened, the
+    object put in (:class:`DrawerPlaceExpert`); any other ``On``/``In``: :class:`GoalExpert`.
 
     Raises:
-        ValueError: a goal of another form (more than one predicate, ``Close``, an object onto a
-            region of the table itself: Goal's "push the plate", goal/5).
+        ValueError: a predicate of another form (``Close``).
     """
-    goal, m = sim.task.goal, sim.model
-    pred = goal[0] if len(goal) == 1 else {"predicate": f"{len(goal)} predicates"}
-    kind = pred["predicate"]
+    kind, m = pred["predicate"], sim.model
     if kind in ("open", "turnon", "turnoff"):
         rule = pred["joints"]
         joint = m.joint(int(np.flatnonzero(m.jnt_qposadr == rule["qpos_adr"][0])[0])).name
         if kind == "open":
             return DrawerExpert(sim, joint)
         return KnobExpert(sim, joint, 1.0 if rule["op"] in (">", ">=") else -1.0)
-    if kind in ("on", "in") and pred["entities"][1]["kind"] == "site":
-        obj, region = pred["entities"]
-        if region["parent_body"] is None:
-            raise ValueError(f"no Goal expert for {sim.task.task_id} (push {obj['body']} onto the table region "
-                             f"{region['site']}): experts open drawers, turn knobs and pick and place onto or into "
-                             "objects")
+    if kind not in ("on", "in"):
+        raise ValueError(f"no expert for {sim.task.task_id}'s {kind}({', '.join(pred['args'])}): experts open "
+                         "drawers, turn knobs, pick and place onto or into objects and regions")
+    obj, region = pred["entities"]
+    if region["kind"] == "site" and region["parent_body"] is not None:
         body = m.site_bodyid[m.site(region["site"]).id]
         slides = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
         if slides:
             drawer = DrawerExpert(sim, m.joint(slides[0]).name)
-            return SequenceExpert(sim, [AsideExpert(sim, obj["body"], drawer), drawer, DrawerPlaceExpert(sim, drawer)])
-    if kind in ("on", "in"):
-        return GoalExpert(sim)
-    raise ValueError(f"no Goal expert for {sim.task.task_id}'s goal {goal}: experts open drawers, turn knobs, "
-                     "pick and place onto or into objects")
+            return SequenceExpert(sim, [AsideExpert(sim, obj["body"], drawer), drawer,
+                                        DrawerPlaceExpert(sim, drawer, pred)])
+    return GoalExpert(sim, pred)
+
+
+def goal_expert(sim: LiberoSim) -> Expert:
+    """LIBERO-Goal's expert for the sim's task: :func:`predicate_expert` of its one goal predicate.
+
+    Raises:
+        ValueError: a goal of another form (more than one predicate, ``Close``, an object onto a
+            region of the table itself: Goal's "push the plate", goal/5).
+    """
+    goal = sim.task.goal
+    if len(goal) != 1:
+        raise ValueError(f"no Goal expert for {sim.task.task_id}'s goal of {len(goal)} predicates")
+    pred = goal[0]
+    if pred["predicate"] in ("on", "in") and pred["entities"][1].get("parent_body", "") is None:
+        obj, region = pred["entities"]
+        raise ValueError(f"no Goal expert for {sim.task.task_id} (push {obj['body']} onto the table region "
+                         f"{region['site']}): experts open drawers, turn knobs and pick and place onto or into "
+                         "objects")
+    return predicate_expert(sim, pred)
+
+
+# The order a LIBERO-10 expert makes its goal's predicates hold: knobs first (a pot put on the stove stands by
+# its knob), then what is carried, in the goal's order; a door or drawer closes last, on what was put in.
+_LONG_ORDER = {"turnon": 0, "turnoff": 0, "open": 0, "on": 1, "in": 1, "close": 2}
+
+
+def long_expert(sim: LiberoSim) -> Expert:
+    """LIBERO-10's expert: each goal predicate's :func:`predicate_expert` one after another
+    (:class:`SequenceExpert`, in :data:`_LONG_ORDER`), each planned from the scene the previous one left.
+
+    Raises:
+        ValueError: a predicate no expert makes hold (``Close``).
+    """
+    goal = sorted(sim.task.goal, key=lambda p: _LONG_ORDER.get(p["predicate"], 3))
+    experts = [predicate_expert(sim, p) for p in goal]
+    return experts[0] if len(experts) == 1 else SequenceExpert(sim, experts)
 
 
 def expert_for(sim: LiberoSim) -> Expert:
-    """The expert of the sim's task (Spatial, Object: one each; Goal: :func:`goal_expert`).
+    """The expert of the sim's task (Spatial, Object: one each; Goal: :func:`goal_expert`; 10: :func:`long_expert`).
 
     Raises:
-        ValueError: a suite without an expert (10), or a Goal goal of another form.
+        ValueError: a suite without an expert, a Goal goal of another form, a LIBERO-10 predicate without one.
     """
     suite = sim.task.task_id.split("/")[0]
-    experts = {"spatial": SpatialExpert, "object": ObjectExpert, "goal": goal_expert}
+    experts = {"spatial": SpatialExpert, "object": ObjectExpert, "goal": goal_expert, "10": long_expert}
     if suite not in experts:
         raise ValueError(f"no scripted expert for LIBERO suite {suite!r} ({sim.task.task_id}); experts exist for "
                          f"{', '.join(experts)}")

@@ -27,15 +27,15 @@ class VectorExpert:
     batch, so a task's block of environments restarts together once all its episodes have ended.
 
     Raises:
-        ValueError: a task without an expert (LIBERO-10, goal/5), naming the tasks that have one.
+        ValueError: a task without an expert (goal/5; LIBERO-10's tasks with a ``Close``), naming the fix.
     """
 
     def __init__(self, env: LiberoVectorEnv):
         try:
             self.experts = [expert_for(sim) for sim in env.sims]
         except ValueError as exc:
-            raise ValueError(f"{exc}; collect LIBERO-Spatial, LIBERO-Object or one of Goal's tasks with an expert "
-                             "(libero_goal/0-4, 6-9)") from None
+            raise ValueError(f"{exc}; collect LIBERO-Spatial, LIBERO-Object or a Goal or LIBERO-10 task with an expert "
+                             "(libero_goal/0-4, 6-9; libero_10/ without a Close: 0-2, 4-8)") from None
         self.bounds = env.bounds
         self.num_envs = env.num_envs
         # The env has held still for LIBERO's wait steps before the first observation (outside the step limit,

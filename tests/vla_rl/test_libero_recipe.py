@@ -207,6 +207,9 @@ def test_demonstrations_come_from_the_train_starts_in_the_recipes_env(cached, tm
     train = split_pool(load_region_starts("spatial/0").count, "train")
     assert len(episodes) == 2 and {e["libero/state_index"] for e in episodes} <= set(train)
     check_demos(out, env)  # a relaunch of the recipe reuses them
+    lang = load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=osc", "env.suite.starts=regions",
+                                                    "env.suite.instructions=paraphrase"]).env
+    check_demos(out, lang)  # and so does an SFT on paraphrases: experts record each task's own instruction
     servo = load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=servo", "env.suite.starts=regions"]).env
     with pytest.raises(ConfigError, match=r"holds demonstrations recorded with controller=osc, the SFT env has "
                                           r"controller=servo: remove that folder"):  # the recipe's env changed since
