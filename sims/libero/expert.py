@@ -677,7 +677,8 @@ class DrawerExpert(MotionExpert):
             raise ValueError(f"{joint} is not a drawer's slide joint (type {m.jnt_type[self.joint]})")
         lo, hi = m.jnt_range[self.joint]
         self.sign = -1.0 if abs(lo) > abs(hi) else 1.0  # closed near 0: opening goes to the far end
-        self.end = lo if self.sign < 0 else hi
+        self.end, self.near = (lo, hi) if self.sign < 0 else (hi, lo)  # the open end, the closed one
+        self.start_q = np.zeros(n)  # the joint's position when planned
         self._qadr = m.jnt_qposadr[self.joint]
         self._geoms = np.flatnonzero(self._collide & (m.geom_bodyid == m.jnt_bodyid[self.joint]))
         free = np.isin(m.body_rootid, m.jnt_bodyid[m.jnt_type == mujoco.mjtJoint.mjJNT_FREE])
@@ -688,6 +689,7 @@ class DrawerExpert(MotionExpert):
         self.pull_rot = np.tile(np.eye(3), (n, 1, 1))
 
     def plan(self, i: int, d: mujoco.MjData) -> None:
+        self.start_q[i] = d.qpos[self._qadr]
         out = self.sign * d.xaxis[self.joint]
         out[2] = 0.0
         self.out[i] = out / np.linalg.norm(out)
@@ -711,7 +713,7 @@ class DrawerExpert(MotionExpert):
         self.pull_rot[i] = best[1]
 
     def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        travel = abs(self.end) * self.out[i]
+        travel = self.sign * (self.end - self.start_q[i]) * self.out[i]  # along the joint, from where it was
         front = self.grasp[i] + self.FRONT * self.out[i]
         point = {"over": np.append(front[:2], self.over[i]), "front": front, "reach": self.grasp[i], "close": self.grasp[i],
                  "pull": self.grasp[i] + travel, "open": self.grasp[i] + travel,
@@ -721,6 +723,44 @@ class DrawerExpert(MotionExpert):
     def arrived(self, i: int, step: Step) -> bool:
         q = float(to_numpy(self.sim.qpos[i, self._qadr]))
         return step.name == "pull" and abs(q - self.end) < self.OPENED
+
+
+class DrawerCloseExpert(DrawerExpert):
+    """Closes an open drawer (LIBERO-10's start open) by pushing its handle's bar in: the hand faces
+    the drawer as :class:`DrawerExpert`'s does, but turned a quarter about the fingers, so its 21 cm
+    hull lies along the drawer's front, not up and down (in front of a bottom drawer it would stand
+    on the table; fingers down, it would run into the cabinet above the drawer); the closed fingers
+    come down in front of the bar, push it along the joint past the closed end, and back off and up."""
+
+    BAR_GAP = 0.02  # m from the bar's centre, outwards, where the grip site presses (the fingertips lead it)
+    TILT = np.pi / 4  # rad the fingers lean from pointing down into the drawer: the hand's hull stays out of the cabinet
+    PUSH_PAST = 0.02  # m the push aims beyond the closed end (the compliant arm stops short of it)
+    CLOSED = 0.005  # m from the closed end that counts as closed (LIBERO's Close of a drawer asks 1 cm)
+    STEPS = (Step("over", grip=1.0, limit=60, reached=0.03), Step("front", grip=1.0, limit=40, reached=0.02),
+             Step("reach", grip=1.0, limit=30), Step("push", grip=1.0, limit=60), Step("back", grip=1.0, limit=20,
+                                                                                     reached=0.03))
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        super().plan(i, d)
+        into = -self.out[i]
+        fingers = np.cos(self.TILT) * -UP + np.sin(self.TILT) * into  # down, leaning into the drawer
+        rots = []
+        for side in (1.0, -1.0):  # the closing axis horizontal, either way: the one nearer the current hand
+            y = side * np.cross(UP, into)
+            rots.append(np.stack([np.cross(y, fingers), y, fingers], axis=1))
+        self.pull_rot[i] = min(rots, key=lambda r: -np.trace(r @ self.start_rot[i].T))
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        front = self.grasp[i] + self.FRONT * self.out[i]
+        touch = self.grasp[i] + self.BAR_GAP * self.out[i]
+        push = abs(self.near - self.start_q[i]) + self.PUSH_PAST
+        point = {"over": np.append(front[:2], self.over[i]), "front": front, "reach": touch,
+                 "push": touch - push * self.out[i], "back": front + self.RISE * UP}[step.name]
+        return point, self.pull_rot[i]
+
+    def arrived(self, i: int, step: Step) -> bool:
+        q = float(to_numpy(self.sim.qpos[i, self._qadr]))
+        return step.name == "push" and self.sign * (q - self.near) < self.CLOSED
 
 
 class KnobExpert(MotionExpert):
@@ -832,10 +872,11 @@ class DrawerPlaceExpert(GoalExpert):
     CARRY_EXTRA = 0.015
     RISING_CARRY = True  # the opened drawer is the high obstacle, at the end of the way
 
-    def __init__(self, sim: LiberoSim, drawer: DrawerExpert, pred: dict | None = None):
-        """Args: sim; drawer: the expert that opened the drawer (its joint and opening direction); pred: as
-        :class:`GoalExpert`'s."""
+    def __init__(self, sim: LiberoSim, drawer: DrawerExpert, pred: dict | None = None, opened: bool = True):
+        """Args: sim; drawer: the expert of the drawer (its joint and opening direction); pred: as
+        :class:`GoalExpert`'s; opened: ``drawer`` opened it just before (the drawer started open: ``False``)."""
         super().__init__(sim, pred)
+        self.opened = opened
         m = sim.model
         self.drawer = drawer
         frame = m.body_parentid[m.jnt_bodyid[drawer.joint]]
@@ -864,7 +905,7 @@ class DrawerPlaceExpert(GoalExpert):
 
     def upright(self, i: int, quat: np.ndarray) -> np.ndarray:
         # The hand still faces the drawer: it turns back to where it was before opening it on its way to the grasp.
-        return self.drawer.start_rot[i]
+        return self.drawer.start_rot[i] if self.opened else super().upright(i, quat)
 
 
 class SequenceExpert:
@@ -898,34 +939,48 @@ class SequenceExpert:
 Expert = PickPlaceExpert | MotionExpert | SequenceExpert
 
 
-def predicate_expert(sim: LiberoSim, pred: dict) -> Expert:
-    """The expert that makes one goal predicate ``pred`` hold, by its form: ``Open`` a drawer:
-    :class:`DrawerExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region of a
-    drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer opened, the
-    object put in (:class:`DrawerPlaceExpert`); any other ``On``/``In``: :class:`GoalExpert`.
+def _drawer_joint(sim: LiberoSim, pred: dict) -> int | None:
+    """The slide joint of the drawer whose region ``pred`` (an ``On``/``In``) puts something in; ``None``: none."""
+    m = sim.model
+    region = pred["entities"][1]
+    if region["kind"] != "site" or region["parent_body"] is None:
+        return None
+    body = m.site_bodyid[m.site(region["site"]).id]
+    slides = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
+    return slides[0] if slides else None
+
+
+def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> Expert:
+    """The expert that makes one goal predicate ``pred`` hold, by its form: ``Open`` or ``Close`` a
+    drawer: :class:`DrawerExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region
+    of a drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer opened,
+    the object put in (:class:`DrawerPlaceExpert`; only the last where ``drawer_open``: the task's
+    drawer starts open); any other ``On``/``In``: :class:`GoalExpert`.
 
     Raises:
-        ValueError: a predicate of another form (``Close``).
+        ValueError: a predicate of another form (``Close`` of a door).
     """
     kind, m = pred["predicate"], sim.model
-    if kind in ("open", "turnon", "turnoff"):
+    if kind in ("open", "close", "turnon", "turnoff"):
         rule = pred["joints"]
-        joint = m.joint(int(np.flatnonzero(m.jnt_qposadr == rule["qpos_adr"][0])[0])).name
-        if kind == "open":
-            return DrawerExpert(sim, joint)
-        return KnobExpert(sim, joint, 1.0 if rule["op"] in (">", ">=") else -1.0)
+        joint = int(np.flatnonzero(m.jnt_qposadr == rule["qpos_adr"][0])[0])
+        if kind in ("turnon", "turnoff"):
+            return KnobExpert(sim, m.joint(joint).name, 1.0 if rule["op"] in (">", ">=") else -1.0)
+        if m.jnt_type[joint] == mujoco.mjtJoint.mjJNT_SLIDE:
+            return (DrawerCloseExpert if kind == "close" else DrawerExpert)(sim, m.joint(joint).name)
+        raise ValueError(f"no expert for {sim.task.task_id}'s {kind}({', '.join(pred['args'])}): experts open and "
+                         "close drawers, not doors")
     if kind not in ("on", "in"):
         raise ValueError(f"no expert for {sim.task.task_id}'s {kind}({', '.join(pred['args'])}): experts open "
-                         "drawers, turn knobs, pick and place onto or into objects and regions")
-    obj, region = pred["entities"]
-    if region["kind"] == "site" and region["parent_body"] is not None:
-        body = m.site_bodyid[m.site(region["site"]).id]
-        slides = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
-        if slides:
-            drawer = DrawerExpert(sim, m.joint(slides[0]).name)
-            return SequenceExpert(sim, [AsideExpert(sim, obj["body"], drawer), drawer,
-                                        DrawerPlaceExpert(sim, drawer, pred)])
-    return GoalExpert(sim, pred)
+                         "and close drawers, turn knobs, pick and place onto or into objects and regions")
+    slide = _drawer_joint(sim, pred)
+    if slide is None:
+        return GoalExpert(sim, pred)
+    drawer = DrawerExpert(sim, m.joint(slide).name)
+    if drawer_open:
+        return DrawerPlaceExpert(sim, drawer, pred, opened=False)
+    return SequenceExpert(sim, [AsideExpert(sim, pred["entities"][0]["body"], drawer), drawer,
+                                DrawerPlaceExpert(sim, drawer, pred)])
 
 
 def goal_expert(sim: LiberoSim) -> Expert:
@@ -957,10 +1012,14 @@ def long_expert(sim: LiberoSim) -> Expert:
     (:class:`SequenceExpert`, in :data:`_LONG_ORDER`), each planned from the scene the previous one left.
 
     Raises:
-        ValueError: a predicate no expert makes hold (``Close``).
+        ValueError: a predicate no expert makes hold (``Close`` of a door).
     """
     goal = sorted(sim.task.goal, key=lambda p: _LONG_ORDER.get(p["predicate"], 3))
-    experts = [predicate_expert(sim, p) for p in goal]
+    # A drawer the goal closes starts open (LIBERO-10's BDDL opens it): what goes in needs no opening first.
+    closed = {a for p in goal if p["predicate"] == "close" for a in p["joints"]["qpos_adr"]}
+    adr = sim.model.jnt_qposadr
+    experts = [predicate_expert(sim, p, drawer_open=p["predicate"] in ("on", "in")
+                                and (j := _drawer_joint(sim, p)) is not None and adr[j] in closed) for p in goal]
     return experts[0] if len(experts) == 1 else SequenceExpert(sim, experts)
 
 

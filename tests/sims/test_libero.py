@@ -22,6 +22,7 @@ from sims.libero.expert import (
     ARM_REACH,
     WRIST_BACK,
     WRIST_UP,
+    DrawerCloseExpert,
     DrawerExpert,
     GoalExpert,
     KnobExpert,
@@ -44,6 +45,7 @@ from sims.libero.vec_env import CONTROLLERS
 TASKS = ("spatial/0", "object/0", "goal/0", "10/0")
 TWO_MUGS = "10/4"  # LIBERO-10: the white mug onto the left plate, the yellow-and-white one onto the right
 BOWL_IN_DRAWER_CLOSED = "10/3"  # LIBERO-10: the bowl into the bottom drawer, and the drawer closed
+MUG_IN_MICROWAVE = "10/9"  # LIBERO-10: the mug into the microwave, and its door closed
 BESIDE_CABINET = "spatial/6"  # the bowl next to the cookie box, the wooden cabinet behind it
 IN_DRAWER = "spatial/4"  # the bowl in the cabinet's opened top drawer, at the edge of the arm's reach
 # Region starts (training data) of IN_DRAWER whose bowl lies furthest out: gripped at the rim's far side the
@@ -57,7 +59,8 @@ PUSH_PLATE = "goal/5"  # On(plate_1, main_table_stove_front_region): no expert
 
 @pytest.fixture(scope="module")
 def cached() -> None:
-    ensure_tasks([*TASKS, BESIDE_CABINET, BOWL_ON_STOVE, STOVE_ON, BOWL_IN_DRAWER, PUSH_PLATE, TWO_MUGS, BOWL_IN_DRAWER_CLOSED])
+    ensure_tasks([*TASKS, BESIDE_CABINET, BOWL_ON_STOVE, STOVE_ON, BOWL_IN_DRAWER, PUSH_PLATE, TWO_MUGS, BOWL_IN_DRAWER_CLOSED,
+                  MUG_IN_MICROWAVE])
 
 
 def osc_sim(task_id: str, num_envs: int) -> LiberoSim:
@@ -328,20 +331,25 @@ def test_goal_expert_puts_the_bowl_in_the_top_drawer(cached):
         expert_for(sim)
 
 
-def test_long_expert_carries_two_objects_one_after_the_other(sims_by_task):
+def test_long_expert_carries_two_objects_one_after_the_other(cached):
     """LIBERO-10's two-step goals: each predicate's expert in turn, the second planned from the scene the first
     left. 10/0: both cans into the basket (the ketchup, sunk into the table by LIBERO's states, is thrown up at the
-    start: the plan waits until it lands); 10/4: both mugs, held by their rims, onto their plates. A ``Close`` has no
-    expert yet: a one-line error names it."""
-    for task_id in ("10/0", TWO_MUGS):
+    start: the plan waits until it lands); 10/4: both mugs, held by their rims, onto their plates; 10/3: the bowl
+    into the open bottom drawer, then the drawer pushed shut (Close). A door's Close has no expert yet: a one-line
+    error names it."""
+    for task_id in ("10/0", TWO_MUGS, BOWL_IN_DRAWER_CLOSED):
         sim = osc_sim(task_id, 2)
         sim.reset(np.array([0, 1]))
         assert not sim.success().any()
-        assert isinstance(expert_for(sim), SequenceExpert)
+        expert = expert_for(sim)
+        assert isinstance(expert, SequenceExpert)
         assert run_episodes(sim, np.array([0, 1])).tolist() == [True, True], task_id
+        if task_id == BOWL_IN_DRAWER_CLOSED:
+            assert isinstance(expert.experts[-1], DrawerCloseExpert)
         sim.close()
-    sim = LiberoSim(load_task(BOWL_IN_DRAWER_CLOSED), 1, num_threads=1)
-    with pytest.raises(ValueError, match=r"no expert for 10/3's close\(white_cabinet_1_bottom_region\)"):
+    sim = LiberoSim(load_task(MUG_IN_MICROWAVE), 1, num_threads=1)
+    with pytest.raises(ValueError, match=r"no expert for 10/9's close\(microwave_1\): experts open and close "
+                                         r"drawers, not doors"):
         expert_for(sim)
 
 
