@@ -30,7 +30,8 @@ hand twisted about it). "Open the top drawer and put the bowl inside" chains thr
 (:class:`SequenceExpert`): the bowl set aside off the drawer's path (:class:`AsideExpert`), the
 drawer opened, the bowl put in (:class:`DrawerPlaceExpert`). "Push the plate" (goal/5) has no
 expert. LIBERO-10's goals are conjunctions: :func:`long_expert` chains each predicate's expert
-(:func:`predicate_expert`); a ``Close`` (of a drawer or the microwave's door) has none yet.
+(:func:`predicate_expert`), closing a drawer (:class:`DrawerCloseExpert`) or a door
+(:class:`DoorCloseExpert`) last.
 :func:`expert_for` picks the expert of a task.
 """
 
@@ -763,6 +764,91 @@ class DrawerCloseExpert(DrawerExpert):
         return step.name == "push" and self.sign * (q - self.near) < self.CLOSED
 
 
+class DoorCloseExpert(MotionExpert):
+    """Closes a hinged door (the microwave's, about the vertical) by pushing its face round the hinge:
+    the closed fingers, leaning into the push, come down beside the door's face away from where it
+    closes, at :data:`REACH` of its width from the hinge and mid-height, then follow the arc with the
+    target :data:`LEAD` ahead of the door's angle until it is within :data:`CLOSED` of its closed end,
+    and back off and up."""
+
+    REACH = 0.75  # of the door's width from the hinge, where the fingers push
+    GAP = 0.03  # m from the door's face to the grip site
+    LEAD = 0.35  # rad ahead of the door's current angle the push aims
+    TILT = np.pi / 4  # rad the fingers lean from pointing down into the push
+    CLOSED = 0.004  # rad from the closed end that counts as closed (LIBERO's Close of the microwave asks 5 mrad)
+    OVER = 0.10  # m above the door's top where the hand travels to the push's start
+    BACK, RISE = 0.06, 0.05  # m the hand backs off from the door and rises, after the push
+    STEPS = (Step("over", grip=1.0, limit=60, reached=0.03), Step("down", grip=1.0, limit=40, reached=0.02),
+             Step("push", grip=1.0, limit=120), Step("back", grip=1.0, limit=20, reached=0.03))
+
+    def __init__(self, sim: LiberoSim, joint: str):
+        """Args: sim; joint: the door's hinge (closing moves it to its range's end nearer 0).
+
+        Raises: ValueError: ``joint`` is not a hinge.
+        """
+        super().__init__(sim)
+        m, n = sim.model, sim.num_envs
+        self.joint = m.joint(joint).id
+        if m.jnt_type[self.joint] != mujoco.mjtJoint.mjJNT_HINGE:
+            raise ValueError(f"{joint} is not a door's hinge joint (type {m.jnt_type[self.joint]})")
+        lo, hi = m.jnt_range[self.joint]
+        self.closed = lo if abs(lo) < abs(hi) else hi
+        self._qadr = m.jnt_qposadr[self.joint]
+        self._geoms = np.flatnonzero(self._collide & (m.geom_bodyid == m.jnt_bodyid[self.joint]))
+        self.anchor = np.zeros((n, 3))
+        self.axis = np.tile(UP, (n, 1))
+        self.arm = np.zeros((n, 3))  # horizontal, from the hinge to the push point, at the planned angle
+        self.start_q = np.zeros(n)
+        self.height = np.zeros(n)  # the push point's height
+        self.over = np.zeros(n)
+        self.sense = np.ones(n)  # +1: closing increases the joint's angle
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        self.anchor[i], self.axis[i] = d.xanchor[self.joint], d.xaxis[self.joint]
+        self.start_q[i] = d.qpos[self._qadr]
+        self.sense[i] = 1.0 if self.closed > self.start_q[i] else -1.0
+        lo, hi = geom_boxes(self.sim.model, d, self._geoms)
+        lo, hi = lo.min(0), hi.max(0)
+        arm = (lo + hi) / 2 - self.anchor[i]
+        arm[2] = 0.0
+        self.arm[i] = arm * 2 * self.REACH  # the door's centre lies half its width out
+        self.height[i] = (lo[2] + hi[2]) / 2
+        self.over[i] = hi[2] + self.OVER
+
+    def _point(self, i: int, angle: float) -> tuple[np.ndarray, np.ndarray]:
+        """The push point at door angle ``angle`` (off the face by GAP, behind it) and the closing direction [3]."""
+        spin = _turn(self.axis[i], angle - self.start_q[i])
+        arm = spin @ self.arm[i]
+        ahead = self.sense[i] * np.cross(self.axis[i], arm)
+        ahead /= np.linalg.norm(ahead)
+        point = self.anchor[i] + arm - self.GAP * ahead
+        point[2] = self.height[i]
+        return point, ahead
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        q = float(to_numpy(self.sim.qpos[i, self._qadr]))
+        if step.name in ("over", "down"):
+            point, ahead = self._point(i, self.start_q[i])
+            if step.name == "over":
+                point[2] = self.over[i]
+        elif step.name == "push":
+            aim = q + self.sense[i] * self.LEAD
+            aim = min(aim, self.closed) if self.sense[i] > 0 else max(aim, self.closed)
+            point, ahead = self._point(i, aim)
+        else:
+            point, ahead = self._point(i, q)
+            point += -self.BACK * ahead + self.RISE * UP
+        fingers = np.cos(self.TILT) * -UP + np.sin(self.TILT) * ahead
+        side = np.cross(UP, ahead)
+        side /= np.linalg.norm(side)
+        rot = np.stack([np.cross(side, fingers), side, fingers], axis=1)
+        return point, rot
+
+    def arrived(self, i: int, step: Step) -> bool:
+        q = float(to_numpy(self.sim.qpos[i, self._qadr]))
+        return step.name == "push" and abs(q - self.closed) < self.CLOSED
+
+
 class KnobExpert(MotionExpert):
     """Turns a knob (a hinge about the vertical) past its threshold: grips it from above on the
     hinge's axis near its top, the fingers across its narrower side (:func:`top_candidates`),
@@ -952,13 +1038,13 @@ def _drawer_joint(sim: LiberoSim, pred: dict) -> int | None:
 
 def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> Expert:
     """The expert that makes one goal predicate ``pred`` hold, by its form: ``Open`` or ``Close`` a
-    drawer: :class:`DrawerExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region
+    drawer: :class:`DrawerExpert`, :class:`DrawerCloseExpert`; ``Close`` a door: :class:`DoorCloseExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region
     of a drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer opened,
     the object put in (:class:`DrawerPlaceExpert`; only the last where ``drawer_open``: the task's
     drawer starts open); any other ``On``/``In``: :class:`GoalExpert`.
 
     Raises:
-        ValueError: a predicate of another form (``Close`` of a door).
+        ValueError: a predicate of another form.
     """
     kind, m = pred["predicate"], sim.model
     if kind in ("open", "close", "turnon", "turnoff"):
@@ -968,11 +1054,13 @@ def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> E
             return KnobExpert(sim, m.joint(joint).name, 1.0 if rule["op"] in (">", ">=") else -1.0)
         if m.jnt_type[joint] == mujoco.mjtJoint.mjJNT_SLIDE:
             return (DrawerCloseExpert if kind == "close" else DrawerExpert)(sim, m.joint(joint).name)
-        raise ValueError(f"no expert for {sim.task.task_id}'s {kind}({', '.join(pred['args'])}): experts open and "
-                         "close drawers, not doors")
-    if kind not in ("on", "in"):
+        if kind == "close":
+            return DoorCloseExpert(sim, m.joint(joint).name)
         raise ValueError(f"no expert for {sim.task.task_id}'s {kind}({', '.join(pred['args'])}): experts open "
-                         "and close drawers, turn knobs, pick and place onto or into objects and regions")
+                         "drawers and close drawers and doors, not open doors")
+    if kind not in ("on", "in"):
+        raise ValueError(f"no expert for {sim.task.task_id}'s {kind}({', '.join(pred['args'])}): experts open and "
+                         "close drawers, close doors, turn knobs, pick and place onto or into objects and regions")
     slide = _drawer_joint(sim, pred)
     if slide is None:
         return GoalExpert(sim, pred)
@@ -1012,7 +1100,7 @@ def long_expert(sim: LiberoSim) -> Expert:
     (:class:`SequenceExpert`, in :data:`_LONG_ORDER`), each planned from the scene the previous one left.
 
     Raises:
-        ValueError: a predicate no expert makes hold (``Close`` of a door).
+        ValueError: a predicate no expert makes hold.
     """
     goal = sorted(sim.task.goal, key=lambda p: _LONG_ORDER.get(p["predicate"], 3))
     # A drawer the goal closes starts open (LIBERO-10's BDDL opens it): what goes in needs no opening first.

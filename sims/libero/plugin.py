@@ -27,7 +27,7 @@ class VectorExpert:
     batch, so a task's block of environments restarts together once all its episodes have ended.
 
     Raises:
-        ValueError: a task without an expert (goal/5; LIBERO-10's tasks with a ``Close``), naming the fix.
+        ValueError: a task without an expert (goal/5), naming the tasks that have one.
     """
 
     def __init__(self, env: LiberoVectorEnv):
@@ -35,7 +35,7 @@ class VectorExpert:
             self.experts = [expert_for(sim) for sim in env.sims]
         except ValueError as exc:
             raise ValueError(f"{exc}; collect LIBERO-Spatial, LIBERO-Object or a Goal or LIBERO-10 task with an expert "
-                             "(libero_goal/0-4, 6-9; libero_10/ without a Close: 0-2, 4-8)") from None
+                             "(libero_goal/0-4, 6-9; libero_10/0-9)") from None
         self.bounds = env.bounds
         self.num_envs = env.num_envs
         # The env has held still for LIBERO's wait steps before the first observation (outside the step limit,
