@@ -234,6 +234,26 @@ def rim_candidates(m: mujoco.MjModel, d: mujoco.MjData, bowl: int, geoms: np.nda
     return out
 
 
+HANDLE_GRASPED = ("moka_pot",)  # held by the handle: across its body the open fingers are too narrow
+HANDLE_OUT = 0.05  # m: collision boxes whose centres lie further than this from the object's axis are its handle
+
+
+def handle_candidates(m: mujoco.MjModel, d: mujoco.MjData, obj: int, geoms: np.ndarray) -> list[Candidate]:
+    """The grasp of an object (body ``obj``, collision ``geoms``) by its handle from above: the boxes whose
+    centres stand more than :data:`HANDLE_OUT` off the body's vertical axis and reach within 2 cm of the
+    handle's top, the fingers across their narrower side, half of GRIP_BELOW_TOP under that top."""
+    lo, hi = geom_boxes(m, d, geoms)
+    off = np.linalg.norm((lo[:, :2] + hi[:, :2]) / 2 - d.xpos[obj, :2], axis=1) > HANDLE_OUT
+    if not off.any():
+        return top_candidates(m, d, obj, geoms)[0]
+    top = hi[off, 2].max()
+    bar = off & (hi[:, 2] > top - 0.02)
+    blo, bhi = lo[bar].min(0), hi[bar].max(0)
+    grip = np.array([*(blo[:2] + bhi[:2]) / 2, top - GRIP_BELOW_TOP / 2])
+    width = bhi - blo
+    return [(grip, 0.0 if width[1] <= width[0] else np.pi / 2, 0.0)]
+
+
 def rim_grasped(body: str) -> bool:
     """Whether the experts hold object ``body`` by its rim (:func:`rim_candidates`): bowls, and mugs, whose open
     top is wider than the fingers' opening and whose body slips from a grip across it."""
@@ -299,6 +319,9 @@ class PickPlaceExpert:
         self.held = np.zeros((n, 3))  # grip site minus object origin once grasped
         self.last = np.zeros((n, 3))  # the previous position action
         self.prev_eef = np.zeros((n, 3))  # the grip site at the previous step
+        # The hand's orientation at the episode's start, where the candidates' yaws count from (set by a
+        # SequenceExpert for the experts after its first: the hand is then as the one before left it).
+        self.base_rot: np.ndarray | None = None
 
     def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
         """Start simulations ``ids``' (default all) episodes (call after ``sim.reset``): settle
@@ -323,8 +346,9 @@ class PickPlaceExpert:
 
     def upright(self, i: int, quat: np.ndarray) -> np.ndarray:
         """The hand's orientation [3, 3] with the fingers down that simulation ``i``'s grasp turns about the
-        vertical (by the grasp's yaw): the hand's when planned, ``quat`` (w, x, y, z)."""
-        return _quat_mat(quat)
+        vertical (by the grasp's yaw): the hand's at the episode's start (:attr:`base_rot`), else when planned,
+        ``quat`` (w, x, y, z)."""
+        return self.base_rot[i] if self.base_rot is not None else _quat_mat(quat)
 
     # ------------------------------------------------------------------ planning
     def _plan(self, i: int, eef: np.ndarray, quat: np.ndarray) -> None:
@@ -511,9 +535,11 @@ class GoalExpert(PickPlaceExpert):
 
     DROP = 0.01  # m: the object's bottom is released this high above the target's surface
     FOOTPRINT = 0.01  # m: half-size of the spot under the target point whose surface counts
+    SLOT = 0.6  # of a region's half-sizes: how far off its centre each of two objects put onto it goes
 
-    def __init__(self, sim: LiberoSim, pred: dict | None = None):
-        """Args: sim; pred: the ``On``/``In`` predicate it makes hold (default: the task's single goal).
+    def __init__(self, sim: LiberoSim, pred: dict | None = None, slot: tuple[float, float] = (0.0, 0.0)):
+        """Args: sim; pred: the ``On``/``In`` predicate it makes hold (default: the task's single goal); slot:
+        where in a region target to release, in fractions of its half-sizes along world x and y off its centre.
 
         Raises: ValueError: ``pred`` (the task's goal) is not one ``On``/``In(object, object or region)``.
         """
@@ -526,6 +552,7 @@ class GoalExpert(PickPlaceExpert):
         super().__init__(sim, obj["body"])
         m = sim.model
         self.rim = rim_grasped(obj["body"])
+        self.handle = any(kind in obj["body"] for kind in HANDLE_GRASPED)
         self.site = m.site(target["site"]).id if target["kind"] == "site" else None
         self.target = m.body(target["body"]).id if self.site is None else None
         if self.site is None:
@@ -535,13 +562,21 @@ class GoalExpert(PickPlaceExpert):
         collide = (m.geom_contype > 0) | (m.geom_conaffinity > 0)
         self._support_geoms = np.flatnonzero(collide & (m.body_rootid[m.geom_bodyid] == m.body_rootid[support]))
         self.place_z = np.zeros(sim.num_envs)  # the object's origin when released
+        self.place_shift = np.zeros((sim.num_envs, 2))  # the release point off the region's centre
+        self.slot = np.asarray(slot, float)
+        self._region_size = np.array(target.get("size", (0.0, 0.0, 0.0)), float)
 
     def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
         m = self.sim.model
         out, origin_height = top_candidates(m, d, self.obj, self._obj_geoms)
         if self.rim:
             out = rim_candidates(m, d, self.obj, self._obj_geoms)
-        point = d.site_xpos[self.site] if self.site is not None else d.xpos[self.target]
+        elif self.handle:
+            out = handle_candidates(m, d, self.obj, self._obj_geoms)
+        point = d.site_xpos[self.site].copy() if self.site is not None else d.xpos[self.target]
+        if self.site is not None:
+            self.place_shift[i] = self.slot * np.abs(d.site_xmat[self.site].reshape(3, 3) @ self._region_size)[:2]
+            point[:2] += self.place_shift[i]
         lo, hi = geom_boxes(m, d, self._support_geoms)
         under = ((lo[:, :2] < point[:2] + self.FOOTPRINT) & (hi[:, :2] > point[:2] - self.FOOTPRINT)).all(1)
         surface = hi[under, 2].max() if under.any() else point[2]
@@ -551,6 +586,8 @@ class GoalExpert(PickPlaceExpert):
     def place_points(self) -> np.ndarray:
         xpos = self.sim.field("site_xpos")[:, self.site] if self.site is not None else self.sim.field("xpos")[:, self.target]
         point = to_numpy(xpos).copy()
+        if self.site is not None:
+            point[:, :2] += self.place_shift
         point[:, 2] = self.place_z
         return point
 
@@ -857,7 +894,7 @@ class KnobExpert(MotionExpert):
     TWIST = 1.0  # rad the hand turns (LIBERO's TurnOn asks 0.5)
     STEPS = (Step("above", limit=80), Step("down", limit=DOWN_STEPS),
              Step("close", grip=1.0, hold=CLOSE_STEPS, limit=CLOSE_STEPS), Step("twist", grip=1.0, limit=40),
-             Step("open", hold=OPEN_STEPS, limit=OPEN_STEPS), Step("up", limit=30))
+             Step("open", hold=OPEN_STEPS, limit=OPEN_STEPS), Step("up", limit=30), Step("untwist", limit=30))
 
     def __init__(self, sim: LiberoSim, joint: str, direction: float):
         """Args: sim; joint: the knob's hinge; direction: +1 to turn it to larger angles, -1 smaller.
@@ -888,7 +925,8 @@ class KnobExpert(MotionExpert):
         self.twist_rot[i] = _turn(axis * self.direction, self.TWIST) @ self.grip_rot[i]
 
     def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        point = self.grasp[i] + (HOVER * UP if step.name in ("above", "up") else 0.0)
+        point = self.grasp[i] + (HOVER * UP if step.name in ("above", "up", "untwist") else 0.0)
+        # Lifted clear of the knob, the hand turns back: an expert after it (LIBERO-10) plans from its orientation.
         return point, self.twist_rot[i] if step.name in ("twist", "open", "up") else self.grip_rot[i]
 
 
@@ -1002,10 +1040,18 @@ class SequenceExpert:
         """Args: sim; experts: built on ``sim``, in the order they act."""
         self.sim, self.experts, self.ctl = sim, experts, experts[0].ctl
         self.stage = np.zeros(sim.num_envs, np.int64)
+        # A grasp's yaw counts from the hand as the episode started, not as the expert before left it turned.
+        self.start_rot = np.tile(np.eye(3), (sim.num_envs, 1, 1))
+        for expert in experts[1:]:
+            if isinstance(expert, PickPlaceExpert) and not isinstance(expert, DrawerPlaceExpert):
+                expert.base_rot = self.start_rot
 
     def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
         """Start simulations ``ids``' (default all) first expert (call after ``sim.reset``; ``settle`` as its own)."""
-        self.stage[slice(None) if ids is None else ids] = 0
+        ids = slice(None) if ids is None else ids
+        self.stage[ids] = 0
+        quat = to_numpy(self.sim.field("xquat")[:, self.sim.layout.hand_body])
+        self.start_rot[ids] = np.stack([_quat_mat(q) for q in quat])[ids]
         self.experts[0].reset(ids, settle)
 
     def finished(self) -> np.ndarray:
@@ -1036,12 +1082,13 @@ def _drawer_joint(sim: LiberoSim, pred: dict) -> int | None:
     return slides[0] if slides else None
 
 
-def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> Expert:
+def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False,
+                     slot: tuple[float, float] = (0.0, 0.0)) -> Expert:
     """The expert that makes one goal predicate ``pred`` hold, by its form: ``Open`` or ``Close`` a
     drawer: :class:`DrawerExpert`, :class:`DrawerCloseExpert`; ``Close`` a door: :class:`DoorCloseExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region
     of a drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer opened,
     the object put in (:class:`DrawerPlaceExpert`; only the last where ``drawer_open``: the task's
-    drawer starts open); any other ``On``/``In``: :class:`GoalExpert`.
+    drawer starts open); any other ``On``/``In``: :class:`GoalExpert` (releasing at ``slot``).
 
     Raises:
         ValueError: a predicate of another form.
@@ -1063,7 +1110,7 @@ def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> E
                          "close drawers, close doors, turn knobs, pick and place onto or into objects and regions")
     slide = _drawer_joint(sim, pred)
     if slide is None:
-        return GoalExpert(sim, pred)
+        return GoalExpert(sim, pred, slot)
     drawer = DrawerExpert(sim, m.joint(slide).name)
     if drawer_open:
         return DrawerPlaceExpert(sim, drawer, pred, opened=False)
@@ -1106,8 +1153,19 @@ def long_expert(sim: LiberoSim) -> Expert:
     # A drawer the goal closes starts open (LIBERO-10's BDDL opens it): what goes in needs no opening first.
     closed = {a for p in goal if p["predicate"] == "close" for a in p["joints"]["qpos_adr"]}
     adr = sim.model.jnt_qposadr
-    experts = [predicate_expert(sim, p, drawer_open=p["predicate"] in ("on", "in")
-                                and (j := _drawer_joint(sim, p)) is not None and adr[j] in closed) for p in goal]
+    # Two objects onto one region (both moka pots onto the stove) go to its two sides along y, which the hand
+    # reaches without passing over the first; into a container the second may lean on the first, so they share it.
+    onto = [p["entities"][1].get("site") for p in goal if p["predicate"] == "on"]
+    placed: dict[str, int] = {}
+    experts = []
+    for p in goal:
+        site = p["entities"][1].get("site") if p["predicate"] == "on" else None
+        slot = (0.0, 0.0)
+        if site is not None and onto.count(site) > 1:
+            k = placed[site] = placed.get(site, -1) + 1
+            slot = (0.0, float(np.linspace(-GoalExpert.SLOT, GoalExpert.SLOT, onto.count(site))[k]))
+        drawer_open = p["predicate"] in ("on", "in") and (j := _drawer_joint(sim, p)) is not None and adr[j] in closed
+        experts.append(predicate_expert(sim, p, drawer_open, slot))
     return experts[0] if len(experts) == 1 else SequenceExpert(sim, experts)
 
 
