@@ -627,6 +627,13 @@ class MotionExpert:
         self.timer = np.zeros(n, np.int64)
         self.start_rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's orientation when planned
 
+    def _joint(self, name: str, kind: mujoco.mjtJoint, what: str) -> int:
+        """The id of joint ``name``, which must be of type ``kind`` (``what`` names it in the error)."""
+        joint = self.sim.model.joint(name).id
+        if self.sim.model.jnt_type[joint] != kind:
+            raise ValueError(f"{name} is not {what} joint (type {self.sim.model.jnt_type[joint]})")
+        return joint
+
     def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
         """Start simulations ``ids``' (default all) scripts (call after ``sim.reset``), after
         LIBERO's settle steps (``settle=False``: at once)."""
@@ -710,9 +717,7 @@ class DrawerExpert(MotionExpert):
         """
         super().__init__(sim)
         m, n = sim.model, sim.num_envs
-        self.joint = m.joint(joint).id
-        if m.jnt_type[self.joint] != mujoco.mjtJoint.mjJNT_SLIDE:
-            raise ValueError(f"{joint} is not a drawer's slide joint (type {m.jnt_type[self.joint]})")
+        self.joint = self._joint(joint, mujoco.mjtJoint.mjJNT_SLIDE, "a drawer's slide")
         lo, hi = m.jnt_range[self.joint]
         self.sign = -1.0 if abs(lo) > abs(hi) else 1.0  # closed near 0: opening goes to the far end
         self.end, self.near = (lo, hi) if self.sign < 0 else (hi, lo)  # the open end, the closed one
@@ -825,9 +830,7 @@ class DoorCloseExpert(MotionExpert):
         """
         super().__init__(sim)
         m, n = sim.model, sim.num_envs
-        self.joint = m.joint(joint).id
-        if m.jnt_type[self.joint] != mujoco.mjtJoint.mjJNT_HINGE:
-            raise ValueError(f"{joint} is not a door's hinge joint (type {m.jnt_type[self.joint]})")
+        self.joint = self._joint(joint, mujoco.mjtJoint.mjJNT_HINGE, "a door's hinge")
         lo, hi = m.jnt_range[self.joint]
         self.closed = lo if abs(lo) < abs(hi) else hi
         self._qadr = m.jnt_qposadr[self.joint]
@@ -903,15 +906,13 @@ class KnobExpert(MotionExpert):
         """
         super().__init__(sim)
         m, n = sim.model, sim.num_envs
-        self.joint = m.joint(joint).id
+        self.joint = self._joint(joint, mujoco.mjtJoint.mjJNT_HINGE, "a knob's hinge")
         self.body = m.jnt_bodyid[self.joint]
         self.direction = direction
         self._geoms = np.flatnonzero(self._collide & (m.geom_bodyid == self.body))
         self.grasp = np.zeros((n, 3))
         self.grip_rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's orientation at the grasp
         self.twist_rot = np.tile(np.eye(3), (n, 1, 1))
-        if m.jnt_type[self.joint] != mujoco.mjtJoint.mjJNT_HINGE:
-            raise ValueError(f"{joint} is not a knob's hinge joint (type {m.jnt_type[self.joint]})")
 
     def plan(self, i: int, d: mujoco.MjData) -> None:
         axis = d.xaxis[self.joint]
