@@ -238,12 +238,28 @@ HANDLE_GRASPED = ("moka_pot",)  # held by the handle: across its body the open f
 HANDLE_OUT = 0.05  # m: collision boxes whose centres lie further than this from the object's axis are its handle
 
 
+def _handle_boxes(lo: np.ndarray, hi: np.ndarray, origin: np.ndarray) -> np.ndarray:
+    """Which of an object's collision boxes (``lo``, ``hi`` [G, 3]) are its handle, bool [G]: their centres stand
+    more than :data:`HANDLE_OUT` off the vertical through its ``origin``."""
+    return np.linalg.norm((lo[:, :2] + hi[:, :2]) / 2 - origin[:2], axis=1) > HANDLE_OUT
+
+
+def handle_side(m: mujoco.MjModel, d: mujoco.MjData, obj: int, geoms: np.ndarray) -> np.ndarray:
+    """The horizontal direction [2] from object ``obj``'s origin to its handle (zeros: it has none)."""
+    lo, hi = geom_boxes(m, d, geoms)
+    off = _handle_boxes(lo, hi, d.xpos[obj])
+    if not off.any():
+        return np.zeros(2)
+    out = ((lo[off, :2] + hi[off, :2]) / 2).mean(0) - d.xpos[obj, :2]
+    return out / max(float(np.linalg.norm(out)), 1e-9)
+
+
 def handle_candidates(m: mujoco.MjModel, d: mujoco.MjData, obj: int, geoms: np.ndarray) -> list[Candidate]:
     """The grasp of an object (body ``obj``, collision ``geoms``) by its handle from above: the boxes whose
     centres stand more than :data:`HANDLE_OUT` off the body's vertical axis and reach within 2 cm of the
     handle's top, the fingers across their narrower side, half of GRIP_BELOW_TOP under that top."""
     lo, hi = geom_boxes(m, d, geoms)
-    off = np.linalg.norm((lo[:, :2] + hi[:, :2]) / 2 - d.xpos[obj, :2], axis=1) > HANDLE_OUT
+    off = _handle_boxes(lo, hi, d.xpos[obj])
     if not off.any():
         return top_candidates(m, d, obj, geoms)[0]
     top = hi[off, 2].max()
@@ -563,7 +579,10 @@ class GoalExpert(PickPlaceExpert):
         self._support_geoms = np.flatnonzero(collide & (m.body_rootid[m.geom_bodyid] == m.body_rootid[support]))
         self.place_z = np.zeros(sim.num_envs)  # the object's origin when released
         self.place_shift = np.zeros((sim.num_envs, 2))  # the release point off the region's centre
-        self.slot = np.asarray(slot, float)
+        self.slot = np.tile(np.asarray(slot, float), (sim.num_envs, 1))
+        # The expert that puts another object onto the same region next (LIBERO-10's second moka pot): planning
+        # the first chooses both sides, across the handles' direction, so neither hangs over the other.
+        self.next_onto: GoalExpert | None = None
         self._region_size = np.array(target.get("size", (0.0, 0.0, 0.0)), float)
 
     def candidates(self, i: int, d: mujoco.MjData) -> list[Candidate]:
@@ -574,8 +593,15 @@ class GoalExpert(PickPlaceExpert):
         elif self.handle:
             out = handle_candidates(m, d, self.obj, self._obj_geoms)
         point = d.site_xpos[self.site].copy() if self.site is not None else d.xpos[self.target]
+        if self.next_onto is not None:  # the two sides along the axis the handles point across, the second's away
+            later = self.next_onto
+            mine, its = handle_side(m, d, self.obj, self._obj_geoms), handle_side(m, d, later.obj, later._obj_geoms)
+            axis = int(np.argmin(np.abs(mine) + np.abs(its)))
+            side = np.zeros(2)
+            side[axis] = self.SLOT * (1.0 if its[axis] >= 0 else -1.0)
+            self.slot[i], later.slot[i] = -side, side
         if self.site is not None:
-            self.place_shift[i] = self.slot * np.abs(d.site_xmat[self.site].reshape(3, 3) @ self._region_size)[:2]
+            self.place_shift[i] = self.slot[i] * np.abs(d.site_xmat[self.site].reshape(3, 3) @ self._region_size)[:2]
             point[:2] += self.place_shift[i]
         lo, hi = geom_boxes(m, d, self._support_geoms)
         under = ((lo[:, :2] < point[:2] + self.FOOTPRINT) & (hi[:, :2] > point[:2] - self.FOOTPRINT)).all(1)
@@ -1154,8 +1180,8 @@ def long_expert(sim: LiberoSim) -> Expert:
     # A drawer the goal closes starts open (LIBERO-10's BDDL opens it): what goes in needs no opening first.
     closed = {a for p in goal if p["predicate"] == "close" for a in p["joints"]["qpos_adr"]}
     adr = sim.model.jnt_qposadr
-    # Two objects onto one region (both moka pots onto the stove) go to its two sides along y, which the hand
-    # reaches without passing over the first; into a container the second may lean on the first, so they share it.
+    # Two objects onto one region (both moka pots onto the stove) go to two sides of it (the first's plan picks the
+    # axis across their handles); into a container the second may lean on the first, so they share its centre.
     onto = [p["entities"][1].get("site") for p in goal if p["predicate"] == "on"]
     placed: dict[str, int] = {}
     experts = []
@@ -1167,6 +1193,9 @@ def long_expert(sim: LiberoSim) -> Expert:
             slot = (0.0, float(np.linspace(-GoalExpert.SLOT, GoalExpert.SLOT, onto.count(site))[k]))
         drawer_open = p["predicate"] in ("on", "in") and (j := _drawer_joint(sim, p)) is not None and adr[j] in closed
         experts.append(predicate_expert(sim, p, drawer_open, slot))
+        if placed.get(site, 0) > 0:  # the second onto this region: the first plans both sides
+            first = next(e for e in experts[:-1] if isinstance(e, GoalExpert) and e.site == experts[-1].site)
+            first.next_onto = experts[-1]
     return experts[0] if len(experts) == 1 else SequenceExpert(sim, experts)
 
 
