@@ -423,10 +423,12 @@ class PickPlaceExpert:
         quat = to_numpy(sim.field("xquat")[:, sim.layout.hand_body])
         obj = to_numpy(sim.field("xpos")[:, self.obj])
         obj_quat = to_numpy(sim.field("xquat")[:, self.obj])
-        qvel = to_numpy(sim.qvel)
-        moving = np.abs(qvel[:, self._obj_dof]).max(1) > AT_REST
-        if len(self._others_dof):
-            moving |= np.abs(qvel[:, self._others_dof]).max(1) > FLYING
+        moving = np.zeros(len(self.phase), bool)
+        if (self.phase == 0).any():  # only the settle phase asks whether the scene still moves
+            qvel = to_numpy(sim.qvel)
+            moving = np.abs(qvel[:, self._obj_dof]).max(1) > AT_REST
+            if len(self._others_dof):
+                moving |= np.abs(qvel[:, self._others_dof]).max(1) > FLYING
         place = self.place_points()
         target, grip = eef.copy(), np.full(len(eef), -1.0)
         turn = np.zeros((len(eef), 3))
@@ -553,9 +555,8 @@ class GoalExpert(PickPlaceExpert):
     FOOTPRINT = 0.01  # m: half-size of the spot under the target point whose surface counts
     SLOT = 0.6  # of a region's half-sizes: how far off its centre each of two objects put onto it goes
 
-    def __init__(self, sim: LiberoSim, pred: dict | None = None, slot: tuple[float, float] = (0.0, 0.0)):
-        """Args: sim; pred: the ``On``/``In`` predicate it makes hold (default: the task's single goal); slot:
-        where in a region target to release, in fractions of its half-sizes along world x and y off its centre.
+    def __init__(self, sim: LiberoSim, pred: dict | None = None):
+        """Args: sim; pred: the ``On``/``In`` predicate it makes hold (default: the task's single goal).
 
         Raises: ValueError: ``pred`` (the task's goal) is not one ``On``/``In(object, object or region)``.
         """
@@ -579,7 +580,8 @@ class GoalExpert(PickPlaceExpert):
         self._support_geoms = np.flatnonzero(collide & (m.body_rootid[m.geom_bodyid] == m.body_rootid[support]))
         self.place_z = np.zeros(sim.num_envs)  # the object's origin when released
         self.place_shift = np.zeros((sim.num_envs, 2))  # the release point off the region's centre
-        self.slot = np.tile(np.asarray(slot, float), (sim.num_envs, 1))
+        # Where in a region target to release, in fractions of its half-sizes along world x and y off its centre.
+        self.slot = np.zeros((sim.num_envs, 2))
         # The expert that puts another object onto the same region next (LIBERO-10's second moka pot): planning
         # the first chooses both sides, across the handles' direction, so neither hangs over the other.
         self.next_onto: GoalExpert | None = None
@@ -953,7 +955,7 @@ class KnobExpert(MotionExpert):
 
     def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         point = self.grasp[i] + (HOVER * UP if step.name in ("above", "up", "untwist") else 0.0)
-        # Lifted clear of the knob, the hand turns back: an expert after it (LIBERO-10) plans from its orientation.
+        # Lifted clear of the knob, the hand turns back (untwist) for the expert after it (LIBERO-10).
         return point, self.twist_rot[i] if step.name in ("twist", "open", "up") else self.grip_rot[i]
 
 
@@ -1109,13 +1111,12 @@ def _drawer_joint(sim: LiberoSim, pred: dict) -> int | None:
     return slides[0] if slides else None
 
 
-def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False,
-                     slot: tuple[float, float] = (0.0, 0.0)) -> Expert:
+def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> Expert:
     """The expert that makes one goal predicate ``pred`` hold, by its form: ``Open`` or ``Close`` a
     drawer: :class:`DrawerExpert`, :class:`DrawerCloseExpert`; ``Close`` a door: :class:`DoorCloseExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region
     of a drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer opened,
     the object put in (:class:`DrawerPlaceExpert`; only the last where ``drawer_open``: the task's
-    drawer starts open); any other ``On``/``In``: :class:`GoalExpert` (releasing at ``slot``).
+    drawer starts open); any other ``On``/``In``: :class:`GoalExpert`.
 
     Raises:
         ValueError: a predicate of another form.
@@ -1137,7 +1138,7 @@ def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False,
                          "close drawers, close doors, turn knobs, pick and place onto or into objects and regions")
     slide = _drawer_joint(sim, pred)
     if slide is None:
-        return GoalExpert(sim, pred, slot)
+        return GoalExpert(sim, pred)
     drawer = DrawerExpert(sim, m.joint(slide).name)
     if drawer_open:
         return DrawerPlaceExpert(sim, drawer, pred, opened=False)
@@ -1180,22 +1181,19 @@ def long_expert(sim: LiberoSim) -> Expert:
     # A drawer the goal closes starts open (LIBERO-10's BDDL opens it): what goes in needs no opening first.
     closed = {a for p in goal if p["predicate"] == "close" for a in p["joints"]["qpos_adr"]}
     adr = sim.model.jnt_qposadr
-    # Two objects onto one region (both moka pots onto the stove) go to two sides of it (the first's plan picks the
-    # axis across their handles); into a container the second may lean on the first, so they share its centre.
-    onto = [p["entities"][1].get("site") for p in goal if p["predicate"] == "on"]
-    placed: dict[str, int] = {}
     experts = []
+    onto: dict[int, GoalExpert] = {}  # the first expert putting something onto each region
     for p in goal:
-        site = p["entities"][1].get("site") if p["predicate"] == "on" else None
-        slot = (0.0, 0.0)
-        if site is not None and onto.count(site) > 1:
-            k = placed[site] = placed.get(site, -1) + 1
-            slot = (0.0, float(np.linspace(-GoalExpert.SLOT, GoalExpert.SLOT, onto.count(site))[k]))
         drawer_open = p["predicate"] in ("on", "in") and (j := _drawer_joint(sim, p)) is not None and adr[j] in closed
-        experts.append(predicate_expert(sim, p, drawer_open, slot))
-        if placed.get(site, 0) > 0:  # the second onto this region: the first plans both sides
-            first = next(e for e in experts[:-1] if isinstance(e, GoalExpert) and e.site == experts[-1].site)
-            first.next_onto = experts[-1]
+        expert = predicate_expert(sim, p, drawer_open)
+        # Two objects onto one region (both moka pots onto the stove) go to two sides of it, which the first's plan
+        # picks across their handles; into a container the second may lean on the first, so they share its centre.
+        if p["predicate"] == "on" and isinstance(expert, GoalExpert) and expert.site is not None:
+            if expert.site in onto:
+                onto[expert.site].next_onto = expert
+            else:
+                onto[expert.site] = expert
+        experts.append(expert)
     return experts[0] if len(experts) == 1 else SequenceExpert(sim, experts)
 
 
