@@ -28,8 +28,8 @@ handle (the hand turned to face the drawer, fingers closing vertically on the ba
 the slide joint), :class:`KnobExpert` turns the stove's knob (gripped on the hinge's axis, the
 hand twisted about it). "Open the top drawer and put the bowl inside" chains three experts
 (:class:`SequenceExpert`): the bowl set aside off the drawer's path (:class:`AsideExpert`), the
-drawer opened, the bowl put in (:class:`DrawerPlaceExpert`). "Push the plate" (goal/5) has no
-expert. LIBERO-10's goals are conjunctions: :func:`long_expert` chains each predicate's expert
+drawer opened, the bowl put in (:class:`DrawerPlaceExpert`); "push the plate to the front of the
+stove" (goal/5) pushes it with the closed fingers (:class:`PushExpert`). LIBERO-10's goals are conjunctions: :func:`long_expert` chains each predicate's expert
 (:func:`predicate_expert`), closing a drawer (:class:`DrawerCloseExpert`) or a door
 (:class:`DoorCloseExpert`) last.
 :func:`expert_for` picks the expert of a task.
@@ -834,6 +834,16 @@ class DrawerCloseExpert(DrawerExpert):
         return step.name == "push" and self.sign * (q - self.near) < self.CLOSED
 
 
+def _leaning_hand(ahead: np.ndarray, tilt: float) -> np.ndarray:
+    """The hand's orientation [3, 3] leaning towards horizontal unit ``ahead`` [3]: the fingers (its z)
+    pointing down, leaning ``tilt`` rad that way, closing (its y) across it, so the hand's 21 cm width
+    stays level."""
+    fingers = np.cos(tilt) * -UP + np.sin(tilt) * ahead
+    side = np.cross(ahead, fingers)
+    side /= np.linalg.norm(side)
+    return np.stack([np.cross(side, fingers), side, fingers], axis=1)
+
+
 class DoorCloseExpert(MotionExpert):
     """Closes a hinged door (the microwave's, about the vertical) by pushing its face round the hinge:
     the closed fingers, leaning into the push, come down beside the door's face away from where it
@@ -906,15 +916,122 @@ class DoorCloseExpert(MotionExpert):
         else:
             point, ahead = self._point(i, q)
             point += -self.BACK * ahead + self.RISE * UP
-        fingers = np.cos(self.TILT) * -UP + np.sin(self.TILT) * ahead
-        side = np.cross(UP, ahead)
-        side /= np.linalg.norm(side)
-        rot = np.stack([np.cross(side, fingers), side, fingers], axis=1)
-        return point, rot
+        return point, _leaning_hand(ahead, self.TILT)
 
     def arrived(self, i: int, step: Step) -> bool:
         q = float(to_numpy(self.sim.qpos[i, self._qadr]))
         return step.name == "push" and abs(q - self.closed) < self.CLOSED
+
+
+class PushExpert(MotionExpert):
+    """Pushes a dish across the table onto a region of the table itself (LIBERO-Goal's "push the plate
+    to the front of the stove", goal/5). The dish lies at the edge of the reach with the cabinet behind
+    it, so there is no room for the hand beyond its far rim: the closed fingers, pointing down, come down
+    into the dish's middle and, pressed lightly onto its floor, push its rim from inside. The dish's
+    origin goes to the region's point nearest it (:data:`MARGIN` inside its edges) straight or by an
+    L along the world's axes, whichever sweeps the dish's footprint over the least of the other objects'
+    (the plate would ride up onto the cream cheese); the push is re-aimed at every step from where the dish
+    has slid (the target :data:`LEAD` beyond its rim), each leg ending within :data:`AIM` of its end; then
+    the hand lifts out."""
+
+    LEAD = 0.03  # m beyond the rim where the push aims
+    AIM = 0.01  # m from a leg's end, in the plane, that ends it
+    MARGIN = 0.01  # m inside the region's edges where the path ends
+    LOW = 0.012  # m above the dish's lowest point where the grip site comes down into it
+    # m above that point where the push aims: pressed harder (-15 mm) the dish drags on the table and stays;
+    # less, the fingertips ride over its low rim
+    PRESS = -0.0075
+    OVER = 0.06  # m above the dish's top where the hand travels to the push's start
+    RISE = 0.08  # m above the dish's top the hand rises to after the push
+    SWEEP_STEP = 0.01  # m between the dish's footprints checked along a path
+    STEPS = (Step("over", grip=1.0, limit=80, reached=0.02), Step("down", grip=1.0, limit=40, reached=0.01),
+             Step("push", grip=1.0, limit=200, reached=0.0), Step("back", grip=1.0, limit=20, reached=0.03))
+
+    def __init__(self, sim: LiberoSim, pred: dict):
+        """Args: sim; pred: ``On(dish, region of the table)``, the goal it makes hold.
+
+        Raises: ValueError: ``pred`` is not an ``On`` of an object onto a site.
+        """
+        super().__init__(sim)
+        obj, region = pred["entities"]
+        if pred["predicate"] != "on" or region["kind"] != "site":
+            raise ValueError(f"{sim.task.task_id}: {pred['predicate']}({', '.join(pred['args'])}) is not an object "
+                             "pushed onto a region")
+        m, n = sim.model, sim.num_envs
+        self.obj = m.body(obj["body"]).id
+        self.site = m.site(region["site"]).id
+        self._region_size = np.array(region["size"], float)
+        own = m.body_rootid[m.geom_bodyid] == m.body_rootid[self.obj]
+        self._geoms = np.flatnonzero(self._collide & own)
+        table = m.body_rootid[m.geom_bodyid] == m.body_rootid[m.site_bodyid[self.site]]
+        self._others = np.flatnonzero(self._collide & ~own & ~table)  # what the dish may run into
+        self.path = np.zeros((n, 2, 3))  # the dish's origin's legs' ends (an L's corner, the end; or the end twice)
+        self.leg = np.zeros(n, np.int64)
+        self.low = np.zeros(n)  # the dish's lowest point's height
+        self.over = np.zeros(n)
+        self.rim = np.zeros(n)  # m from the dish's origin to its farthest collision geom's centre
+        self.rot = np.tile(np.eye(3), (n, 1, 1))  # the hand's: fingers down, closing across the way from the robot
+        self._base = m.body("robot0_base").id
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        m, pos = self.sim.model, d.xpos[self.obj]
+        half = np.abs(d.site_xmat[self.site].reshape(3, 3) @ self._region_size)[:2] - self.MARGIN
+        end = d.site_xpos[self.site].copy()
+        end[:2] += np.clip(pos[:2] - end[:2], -half, half)
+        end[2] = pos[2]
+        lo, hi = geom_boxes(m, d, self._geoms)
+        lo, hi = lo.min(0), hi.max(0)
+        self.low[i], self.over[i] = lo[2], hi[2] + self.OVER
+        self.rim[i] = np.linalg.norm((d.geom_xpos[self._geoms] - pos)[:, :2], axis=1).max()
+        olo, ohi = geom_boxes(m, d, self._others)
+        level = (ohi[:, 2] > lo[2] + self.SWEEP_STEP) & (olo[:, 2] < hi[2])  # what stands where the dish slides
+        others = (olo[level], ohi[level])
+        paths = [np.stack([end, end]), np.stack([[pos[0], end[1], pos[2]], end]),
+                 np.stack([[end[0], pos[1], pos[2]], end])]  # straight, along y first, along x first
+        self.path[i] = min(paths, key=lambda p: self._swept(pos, p, (hi - lo)[:2] / 2, others))
+        self.leg[i] = 0
+        outward = pos - d.xpos[self._base]
+        outward[2] = 0.0
+        self.rot[i] = _leaning_hand(outward / np.linalg.norm(outward), 0.0)
+
+    def _swept(self, start: np.ndarray, path: np.ndarray, half: np.ndarray,
+               others: tuple[np.ndarray, np.ndarray]) -> float:
+        """The area (m^2, summed over footprints every SWEEP_STEP) where the dish's footprint (half-sizes
+        ``half`` [2]) moved along ``path`` [2, 3] from ``start`` overlaps the boxes ``others``."""
+        lo, hi = others[0][:, :2], others[1][:, :2]
+        total, here = 0.0, start
+        for corner in path:
+            for t in np.linspace(0.0, 1.0, max(2, int(np.linalg.norm(corner - here) / self.SWEEP_STEP) + 1)):
+                c = (here + t * (corner - here))[:2]
+                size = np.clip(np.minimum(hi, c + half) - np.maximum(lo, c - half), 0.0, None)
+                total += float((size[:, 0] * size[:, 1]).sum())
+            here = corner
+        return total
+
+    def _ahead(self, i: int, pos: np.ndarray) -> np.ndarray:
+        """The horizontal unit direction [3] from ``pos`` to the current leg's end (nowhere once there)."""
+        ahead = self.path[i, self.leg[i]] - pos
+        ahead[2] = 0.0
+        norm = np.linalg.norm(ahead)
+        return ahead / norm if norm > 1e-6 else np.zeros(3)
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pos = to_numpy(self.sim.field("xpos")[i, self.obj])
+        if step.name == "push" and self.leg[i] == 0 and np.linalg.norm((pos - self.path[i, 0])[:2]) < self.AIM:
+            self.leg[i] = 1
+        point = pos.copy()
+        if step.name == "push":
+            point += (self.rim[i] + self.LEAD) * self._ahead(i, pos)
+        elif step.name == "back":  # straight up out of the dish
+            point = eef.copy()
+        point[2] = {"over": self.over[i], "back": self.over[i] - self.OVER + self.RISE,
+                    "push": self.low[i] + self.PRESS}.get(
+            step.name, self.low[i] + self.LOW)
+        return point, self.rot[i]
+
+    def arrived(self, i: int, step: Step) -> bool:
+        pos = to_numpy(self.sim.field("xpos")[i, self.obj])
+        return step.name == "push" and self.leg[i] == 1 and np.linalg.norm((pos - self.path[i, 1])[:2]) < self.AIM
 
 
 class KnobExpert(MotionExpert):
@@ -963,10 +1080,13 @@ class AsideExpert(PickPlaceExpert):
     """Moves an object off a drawer's path before the drawer opens (goal/3's bowl lies in front of
     the cabinet, under where the opened top drawer would hang over it): picks it (a bowl by its
     rim, anything else from above) and sets it down on the table at the nearest free spot, one
-    whose footprint (plus :data:`ASIDE_MARGIN`) meets no other object's collision box and stays
+    whose footprint stays :data:`NEIGHBOUR_MARGIN` off every other object's collision box and
     :data:`ASIDE_MARGIN` off the drawer's footprint swept over its travel."""
 
     DROP = 0.01  # m: the object's origin is released this high above where it rested
+    # m between its footprint and a neighbour's box (goal/3's crowded table leaves no spot 3 cm off every
+    # neighbour in the arm's reach in a third of LIBERO's region-sampled scenes)
+    NEIGHBOUR_MARGIN = 0.015
     GRID = np.arange(-0.24, 0.2401, 0.02)  # m: offsets of the spots tried, each axis
     MIN_REACH, MAX_REACH = 0.5, 0.65  # m from the shoulder to a spot (nearer, the arm folds onto its
     # limits and cannot lift; further, the placing hand sags)
@@ -989,15 +1109,17 @@ class AsideExpert(PickPlaceExpert):
         out = dr.sign * d.xaxis[dr.joint, :2] * abs(dr.end)  # the hand pulls above the table's objects
         slo, shi = geom_boxes(m, d, dr._geoms)
         slo, shi = slo.min(0)[:2], shi.max(0)[:2]
-        slo, shi = np.minimum(slo, slo + out) - ASIDE_MARGIN, np.maximum(shi, shi + out) + ASIDE_MARGIN
-        half = (ohi[:2] - olo[:2]) / 2 + ASIDE_MARGIN
+        slo, shi = np.minimum(slo, slo + out), np.maximum(shi, shi + out)
+        half = (ohi[:2] - olo[:2]) / 2
         centre = (olo[:2] + ohi[:2]) / 2
         shoulder = d.xpos[self._shoulder, :2]
         best = None
         for dx in self.GRID:
             for dy in self.GRID:
                 c = centre + np.array([dx, dy])
-                blocked = ((lo < c + half) & (hi > c - half)).all(1).any() or ((slo < c + half) & (shi > c - half)).all()
+                near = half + self.NEIGHBOUR_MARGIN
+                blocked = (((lo < c + near) & (hi > c - near)).all(1).any()
+                           or ((slo < c + half + ASIDE_MARGIN) & (shi > c - half - ASIDE_MARGIN)).all())
                 if not blocked and self.MIN_REACH < np.linalg.norm(c - shoulder) < self.MAX_REACH and (best is None or dx * dx + dy * dy < best[0]):
                     best = (dx * dx + dy * dy, np.array([dx, dy, self.DROP]))
         return d.xpos[self.obj] + (best[1] if best is not None else np.array([0.0, 0.0, self.DROP]))
@@ -1147,21 +1269,20 @@ def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> E
 
 
 def goal_expert(sim: LiberoSim) -> Expert:
-    """LIBERO-Goal's expert for the sim's task: :func:`predicate_expert` of its one goal predicate.
+    """LIBERO-Goal's expert for the sim's task: :func:`predicate_expert` of its one goal predicate, but an
+    object onto a region of the table itself is pushed there (:class:`PushExpert`: Goal's one such task,
+    goal/5, pushes the plate).
 
     Raises:
-        ValueError: a goal of another form (more than one predicate, ``Close``, an object onto a
-            region of the table itself: Goal's "push the plate", goal/5).
+        ValueError: a goal of another form (more than one predicate, one no expert makes hold).
     """
     goal = sim.task.goal
     if len(goal) != 1:
         raise ValueError(f"no Goal expert for {sim.task.task_id}'s goal of {len(goal)} predicates")
     pred = goal[0]
-    if pred["predicate"] in ("on", "in") and pred["entities"][1].get("parent_body", "") is None:
-        obj, region = pred["entities"]
-        raise ValueError(f"no Goal expert for {sim.task.task_id} (push {obj['body']} onto the table region "
-                         f"{region['site']}): experts open drawers, turn knobs and pick and place onto or into "
-                         "objects")
+    region = pred["entities"][1] if pred["predicate"] in ("on", "in") else {}
+    if pred["predicate"] == "on" and region["kind"] == "site" and region.get("parent_body") is None:
+        return PushExpert(sim, pred)
     return predicate_expert(sim, pred)
 
 

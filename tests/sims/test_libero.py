@@ -17,9 +17,11 @@ import mujoco
 import numpy as np
 import pytest
 
+from sims.backends import to_numpy
 from sims.libero.controller import PandaController
 from sims.libero.expert import (
     ARM_REACH,
+    SETTLE_STEPS,
     WRIST_BACK,
     WRIST_UP,
     DoorCloseExpert,
@@ -28,6 +30,7 @@ from sims.libero.expert import (
     GoalExpert,
     KnobExpert,
     ObjectExpert,
+    PushExpert,
     SequenceExpert,
     SpatialExpert,
     expert_for,
@@ -56,7 +59,7 @@ FAR_STARTS = (29, 34)
 BOWL_ON_STOVE = "goal/1"  # On(akita_black_bowl_1, flat_stove_1_cook_region)
 STOVE_ON = "goal/7"  # TurnOn(flat_stove_1): the knob's hinge past 0.5 rad
 BOWL_IN_DRAWER = "goal/3"  # In(akita_black_bowl_1, wooden_cabinet_1_top_region), the drawer closed at the start
-PUSH_PLATE = "goal/5"  # On(plate_1, main_table_stove_front_region): no expert
+PUSH_PLATE = "goal/5"  # On(plate_1, main_table_stove_front_region): pushed there
 
 
 @pytest.fixture(scope="module")
@@ -320,17 +323,31 @@ def test_goal_expert_turns_on_the_stove(cached):
 
 def test_goal_expert_puts_the_bowl_in_the_top_drawer(cached):
     """In(bowl, top drawer's region): the bowl set aside off the drawer's path, the drawer pulled
-    open, the bowl put in through the opening, within LIBERO's 300 steps. The three skills take
-    about 290 of them, so which of these states ends just inside or just outside the limit turns on
-    floating-point detail (the batch's size, the machine's math library): a majority must."""
+    open, the bowl put in through the opening. The three skills take about 280-320 steps, around LIBERO's limit
+    of 300 (so whether a state ends inside it turns on floating-point detail: docs/sims.md gives the figure
+    within the limit); here each must work, within 400."""
     states = np.array([0, 1, 2, 6, 7])
     sim = osc_sim(BOWL_IN_DRAWER, len(states))
     sim.reset(states)
     assert isinstance(expert_for(sim), SequenceExpert)
-    assert run_episodes(sim, states).sum() >= 3
-    sim = LiberoSim(load_task(PUSH_PLATE), 1, num_threads=1)
-    with pytest.raises(ValueError, match="no Goal expert for goal/5"):
-        expert_for(sim)
+    assert run_episodes(sim, states, max_steps=400).all()
+
+
+def test_goal_expert_pushes_the_plate_to_the_front_of_the_stove(cached):
+    """On(plate, a region of the table itself): the closed fingers come down into the plate and push its rim from
+    inside (the plate lies at the edge of the reach, the cabinet behind it), straight or along an L, whichever
+    sweeps it over less of the other objects; the plate is never lifted."""
+    states = np.array([0, 1])
+    sim = osc_sim(PUSH_PLATE, len(states))
+    sim.reset(states)
+    assert not sim.success().any()
+    expert = expert_for(sim)
+    assert isinstance(expert, PushExpert)
+    plate = sim.model.body("plate_1_main").id
+    heights = []  # the plate's origin's height after each step
+    done = run_episodes(sim, states, on_step=lambda: heights.append(to_numpy(sim.field("xpos"))[:, plate, 2].max()))
+    assert done.tolist() == [True, True]
+    assert max(heights[SETTLE_STEPS:]) < 0.93  # slid, not carried: its origin within 3 cm of the table, once settled
 
 
 def test_long_expert_carries_two_objects_one_after_the_other(cached):
