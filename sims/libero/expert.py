@@ -1109,7 +1109,9 @@ class AsideExpert(PickPlaceExpert):
         self.place = np.zeros((sim.num_envs, 3))
 
     def _free_spot(self, d: mujoco.MjData) -> np.ndarray:
-        """The nearest free spot's origin [3] (see the class docstring); the object's own place if none is free."""
+        """The chosen spot's origin [3] (see the class docstring). Where every spot in reach and off the drawer's
+        way meets a neighbour's margin, the one overlapping the neighbours' boxes least; the object's own place if
+        none is off the drawer's way."""
         m, dr = self.sim.model, self.drawer
         olo, ohi = geom_boxes(m, d, self._obj_geoms)
         olo, ohi = olo.min(0), ohi.max(0)
@@ -1121,17 +1123,20 @@ class AsideExpert(PickPlaceExpert):
         slo, shi = slo.min(0)[:2], shi.max(0)[:2]
         slo, shi = np.minimum(slo, slo + out), np.maximum(shi, shi + out)
         half = (ohi[:2] - olo[:2]) / 2
+        near = half + self.NEIGHBOUR_MARGIN
         centre = (olo[:2] + ohi[:2]) / 2
         shoulder = d.xpos[self._shoulder, :2]
         best = None
         for dx in self.GRID:
             for dy in self.GRID:
                 c = centre + np.array([dx, dy])
-                near = half + self.NEIGHBOUR_MARGIN
-                blocked = (((lo < c + near) & (hi > c - near)).all(1).any()
-                           or ((slo < c + half + ASIDE_MARGIN) & (shi > c - half - ASIDE_MARGIN)).all())
-                cost = np.hypot(dx, dy) + self.TOWARDS * np.linalg.norm(c - (slo + shi) / 2)  # m travelled
-                if not blocked and self.MIN_REACH < np.linalg.norm(c - shoulder) < self.MAX_REACH and (best is None or cost < best[0]):
+                in_way = ((slo < c + half + ASIDE_MARGIN) & (shi > c - half - ASIDE_MARGIN)).all()
+                if in_way or not self.MIN_REACH < np.linalg.norm(c - shoulder) < self.MAX_REACH:
+                    continue
+                size = np.clip(np.minimum(hi, c + near) - np.maximum(lo, c - near), 0.0, None)
+                overlap = float((size[:, 0] * size[:, 1]).sum())  # m^2 within the neighbours' margin
+                cost = (overlap, np.hypot(dx, dy) + self.TOWARDS * np.linalg.norm(c - (slo + shi) / 2))  # m travelled
+                if best is None or cost < best[0]:
                     best = (cost, np.array([dx, dy, self.DROP]))
         return d.xpos[self.obj] + (best[1] if best is not None else np.array([0.0, 0.0, self.DROP]))
 
