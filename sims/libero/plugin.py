@@ -97,7 +97,7 @@ def check_instructions(run_task: str, task: str | None, texts: list[str]) -> Non
 
 SUITE = register(Suite(
     name="libero",
-    task_forms=("libero_<suite>", "libero_<suite>/<i>"),
+    task_forms=("libero_<suite>", "libero_<suite>/<i>", "libero_<a>+libero_<b>"),
     claims=is_libero_task,
     resolve=resolve_libero_task,
     config=LiberoEnvConfig,

@@ -52,25 +52,33 @@ def all_task_ids() -> list[str]:
 
 
 def is_libero_task(task: str) -> bool:
-    """Whether ``task`` names LIBERO tasks (``libero_<suite>`` or ``libero_<suite>/<i>``)."""
+    """Whether ``task`` names LIBERO tasks (``libero_<suite>``, ``libero_<suite>/<i>``, or several joined by ``+``)."""
     return task.startswith(PREFIX)
 
 
+def _resolve_one(part: str) -> tuple[str, ...]:
+    """Task ids of one ``libero_<suite>`` or ``libero_<suite>/<i>`` (ValueError: neither)."""
+    if not part.startswith(PREFIX):
+        raise ValueError(part)
+    name = part.removeprefix(PREFIX)
+    suite, sep, _ = name.partition("/")
+    if not sep:
+        parse_task_id(f"{suite}/0")
+        return tuple(f"{suite}/{i}" for i in range(TASKS_PER_SUITE))
+    return ("{}/{}".format(*parse_task_id(name)),)
+
+
 def resolve_libero_task(task: str) -> tuple[str, ...]:
-    """Task ids of ``task``: ``libero_spatial`` -> ``("spatial/0", ..., "spatial/9")``, ``libero_goal/3`` -> ``("goal/3",)``.
+    """Task ids of ``task``: ``libero_spatial`` -> ``("spatial/0", ..., "spatial/9")``, ``libero_goal/3`` -> ``("goal/3",)``;
+    several joined by ``+`` -> all of theirs, in order, each once (``libero_spatial+libero_object+libero_goal+libero_10``:
+    the 40 tasks of the four suites, one multi-task environment).
 
     Raises:
         ValueError: an unknown suite or task index (one line naming the valid forms).
     """
-    name = task.removeprefix(PREFIX)
-    suite, sep, _ = name.partition("/")
     try:
-        if not is_libero_task(task):
-            raise ValueError
-        if not sep:
-            parse_task_id(f"{suite}/0")
-            return tuple(f"{suite}/{i}" for i in range(TASKS_PER_SUITE))
-        return ("{}/{}".format(*parse_task_id(name)),)
+        return tuple(dict.fromkeys(t for part in task.split("+") for t in _resolve_one(part)))
     except ValueError:
-        raise ValueError(f"unknown LIBERO task {task!r}; use libero_<suite> or libero_<suite>/<0..{TASKS_PER_SUITE - 1}> "
-                         f"with suite one of {', '.join(SUITES)} (e.g. libero_spatial, libero_goal/3)") from None
+        raise ValueError(f"unknown LIBERO task {task!r}; use libero_<suite> or libero_<suite>/<0..{TASKS_PER_SUITE - 1}>, "
+                         f"or several joined by '+', with suite one of {', '.join(SUITES)} (e.g. libero_spatial, "
+                         "libero_goal/3, libero_spatial+libero_object)") from None

@@ -3,7 +3,8 @@
 ``sims.make_vec_env("libero_spatial", num_envs)`` (the LIBERO suite's entry in :mod:`sims.registry`,
 :mod:`sims.libero.plugin`, claims the task names ``libero_...``) gives a :class:`LiberoVectorEnv`: ``libero_<suite>`` runs the suite's ten
 tasks (environments split into one contiguous block per task, one :class:`~sims.libero.sim.LiberoSim`
-each), ``libero_<suite>/<i>`` one task. Suites: ``spatial``, ``object``, ``goal``, ``10``.
+each), ``libero_<suite>/<i>`` one task, several joined by ``+`` all of theirs (each with its suite's step limit).
+Suites: ``spatial``, ``object``, ``goal``, ``10``.
 
 - **Actions**: LIBERO's, float32 [N, 7] in [-1, 1] (end-effector position delta x 5 cm, world-frame
   axis-angle delta x 0.5 rad, gripper -1 open .. +1 closed) at 20 Hz, through the batched

@@ -283,10 +283,14 @@ def test_controller_and_starts_from_a_training_config_reach_the_env_config():
 
 
 def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
-    for bad in ("libero_kitchen", "libero_spatial/10", "libero_"):
-        with pytest.raises(ValueError, match=r"use libero_<suite> or libero_<suite>/<0..9>.*spatial, object, goal, 10"):
+    for bad in ("libero_kitchen", "libero_spatial/10", "libero_", "libero_spatial+reach", "libero_goal+"):
+        with pytest.raises(ValueError, match=r"use libero_<suite> or libero_<suite>/<0..9>, or several joined by '\+', "
+                                             r"with suite one of spatial, object, goal, 10"):
             resolve_libero_task(bad)
     assert resolve_libero_task("libero_goal") == tuple(f"goal/{i}" for i in range(10))
+    four = resolve_libero_task("libero_spatial+libero_object+libero_goal+libero_10")  # the 40-task policy's env
+    assert len(four) == 40 and four[0] == "spatial/0" and four[-1] == "10/9"
+    assert resolve_libero_task("libero_goal/5+libero_spatial/0+libero_goal/5") == ("goal/5", "spatial/0")
     with pytest.raises(TypeError, match=r"reward"):  # LIBERO pays success only: its config has no reward
         LiberoEnvConfig(task="libero_spatial/0", reward="dense")
     with pytest.raises(ValueError, match=r"split='composition'.*valid: " + ", ".join(LIBERO_SPLITS)):

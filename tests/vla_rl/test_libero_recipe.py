@@ -218,3 +218,23 @@ def test_demonstrations_come_from_the_train_starts_in_the_recipes_env(cached, tm
         with pytest.raises(ValueError, match=rf"suite_settings has unknown key\(s\) \['{next(iter(bad))}'\]; the libero "):
             CollectConfig(task="libero_spatial/0", out=tmp_path / "other", cameras=("agentview",),
                           suite_settings=bad).validate()
+
+
+def test_a_recipe_over_two_suites_reports_each_task_and_suite(cached, tmp_path, script):
+    """One policy over tasks of two suites (``libero_spatial/0+libero_object/0``, as over the 40 tasks with
+    ``libero_spatial+libero_object+libero_goal+libero_10``): each suite's expert records its task's demonstrations,
+    each task keeps its suite's step limit, and the protocol reports each task and each suite."""
+    ensure_lan(["object/0"])
+    task = "libero_spatial/0+libero_object/0"
+    out = tmp_path / "recipe.json"
+    args = ["--config", str(CONFIG_DIR / "libero_spatial.yaml"), *TINY, "stages=[sft]", f"sft.env.task={task}",
+            "sft.env.suite.max_steps=null", "sft.sft.iterations=1", "sft.eval.every=0", f"out_dir={tmp_path}",
+            "--json", str(out)]
+    assert script("sft_rl").main(args) == 0
+    demos = DemoDataset(tmp_path / "libero-spatial-sft-rl" / "demos")
+    assert sorted(demos.instructions) == ["pick the akita black bowl between the plate and the ramekin and place it on "
+                                          "the plate", "pick the alphabet soup and place it in the basket"]
+    results = json.loads(out.read_text())["results"]["sft"]
+    for split in ("fixed", "lan"):
+        assert set(results[split]["tasks"]) == {"spatial/0", "object/0"}
+        assert set(results[split]["suites"]) == {"spatial", "object"}
