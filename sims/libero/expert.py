@@ -117,7 +117,7 @@ def geom_boxes(m: mujoco.MjModel, d: mujoco.MjData, geoms: np.ndarray) -> tuple[
 
 
 def _overlap(lo: np.ndarray, hi: np.ndarray, box_lo: np.ndarray, box_hi: np.ndarray) -> float:
-    """Summed overlap volume of boxes [G, 3] with one box [3]."""
+    """Summed overlap of boxes [G, D] with one box [D]: volume in 3-d, area of footprints in 2-d."""
     ext = np.clip(np.minimum(hi, box_hi) - np.maximum(lo, box_lo), 0.0, None)
     return float(ext.prod(1).sum())
 
@@ -1008,8 +1008,7 @@ class PushExpert(MotionExpert):
         for corner in path:
             for t in np.linspace(0.0, 1.0, max(2, int(np.linalg.norm(corner - here) / self.SWEEP_STEP) + 1)):
                 c = (here + t * (corner - here))[:2]
-                size = np.clip(np.minimum(hi, c + half) - np.maximum(lo, c - half), 0.0, None)
-                total += float((size[:, 0] * size[:, 1]).sum())
+                total += _overlap(lo, hi, c - half, c + half)
             here = corner
         return total
 
@@ -1133,9 +1132,8 @@ class AsideExpert(PickPlaceExpert):
                 in_way = ((slo < c + half + ASIDE_MARGIN) & (shi > c - half - ASIDE_MARGIN)).all()
                 if in_way or not self.MIN_REACH < np.linalg.norm(c - shoulder) < self.MAX_REACH:
                     continue
-                size = np.clip(np.minimum(hi, c + near) - np.maximum(lo, c - near), 0.0, None)
-                overlap = float((size[:, 0] * size[:, 1]).sum())  # m^2 within the neighbours' margin
-                cost = (overlap, np.hypot(dx, dy) + self.TOWARDS * np.linalg.norm(c - (slo + shi) / 2))  # m travelled
+                cost = (_overlap(lo, hi, c - near, c + near),  # m^2 within the neighbours' margin
+                        np.hypot(dx, dy) + self.TOWARDS * np.linalg.norm(c - (slo + shi) / 2))  # m travelled
                 if best is None or cost < best[0]:
                     best = (cost, np.array([dx, dy, self.DROP]))
         return d.xpos[self.obj] + (best[1] if best is not None else np.array([0.0, 0.0, self.DROP]))
