@@ -9,7 +9,10 @@ numpy code, so both backends draw the same episodes); a reset uploads only the r
 
 Frames come from mujoco_warp's batched ray tracer (``create_render_context``, ``refit_bvh``,
 ``render``). Colours are per world: the model's ``geom_rgba`` is allocated with one row per world
-(``put_model(batch_sizes={"geom_rgba": N})``) and each episode writes its colours into its row.
+(``put_model(batch_sizes={"geom_rgba": N})``) and each episode writes its colours into its row. With
+``per_world_bodies`` the bodies' frames relative to their parents (``body_pos``, ``body_quat``) are per world
+too, so a scene can stand its fixtures elsewhere in every world (:meth:`WarpBackend.place_bodies`, LIBERO's
+fixtures re-placed per episode).
 The packed BGRA pixels are reordered on the device into uint8 ``[N, cams, 3, H, W]``. The ray
 tracer is set up to draw what MuJoCo's OpenGL renderer (the batch backend's) draws from the same
 model: materials' specular terms and textures as :func:`gl_materials` and :func:`prefilter_texture`
@@ -243,7 +246,7 @@ class WarpBackend:
     def __init__(self, model: mujoco.MjModel, num_envs: int, frame_skip: int, device: str = "auto",
                  render: RenderConfig | None = None, colour_geoms: np.ndarray | None = None,
                  nconmax: int = NCONMAX, njmax: int = NJMAX, deterministic: bool = False,
-                 uncaptured: bool = False, forward_after_step: bool = False):
+                 uncaptured: bool = False, forward_after_step: bool = False, per_world_bodies: bool = False):
         """Args: model; num_envs worlds; frame_skip substeps per step; device ("cpu", "cuda:N" or
         "auto"); render: what to render (None: no renderer); colour_geoms: ids of the geoms whose
         colour each episode sets; nconmax, njmax: contacts and constraint rows per world;
@@ -252,7 +255,8 @@ class WarpBackend:
         deterministic records are 15x fewer than the sparse one's (:func:`plan_buffers`);
         uncaptured: on CUDA, step with eager launches instead of CUDA graphs (slow; for drivers
         without graph support); forward_after_step: end each step with ``mjw.forward`` (poses and
-        sensors of the new state, as LIBERO's controllers read them), inside the step's graph.
+        sensors of the new state, as LIBERO's controllers read them), inside the step's graph;
+        per_world_bodies: ``body_pos`` and ``body_quat`` with one row per world (:meth:`place_bodies`).
 
         Raises:
             ValueError: buffers for ``num_envs`` worlds that Warp cannot allocate
@@ -282,7 +286,8 @@ class WarpBackend:
         self._cuda = self.wp_device.is_cuda
         self._stream = self.wp_device.stream if self._cuda else None
         with wp.ScopedDevice(self.wp_device):
-            self.m = mjw.put_model(model, batch_sizes={"geom_rgba": num_envs} if self.renders else None)
+            per_world = (["geom_rgba"] if self.renders else []) + (["body_pos", "body_quat"] if per_world_bodies else [])
+            self.m = mjw.put_model(model, batch_sizes={name: num_envs for name in per_world} or None)
             self.m.opt.tolerance.fill_(SOLVER_TOLERANCE)
             # Iteration limits are reached now and then, as in MuJoCo C (which says nothing): no print.
             flag = mjw.OverflowType
@@ -304,6 +309,10 @@ class WarpBackend:
         self._overflow = wp.to_torch(self.d.overflow)
         self._reset_mask = wp.to_torch(self._reset_mask_wp)
         self._fields = _array_fields(self.d)
+        # The model's per-world arrays are state too: a snapshot holds each world's colours and body frames.
+        self._fields += [(f"model.{name}", getattr(self.m, name)) for name in per_world]
+        self._body_pos = wp.to_torch(self.m.body_pos) if per_world_bodies else None
+        self._body_quat = wp.to_torch(self.m.body_quat) if per_world_bodies else None
 
         self._rc = None
         if self.renders:
@@ -387,6 +396,20 @@ class WarpBackend:
         if qvel is not None:
             self._qvel[idx] = self.ax.asarray(qvel)
 
+    def place_bodies(self, ids: np.ndarray, bodies: np.ndarray, pos: np.ndarray, quat: np.ndarray) -> None:
+        """Stand bodies ``bodies`` [B] of worlds ``ids`` at ``pos`` [n, B, 3] and ``quat`` [n, B, 4] (wxyz), relative
+        to their parents; in place, so captured graphs keep reading them. Call before :meth:`set_state`.
+
+        Raises:
+            ValueError: the backend was built without ``per_world_bodies``.
+        """
+        if self._body_pos is None:
+            raise ValueError("bodies placed per world need WarpBackend(per_world_bodies=True)")
+        rows = torch.as_tensor(np.asarray(ids), device=self.device)[:, None]
+        cols = torch.as_tensor(np.asarray(bodies), device=self.device)[None, :]
+        self._body_pos[rows, cols] = torch.as_tensor(np.asarray(pos), dtype=self._body_pos.dtype, device=self.device)
+        self._body_quat[rows, cols] = torch.as_tensor(np.asarray(quat), dtype=self._body_quat.dtype, device=self.device)
+
     def step(self, ctrl: torch.Tensor) -> None:
         """Apply ``ctrl`` [N, nu] and advance every world by ``frame_skip`` substeps.
 
@@ -412,9 +435,8 @@ class WarpBackend:
 
     def get_state(self) -> dict[str, Any]:
         """Snapshot: every array of the device data (and the per-world colours), copied to numpy."""
-        arrays = self._fields + ([("model.geom_rgba", self.m.geom_rgba)] if self.renders else [])
         with self._on_warp():
-            return {"arrays": {name: arr.numpy().copy() for name, arr in arrays}}
+            return {"arrays": {name: arr.numpy().copy() for name, arr in self._fields}}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Write :meth:`get_state`'s snapshot back into the device arrays (in place).
@@ -422,7 +444,7 @@ class WarpBackend:
         Raises:
             ValueError: the snapshot is of another model, number of worlds or array sizes.
         """
-        arrays = dict(self._fields + ([("model.geom_rgba", self.m.geom_rgba)] if self.renders else []))
+        arrays = dict(self._fields)
         saved = state["arrays"]
         bad = sorted(k for k in arrays if k not in saved or saved[k].shape != arrays[k].numpy().shape)
         if bad or set(saved) - set(arrays):

@@ -91,7 +91,8 @@ class LiberoSim:
             from sims.warp_backend import WarpBackend
 
             self.backend = WarpBackend(self.model, num_envs, frame_skip, warp_device, render=render,
-                                       nconmax=WARP_NCONMAX, njmax=WARP_NJMAX, forward_after_step=True)
+                                       nconmax=WARP_NCONMAX, njmax=WARP_NJMAX, forward_after_step=True,
+                                       per_world_bodies=True)
             self._f = {name: wp.to_torch(getattr(self.backend.d, name)) for name in fields}
         self.ax = self.backend.ax
         self.state_index = np.zeros(num_envs, np.int64)  # each simulation's fixed initial state (-1: a region start)
@@ -124,8 +125,7 @@ class LiberoSim:
 
     def reset_regions(self, starts: RegionStarts, index: np.ndarray) -> None:
         """Start every simulation from region-sampled start ``index`` [N] of ``starts`` (:mod:`sims.libero.regions`,
-        LIBERO's training distribution), its fixtures standing where that start put them (batch backend only);
-        unsettled, as :meth:`reset` leaves a fixed state.
+        LIBERO's training distribution), its fixtures standing where that start put them; unsettled, as :meth:`reset` leaves a fixed state.
 
         Raises:
             ValueError: an index outside the starts.
@@ -165,15 +165,13 @@ class LiberoSim:
 
     def place_fixtures(self, ids: np.ndarray, bodies: np.ndarray, pos: np.ndarray, quat: np.ndarray) -> None:
         """Stand fixture bodies ``bodies`` [B] of simulations ``ids`` at ``pos`` [n, B, 3], ``quat`` [n, B, 4] (LIBERO
-        re-places its fixtures at every reset, in ``model.body_pos`` / ``body_quat``): their physics (the batch's
-        per-simulation model fields) and their frames. Call before :meth:`set_states`.
+        re-places its fixtures at every reset, in ``model.body_pos`` / ``body_quat``): their physics and their
+        frames, in the backend's per-simulation model fields (the batch's expanded ones; Warp's per-world rows).
+        Call before :meth:`set_states`.
 
         Raises:
-            ValueError: the warp backend (its model fields are shared by all worlds here), or other bodies than
-                the sim's fixtures so far.
+            ValueError: other bodies than the sim's fixtures so far.
         """
-        if self.backend_name != "batch":
-            raise ValueError("per-episode fixture placement runs on the batch backend only; use backend=batch")
         bodies = np.asarray(bodies)
         if self.fixtures is None:
             n = self.num_envs
@@ -183,6 +181,9 @@ class LiberoSim:
             raise ValueError(f"fixture bodies {bodies.tolist()} differ from this sim's {self.fixtures[0].tolist()}")
         ids = np.asarray(ids)
         self.fixtures[1][ids], self.fixtures[2][ids] = pos, quat
+        if self.backend_name == "warp":
+            self.backend.place_bodies(ids, bodies, pos, quat)
+            return
         batch = self.backend.batch
         batch.expand("body_pos")[np.ix_(ids, bodies)] = pos
         batch.expand("body_quat")[np.ix_(ids, bodies)] = quat

@@ -113,7 +113,7 @@ class LiberoEnvConfig(VecEnvConfig):
             :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
         controller: one of :data:`CONTROLLERS` (see the module docstring).
         starts: where the ``train`` and ``validation`` splits start: ``jitter`` (fixed states shifted by ``jitter``)
-            or ``regions`` (LIBERO's region sampler, :mod:`sims.libero.regions`; the batch backend).
+            or ``regions`` (LIBERO's region sampler, :mod:`sims.libero.regions`).
         instructions: what ``train`` and ``validation`` episodes are instructed with, one of
             :data:`~sims.libero.paraphrase.INSTRUCTION_MODES` (``original``: the task's own only).
 
@@ -153,9 +153,6 @@ class LiberoEnvConfig(VecEnvConfig):
             raise ValueError(f"jitter={self.jitter} must be in [0, 0.05] m")
         if self.starts not in STARTS:
             raise ValueError(f"starts={self.starts!r}; valid: {', '.join(STARTS)}")
-        if self.starts == "regions" and self.backend != "batch":
-            raise ValueError("starts=regions re-places LIBERO's fixtures per episode, which runs on the batch backend "
-                             "only; use backend=batch")
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller={self.controller!r}; valid: {', '.join(CONTROLLERS)}")
         if self.visual_faces is not None and self.visual_faces < MIN_VISUAL_FACES:

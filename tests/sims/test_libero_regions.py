@@ -90,8 +90,6 @@ def test_env_with_region_starts_places_the_fixtures_and_resumes(starts):
             np.testing.assert_array_equal(a[key], b[key])
     env.close()
     fresh.close()
-    with pytest.raises(ValueError, match=r"starts=regions .* batch backend only"):
-        sims.make_vec_env(f"libero_{TASK}", 2, starts="regions", backend="warp")
 
 
 def test_train_and_validation_draw_disjoint_starts_and_the_fixed_splits_none(starts):

@@ -135,3 +135,54 @@ def test_a_warp_snapshot_continues_bit_for_bit_in_a_fresh_env():
             assert torch.equal(a[key], b[key]), (t, key)
         for key in a["observation"]:
             assert torch.equal(a["observation"][key], b["observation"][key]), (t, key)
+
+
+@pytest.mark.slow
+def test_region_starts_on_warp_stand_the_fixtures_like_batch_and_resume():
+    """starts=regions on Warp's CPU device: the same draws as batch, each world's fixtures standing where its start
+    put them (Warp's per-world body frames), proprioception within PROPRIO_TOL of batch through an autoreset that
+    re-places them, and a snapshot that continues bit for bit in a fresh env."""
+    pytest.importorskip("mujoco_warp")
+    torch = pytest.importorskip("torch")
+    import sims
+    from sims.libero.regions import load_region_starts
+    from sims.libero.toolchain.region_starts import ensure_region_starts
+
+    ensure_tasks([TASK])
+    ensure_region_starts([TASK], 5)
+    starts = load_region_starts(TASK)
+    kw = {"split": "train", "starts": "regions", "max_steps": 2}
+    warp = sims.make_vec_env(f"libero_{TASK}", 2, backend="warp", warp_device="cpu", **kw)
+    batch = sims.make_vec_env(f"libero_{TASK}", 2, num_threads=1, **kw)
+    warp.reset_arrays(seed=3)
+    batch.reset_arrays(seed=3)
+    sim = warp.sims[0]
+    bodies = [sim.model.body(name).id for name in starts.fixtures]
+
+    def fixtures_placed() -> None:
+        assert warp.state_index.tolist() == batch.state_index.tolist()
+        want = starts.fixture_pos[warp.state_index]
+        np.testing.assert_allclose(to_numpy(sim.field("xpos"))[:, bodies], want, atol=1e-5)
+        np.testing.assert_allclose(to_numpy(sim.field("xquat"))[:, bodies],
+                                   batch.sims[0].field("xquat")[:, bodies], atol=1e-5)
+
+    fixtures_placed()
+    assert np.abs(starts.fixture_pos[warp.state_index] - sim.model.body_pos[bodies]).max() > 1e-3, \
+        "the starts moved the fixtures off the model's places"
+    hold = np.array([[0, 0, 0, 0, 0, 0, -1.0]] * 2, np.float32)
+    for _ in range(3):  # the second step ends the episodes (max_steps=2): the next starts stand elsewhere
+        w, b = warp.step_arrays(torch.as_tensor(hold)), batch.step_arrays(hold)
+        np.testing.assert_allclose(w["observation"]["proprio"].numpy(), b["observation"]["proprio"], atol=PROPRIO_TOL)
+    fixtures_placed()
+    snapshot = warp.get_state()
+    actions = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (2, 2, 7)).astype(np.float32))
+    want = [warp.step_arrays(a)["observation"] for a in actions]
+    fresh = sims.make_vec_env(f"libero_{TASK}", 2, backend="warp", warp_device="cpu", **kw)
+    fresh.reset_arrays(seed=9)
+    fresh.set_state(snapshot)
+    got = [fresh.step_arrays(a)["observation"] for a in actions]
+    for a, b in zip(want, got):
+        for key in ("proprio", "state"):
+            assert torch.equal(a[key], b[key]), key
+    for env in (warp, batch, fresh):
+        env.close()
