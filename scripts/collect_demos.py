@@ -10,8 +10,8 @@ The experts act in ``--num-envs`` rendering environments of the ``train`` split;
 are kept (``--keep-failures``: all). ``--noise SIGMA`` executes the expert's action plus Gaussian
 noise and records the clean action as the label (DART). A LIBERO task (``libero_spatial``,
 ``libero_spatial/3``) is demonstrated by its suite's experts (``sims.libero.expert.expert_for``) from the
-``train`` split's starts (``--suite-settings starts=regions``: LIBERO's region sampler; default jittered fixed
-initial states) with its arm controller (``controller=osc``: LIBERO's OSC_POSE), both cameras at 128 x 128 by default (``sims.suite_of(task).frames``). Read the folder back with
+``train`` split's starts (LIBERO's region sampler; ``--suite-settings starts=jitter``, an opt-in: the fixed
+initial states shifted) with its arm controller (``controller=osc``: LIBERO's OSC_POSE), both cameras at 128 x 128 by default (``sims.suite_of(task).frames``). Read the folder back with
 ``vla_rl.demos.DemoDataset(DIR)`` or with LeRobot's ``LeRobotDataset(repo_id, root=DIR)``.
 """
 

@@ -18,23 +18,22 @@ Suites: ``spatial``, ``object``, ``goal``, ``10``.
   below) and ``task`` int64 [N].
 - **Reward and success**: the task's goal predicates (:mod:`sims.libero.predicates`); LIBERO has
   no shaping, so the reward is 1 at each step the goal holds (plus ``success_bonus``), else 0.
-- **Episodes** start from LIBERO's fixed initial states, then hold still for ``settle_steps``
-  control steps (gripper open) before the policy's first observation, as LIBERO's evaluation
-  waits 10 steps for the objects to settle; the settling runs on a private ``MjData`` per start, so
-  the other environments do not move. An episode ends at success (``terminate_on_success``) or
-  after LIBERO's step limit for the suite (:data:`MAX_STEPS`). Splits (:data:`LIBERO_SPLITS`):
-  ``train`` and ``validation``: a fixed initial state drawn at random with every free object
-  shifted by up to ``jitter`` metres in x and y, an object that LIBERO places on another free
-  object by its support's shift (:func:`jitter_roots`; each split its own seed stream); ``fixed``: the 50
-  fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states
-  ``j, j + M, ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the
-  same scenes with paraphrased instructions and the variant's own 50 fixed initial states;
-  ``paraphrase``: the 50 fixed initial states with the project's held-out paraphrases
-  (:mod:`sims.libero.paraphrase`), one drawn per episode. With ``starts="regions"`` the ``train`` and
-  ``validation`` splits start instead from LIBERO's own placement rules (:mod:`sims.libero.regions`: objects and
-  fixtures sampled in their BDDL regions by LIBERO's code, one start per seed, drawn per episode from
-  ``(seed, group, episode, split)`` among the split's own starts: the two splits share none), the fixtures standing
-  where that start put them.
+- **Episodes** start from a state, then hold still for ``settle_steps`` control steps (gripper open) before the
+  policy's first observation, as LIBERO's evaluation waits 10 steps for the objects to settle; the settling runs
+  on a private ``MjData`` per start, so the other environments do not move. An episode ends at success
+  (``terminate_on_success``) or after LIBERO's step limit for the suite (:data:`MAX_STEPS`). Splits
+  (:data:`LIBERO_SPLITS`): ``train`` and ``validation`` start (``starts="regions"``, the default) from LIBERO's
+  own placement rules (:mod:`sims.libero.regions`: objects and fixtures sampled in their BDDL regions by LIBERO's
+  code, one start per seed, drawn per episode from ``(seed, group, episode, split)`` among the split's own
+  starts: the two splits share none), the fixtures standing where that start put them; ``fixed``: LIBERO's 50
+  fixed initial states themselves, in order (group ``j`` of a task's ``M`` groups plays states ``j, j + M,
+  ...``), the states LIBERO evaluates on; ``lan``: LIBERO-PRO's ``_lan`` variant, the same scenes with
+  paraphrased instructions and the variant's own 50 fixed initial states; ``paraphrase``: the 50 fixed initial
+  states with the project's held-out paraphrases (:mod:`sims.libero.paraphrase`), one drawn per episode. The
+  fixed states are test data; ``starts="jitter"`` (an opt-in) starts ``train`` and ``validation`` from them
+  instead, each free object shifted by up to ``jitter`` metres in x and y (an object that LIBERO places on
+  another free object by its support's shift, :func:`jitter_roots`; each split its own seed stream): a policy
+  trained there has seen its test states nearly as they are.
 - **Instructions** (``instructions``): ``original``, the task's own in every split but ``lan`` and
   ``paraphrase``; ``paraphrase``, training (validation) episodes draw the task's own or one of its
   training (validation) paraphrases, two pools that share no sentence. ``instructions`` (the table ``instruction``
@@ -88,7 +87,7 @@ PROPRIO_DIM = 8
 _STREAM = {"train": 0x11B0, "validation": 0x11B1}  # seed streams of the jittered splits
 #: Arm controllers by name, and the arm each drives (:func:`sims.libero.scene.build_model`'s ``arm``).
 CONTROLLERS = {"servo": "servo", "osc": "torque"}
-STARTS = ("jitter", "regions")
+STARTS = ("regions", "jitter")
 
 
 @dataclass(frozen=True)
@@ -112,8 +111,9 @@ class LiberoEnvConfig(VecEnvConfig):
         visual_faces: triangle budget of each visual-only mesh (:mod:`sims.libero.toolchain.lod`; at least
             :data:`~sims.libero.scene.MIN_VISUAL_FACES`), None: LIBERO's full meshes; physics is the same either way.
         controller: one of :data:`CONTROLLERS` (see the module docstring).
-        starts: where the ``train`` and ``validation`` splits start: ``jitter`` (fixed states shifted by ``jitter``)
-            or ``regions`` (LIBERO's region sampler, :mod:`sims.libero.regions`).
+        starts: where the ``train`` and ``validation`` splits start: ``regions`` (LIBERO's region sampler,
+            :mod:`sims.libero.regions`; ``scripts/setup_libero.py --region-starts K`` writes them) or ``jitter`` (the
+            fixed states, LIBERO's test states, shifted by ``jitter``: an opt-in).
         instructions: what ``train`` and ``validation`` episodes are instructed with, one of
             :data:`~sims.libero.paraphrase.INSTRUCTION_MODES` (``original``: the task's own only).
 
@@ -126,7 +126,7 @@ class LiberoEnvConfig(VecEnvConfig):
     cache: str | None = None
     visual_faces: int | None = VISUAL_FACES
     controller: str = "osc"
-    starts: str = "jitter"
+    starts: str = "regions"
     instructions: str = INSTRUCTION_MODES[0]
 
     def validate(self) -> tuple[str, ...]:

@@ -44,6 +44,7 @@ HOLD = np.array([[0, 0, 0, 0, 0, 0, -1]] * 2, np.float32)  # no motion, gripper 
 @pytest.fixture(scope="module")
 def cached() -> None:
     ensure_lan(["spatial/0"])
+    ensure_region_starts(["spatial/0"], 5)  # the train and validation splits' starts
 
 
 def _env(split: str = "train", **kw) -> LiberoVectorEnv:
@@ -115,7 +116,7 @@ def test_fixed_and_lan_splits_play_libero_states_in_order(cached):
 
 
 def test_jittered_splits_are_seeded_grouped_and_near_libero_states(cached):
-    a, b = _env(group_size=2), _env(group_size=2)
+    a, b = _env(group_size=2, starts="jitter"), _env(group_size=2, starts="jitter")
     a.reset_arrays(seed=3)
     b.reset_arrays(seed=3)
     np.testing.assert_array_equal(a.sims[0].qpos, b.sims[0].qpos)  # seeded
@@ -143,7 +144,7 @@ def test_an_object_on_another_is_jittered_with_it_and_settles_as_in_libero_state
     off, while from LIBERO's states it slides off and leans on the ramekin. Shifted with the ramekin, the
     training starts settle as LIBERO's do."""
     ensure_tasks(["spatial/5"])
-    envs = {s: sims.make_vec_env("libero_spatial/5", 4, split=s, num_threads=1) for s in ("fixed", "train")}
+    envs = {s: sims.make_vec_env("libero_spatial/5", 4, split=s, num_threads=1, starts="jitter") for s in ("fixed", "train")}
     model = envs["fixed"].sims[0].model
     free = np.flatnonzero(model.jnt_type == 0)
     names = [model.body(model.jnt_bodyid[j]).name for j in free]
@@ -266,10 +267,10 @@ def test_controller_and_starts_from_a_training_config_reach_the_env_config():
     built = sims_env_config(cfg.env, num_envs=2, seed=0, split="train")
     assert isinstance(built, LiberoEnvConfig) and (built.controller, built.starts) == ("osc", "regions")
     default = sims_env_config(load_config(CONFIG_DIR / "libero.yaml").env, num_envs=10, seed=0)
-    assert (default.controller, default.starts) == (LiberoEnvConfig.controller, LiberoEnvConfig.starts) == ("osc", "jitter")
+    assert (default.controller, default.starts) == (LiberoEnvConfig.controller, LiberoEnvConfig.starts) == ("osc", "regions")
     with pytest.raises(ConfigError, match=r"^env.suite.controller='pid'; valid: servo, osc$"):
         load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=pid"])
-    with pytest.raises(ConfigError, match=r"^env.suite.starts='grid'; valid: jitter, regions$"):
+    with pytest.raises(ConfigError, match=r"^env.suite.starts='grid'; valid: regions, jitter$"):
         load_config(CONFIG_DIR / "libero.yaml", ["env.suite.starts=grid"])
     with pytest.raises(ConfigError, match=r"^env.suite=\{'starts': 'regions'\} sets a sims suite's own settings; "
                                           r"env.kind='gym' has none: remove it$"):

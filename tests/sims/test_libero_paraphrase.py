@@ -37,6 +37,7 @@ from sims.libero.paraphrase import (
 from sims.libero.scene import load_task
 from sims.libero.suites import LIBERO_SUITE, all_task_ids, cache_dir, setup_hint
 from sims.libero.toolchain.install import ensure_lan, ensure_toolchain
+from sims.libero.toolchain.region_starts import ensure_region_starts
 from vla_rl.config import CONFIG_DIR, ConfigError, load_config
 
 IDS = all_task_ids()
@@ -203,6 +204,7 @@ HOLD = np.array([[0, 0, 0, 0, 0, 0, -1]] * 2, np.float32)  # no motion, gripper 
 @pytest.fixture(scope="module")
 def cached() -> None:
     ensure_lan(["spatial/0"])
+    ensure_region_starts(["spatial/0"], 5)  # the train and validation splits' starts
 
 
 def _env(split: str = "train", **kw):

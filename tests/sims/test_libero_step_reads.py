@@ -16,6 +16,7 @@ import sims
 import sims.libero.vec_env as libero_vec_env
 from sims.libero.sim import libero_render_config
 from sims.libero.toolchain.install import ensure_tasks
+from sims.libero.toolchain.region_starts import ensure_region_starts
 from sims.libero.vec_env import LiberoVectorEnv
 
 RENDER = libero_render_config(16, num_contexts=1)
@@ -25,6 +26,7 @@ MOVE = np.array([[0.5, 0, 0, 0, 0, 0, -1], [0, 0.5, 0, 0, 0, 0, -1]], np.float32
 @pytest.fixture(scope="module")
 def cached() -> None:
     ensure_tasks(["spatial/0"])
+    ensure_region_starts(["spatial/0"], 5)  # the train and validation splits' starts
 
 
 def _env(**kw: Any) -> LiberoVectorEnv:

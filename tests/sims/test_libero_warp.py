@@ -18,6 +18,7 @@ from sims.libero.expert import run_episodes
 from sims.libero.scene import build_model, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
 from sims.libero.toolchain.install import ensure_tasks
+from sims.libero.toolchain.region_starts import ensure_region_starts
 
 TASK, STEPS = "spatial/0", 10
 PROPRIO_TOL = 1e-3  # float32 (Warp) against float64 (MuJoCo C) over STEPS control steps
@@ -116,7 +117,7 @@ def test_a_warp_snapshot_continues_bit_for_bit_in_a_fresh_env():
     import sims
     from infra.common.checkpoint_io import dumps, loads
 
-    ensure_tasks([TASK])
+    ensure_region_starts([TASK], 5)
     kw = {"split": "train", "backend": "warp", "warp_device": "cpu", "max_steps": 4, "num_threads": 1}
     actions = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (8, 2, 7)).astype(np.float32))
     env = sims.make_vec_env(f"libero_{TASK}", 2, **kw)
@@ -146,9 +147,7 @@ def test_region_starts_on_warp_stand_the_fixtures_like_batch_and_resume():
     torch = pytest.importorskip("torch")
     import sims
     from sims.libero.regions import load_region_starts
-    from sims.libero.toolchain.region_starts import ensure_region_starts
 
-    ensure_tasks([TASK])
     ensure_region_starts([TASK], 5)
     starts = load_region_starts(TASK)
     kw = {"split": "train", "starts": "regions", "max_steps": 2}

@@ -288,22 +288,24 @@ def _flat_frames(env: dict) -> dict:
 
 def test_a_checkpoint_saved_with_a_flat_env_section_loads_nested_and_a_yaml_one_is_refused(tmp_path):
     """A checkpoint written before ``env.suite`` existed loads with its suite's settings moved there (those at their
-    defaults, and the other suites', dropped), so it evaluates and resumes as before; a YAML file or override in the
-    old form is a one-line error naming the new key."""
+    defaults, and the other suites', dropped), so it evaluates and resumes as before (a LIBERO run of that time
+    started from the jittered fixed states, then the default, and keeps them); a YAML file or override in the old
+    form is a one-line error naming the new key."""
     from vla_rl.checkpoint import load_checkpoint, save_checkpoint
 
     gantry = load_config(CONFIG_DIR / "suite.yaml", ["env.suite.reward=progress", "env.suite.task_weights={push: 3}"])
     libero = load_config(CONFIG_DIR / "libero.yaml", ["env.suite.controller=servo", "env.suite.max_steps=30"])
-    for cfg, old in ((gantry, {"reward": "progress", "task_weights": {"push": 3}}),
-                     (libero, {"controller": "servo", "max_episode_steps": 30, "reward": "success"})):
+    for cfg, old, kept in ((gantry, {"reward": "progress", "task_weights": {"push": 3}}, {}),
+                           (libero, {"controller": "servo", "max_episode_steps": 30, "reward": "success"},
+                            {"starts": "jitter"})):
         flat = _flat(cfg, **old)
         suite = sims.suite_of(cfg.env.task).name  # the task's own suite's keys are named first
         with pytest.raises(ConfigError, match=rf"^env\.(\w+) is a suite's own setting \({suite}\): write env\.suite\.\1="):
             build_config(_flat(cfg, frames=False, **old))
         save_checkpoint({"config": flat}, tmp_path / cfg.env.task, iteration=1)
         loaded = load_checkpoint(tmp_path / cfg.env.task)["config"]
-        assert loaded["env"]["suite"] == cfg.env.suite
-        assert build_config(loaded) == cfg
+        assert loaded["env"]["suite"] == cfg.env.suite | kept
+        assert build_config(loaded) == dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, suite=cfg.env.suite | kept))
 
 
 def test_a_checkpoint_saved_with_flat_frame_settings_loads_them_under_env_frames(tmp_path):

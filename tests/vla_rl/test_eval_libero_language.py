@@ -18,6 +18,7 @@ from sims.libero.paraphrase import libero_training_groups, paraphrases
 from sims.libero.plugin import check_instructions
 from sims.libero.scene import load_lan, load_task
 from sims.libero.toolchain.install import ensure_lan
+from sims.libero.toolchain.region_starts import ensure_region_starts
 from vla_rl.config import CONFIG_DIR, load_config
 from vla_rl.sft import ParaphraseResample
 from vla_rl.trainer import Trainer
@@ -32,6 +33,7 @@ TOY = ["env.task=libero_spatial/0", "env.num_envs=2", "env.frames.width=16", "en
 @pytest.fixture(scope="module")
 def libero_run(tmp_path_factory):
     ensure_lan(["spatial/0"])
+    ensure_region_starts(["spatial/0"], 5)  # the train and validation splits' starts
     out = tmp_path_factory.mktemp("runs")
     trainer = Trainer(load_config(CONFIG_DIR / "libero.yaml", [*TOY, f"out_dir={out}", "name=lang"]))
     trainer.train()

@@ -65,8 +65,10 @@ def test_colocated_iteration_reads_the_device_a_fixed_number_of_times(tmp_path, 
 @pytest.mark.parametrize(("controller", "terminate"), [("servo", False), ("osc", False), ("servo", True)])
 def test_colocated_libero_iteration_reads_the_device_a_fixed_number_of_times(tmp_path, controller, terminate):
     from sims.libero.toolchain.install import ensure_tasks
+    from sims.libero.toolchain.region_starts import ensure_region_starts
 
     ensure_tasks(["spatial/0"])
+    ensure_region_starts(["spatial/0"], 5)
     libero = ("env.task=libero_spatial/0", f"env.terminate_on_success={str(terminate).lower()}",
               f"env.suite.controller={controller}", "ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false")
     short, sites = _syncs_per_iteration(tmp_path, 2, libero, num_envs=2)

@@ -23,6 +23,7 @@ import torch
 
 import sims
 from sims.libero.toolchain.install import ensure_lan
+from sims.libero.toolchain.region_starts import ensure_region_starts
 from vla_rl.config import CONFIG_DIR
 from vla_rl.demos.reader import DemoDataset
 
@@ -87,6 +88,7 @@ def test_a_recipe_that_evaluates_the_fixed_states_during_training_is_refused(tmp
 @pytest.fixture(scope="module")
 def cached() -> None:
     ensure_lan(["spatial/0"])
+    ensure_region_starts(["spatial/0"], 5)  # the train and validation splits' starts
 
 
 def test_libero_recipe_runs_and_reports_the_protocol(cached, tmp_path, script):
@@ -189,7 +191,6 @@ def test_demonstrations_come_from_the_train_starts_in_the_recipes_env(cached, tm
     refuses demonstrations recorded in another env; a demonstration on a fixed-state split is refused."""
     from infra.common.typed_config import ConfigError
     from sims.libero.regions import load_region_starts, split_pool
-    from sims.libero.toolchain.region_starts import ensure_region_starts
     from vla_rl.config import load_config
     from vla_rl.demos.collect import CollectConfig
     from vla_rl.recipe import check_demos, load_recipe, stage_configs
@@ -225,6 +226,7 @@ def test_a_recipe_over_two_suites_reports_each_task_and_suite(cached, tmp_path, 
     ``libero_spatial+libero_object+libero_goal+libero_10``): each suite's expert records its task's demonstrations,
     each task keeps its suite's step limit, and the protocol reports each task and each suite."""
     ensure_lan(["object/0"])
+    ensure_region_starts(["object/0"], 5)
     task = "libero_spatial/0+libero_object/0"
     out = tmp_path / "recipe.json"
     args = ["--config", str(CONFIG_DIR / "libero_spatial.yaml"), *TINY, "stages=[sft]", f"sft.env.task={task}",
