@@ -123,6 +123,10 @@ class Suite:
     """``missing_files(task, with_lan, settings)``: a one-line error naming the setup command when a file the task
     needs (with ``with_lan``: its paraphrased-instruction variant too; with the suite's own ``settings``, a run's
     ``env.suite``: what they read) is not on this machine; ``""`` when all are."""
+    training_refusal: Callable[[str, Mapping[str, Any]], str] = lambda task, settings: ""
+    """``training_refusal(task, settings)``: a one-line error when the suite's own ``settings`` (a run's
+    ``env.suite``) would start demonstration, training or validation episodes from its test states; ``""`` when
+    they do not."""
     training_instructions: Callable[[Any], list[tuple[str, ...]]] | None = None
     """``training_instructions(config)``: the instructions each task of an instance of ``config`` is trained with
     (its settings say which), one tuple per task id (its own first, then those that say the same), which SFT

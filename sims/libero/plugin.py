@@ -74,6 +74,17 @@ def missing_files(task: str, with_lan: bool, settings: Mapping[str, Any]) -> str
     return ""
 
 
+def training_refusal(task: str, settings: Mapping[str, Any]) -> str:
+    """Why the suite's own ``settings`` (a run's ``env.suite``) may not start demonstrations, training or validation
+    of ``task``: ``starts=jitter`` starts them from LIBERO's fixed initial states, its test states; "" otherwise."""
+    if settings.get("starts", LiberoEnvConfig.starts) != "jitter":
+        return ""
+    tasks = " ".join(resolve_libero_task(task))
+    return ("starts=jitter starts demonstrations, training and validation from LIBERO's fixed initial states (its test "
+            f"states, shifted by at most 1 cm); use starts=regions (python scripts/setup_libero.py --tasks {tasks} "
+            "--region-starts 200)")
+
+
 def longest_episode(task: str, limit: int | None = None) -> int:
     """Control steps of the longest episode of ``task``: ``limit``, else LIBERO's limit of its suite (:data:`MAX_STEPS`)."""
     return limit or max(MAX_STEPS[task_id.split("/")[0]] for task_id in resolve_libero_task(task))
@@ -117,6 +128,7 @@ SUITE = register(Suite(
     demo_terminates=False,  # the env would restart a simulation under its expert's running plan
     protocol=EvalProtocol(fixed_states=True, test_splits=FIXED_STATE_SPLITS),
     missing_files=missing_files,
+    training_refusal=training_refusal,
     training_instructions=lambda config: libero_training_groups(config.task, config.instructions),
     validation_instructions=libero_validation_phrasings,
     check_instructions=check_instructions,

@@ -316,6 +316,30 @@ def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
         export_lan("spatial/0", tmp_path, tmp_path / "toolchain")
 
 
+def test_training_from_the_jittered_fixed_states_is_refused_before_anything_is_built(cached, tmp_path):
+    """starts=jitter (an env opt-in) starts episodes at LIBERO's test states, shifted by at most 1 cm: a training job's
+    machine check, the recipe and the demonstration collector refuse it in one line naming the fix, before any
+    file is written."""
+    from vla_rl.recipe import load_recipe, run_recipe
+
+    want = (r"^starts=jitter starts demonstrations, training and validation from LIBERO's fixed initial states .*; "
+            r"use starts=regions \(python scripts/setup_libero.py --tasks spatial/0 --region-starts 200\)$")
+    overrides = ["env.task=libero_spatial/0", "env.suite.starts=jitter", f"out_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=want):
+        load_config(CONFIG_DIR / "libero.yaml", overrides).check(envs_here=False)
+    with pytest.raises(ValueError, match=want):
+        CollectConfig(task="libero_spatial/0", out=tmp_path / "demos", cameras=("agentview",),
+                      suite_settings={"starts": "jitter"}).validate()
+    recipe = load_recipe(CONFIG_DIR / "libero_spatial_cpu.yaml", ["sft.env.task=libero_spatial/0",
+                                                                  "sft.env.suite.starts=jitter", f"out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=want):
+        run_recipe(recipe)
+    assert not any(tmp_path.iterdir())
+    env = _env(starts="jitter")  # the env itself plays them (an opt-in outside training)
+    assert env.config.starts == "jitter"
+    env.close()
+
+
 def test_missing_region_starts_fail_the_config_check_naming_the_command(cached, tmp_path):
     """env.suite.starts=regions on a task whose region starts are not cached: the trainer's machine check (the recipe
     runs it for every stage before its demonstrations) and collect_demos' config refuse it before anything is built,

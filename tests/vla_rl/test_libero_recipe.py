@@ -61,8 +61,9 @@ def _grpo_from_the_sft_checkpoint(out_dir) -> None:
     assert trainer.policy.head.temperature == 1.5
     trainer.train()
     trainer.close()
-    # Where its episodes started: training on the jittered train split, evaluation on validation, none at a fixed state.
-    assert trainer.collector.env.config.split == "train"
+    # Where its episodes started: training on the train split's region starts, evaluation on validation's, none at a
+    # fixed state.
+    assert (trainer.collector.env.config.split, trainer.collector.env.config.starts) == ("train", "regions")
     assert {which: env.config.split for which, env in trainer.eval_envs.items()} == {"validation": "validation"}
     rows = [r for r in _rows(trainer.run_dir) if "grpo/groups_dropped" in r]
     assert len(rows) == 2 and all(r["episode_success"] == 0.0 for r in rows)  # the premise

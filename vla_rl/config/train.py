@@ -134,7 +134,9 @@ class TrainConfig:
         if self.env.kind == "gym":
             _check_gym_id(self.env.task)
         else:
-            if message := env_suite(self.env).missing_files(self.env.task, False, self.env.suite):  # lan: test only, never here
+            suite = env_suite(self.env)
+            if message := (suite.training_refusal(self.env.task, self.env.suite)
+                           or suite.missing_files(self.env.task, False, self.env.suite)):  # lan: test only, never here
                 raise ConfigError(message)
         if inputs:
             _check_files(self)

@@ -95,7 +95,8 @@ class CollectConfig:
             raise ValueError(f"max_steps={self.max_steps}; it must be at least 1 (or None: the suite's limit)")
         if not self.cameras or set(self.cameras) - set(suite.cameras):
             raise ValueError(f"cameras={list(self.cameras)}; a {suite.name} scene's cameras are {', '.join(suite.cameras)}")
-        if missing := suite.missing_files(self.task, False, self.suite_settings):
+        if missing := (suite.training_refusal(self.task, self.suite_settings)
+                       or suite.missing_files(self.task, False, self.suite_settings)):
             raise ValueError(missing)
         if self.episodes < 1 or self.num_envs < 1 or self.episodes_per_file < 1:
             raise ValueError(f"episodes={self.episodes}, num_envs={self.num_envs} and episodes_per_file="
