@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         templates = _templates(args)
         result = evaluate_checkpoint(args.checkpoint, args.split, args.episodes, args.num_envs, args.seed,
                                      device=args.device, templates=templates or None, task=args.task,
-                                     record=args.video is not None, sample=args.sample)
+                                     record=args.video is not None, sample=args.sample, progress=f"eval {args.split}")
     except (CheckpointError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

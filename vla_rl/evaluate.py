@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
+from tqdm import tqdm
 
 import sims
 from vla_rl.rollout import EpisodeResult, EpisodeStats, Timer, env_step
@@ -59,6 +60,7 @@ def run_episodes(
     record: bool = False,
     max_decisions: int = 100_000,
     sample: bool = False,
+    progress: str | None = None,
 ) -> tuple[list[EpisodeResult], list[np.ndarray], float]:
     """Run the policy's mode action (``sample``: actions drawn from its distribution, torch's generator
     seeded with ``seed``) until every environment has finished its quota of episodes.
@@ -73,6 +75,7 @@ def run_episodes(
         max_decisions: Safety bound on the number of decisions.
         sample: Draw actions as training's collection does instead of taking the mode; how much the
             policy's noise adds to its success (a policy that succeeds only by sampling is imprecise).
+        progress: Show a progress bar of the episodes finished, with this label (None: none).
 
     Returns:
         The episodes, environment 0's frames, and environment steps per second.
@@ -89,6 +92,7 @@ def run_episodes(
         torch.manual_seed(seed)
     start = time.perf_counter()
     env_steps = 0
+    bar = tqdm(total=int(quota.sum()), desc=progress, unit="ep", disable=progress is None)
     for _ in range(max_decisions):
         if bool((counted >= quota).all()):
             break
@@ -102,8 +106,10 @@ def run_episodes(
             # Episode bookkeeping is the host's: a device env's (warp on a GPU) rewards and flags come here.
             flags = step.select("reward", "terminated", "truncated", "success").to("cpu")
             done = flags["terminated"] | flags["truncated"]
+            kept = done & (counted < quota)
             stats.record(flags["reward"], flags["success"], done, 1, task, instruction, keep=counted < quota)
             counted += done.long()
+            bar.update(int(kept.sum()))
             env_steps += n
             if recording and bool(done[0]):
                 recording = False
@@ -111,6 +117,7 @@ def run_episodes(
                 if final is not None:
                     frames.append(final)
             obs = step["observation"]
+    bar.close()
     results = stats.finished
     elapsed = time.perf_counter() - start
     if not results:
@@ -230,6 +237,7 @@ def evaluate_checkpoint(
     task: str | None = None,
     record: bool = True,
     sample: bool = False,
+    progress: str | None = None,
 ) -> CheckpointEval:
     """Load a checkpoint's policy and evaluate it on fresh episodes of one split of its task.
 
@@ -248,6 +256,7 @@ def evaluate_checkpoint(
             ``libero_spatial/4``); default the run's.
         record: Keep environment 0's first episode's frames.
         sample: Sampled actions instead of the mode (:func:`run_episodes`).
+        progress: Label of a progress bar over the episodes (None: none).
 
     Raises:
         vla_rl.checkpoint.CheckpointError: The checkpoint is missing, corrupt, or does not fit its config.
@@ -294,7 +303,7 @@ def evaluate_checkpoint(
             env = InstructedEnv(env, templates, policy.set_instructions)
         results, frames, steps_per_s = run_episodes(
             policy, env, episodes or cfg.eval.episodes, seed,
-            device=target, record=record, sample=sample,
+            device=target, record=record, sample=sample, progress=progress,
         )
     finally:
         close = getattr(env, "close", None)
@@ -387,7 +396,7 @@ def libero_protocol(path: str | Path, splits: tuple[str, ...] = ("fixed", "lan")
     for split in splits:
         start = time.perf_counter()
         result = evaluate_checkpoint(path, split, episodes_per_task * len(ids), envs_per_task * len(ids),
-                                     device=device, record=False)
+                                     device=device, record=False, progress=f"test {split}")
         out["splits"][split] = {**_per_task(result, split, episodes_per_task), "wall_s": time.perf_counter() - start}
     if instructions:
         out["splits"][USER_SPLIT] = _user_split(path, instructions, episodes_per_task, envs_per_task, device)
@@ -420,7 +429,7 @@ def _user_split(path: str | Path, instructions: dict[str, list[str]], episodes_p
     tasks: dict[str, Any] = {}
     for name, texts in instructions.items():
         result = evaluate_checkpoint(path, "fixed", episodes_per_task, envs_per_task, device=device,
-                                     templates=list(texts), task=name, record=False)
+                                     templates=list(texts), task=name, record=False, progress=f"test {name}")
         ((task_id, rate),) = _per_task(result, USER_SPLIT, episodes_per_task)["tasks"].items()
         tasks[task_id] = {**rate, "by_instruction": result.report()["instructions"]}
     return {"suites": {}, "tasks": tasks, "wall_s": time.perf_counter() - start}

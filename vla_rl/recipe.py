@@ -255,7 +255,7 @@ def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) 
     out = {}
     for split in recipe.test.splits:
         report = evaluate_checkpoint(run_dir, split, recipe.test.episodes, recipe.test.num_envs, device=device,
-                                     record=False).report()
+                                     record=False, progress=f"test {split}").report()
         out[split] = {"success": report["success"], "ci95": report["ci95"], "episodes": report["episodes"],
                       **{f"success_{t}": r["success"] for t, r in report["tasks"].items()},
                       "tasks": report["tasks"]}
