@@ -106,10 +106,10 @@ def run_episodes(
             # Episode bookkeeping is the host's: a device env's (warp on a GPU) rewards and flags come here.
             flags = step.select("reward", "terminated", "truncated", "success").to("cpu")
             done = flags["terminated"] | flags["truncated"]
-            kept = done & (counted < quota)
-            stats.record(flags["reward"], flags["success"], done, 1, task, instruction, keep=counted < quota)
+            keep = counted < quota
+            stats.record(flags["reward"], flags["success"], done, 1, task, instruction, keep=keep)
             counted += done.long()
-            bar.update(int(kept.sum()))
+            bar.update(int((done & keep).sum()))
             env_steps += n
             if recording and bool(done[0]):
                 recording = False
