@@ -229,6 +229,11 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     and ``final_observation`` holds no frame keys. On: an ended world is drawn twice (its last and its first
     frame), and the device renderer, which draws every world, renders twice on a step with resets."""
 
+    draw_frames: bool = True
+    """Whether a step draws frames (``FRAME_KEYS``). The collector and the evaluation turn it off for the inner
+    steps of an open-loop action chunk, whose observations nobody reads while ``final_frames`` is off: such a step's
+    observation then holds no frame keys, and drawing is most of a rendering suite's step time."""
+
     def reset_arrays(self, seed: int | None = None, mask: np.ndarray | None = None) -> dict[str, Any]:
         """Start new episodes (all, or where ``mask``); ``seed`` restarts the episode streams."""
         if mask is None:
@@ -285,7 +290,7 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
             indices (as the env's array module) and the rest of :meth:`_observe`'s result for them (the gantry env's
             shaped reward and success), else None.
         """
-        rendering = self.config.render is not None
+        rendering = self.config.render is not None and self.draw_frames
         if not done.any():
             obs = {**final, **self._render()} if rendering else final
             return obs, (obs if self.final_frames else final), None  # the same keys at every step

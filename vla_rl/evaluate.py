@@ -86,6 +86,8 @@ def run_episodes(
     stats = EpisodeStats.zeros(n)
     frames: list[np.ndarray] = []
     recording = record
+    if hasattr(env, "final_frames"):  # only the recorded episode's last frame is read
+        env.final_frames = record
     timer = Timer()
     obs = env.reset_td(seed=seed)
     if sample:
@@ -101,8 +103,9 @@ def run_episodes(
             frames.append(frame)
         action = policy.act(obs.to(device), deterministic=not sample)["action"].cpu()
         chunk = action.unsqueeze(1) if action.dim() == 2 else action
+        last = chunk.shape[1] - 1
         for k in range(chunk.shape[1]):  # step by step: an episode that ends mid-chunk is followed by the next
-            step = env_step(env, chunk[:, k].contiguous(), timer)
+            step = env_step(env, chunk[:, k].contiguous(), timer, frames=recording or k == last)
             # Episode bookkeeping is the host's: a device env's (warp on a GPU) rewards and flags come here.
             flags = step.select("reward", "terminated", "truncated", "success").to("cpu")
             done = flags["terminated"] | flags["truncated"]
@@ -116,6 +119,8 @@ def run_episodes(
                 final = _frame(env, step["final_observation"])
                 if final is not None:
                     frames.append(final)
+                if hasattr(env, "final_frames"):
+                    env.final_frames = False
             obs = step["observation"]
     bar.close()
     results = stats.finished

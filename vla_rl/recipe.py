@@ -12,7 +12,8 @@
 
 Training stops and picks checkpoints on nothing but the ``validation`` split; the test streams
 are drawn only in step 4. A stage that finished is reused and an unfinished one resumed, so the
-same command continues an interrupted recipe.
+same command continues an interrupted recipe; a stage's test results (``<stage>/test.json``) are reused
+when the same test settings ran on the same checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import sims
+from infra.common.checkpoint_io import MAGIC
+from infra.common.files import DIGEST_BYTES, write_atomic
 from infra.common.typed_config import ConfigError, from_dict, merge, parse_overrides
 from rlcore.update_config import AT_LEAST_1, Range, out_of_range
 from vla_rl.config import (
@@ -247,7 +250,32 @@ def _test_fixed_states(run_dir: Path, recipe: RecipeConfig, device: str) -> dict
     return out
 
 
+TEST_FILE = "test.json"
+"""A stage's test results, beside its checkpoints: ``{test, checkpoint, results}``."""
+
+
+def _checkpoint_identity(run_dir: Path) -> str:
+    """The stage checkpoint's first bytes, hex: its format's magic and its payload's SHA-256
+    (``infra/common/checkpoint_io.py``)."""
+    with open(run_dir / "checkpoints" / "latest.pt", "rb") as f:
+        return f.read(len(MAGIC) + DIGEST_BYTES).hex()
+
+
 def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) -> dict[str, Any]:
+    """:func:`_evaluate`, reused from the stage's ``test.json`` when the same test settings were run on the same
+    checkpoint (a relaunched recipe does not test a finished stage again)."""
+    path = run_dir / TEST_FILE
+    key = {"test": dataclasses.asdict(recipe.test), "checkpoint": _checkpoint_identity(run_dir)}
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if {k: saved.get(k) for k in key} == json.loads(json.dumps(key)):
+            return saved["results"]
+    results = _evaluate(run_dir, recipe, fixed_states, device)
+    write_atomic(path, json.dumps({**key, "results": results}, indent=1).encode())
+    return results
+
+
+def _evaluate(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) -> dict[str, Any]:
     """The final evaluation of a stage's checkpoint, its policy on ``device`` (the stage's training device): by
     its suite's fixed-initial-states protocol, or on fresh episodes of each test split."""
     if fixed_states:

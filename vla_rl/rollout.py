@@ -207,26 +207,41 @@ def _host_done(env: Any) -> tuple[Any, Any] | None:
     return getattr(env, "host_done", None)
 
 
-def env_step(env: Any, action: torch.Tensor, timer: Timer) -> TensorDict:
-    """Execute one decision (one action, or a chunk ``[N, K, A]`` open-loop) and time it.
+def step_frames(env: Any, action: torch.Tensor, frames: bool) -> TensorDict:
+    """``env.step_td(action)``, drawing no frames unless ``frames`` where the env can skip them (``draw_frames``)
+    and nothing reads the frames of its final observations (``final_frames`` off): an open-loop chunk's inner steps,
+    whose observations only carry episode ends, cost the physics alone."""
+    if frames or not hasattr(env, "draw_frames") or env.final_frames:
+        return env.step_td(action)
+    env.draw_frames = False
+    try:
+        return env.step_td(action)
+    finally:
+        env.draw_frames = True
+
+
+def env_step(env: Any, action: torch.Tensor, timer: Timer, frames: bool = True) -> TensorDict:
+    """Execute one decision (one action, or a chunk ``[N, K, A]`` open-loop) and time it; a chunk's inner steps
+    draw no frames (:func:`step_frames`), nor does its last with ``frames`` off.
 
     Returns the env's step TensorDict ``[N]`` where, for chunks, ``reward`` is summed up to the
     end of each env's episode, ``terminated``/``truncated``/``success`` are or-ed over the chunk,
     and ``final_observation`` is the one at the episode's end.
     """
-    return env_step_flags(env, action, timer)[0]
+    return env_step_flags(env, action, timer, frames)[0]
 
 
-def env_step_flags(env: Any, action: torch.Tensor, timer: Timer) -> tuple[TensorDict, Any]:
+def env_step_flags(env: Any, action: torch.Tensor, timer: Timer, frames: bool = True) -> tuple[TensorDict, Any]:
     """:func:`env_step`, and the decision's truncated-not-terminated flags (numpy bool [N]) where the env's
     host bookkeeping holds them (``env.host_done``; None otherwise): read without touching the device."""
     chunk = action.unsqueeze(1) if action.dim() == 2 else action
+    last = chunk.shape[1] - 1
     before = _env_seconds(env)
     start = timer.now()
-    out = env.step_td(chunk[:, 0].contiguous())
+    out = step_frames(env, chunk[:, 0].contiguous(), frames and last == 0)
     host = _host_done(env)
     for k in range(1, chunk.shape[1]):
-        step = env.step_td(chunk[:, k].contiguous())
+        step = step_frames(env, chunk[:, k].contiguous(), frames and k == last)
         live = ~(out["terminated"] | out["truncated"])
         out["reward"] = out["reward"] + step["reward"] * live
         out["success"] = out["success"] | (step["success"] & live)

@@ -13,6 +13,7 @@ from policies import ActionHeadConfig, SentenceCache, VLAConfig, VLAPolicy, make
 from policies.mlp import MLPPolicyConfig
 from sims.render import RenderConfig
 from sims.vec_env import make_vec_env
+from vla_rl import rollout
 from vla_rl.rollout import Timer, collect_steps, frames_for_critic
 
 N, STEPS = 3, 4
@@ -45,7 +46,7 @@ def test_final_frames_follow_what_the_critic_reads():
 
 
 @pytest.mark.parametrize("chunk", [1, 2])
-def test_ppo_collection_with_a_state_critic_renders_once_per_step(chunk):
+def test_ppo_collection_with_a_state_critic_renders_once_per_decision(chunk):
     env = make_vec_env("reach", N, seed=0, render=RENDER, num_threads=1)
     try:
         obs = env.reset_td(seed=0)
@@ -58,8 +59,30 @@ def test_ppo_collection_with_a_state_critic_renders_once_per_step(chunk):
         env._steps[1] = env._max_steps[env._task[1]] - chunk
         batch, _ = collect_steps(env, policy, obs, STEPS, Timer(), torch.device("cpu"))
         assert batch["truncated"][:, 1].tolist() == [True, False, False, False]
-        assert drawn == [N] * STEPS * chunk  # one render of every world per control step, the reset step's included
+        # One render of every world per decision, the reset step's included: a chunk's inner steps draw nothing.
+        assert drawn == [N] * STEPS
         # The truncated episode was bootstrapped from its final observation's value (which holds no frames).
         assert not np.isclose(batch["next_value"][0, 1].item(), batch["value"][1, 1].item())
     finally:
         env.close()
+
+
+def test_skipping_a_chunks_inner_frames_collects_the_same_batch(monkeypatch):
+    """The frames a decision reads are drawn at its state whether or not the chunk's inner steps were drawn."""
+    batches = []
+    for draw_inner in (False, True):
+        if draw_inner:  # every step drawn, as before the skip
+            monkeypatch.setattr(rollout, "step_frames", lambda env, action, frames: env.step_td(action))
+        env = make_vec_env("reach", N, seed=0, render=RENDER, num_threads=1)
+        try:
+            obs = env.reset_td(seed=0)
+            torch.manual_seed(0)
+            policy = make_policy(MLPPolicyConfig(obs_keys=("proprio", "state"), head=ActionHeadConfig(chunk=3)), obs, 4)
+            env._steps[1] = env._max_steps[env._task[1]] - 2  # an episode ends inside the first chunk
+            batch, _ = collect_steps(env, policy, obs, STEPS, Timer(), torch.device("cpu"))
+            batches.append(batch)
+        finally:
+            env.close()
+    skipped, drawn = batches
+    assert torch.equal(skipped["obs", "rgb"], drawn["obs", "rgb"])
+    assert torch.equal(skipped["reward"], drawn["reward"]) and torch.equal(skipped["truncated"], drawn["truncated"])

@@ -9,6 +9,7 @@ import pytest
 from sims import tasks as T
 from vla_rl.config import CONFIG_DIR, ConfigError
 from vla_rl.demos.reader import read_tasks
+from vla_rl import recipe
 from vla_rl.recipe import load_recipe
 from vla_rl.recipe_table import per_task_table, summary
 
@@ -18,7 +19,7 @@ TINY = ["base=reach_state_ppo.yaml", "demos.episodes=60", "demos.num_envs=8", "s
         "sft.log.progress=false", "rl.log.progress=false"]
 
 
-def test_recipe_runs_end_to_end_and_keeps_composition_out_of_training(tmp_path, script):
+def test_recipe_runs_end_to_end_and_keeps_composition_out_of_training(tmp_path, script, monkeypatch):
     main = script("sft_rl").main
     out = tmp_path / "recipe.json"
     args = ["--config", str(CONFIG_DIR / "reach_sft_rl.yaml"), *TINY, f"out_dir={tmp_path}", "--json", str(out)]
@@ -36,10 +37,16 @@ def test_recipe_runs_end_to_end_and_keeps_composition_out_of_training(tmp_path, 
     assert demos and not composition & set(demos)
     rl_rows = (tmp_path / "reach-sft-rl" / "rl" / "metrics.csv").read_text().splitlines()
     assert "eval/composition/success" not in rl_rows[0]  # training never evaluated a test split
-    # Relaunching continues (here: reuses) the finished stages and reproduces the figures.
+    # Relaunching continues (here: reuses) the finished stages and their tests, and reproduces the figures.
+    tested = []
+    evaluate = recipe._evaluate
+    monkeypatch.setattr(recipe, "_evaluate", lambda run_dir, *a: tested.append(run_dir.name) or evaluate(run_dir, *a))
     again = tmp_path / "again.json"
     assert main([*args[:-1], str(again)]) == 0
-    assert json.loads(again.read_text())["results"] == report["results"]
+    assert json.loads(again.read_text())["results"] == report["results"] and tested == []
+    # Other test settings test both checkpoints again.
+    assert main([*args[:-2], "test.episodes=32", "--json", str(again)]) == 0
+    assert tested == ["sft", "rl"] and json.loads(again.read_text())["results"]["rl"]["train"]["episodes"] == 32
     # The report of two "seeds" (the same run twice): a row per task and one for all, SFT beside RL.
     table = per_task_table([report, report]).splitlines()
     assert [row.split(" | ")[0] for row in table[2:]] == ["| reach", "| **all**"]
