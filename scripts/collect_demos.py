@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cameras", nargs="+", default=None,
                         choices=list(dict.fromkeys(c for suite in sims.suites() for c in suite.cameras)),
                         help="default: the suite's (front; LIBERO: agentview robot0_eye_in_hand)")
+    parser.add_argument("--per-task", type=int, default=None,
+                        help="keep at most this many episodes of each task (few-shot demonstrations; default: no cap)")
     parser.add_argument("--max-steps", type=int, default=None, help="LIBERO: episode limit (default: LIBERO's)")
     parser.add_argument("--episodes-per-file", type=int, default=defaults.episodes_per_file,
                         help="episodes per data parquet and mp4")
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = CollectConfig(task=args.task, episodes=args.episodes, out=args.out, seed=args.seed, noise=args.noise,
                         keep_failures=args.keep_failures, image_size=size, num_envs=args.num_envs,
                         cameras=tuple(cameras), episodes_per_file=args.episodes_per_file, crf=args.crf,
-                        num_threads=args.num_threads, task_weights=weights, max_steps=args.max_steps,
+                        num_threads=args.num_threads, task_weights=weights, max_steps=args.max_steps, per_task=args.per_task,
                         suite_settings=settings)
     try:
         cfg.validate()

@@ -63,6 +63,8 @@ class DemoSettings:
     """Relative weight of each named task among the demonstrations (a task not named weighs 1)."""
     keep_failures: bool = False
     """Keep the episodes the expert failed too (toy runs whose episodes are too short to succeed)."""
+    per_task: int | None = None
+    """At most this many demonstrations of each task (few-shot SFT, e.g. 5; None: no cap)."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first number out of its range (the task weights are checked
@@ -135,6 +137,10 @@ class RecipeConfig:
         if bad := sorted(set(self.test.splits) - set(env_splits(env))):
             raise ConfigError(f"test.splits {bad} are not splits of env.task={env.task}; valid: {', '.join(env_splits(env))}")
         check_task_weights(self.demos.task_weights, env.task, "demos.task_weights")
+        tasks = len(env_suite(env).resolve(env.task))
+        if self.demos.per_task is not None and self.demos.episodes > self.demos.per_task * tasks:
+            raise ConfigError(f"demos.episodes={self.demos.episodes} is more than demos.per_task={self.demos.per_task} "
+                              f"x the {tasks} task(s) of {env.task}: lower demos.episodes or raise demos.per_task")
         if env_suite(env).protocol.fixed_states and self.test.episodes % self.test.num_envs:
             raise ConfigError(f"test.num_envs={self.test.num_envs} must divide test.episodes={self.test.episodes} "
                               f"({env_suite(env).name}'s protocol plays each fixed initial state once per task)")
@@ -176,7 +182,7 @@ def _stage_dicts(recipe: RecipeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 RECIPE_RANGES: dict[str, Range] = {
-    "seed": Range(0, 2**31 - 1), "demos.episodes": AT_LEAST_1, "demos.num_envs": AT_LEAST_1,
+    "seed": Range(0, 2**31 - 1), "demos.episodes": AT_LEAST_1, "demos.num_envs": AT_LEAST_1, "demos.per_task": AT_LEAST_1,
     "test.episodes": AT_LEAST_1, "test.num_envs": AT_LEAST_1,
 }
 """Valid ranges of the recipe's own numbers (any other, e.g. ``demos.noise``: finite and >= 0)."""
@@ -333,7 +339,7 @@ def run_recipe(recipe: RecipeConfig, on_stage: Callable[[dict[str, Any]], None] 
         collect_demos(CollectConfig(task=env.task, episodes=recipe.demos.episodes, out=demos, seed=recipe.seed,
                                     noise=recipe.demos.noise, image_size=frames.height,
                                     num_envs=recipe.demos.num_envs, cameras=tuple(frames.cameras),
-                                    task_weights=recipe.demos.task_weights, keep_failures=recipe.demos.keep_failures,
+                                    task_weights=recipe.demos.task_weights, keep_failures=recipe.demos.keep_failures, per_task=recipe.demos.per_task,
                                     suite_settings=dict(env.suite)))
         walls["demos"] = time.perf_counter() - t
     results: dict[str, Any] = {}

@@ -189,6 +189,16 @@ def test_task_weights_choose_which_tasks_are_demonstrated(tmp_path):
         CollectConfig(task_weights=dict.fromkeys(T.TASK_NAMES, 0.0), out=tmp_path / "x").validate()
 
 
+def test_per_task_caps_each_tasks_demonstrations(tmp_path):
+    info = _collect(tmp_path / "f", episodes=len(T.TASK_NAMES), image_size=16, per_task=1)
+    table = pq.read_table(tmp_path / "f/data/chunk-000/file-000.parquet").to_pydict()
+    task_of = {e: int(np.ravel(t)[0]) for e, t in zip(table["episode_index"], table["sims.task_index"])}
+    assert sorted(task_of.values()) == list(range(len(T.TASK_NAMES)))  # one episode of each task
+    assert info["source"]["per_task"] == 1 and info["source"]["succeeded"] >= info["source"]["kept"] == 6
+    with pytest.raises(ValueError, match=r"episodes=7 with per_task=1 over the 6 task\(s\) of suite"):
+        CollectConfig(per_task=1, episodes=7, out=tmp_path / "x").validate()
+
+
 def _break(root: Path, change: str) -> None:
     info_path = root / "meta/info.json"
     info = json.loads(info_path.read_text())

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from sims import tasks as T
+from vla_rl import recipe
 from vla_rl.config import CONFIG_DIR, ConfigError
 from vla_rl.demos.reader import read_tasks
-from vla_rl import recipe
 from vla_rl.recipe import load_recipe
 from vla_rl.recipe_table import per_task_table, summary
 
@@ -62,6 +62,10 @@ def test_recipe_config_errors_before_anything_runs(tmp_path):
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["test.splits=[validation]", f"out_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"recipe stage rl: .*ppo\.optim\.lr=-1"):
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["rl.ppo.optim.lr=-1", f"out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"demos\.episodes=60 is more than demos\.per_task=5 x the 1 task\(s\) of reach"):
+        load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["demos.per_task=5", "demos.episodes=60", f"out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"demos\.per_task=0"):
+        load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["demos.per_task=0", f"out_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"demos\.task_weights: task weights name \['push'\], not tasks of 'reach'"):
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["demos.task_weights.push=3", f"out_dir={tmp_path}"])
     # An override changes one task's weight and keeps the config's others (suite_sft_rl.yaml: push 2, stack 2).

@@ -70,6 +70,9 @@ class CollectConfig:
     task_weights: dict[str, float] = field(default_factory=dict)
     """Relative weight of each named task when a suite samples episodes (a task not named weighs 1;
     empty: uniform), e.g. ``{"push": 3, "stack": 3}`` for more demonstrations of those two."""
+    per_task: int | None = None
+    """At most this many kept episodes of each task (few-shot demonstrations, e.g. 5 per task; None: no cap, the
+    episodes fall to the tasks as their environments finish them). ``episodes`` must fit: at most per_task x tasks."""
     max_steps: int | None = None
     """The episode limit in control steps, for a suite with one (LIBERO; None: the suite's own)."""
     suite_settings: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +94,10 @@ class CollectConfig:
         if unknown := sorted(set(self.suite_settings) - set(sims.suite_settings(suite.config))):
             raise ValueError(f"suite_settings has unknown key(s) {unknown}; the {suite.name} suite's settings: "
                              f"{', '.join(sims.suite_settings(suite.config))}")
+        if self.per_task is not None and not 1 <= self.episodes <= self.per_task * len(suite.resolve(self.task)):
+            raise ValueError(f"episodes={self.episodes} with per_task={self.per_task} over the "
+                             f"{len(suite.resolve(self.task))} task(s) of {self.task}: set episodes to at most "
+                             f"per_task x tasks (and per_task >= 1)")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps}; it must be at least 1 (or None: the suite's limit)")
         if not self.cameras or set(self.cameras) - set(suite.cameras):
@@ -164,6 +171,7 @@ def _record(env: ArrayVectorEnv, expert: Expert, writer: LeRobotWriter, cfg: Col
     ended = np.zeros(env.num_envs, bool)  # episodes over, not recorded until the expert restarts them
     env_episode = np.zeros(env.num_envs, np.int64)
     counts = {"attempted": 0, "succeeded": 0, "kept": 0}
+    kept_of_task: dict[int, int] = {}
     obs = env.reset_arrays(seed=cfg.seed)
     expert.reset()
     while counts["kept"] < cfg.episodes:
@@ -179,7 +187,10 @@ def _record(env: ArrayVectorEnv, expert: Expert, writer: LeRobotWriter, cfg: Col
             ended[i] = True
             counts["attempted"] += 1
             counts["succeeded"] += success
-            if (success or cfg.keep_failures) and counts["kept"] < cfg.episodes:
+            task = int(steps[i][0]["sims.task_index"][0])
+            room = cfg.per_task is None or kept_of_task.get(task, 0) < cfg.per_task
+            if (success or cfg.keep_failures) and counts["kept"] < cfg.episodes and room:
+                kept_of_task[task] = kept_of_task.get(task, 0) + 1
                 extra = {"sims/env_index": int(i), "sims/env_episode": int(env_episode[i]), **env.episode_tags(i),
                          "sims/success": success}
                 _add_episode(writer, steps[i], env.config.render.cameras, extra)
