@@ -3,6 +3,8 @@
 import os
 from pathlib import Path
 
+import pytest
+
 # Set before Ray, MuJoCo or any hub client is imported by a test module.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -45,3 +47,23 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS)
+
+
+@pytest.fixture
+def script(monkeypatch):
+    """``script(name)``: the module ``scripts/<name>.py``, loaded by path (its ``main(argv)`` runs it in process),
+    with ``scripts/`` on ``sys.path`` as ``python scripts/<name>.py`` has it (its sibling ``bench_report``)."""
+    import importlib.util
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))
+
+    def load(name: str):
+        path = scripts / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"{name}_script", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -192,12 +192,8 @@ class RunLog:
             if panel.fraction:
                 ax.set_ylim(-0.02, 1.02)
         fig.suptitle(title or self.run_dir.name)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100)
-        plt.close(fig)
         path = self.run_dir / CURVES
-        write_atomic(path, buf.getvalue())
+        write_atomic(path, _png(fig))
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
@@ -257,3 +253,57 @@ def upscale(frame: np.ndarray, min_size: int = 256) -> np.ndarray:
     big = frame.repeat(factor, axis=0).repeat(factor, axis=1) if factor > 1 else frame  # repeat(1) still copies
     h, w = big.shape[0] - big.shape[0] % 16, big.shape[1] - big.shape[1] % 16
     return np.ascontiguousarray(big[:h, :w])
+
+
+
+def _png(fig: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def run_curve(rows: list[dict[str, float]], key: str, x: str, window: int = 1) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(xs, ys, sparse)`` of metric ``key`` against ``x`` over a run's ``rows`` (:func:`read_metrics`). ``sparse``: the
+    metric is in fewer than half the rows (an evaluation), drawn as it is; otherwise ``ys`` is the mean of the
+    metric's last ``window`` values at each point (a per-iteration metric, e.g. the training episodes' success)."""
+    points = [(r[x], r[key]) for r in rows if key in r and x in r]
+    if not points:
+        return np.zeros(0), np.zeros(0), True
+    xs, ys = (np.array(v) for v in zip(*points, strict=True))
+    sparse = 2 * len(points) < len(rows)
+    if not sparse and window > 1:
+        ys = np.array([ys[max(0, k - window + 1):k + 1].mean() for k in range(len(ys))])
+    return xs, ys, sparse
+
+
+def plot_runs(runs: dict[str, Path], metrics: list[str], xs: list[str], window: int = 1, title: str = "") -> bytes:
+    """PNG bytes of ``metrics`` (one row of panels each) of several runs (``label -> run dir``) against each key of
+    ``xs`` (e.g. ``env_steps``, ``wall_time``), one line per run (:func:`run_curve`: evaluations with markers,
+    per-iteration metrics as running means of ``window``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {label: read_metrics(path) for label, path in runs.items()}
+    fig, axes = plt.subplots(len(metrics), len(xs), figsize=(5.5 * len(xs), 3.6 * len(metrics)), squeeze=False)
+    for i, key in enumerate(metrics):
+        for j, x in enumerate(xs):
+            ax = axes[i][j]
+            for label, table in rows.items():
+                px, py, sparse = run_curve(table, key, x, window)
+                if len(px):
+                    ax.plot(px, py, marker="o" if sparse else None, ms=3,
+                            label=label if sparse or window == 1 else f"{label} (running mean of {window})")
+            ax.set_xlabel(x)
+            ax.set_title(key, fontsize=9)
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=8)
+    fig.suptitle(title)
+    return _png(fig)

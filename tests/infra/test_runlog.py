@@ -5,7 +5,16 @@ from pathlib import Path
 import imageio.v2 as iio
 import numpy as np
 
-from infra.common.runlog import Curves, LogConfig, Panel, RunLog, read_config, read_metrics
+from infra.common.runlog import (
+    Curves,
+    LogConfig,
+    Panel,
+    RunLog,
+    plot_runs,
+    read_config,
+    read_metrics,
+    run_curve,
+)
 
 QUIET = LogConfig(wandb="disabled", progress=False, video=False)
 ONE_PANEL = Curves(x="iteration", x_label="iteration", panels=(Panel("reward", (("reward", "reward"),)),))
@@ -92,3 +101,22 @@ def test_a_video_the_encoder_cannot_write_is_skipped_with_a_line_and_the_run_goe
     monkeypatch.setattr(iio, "mimwrite", real)
     assert run.video(frames, "eval").is_file()
     run.close()
+
+
+def test_runs_side_by_side_running_means_and_evaluations(tmp_path: Path, script) -> None:
+    for name in ("a", "b"):
+        run = RunLog(tmp_path / name, QUIET, 6, {}, TWO_PANELS)
+        for row in _rows(6):
+            run.log(row | ({"eval/v": 0.25} if row["iteration"] % 3 == 0 else {}))
+        run.close()
+    rows = read_metrics(tmp_path / "a")
+    xs, ys, sparse = run_curve(rows, "ret", "env_steps", window=2)  # every row: a running mean
+    assert not sparse and xs.tolist() == [0, 10, 20, 30, 40, 50] and ys.tolist() == [0, -0.5, -1.5, -2.5, -3.5, -4.5]
+    xs, ys, sparse = run_curve(rows, "eval/v", "env_steps", window=2)  # two rows of six: drawn as they are
+    assert sparse and xs.tolist() == [0, 30] and ys.tolist() == [0.25, 0.25]
+    assert run_curve(rows, "missing", "env_steps")[0].size == 0
+    png = plot_runs({"A": tmp_path / "a", "B": tmp_path / "b"}, ["ret", "eval/v"], ["env_steps", "iteration"], 2)
+    assert iio.imread(png).shape[:2] == (720, 1100)  # two metrics x two axes
+    out = tmp_path / "side.png"
+    assert script("plot_runs").main([f"A={tmp_path / 'a'}", "--metrics", "ret", "--png", str(out)]) == 0
+    assert iio.imread(out).shape[:2] == (360, 1100)

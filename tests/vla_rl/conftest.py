@@ -77,23 +77,3 @@ def interrupted_training(monkeypatch):
             monkeypatch.setattr(Trainer, "step", step)
 
     return run
-
-
-@pytest.fixture
-def script(monkeypatch):
-    """``script(name)``: the module ``scripts/<name>.py``, loaded by path (its ``main(argv)`` runs it in process),
-    with ``scripts/`` on ``sys.path`` as ``python scripts/<name>.py`` has it (its sibling ``bench_report``)."""
-    import importlib.util
-    from pathlib import Path
-
-    scripts = Path(__file__).resolve().parents[2] / "scripts"
-    monkeypatch.syspath_prepend(str(scripts))
-
-    def load(name: str):
-        path = scripts / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"{name}_script", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return load
