@@ -260,10 +260,13 @@ TEST_FILE = "test.json"
 """A stage's test results, beside its checkpoints: ``{test, checkpoint, results}``."""
 
 
-def _checkpoint_identity(run_dir: Path) -> str:
+def _checkpoint_identity(run_dir: Path) -> str | None:
     """The stage checkpoint's first bytes, hex: its format's magic and its payload's SHA-256
-    (``infra/common/checkpoint_io.py``)."""
-    with open(run_dir / "checkpoints" / "latest.pt", "rb") as f:
+    (``infra/common/checkpoint_io.py``); None without a checkpoint file."""
+    path = run_dir / "checkpoints" / "latest.pt"
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
         return f.read(len(MAGIC) + DIGEST_BYTES).hex()
 
 
@@ -272,6 +275,8 @@ def _test(run_dir: Path, recipe: RecipeConfig, fixed_states: bool, device: str) 
     checkpoint (a relaunched recipe does not test a finished stage again)."""
     path = run_dir / TEST_FILE
     key = {"test": dataclasses.asdict(recipe.test), "checkpoint": _checkpoint_identity(run_dir)}
+    if key["checkpoint"] is None:  # nothing to tie the results to: not kept
+        return _evaluate(run_dir, recipe, fixed_states, device)
     if path.exists():
         saved = json.loads(path.read_text())
         if {k: saved.get(k) for k in key} == json.loads(json.dumps(key)):
