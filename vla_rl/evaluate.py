@@ -105,7 +105,7 @@ def run_episodes(
         chunk = action.unsqueeze(1) if action.dim() == 2 else action
         last = chunk.shape[1] - 1
         for k in range(chunk.shape[1]):  # step by step: an episode that ends mid-chunk is followed by the next
-            step = env_step(env, chunk[:, k].contiguous(), timer, frames=recording or k == last)
+            step = env_step(env, chunk[:, k].contiguous(), timer, frames=k == last)  # recording: final_frames draws all
             # Episode bookkeeping is the host's: a device env's (warp on a GPU) rewards and flags come here.
             flags = step.select("reward", "terminated", "truncated", "success").to("cpu")
             done = flags["terminated"] | flags["truncated"]
