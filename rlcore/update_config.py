@@ -101,6 +101,11 @@ class GRPOConfig:
     episodes still count as played); with ``max_group_success``, e.g. 0.1 and 0.9. 0: none dropped."""
     max_group_success: float = 1.0
     """Dynamic sampling: a group whose success rate is above this is dropped from the update. 1: none dropped."""
+    min_groups_per_update: int = 0
+    """Dynamic sampling's fill (DAPO samples until its batch is full of kept groups): kept groups are held over
+    successive collections until at least this many have gathered, and the update then takes all of them. No
+    update happens in between, so every held episode comes from the policy being updated. 0: each collection's
+    kept groups are updated on at once, however few."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The clipped update's settings."""
 

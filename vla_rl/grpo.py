@@ -8,8 +8,11 @@ LLM trainer), and the update is PPO's clipped surrogate
 
 Dynamic sampling (DAPO, Yu et al. 2025; SimpleVLA-RL's accuracy filter): with ``grpo.min_group_success`` /
 ``max_group_success`` (e.g. 0.1 / 0.9) a group whose success rate falls outside the band is dropped from
-the update (:func:`rlcore.losses.group_keep_mask`); its episodes still count as played. Dropped groups are
-not replaced by new ones, so the update's batch shrinks; ``grpo/groups_dropped`` logs how many.
+the update (:func:`rlcore.losses.group_keep_mask`); its episodes still count as played; ``grpo/groups_dropped``
+logs how many. By default the update takes whatever a collection kept, however few groups. With
+``grpo.min_groups_per_update`` (DAPO's fill) the kept groups are held until that many have gathered over
+successive collections; the policy does not change meanwhile, so the held episodes stay on-policy. A resumed run
+collects its held groups again (they are not checkpointed: the same policy plays them, only time is lost).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class GRPO(Algorithm):
         self.updater = ClippedUpdate(
             setup.policy, self.cfg.optim, LossWeights(vf_coef=0.0, norm_adv=False), setup.reference
         )
+        self.held: list[TensorDict] = []  # kept groups' steps awaiting the fill (min_groups_per_update)
+        self.held_groups = 0
 
     @staticmethod
     def group_size(cfg: TrainConfig) -> int:
@@ -85,7 +90,22 @@ class GRPO(Algorithm):
         groups = len(returns) // cfg.group_size
         kept = int(keep.sum()) // cfg.group_size
         metrics = {"grpo/groups_kept": float(kept), "grpo/groups_dropped": float(groups - kept)}
-        return Experience(episode_batch(batch, advantage, keep).to(self.device), batch.numel() * chunk, metrics)
+        steps = episode_batch(batch, advantage, keep).to(self.device)
+        if cfg.min_groups_per_update:
+            steps = self._fill(steps, kept)
+            metrics["grpo/groups_held"] = float(self.held_groups)
+        return Experience(steps, batch.numel() * chunk, metrics)
+
+    def _fill(self, steps: TensorDict, kept: int) -> TensorDict:
+        """Hold ``steps`` (``kept`` groups) until ``min_groups_per_update`` groups have gathered; returns all the
+        held steps once they have (and holds nothing more), else an empty batch (no update this iteration)."""
+        self.held.append(steps)
+        self.held_groups += kept
+        if self.held_groups < self.cfg.min_groups_per_update:
+            return steps[:0]
+        steps = torch.cat(self.held)
+        self.held, self.held_groups = [], 0
+        return steps
 
     def update(self, batch: TensorDict) -> dict[str, float]:
         """Clipped surrogate (and auxiliary losses) over minibatch epochs; no step when dynamic sampling

@@ -39,7 +39,7 @@ TINY = ["demos.episodes=2", "demos.num_envs=2", "demos.keep_failures=true", "dem
         "rl.ppo.optim.rollout_temperature=1.5", "test.episodes=2", "test.num_envs=2"]
 GRPO = ["rl.algo=grpo", "rl.grpo.group_size=2", "rl.grpo.min_group_success=0.1", "rl.grpo.max_group_success=0.9",
         "rl.grpo.optim.num_minibatches=1", "rl.grpo.optim.clip_coef_high=0.28", "rl.grpo.optim.rollout_temperature=1.5",
-        "rl.total_env_steps=16"]
+        "rl.grpo.min_groups_per_update=2", "rl.total_env_steps=16"]
 
 
 def _rows(run_dir) -> list[dict[str, float]]:
@@ -49,8 +49,9 @@ def _rows(run_dir) -> list[dict[str, float]]:
 
 
 def _grpo_from_the_sft_checkpoint(out_dir) -> None:
-    """GRPO with dynamic sampling, clip-higher and a rollout temperature from the recipe's SFT checkpoint: the
-    3-step episodes never succeed, so every group falls below the band, is dropped, and no step is taken."""
+    """GRPO with dynamic sampling (and its fill), clip-higher and a rollout temperature from the recipe's SFT
+    checkpoint: the 3-step episodes never succeed, so every group falls below the band, is dropped, and no step is
+    taken."""
     from vla_rl.checkpoint import load_checkpoint
     from vla_rl.recipe import load_recipe, stage_configs
     from vla_rl.trainer import Trainer
@@ -67,7 +68,8 @@ def _grpo_from_the_sft_checkpoint(out_dir) -> None:
     assert {which: env.config.split for which, env in trainer.eval_envs.items()} == {"validation": "validation"}
     rows = [r for r in _rows(trainer.run_dir) if "grpo/groups_dropped" in r]
     assert len(rows) == 2 and all(r["episode_success"] == 0.0 for r in rows)  # the premise
-    assert all((r["grpo/groups_kept"], r["grpo/groups_dropped"], r["minibatch_steps"]) == (0.0, 1.0, 0.0) for r in rows)
+    assert all((r["grpo/groups_kept"], r["grpo/groups_dropped"], r["grpo/groups_held"], r["minibatch_steps"])
+               == (0.0, 1.0, 0.0, 0.0) for r in rows)
     sft, grpo = load_checkpoint(out_dir / recipe.name / "sft")["policy"], trainer.policy.state_dict()
     sft["head.log_std"] = torch.full_like(sft["head.log_std"], cfg.init_log_std)  # RL's exploration noise, set at load
     moved = [k for k in grpo if not torch.equal(grpo[k], sft[k]) and "norm" not in k]  # statistics still update

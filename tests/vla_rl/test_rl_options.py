@@ -169,6 +169,42 @@ def test_dynamic_sampling_that_drops_every_group_takes_no_step(tmp_path):
     assert all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in before.items())
 
 
+def test_the_fill_holds_kept_groups_until_enough_then_updates_on_all_of_them(tmp_path):
+    trainer = Trainer(_grpo(tmp_path, min_group_success=0.1, max_group_success=0.9, min_groups_per_update=3))
+    sampled = trainer.policy.act
+    leaders = (torch.arange(NUM_ENVS) % GROUP == 0) & (torch.arange(NUM_ENVS) // GROUP < 2)  # groups 0, 1: one reaches
+
+    def reaching(obs, deterministic=False):
+        out = sampled(obs, deterministic)
+        scripted = torch.cat([(obs["state"][:, :3] / 0.03).clamp(-1, 1), -torch.ones(len(obs), 1)], 1)
+        out["action"][leaders] = scripted[leaders]
+        return out
+
+    trainer.policy.act = reaching
+    kept_steps = []
+    collect = trainer.collector.collect_episodes
+
+    def recording(*args, **kwargs):
+        batch, returns, success = collect(*args, **kwargs)
+        kept_steps.append(int(batch["alive"][:, group_keep_mask(success, GROUP, 0.1, 0.9)].sum()))
+        return batch, returns, success
+
+    trainer.collector.collect_episodes = recording
+    before = copy.deepcopy(trainer.policy.state_dict())
+    first = trainer.step()
+    unchanged = all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in before.items())
+    second = trainer.step()
+    trainer.close()
+    assert first["grpo/groups_kept"] == 2.0 and second["grpo/groups_kept"] >= 1.0  # the premise
+    # Two groups are fewer than three: held, no step, the policy that collected them unchanged.
+    assert (first["grpo/groups_held"], first["minibatch_steps"], first["samples_per_s"]) == (2.0, 0.0, 0.0)
+    assert unchanged
+    # Once three or more have gathered, one update over every held step of both collections.
+    assert second["grpo/groups_held"] == 0.0 and second["minibatch_steps"] == 1.0
+    assert second["samples_per_s"] * second["time/iteration"] == pytest.approx(sum(kept_steps))
+    assert any(not torch.equal(v, trainer.policy.state_dict()[k]) for k, v in before.items())
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["algo=sft", "sft.dataset=x", "sft.optim.rollout_temperature=2"],
      r"^sft\.optim\.rollout_temperature acts in the clipped RL update \(algo=ppo or grpo\); leave it at 1\.0"),
