@@ -13,6 +13,9 @@ hard ``env.reset()``, and records
   fixtures (``fixtures`` [F], root body names: cabinets, stoves, racks, ...) stands in that start;
   LIBERO moves them per reset in ``model.body_pos`` / ``body_quat``, which
   :meth:`sims.libero.sim.LiberoSim.place_fixtures` writes per simulation;
+- ``arm_noise``: the std of the Gaussian noise on each arm joint (:data:`ARM_NOISE`, robosuite's "default"
+  initialisation noise, which ``BDDLBaseDomain`` asks for and LIBERO's fixed states show: their arm joints spread
+  by 0.02 rad); a file without it was written without the noise and is stale (:func:`stale_starts`);
 
 into ``<cache>/<suite>/<index>/region_starts.npz``. Start ``k`` comes from seed ``k`` and numpy's
 legacy Mersenne Twister, whose stream numpy keeps identical on every platform and version, with the
@@ -25,7 +28,7 @@ episode saw; :func:`draw` picks an episode's start in its split's pool from ``(s
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +44,8 @@ DEFAULT_COUNT = 200
 #: the ``train`` split's (a fifth held out, as many as the validation episodes of a run need).
 VALIDATION_EVERY = 5
 REGION_SPLITS = ("train", "validation")
+#: Std (rad) of robosuite's "default" Gaussian initialisation noise on each arm joint, in every region start.
+ARM_NOISE = 0.02
 
 
 @dataclass(frozen=True)
@@ -71,16 +76,30 @@ def starts_path(task_id: str, cache: str | os.PathLike | None = None) -> Path:
     return cache_dir(cache) / suite / str(index) / FILE
 
 
+def stale_starts(starts: Mapping[str, np.ndarray]) -> bool:
+    """Whether a loaded :data:`FILE` was written without robosuite's arm noise of :data:`ARM_NOISE` (by an earlier
+    sampler: every start at one arm pose, unlike LIBERO's training distribution)."""
+    return "arm_noise" not in starts or float(starts["arm_noise"]) != ARM_NOISE
+
+
+def _usable(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with np.load(path) as f:
+        return not stale_starts(f)
+
+
 def missing_region_starts(task_ids: Sequence[str], cache: str | os.PathLike | None = None) -> str:
-    """A one-line error naming the tasks of ``task_ids`` whose region starts are not cached, their missing files and
-    the command that writes them; "" when every task has them."""
-    missing = [t for t in task_ids if not starts_path(t, cache).is_file()]
+    """A one-line error naming the tasks of ``task_ids`` whose region starts are not cached (or are stale: no arm
+    noise), their files and the command that writes them; "" when every task has them."""
+    missing = [t for t in task_ids if not _usable(starts_path(t, cache))]
     if not missing:
         return ""
     files = ", ".join(str(starts_path(t, cache)) for t in missing)
     where = "" if cache is None else f" --cache {cache}"
-    return (f"no region-sampled starts for {' '.join(missing)} ({files} missing); write them with python "
-            f"scripts/setup_libero.py --tasks {' '.join(missing)} --region-starts {DEFAULT_COUNT}{where}")
+    return (f"no current region-sampled starts for {' '.join(missing)} ({files} missing, or written without LIBERO's "
+            f"arm noise); write them with python scripts/setup_libero.py --tasks {' '.join(missing)} --region-starts "
+            f"{DEFAULT_COUNT}{where}")
 
 
 def load_region_starts(task_id: str, cache: str | os.PathLike | None = None) -> RegionStarts:

@@ -22,7 +22,7 @@ from sims.libero.osc import OscController
 from sims.libero.regions import FILE as REGION_FILE
 from sims.libero.scene import load_lan, load_task
 from sims.libero.sim import LiberoSim, libero_render_config
-from sims.libero.suites import resolve_libero_task
+from sims.libero.suites import cache_dir, resolve_libero_task
 from sims.libero.toolchain.install import ensure_lan, ensure_tasks, export_lan
 from sims.libero.toolchain.region_starts import ensure_region_starts
 from sims.libero.vec_env import (
@@ -350,9 +350,9 @@ def test_missing_region_starts_fail_the_config_check_naming_the_command(cached, 
     for f in source.iterdir():
         if f.name != REGION_FILE:
             os.symlink(f, folder / f.name)
-    want = (rf"^starts=regions: no region-sampled starts for spatial/0 \({re.escape(str(folder / REGION_FILE))} "
-            rf"missing\); write them with python scripts/setup_libero.py --tasks spatial/0 --region-starts 200 "
-            rf"--cache {re.escape(str(tmp_path))}$")
+    want = (rf"^starts=regions: no current region-sampled starts for spatial/0 \({re.escape(str(folder / REGION_FILE))} "
+            rf"missing, or written without LIBERO's arm noise\); write them with python scripts/setup_libero.py --tasks "
+            rf"spatial/0 --region-starts 200 --cache {re.escape(str(tmp_path))}$")
     overrides = ["env.task=libero_spatial/0", "env.suite.starts=regions", f"env.suite.cache={tmp_path}"]
     with pytest.raises(ConfigError, match=want):
         load_config(CONFIG_DIR / "libero.yaml", overrides).check(envs_here=False)
@@ -363,5 +363,20 @@ def test_missing_region_starts_fail_the_config_check_naming_the_command(cached, 
     suite = sims.suite_of("libero_spatial/0")
     assert suite.missing_files("libero_spatial/0", False, {**settings, "starts": "jitter"}) == ""
     ensure_region_starts(["spatial/0"], 5)
+    # A file an earlier sampler wrote (every arm at one pose, no arm_noise field) is stale: refused alike, then
+    # rewritten by the setup at its own size.
+    with np.load(source / REGION_FILE) as f:
+        current = {k: f[k] for k in f.files}
+    np.savez(folder / REGION_FILE, **{k: v[:3] if k.startswith(("states", "fixture_")) else v
+                                      for k, v in current.items() if k != "arm_noise"})
+    with pytest.raises(ConfigError, match=want):
+        load_config(CONFIG_DIR / "libero.yaml", overrides).check(envs_here=False)
+    os.symlink(cache_dir() / "toolchain", tmp_path / "toolchain")  # the installed one, not a second install
+    assert ensure_region_starts(["spatial/0"], 2, tmp_path) == ["spatial/0"]
+    with np.load(folder / REGION_FILE) as f:
+        np.testing.assert_array_equal(f["states"], current["states"][:3])  # the same seeds, now with the arm noise
+        assert float(f["arm_noise"]) == 0.02
+    assert suite.missing_files("libero_spatial/0", False, settings) == ""
+    os.remove(folder / REGION_FILE)
     os.symlink(source / REGION_FILE, folder / REGION_FILE)
     assert suite.missing_files("libero_spatial/0", False, settings) == ""

@@ -1,6 +1,7 @@
 """Starts from LIBERO's own placement rules (sims.libero.regions): they differ from every fixed state, the
-fixtures move between them, the same seed gives the same start in another process with other hash seeds and
-thread counts, and an env with ``starts=regions`` stands its fixtures where each start put them. The train and
+fixtures move between them, the arm starts with the fixed states' noise, the same seed gives the same start in
+another process with other hash seeds and thread counts, and an env with ``starts=regions`` stands its fixtures
+where each start put them. The train and
 validation splits draw from disjoint starts, the fixed-state splits from none (tests/vla_rl/test_libero_recipe.py:
 the demonstrations come from the train split's, in the env the recipe trains in)."""
 
@@ -36,9 +37,13 @@ def starts():
 def test_region_starts_differ_from_every_fixed_state_and_move_the_fixtures(starts):
     fixed = load_task(TASK).init_states
     assert starts.states.shape[1] == fixed.shape[1] and starts.count >= COUNT
-    arm = slice(1, 10)  # time, then the arm and fingers: LIBERO's reset puts the robot at its initial posture
-    objects = np.ones(fixed.shape[1], bool)
-    objects[:arm.stop] = False
+    arm, fingers = slice(1, 8), slice(8, 10)  # after the time: LIBERO's reset puts the robot at its initial posture
+    objects = np.ones(fixed.shape[1], bool)  # plus robosuite's arm noise (std 0.02 rad a joint), as in the fixed states
+    objects[:fingers.stop] = False
+    posture = fixed[:, arm].mean(0)
+    for states in (fixed, starts.states):
+        assert 0.01 < (states[:, arm] - posture).std() < 0.03
+        assert np.ptp(states[:, fingers], axis=0).max() == 0.0
     gap = np.abs(starts.states[:, None, objects] - fixed[None, :, objects]).max(-1)  # [K, 50]
     assert gap.min() > 1e-3  # no start is a fixed state
     assert set(starts.fixtures) == {"flat_stove_1_main", "wooden_cabinet_1_main"}

@@ -18,43 +18,45 @@ from typing import Any
 import numpy as np
 
 from infra.common.files import atomic_path
-from sims.libero.regions import DEFAULT_COUNT, FILE
+from sims.libero.regions import ARM_NOISE, DEFAULT_COUNT, FILE, stale_starts
 from sims.libero.suites import LIBERO_SUITE, cache_dir, parse_task_id
 from sims.libero.toolchain.install import ensure_tasks, ensure_toolchain
 
 
 def ensure_region_starts(task_ids: list[str], count: int = DEFAULT_COUNT,
                          cache: str | os.PathLike | None = None) -> list[str]:
-    """Write ``count`` region-sampled starts for each task of ``task_ids`` lacking that many (the task exported
-    first if needed). Returns the ids written.
+    """Write ``count`` region-sampled starts for each task of ``task_ids`` lacking that many, or whose file is stale
+    (:func:`sims.libero.regions.stale_starts`; the task exported first if needed). Returns the ids written.
 
     Raises:
         RuntimeError: LIBERO's sampler failed in the toolchain process (the message names the task).
     """
     root = cache_dir(cache)
     ensure_tasks(task_ids, root)
-    todo = []
+    todo: dict[str, int] = {}
     for spec in task_ids:
         suite, index = parse_task_id(spec)
         path = root / suite / str(index) / FILE
+        have = 0
         if path.is_file():
             with np.load(path) as f:
-                if len(f["states"]) >= count:
+                if not stale_starts(f) and len(f["states"]) >= count:
                     continue
-        todo.append(f"{suite}/{index}")
+                have = len(f["states"])
+        todo[f"{suite}/{index}"] = max(count, have)  # a stale file is rewritten at its own size if larger
     if not todo:
         return []
     site = ensure_toolchain(root)
     repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]),
            "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "NUMBA_CACHE_DIR": str(root / "numba-cache")}
-    for task_id in todo:
+    for task_id, n in todo.items():
         proc = subprocess.run([sys.executable, "-m", "sims.libero.toolchain.region_starts", "--cache", str(root), "--count",
-                               str(count), task_id], env=env, capture_output=True, text=True)
+                               str(n), task_id], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"sampling LIBERO's region starts of {task_id} failed ({last})")
-    return todo
+    return list(todo)
 
 
 def sample_task(suite: str, index: int, count: int, cache: Path) -> dict[str, Any]:
@@ -66,8 +68,10 @@ def sample_task(suite: str, index: int, count: int, cache: Path) -> dict[str, An
     start = time.perf_counter()
     task = benchmark.get_benchmark_dict()[LIBERO_SUITE[suite]]().get_task(index)
     bddl = Path(get_libero_path("bddl_files")) / task.problem_folder / task.bddl_file
+    # "default": robosuite's Gaussian noise of std ARM_NOISE on every arm joint, BDDLBaseDomain's default (the one
+    # LIBERO's fixed states show); ControlEnv's own default (None) would start every episode at one arm pose.
     env = ControlEnv(bddl_file_name=str(bddl), camera_names=[], use_camera_obs=False, has_offscreen_renderer=False,
-                     control_freq=20)
+                     control_freq=20, initialization_noise="default")
     fixtures = tuple(sorted(obj.root_body for obj in env.env.fixtures_dict.values()))
     states, pos, quat = [], [], []
     for seed in range(count):
@@ -81,7 +85,7 @@ def sample_task(suite: str, index: int, count: int, cache: Path) -> dict[str, An
     env.close()
     with atomic_path(cache / suite / str(index) / FILE) as tmp:
         np.savez_compressed(tmp, states=np.stack(states), fixtures=np.array(fixtures, dtype=str),
-                            fixture_pos=np.stack(pos), fixture_quat=np.stack(quat))
+                            fixture_pos=np.stack(pos), fixture_quat=np.stack(quat), arm_noise=np.float64(ARM_NOISE))
     return {"task": f"{suite}/{index}", "starts": count, "fixtures": list(fixtures),
             "seconds": round(time.perf_counter() - start, 1)}
 
