@@ -1,4 +1,5 @@
-"""Small threads for the shared CI machine, and a bounded wait for conditions other processes make true."""
+"""Small threads for the shared CI machine, a bounded wait for conditions other processes make true, and a reach
+policy that succeeds where a test asks."""
 
 import contextlib
 import os
@@ -77,3 +78,22 @@ def interrupted_training(monkeypatch):
             monkeypatch.setattr(Trainer, "step", step)
 
     return run
+
+
+@pytest.fixture
+def scripted_reach():
+    """``scripted_reach(trainer, envs)``: the trainer's policy heads straight for the goal (and succeeds) in the
+    environments of the bool mask ``envs`` [N], and samples as before in the others (reach, state observations)."""
+
+    def script(trainer, envs: torch.Tensor) -> None:
+        sampled = trainer.policy.act
+
+        def act(obs, deterministic=False):
+            out = sampled(obs, deterministic)
+            scripted = torch.cat([(obs["state"][:, :3] / 0.03).clamp(-1, 1), -torch.ones(len(obs), 1)], 1)
+            out["action"][envs] = scripted[envs]
+            return out
+
+        trainer.policy.act = act
+
+    return script

@@ -11,7 +11,7 @@ GROUP = 4
 NUM_ENVS = 16
 
 
-def test_group_members_share_initial_state_and_instruction_every_iteration(tmp_path):
+def test_group_members_share_initial_state_and_instruction_every_iteration(tmp_path, scripted_reach):
     cfg = build_config({
         "out_dir": str(tmp_path), "name": "grpo", "algo": "grpo", "seed": 1, "total_env_steps": 10**9,
         "env": {"kind": "sims", "task": "reach", "num_envs": NUM_ENVS, "frames": None,
@@ -21,17 +21,7 @@ def test_group_members_share_initial_state_and_instruction_every_iteration(tmp_p
         "eval": {"every": 0}, "log": {"wandb": "disabled", "progress": False, "video": False},
     })
     trainer = Trainer(cfg)
-    sampled = trainer.policy.act
-    leaders = torch.arange(NUM_ENVS) % GROUP == 0
-
-    def leaders_reach(obs, deterministic=False):
-        # Each group's first member heads for the goal, succeeds and ends its episode early.
-        out = sampled(obs, deterministic)
-        scripted = torch.cat([(obs["state"][:, :3] / 0.03).clamp(-1, 1), -torch.ones(len(obs), 1)], 1)
-        out["action"][leaders] = scripted[leaders]
-        return out
-
-    trainer.policy.act = leaders_reach
+    scripted_reach(trainer, torch.arange(NUM_ENVS) % GROUP == 0)  # each group's first member ends its episode early
     starts, episodes = [], []
     collect = trainer.collector.collect_episodes
 

@@ -117,22 +117,14 @@ def _grpo(tmp_path, **grpo):
     })
 
 
-def test_dynamic_sampling_drops_the_groups_outside_the_band_from_a_real_update(tmp_path):
+def test_dynamic_sampling_drops_the_groups_outside_the_band_from_a_real_update(tmp_path, scripted_reach):
     trainer = Trainer(_grpo(tmp_path, min_group_success=0.1, max_group_success=0.9,
                             optim={"epochs": 1, "num_minibatches": 1, "clip_coef_high": 0.28,
                                    "rollout_temperature": 1.5}))
-    sampled = trainer.policy.act
     scripted_groups = torch.arange(NUM_ENVS) // GROUP
     leaders = (torch.arange(NUM_ENVS) % GROUP == 0) & (scripted_groups < 2)  # groups 0 and 1: one member reaches
     everyone = scripted_groups == 3  # group 3: all members reach
-
-    def reaching(obs, deterministic=False):
-        out = sampled(obs, deterministic)
-        scripted = torch.cat([(obs["state"][:, :3] / 0.03).clamp(-1, 1), -torch.ones(len(obs), 1)], 1)
-        out["action"][leaders | everyone] = scripted[leaders | everyone]
-        return out
-
-    trainer.policy.act = reaching
+    scripted_reach(trainer, leaders | everyone)
     seen = []
     collect = trainer.collector.collect_episodes
 
@@ -169,18 +161,10 @@ def test_dynamic_sampling_that_drops_every_group_takes_no_step(tmp_path):
     assert all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in before.items())
 
 
-def test_the_fill_holds_kept_groups_until_enough_then_updates_on_all_of_them(tmp_path):
+def test_the_fill_holds_kept_groups_until_enough_then_updates_on_all_of_them(tmp_path, scripted_reach):
     trainer = Trainer(_grpo(tmp_path, min_group_success=0.1, max_group_success=0.9, min_groups_per_update=3))
-    sampled = trainer.policy.act
     leaders = (torch.arange(NUM_ENVS) % GROUP == 0) & (torch.arange(NUM_ENVS) // GROUP < 2)  # groups 0, 1: one reaches
-
-    def reaching(obs, deterministic=False):
-        out = sampled(obs, deterministic)
-        scripted = torch.cat([(obs["state"][:, :3] / 0.03).clamp(-1, 1), -torch.ones(len(obs), 1)], 1)
-        out["action"][leaders] = scripted[leaders]
-        return out
-
-    trainer.policy.act = reaching
+    scripted_reach(trainer, leaders)
     kept_steps = []
     collect = trainer.collector.collect_episodes
 
