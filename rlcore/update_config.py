@@ -127,6 +127,7 @@ OPTIM_RANGES: dict[str, Range] = {
 """Valid range of every numeric field of :class:`OptimConfig`."""
 GRPO_RANGES: dict[str, Range] = {
     "group_size": Range(2), "std_eps": POSITIVE, "min_group_success": FRACTION, "max_group_success": FRACTION,
+    "min_groups_per_update": NON_NEGATIVE,
     **{f"optim.{k}": r for k, r in OPTIM_RANGES.items()},
 }
 """Valid range of every numeric field of :class:`GRPOConfig` (dotted keys)."""
