@@ -273,7 +273,7 @@ class ReservationWatch:
     is placed no later than the operation after which no blocker (a gang that ran or drained on T
     when R was made, or such a gang served before G) occupies T. R ends only when G is placed or
     leaves, a node of T is lost, a gang served before G takes the reservation over, or one is
-    placed (taking what R held or the quota G needs).
+    placed or grows (taking what R held or the quota G needs).
     """
 
     def __init__(self, s: Scheduler, priority: dict[str, int], arrival: dict[str, int]) -> None:
@@ -300,7 +300,10 @@ class ReservationWatch:
 
     def _check(self, new) -> None:
         s, res, g = self.s, self.res, self.res.gang
-        placed = [e for e in new if e.kind is EventKind.PLACED and self.before(e.gang, g)]
+        # A gang served before G that is placed, or that grows (an elastic gang's resize adding bundles), may take
+        # what R held or the quota G needs.
+        placed = [e for e in new if (e.kind is EventKind.PLACED or (e.kind is EventKind.RESIZED and e.detail.get("added")))
+                  and self.before(e.gang, g)]
         ahead = {e.gang for e in placed if set(e.detail["nodes"]) & self.nodes}
         self.blockers |= ahead
         if s.reservation is not res:
