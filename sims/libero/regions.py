@@ -106,13 +106,15 @@ def load_region_starts(task_id: str, cache: str | os.PathLike | None = None) -> 
     """The cached region starts of ``task_id``.
 
     Raises:
-        FileNotFoundError: none are cached (the message names the command that writes them).
+        FileNotFoundError: none are cached, or only stale ones (the message names the command that writes them).
     """
-    if message := missing_region_starts([task_id], cache):
-        raise FileNotFoundError(message)
-    with np.load(starts_path(task_id, cache)) as f:
-        return RegionStarts(states=f["states"], fixtures=tuple(str(n) for n in f["fixtures"]),
-                            fixture_pos=f["fixture_pos"], fixture_quat=f["fixture_quat"])
+    path = starts_path(task_id, cache)
+    if path.is_file():  # read once: the staleness check and the starts come from the same open file
+        with np.load(path) as f:
+            if not stale_starts(f):
+                return RegionStarts(states=f["states"], fixtures=tuple(str(n) for n in f["fixtures"]),
+                                    fixture_pos=f["fixture_pos"], fixture_quat=f["fixture_quat"])
+    raise FileNotFoundError(missing_region_starts([task_id], cache))
 
 
 def split_pool(count: int, split: str) -> np.ndarray:
