@@ -52,6 +52,16 @@ ensure_venv() {
     fi
 }
 
+pip_retrying() {
+    local attempt
+    for attempt in 1 2 3; do
+        "$@" && return 0
+        say "pip failed (attempt $attempt of 3); trying again"
+        sleep $((attempt * 10))
+    done
+    return 1
+}
+
 ensure_packages() {
     local stamp="$venv/.setup-stamp-$extras"
     local want
@@ -59,7 +69,10 @@ ensure_packages() {
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
         return 0
     fi
-    local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+    # A dropped connection to the package index should not fail a fresh machine's setup: pip resumes
+    # partial downloads, and the whole install is tried again (it keeps what it already installed).
+    local pip=(pip_retrying "$venv/bin/python" -m pip install -q --disable-pip-version-check
+               --retries 10 --timeout 60 --resume-retries 20)
     if ! command -v nvidia-smi >/dev/null 2>&1 && ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
         say "no NVIDIA GPU: installing the CPU build of torch"
         "${pip[@]}" "torch==2.13.0" || "${pip[@]}" "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
