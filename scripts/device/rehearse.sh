@@ -74,7 +74,30 @@ scratch=${REHEARSE_DIR:-$(mktemp -d)}
 if [[ -z ${REHEARSE_DIR:-} ]]; then trap 'rm -rf "$scratch"' EXIT; fi
 tree=$scratch/tree site=$scratch/site out=$scratch/out stash=$scratch/stash venv=$scratch/venv
 mkdir -p "$tree" "$site" "$out" "$stash"
+build_venv() {  # the GPU machine's packages into $venv (it shares nothing with the transfers, so they build together)
+  local source_of="this disk only" index has
+  [[ -n ${REHEARSE_TORCH:-} ]] && source_of="torch $REHEARSE_TORCH, the package index"
+  echo "rehearse: a fresh virtual environment of $rehearse_python with what the GPU machine has ($source_of)"
+  "$rehearse_python" -m venv "$venv"
+  mapfile -t has < <(sed -e 's/#.*//' -e '/^\s*$/d' "$here/gpu_machine.txt")
+  if [[ -n ${REHEARSE_TORCH:-} ]]; then
+    # The GPU machine's own torch (its CUDA build runs on the CPU too), with everything from the package index.
+    has+=("torch==$REHEARSE_TORCH")
+    index=()
+  else
+    has+=("torch==$("$python" -c "import torch; print(torch.__version__)")")  # the CPU build the tests ran
+    index=(PIP_INDEX_URL=file:///opt/pypi/simple PIP_EXTRA_INDEX_URL=file:///opt/pypi-more/simple)
+  fi
+  if ! env "${index[@]}" "$venv/bin/python" -m pip install -q --only-binary=:all: "${has[@]}"; then
+    echo "rehearse: what the GPU machine has does not install for Python $py_version (no torch wheel for it" \
+         "on this disk?): set REHEARSE_TORCH=2.11.0 to take the GPU machine's torch from the package index," \
+         "or REHEARSE_PYTHON to an interpreter this disk has wheels for (python3.11)"
+    return 1
+  fi
+}
+
 began=$(date +%s)
+build_venv > "$scratch/venv.log" 2>&1 & venv_pid=$!
 echo "rehearse: the tree as a call sends it -> $tree"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tree"
 if [[ -n ${REHEARSE_TRANSFERS:-} ]]; then  # transfers prepare.sh built before (DEST=..., DEVICE_PY=$py_version)
@@ -84,29 +107,11 @@ else
   echo "rehearse: the transfers for Python $py_version"
   DEST=$stash DEVICE_PY=$py_version LIBERO=0 PYTHON=$python bash "$here/prepare.sh"
 fi
-
 echo "rehearse: the tree and the transfers in $(( $(date +%s) - began )) s"
-source_of="this disk only"; [[ -n ${REHEARSE_TORCH:-} ]] && source_of="torch $REHEARSE_TORCH, the package index"
-echo "rehearse: a fresh virtual environment of $rehearse_python with what the GPU machine has ($source_of)"
-venv_began=$(date +%s)
-"$rehearse_python" -m venv "$venv"
-mapfile -t has < <(sed -e 's/#.*//' -e '/^\s*$/d' "$here/gpu_machine.txt")
-if [[ -n ${REHEARSE_TORCH:-} ]]; then
-  # The GPU machine's own torch (its CUDA build runs on the CPU too), with everything from the package index.
-  has+=("torch==$REHEARSE_TORCH")
-  index=()
-else
-  has+=("torch==$("$python" -c "import torch; print(torch.__version__)")")  # the CPU build the tests ran
-  index=(PIP_INDEX_URL=file:///opt/pypi/simple PIP_EXTRA_INDEX_URL=file:///opt/pypi-more/simple)
-fi
-if ! env "${index[@]}" "$venv/bin/python" -m pip install -q --only-binary=:all: "${has[@]}"; then
-  echo "rehearse: what the GPU machine has does not install for Python $py_version (no torch wheel for it" \
-       "on this disk?): set REHEARSE_TORCH=2.11.0 to take the GPU machine's torch from the package index," \
-       "or REHEARSE_PYTHON to an interpreter this disk has wheels for (python3.11)" >&2
-  exit 1
-fi
+if ! wait "$venv_pid"; then cat "$scratch/venv.log" >&2; exit 1; fi
+cat "$scratch/venv.log"
+echo "rehearse: the transfers and the virtual environment in $(( $(date +%s) - began )) s"
 clang=$("$python" -c "import os, warp; print(os.path.join(os.path.dirname(warp.__file__), 'bin', 'warp-clang.so'))")
-echo "rehearse: the virtual environment in $(( $(date +%s) - venv_began )) s"
 
 call() {  # call N COMMAND...: call N's script with its folders carried, as the device runs it
   local n=$1; shift
