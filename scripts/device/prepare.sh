@@ -3,8 +3,9 @@
 # of at most 64 MiB each with the working tree (which travels with every one):
 #   .dev1/ + .gl/  the cp312 wheels of packages.txt, warp without its core library, imageio-ffmpeg
 #                  without its ffmpeg binary, the core's first piece; NVIDIA's GL loader packages
-#   .dev2/  the core's second piece (warp.so is 299 MB, 78 MB as xz)
-#   .dev3/  imageio-ffmpeg's ffmpeg binary as xz (173 MB, 48 MB as xz): only video needs it; the
+#   .dev2/  the core's second piece (warp.so is 299 MB, 78 MB as xz), the first piece of imageio-ffmpeg's
+#           ffmpeg binary as xz (173 MB, 48 MB as xz; only video needs it)
+#   .dev3/  the ffmpeg binary's second piece; the
 #           recipe's instruction embeddings (no MiniLM there; scripts/device/embed_instructions.py)
 #   .dev4/  the LIBERO Spatial suite's tasks from the task cache, as xz (prepare_libero.sh, run last)
 # Versions are PYTHON's (.venv's), so the GPU runs what the tests ran. Run once here (a few minutes,
@@ -67,7 +68,7 @@ mkdir "$work/ffmpeg" && (cd "$work/ffmpeg" && unzip -q "$work"/imageio_ffmpeg-*.
 binary=$(cd "$work/ffmpeg/imageio_ffmpeg/binaries" && ls ffmpeg-*)
 # The binary is one xz block (one thread): it compresses in the background beside warp's core below, so a cold
 # cache keeps both cores busy.
-xz_cached "$work/ffmpeg/imageio_ffmpeg/binaries/$binary" "$dest/.dev3/ffmpeg.xz" & ffmpeg_xz=$!
+xz_cached "$work/ffmpeg/imageio_ffmpeg/binaries/$binary" "$work/ffmpeg.xz" & ffmpeg_xz=$!
 echo "$binary" > "$dest/.dev3/ffmpeg_name"
 tar -C "$work/ffmpeg" --exclude="imageio_ffmpeg/binaries/$binary" -cJf "$dest/.dev1/imageio_ffmpeg_pkg.tar.xz" \
   imageio_ffmpeg $(cd "$work/ffmpeg" && ls -d imageio_ffmpeg-*.dist-info)
@@ -86,12 +87,17 @@ apt-get "${apt[@]}" update > /dev/null
 mkdir "$work/warp" && (cd "$work/warp" && unzip -q "$work"/warp_lang-*.whl)
 rm -rf "$work/warp/warp/bin/warp-clang.so" "$work/warp/warp/examples"
 xz_cached "$work/warp/warp/bin/warp.so" "$work/warp.so.xz"
-wait "$ffmpeg_xz"
 rm "$work/warp/warp/bin/warp.so"
 tar -C "$work/warp" -cJf "$dest/.dev1/warp_pkg.tar.xz" warp $(cd "$work/warp" && ls -d warp_lang-*.dist-info)
 first=$("$python" -c "print(int((60 - $tree_mib - $(mib "$dest/.dev1" "$dest/.gl")) * 2**20))")
 head -c "$first" "$work/warp.so.xz" > "$dest/.dev1/warp.so.xz.1"
 tail -c +"$((first + 1))" "$work/warp.so.xz" > "$dest/.dev2/warp.so.xz.2"
+# ffmpeg's xz, likewise split: its first piece fills .dev2 up to 59 MiB with the tree (call2 keeps it for call3),
+# so that neither .dev2 nor .dev3 (the embeddings' call) runs close to 64 MiB as the tree grows.
+wait "$ffmpeg_xz"
+first=$("$python" -c "print(max(0, int((59 - $tree_mib - $(mib "$dest/.dev2")) * 2**20)))")
+head -c "$first" "$work/ffmpeg.xz" > "$dest/.dev2/ffmpeg.xz.1"
+tail -c +"$((first + 1))" "$work/ffmpeg.xz" > "$dest/.dev3/ffmpeg.xz.2"
 
 for i in 1 2 3; do cp "$here/call$i.sh" "$here/gpu_env.sh" "$dest/.dev$i/"; done
 status=0

@@ -87,7 +87,8 @@ def test_device_scripts_parse_and_carry_what_each_call_unpacks():
         assert subprocess.run(["bash", "-n", str(DEVICE / script)]).returncode == 0, script
     prepare = (DEVICE / "prepare.sh").read_text()
     prepare_libero = (DEVICE / "prepare_libero.sh").read_text()
-    for made in (".dev1/warp_pkg.tar.xz", ".dev1/warp.so.xz.1", ".dev2/warp.so.xz.2", ".dev3/ffmpeg.xz",
+    for made in (".dev1/warp_pkg.tar.xz", ".dev1/warp.so.xz.1", ".dev2/warp.so.xz.2", ".dev2/ffmpeg.xz.1",
+                 ".dev3/ffmpeg.xz.2",
                  ".dev1/imageio_ffmpeg_pkg.tar.xz", ".dev3/ffmpeg_name", ".dev4/libero_bundle.tar.xz",
                  ".dev3/instruction_embeddings.pt"):
         call = (DEVICE / f"call{made[4]}.sh").read_text()
