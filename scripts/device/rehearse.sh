@@ -2,7 +2,7 @@
 # Replays the GPU machine's device session on this machine's CPU, so that a missing package, a step
 # over the time limit or a transfer over 64 MiB fails here and not in a rare 15-minute lease.
 #
-#   bash scripts/device/rehearse.sh           # the whole sequence (about 15 minutes on 2 cores)
+#   bash scripts/device/rehearse.sh           # the whole sequence (about 10 minutes on 2 cores with a cold xz cache)
 #   bash scripts/device/rehearse.sh --quick   # the fast part (make test runs it): scripts, limits, plan
 #
 # The whole sequence: the working tree as a call sends it (tracked and untracked, not ignored files)
