@@ -63,7 +63,7 @@ for dist in "${dists[@]}"; do
   esac
 done
 
-# imageio-ffmpeg: the package without its binary (.dev1: importing it needs no ffmpeg), the binary as xz (.dev3).
+# imageio-ffmpeg: the package without its binary (.dev1: importing it needs no ffmpeg), the binary as xz (.dev2, .dev3).
 mkdir "$work/ffmpeg" && (cd "$work/ffmpeg" && unzip -q "$work"/imageio_ffmpeg-*.whl)
 binary=$(cd "$work/ffmpeg/imageio_ffmpeg/binaries" && ls ffmpeg-*)
 # The binary is one xz block (one thread): it compresses in the background beside warp's core below, so a cold
