@@ -52,6 +52,13 @@ xz_cached() {  # xz_cached SRC DEST: SRC as xz -9 (minutes on 2 cores), kept by 
 }
 mib() { "$python" -c "import pathlib, sys; print(sum(f.stat().st_size for a in sys.argv[1:] for f in
   ([pathlib.Path(a)] if pathlib.Path(a).is_file() else pathlib.Path(a).rglob('*')) if f.is_file()) / 2**20)" "$@"; }
+split_to_fill() {  # split_to_fill SRC MIB FIRST REST DIR...: SRC's head into FIRST, as many bytes as bring DIR... with
+  # the tree to MIB MiB (none if they are there already), and the rest into REST (the calls join the two with unxz)
+  local first
+  first=$("$python" -c "print(max(0, int(($2 - $tree_mib - $(mib "${@:5}")) * 2**20)))")
+  head -c "$first" "$1" > "$3"
+  tail -c +"$((first + 1))" "$1" > "$4"
+}
 tree_mib=$(git ls-files -co --exclude-standard -z | xargs -0 "$python" -c "import os, sys
 print(sum(os.path.getsize(p) for p in sys.argv[1:] if os.path.isfile(p)) / 2**20)")
 
@@ -89,15 +96,11 @@ rm -rf "$work/warp/warp/bin/warp-clang.so" "$work/warp/warp/examples"
 xz_cached "$work/warp/warp/bin/warp.so" "$work/warp.so.xz"
 rm "$work/warp/warp/bin/warp.so"
 tar -C "$work/warp" -cJf "$dest/.dev1/warp_pkg.tar.xz" warp $(cd "$work/warp" && ls -d warp_lang-*.dist-info)
-first=$("$python" -c "print(int((60 - $tree_mib - $(mib "$dest/.dev1" "$dest/.gl")) * 2**20))")
-head -c "$first" "$work/warp.so.xz" > "$dest/.dev1/warp.so.xz.1"
-tail -c +"$((first + 1))" "$work/warp.so.xz" > "$dest/.dev2/warp.so.xz.2"
+split_to_fill "$work/warp.so.xz" 60 "$dest/.dev1/warp.so.xz.1" "$dest/.dev2/warp.so.xz.2" "$dest/.dev1" "$dest/.gl"
 # ffmpeg's xz, likewise split: its first piece fills .dev2 up to 59 MiB with the tree (call2 keeps it for call3),
 # so that neither .dev2 nor .dev3 (the embeddings' call) runs close to 64 MiB as the tree grows.
 wait "$ffmpeg_xz"
-first=$("$python" -c "print(max(0, int((59 - $tree_mib - $(mib "$dest/.dev2")) * 2**20)))")
-head -c "$first" "$work/ffmpeg.xz" > "$dest/.dev2/ffmpeg.xz.1"
-tail -c +"$((first + 1))" "$work/ffmpeg.xz" > "$dest/.dev3/ffmpeg.xz.2"
+split_to_fill "$work/ffmpeg.xz" 59 "$dest/.dev2/ffmpeg.xz.1" "$dest/.dev3/ffmpeg.xz.2" "$dest/.dev2"
 
 for i in 1 2 3; do cp "$here/call$i.sh" "$here/gpu_env.sh" "$dest/.dev$i/"; done
 status=0
