@@ -285,6 +285,10 @@ def evaluate_checkpoint(
     if templates and check is not None:
         check(cfg.env.task, task, templates)
     env_cfg = dataclasses.replace(cfg.env, task=task) if task and sims_env else cfg.env
+    if "task_weights" in env_cfg.suite:
+        # Every split is tested with its tasks drawn alike: task weights shape a run's training episodes, and kept
+        # here they would give an RL checkpoint's "train" figure another mix of tasks than its SFT start's.
+        env_cfg = dataclasses.replace(env_cfg, suite={k: v for k, v in env_cfg.suite.items() if k != "task_weights"})
     n = cfg.eval.num_envs if num_envs is None else num_envs
     if n < 1:
         raise ValueError(f"num_envs={n} must be at least 1 (None: the run's eval.num_envs)")

@@ -108,3 +108,19 @@ def test_sampled_actions_differ_from_the_mode_and_repeat_for_a_seed(suite_run, t
     assert mode["config"]["actions"] == "mode" and sampled[0]["config"]["actions"] == "sampled"
     assert sampled[0]["results"]["return"] == sampled[1]["results"]["return"]  # seeded: the same draws
     assert sampled[0]["results"]["return"] != mode["results"]["return"]
+
+
+def test_a_run_trained_on_one_task_by_its_weights_is_tested_on_every_task(tmp_path, eval_main):
+    # The run's task weights sample reach alone in training; the test's train split draws the six tasks alike.
+    cfg = load_config(CONFIG_DIR / "default.yaml", [
+        f"out_dir={tmp_path}", "name=weighted", "env.task=suite", "total_env_steps=16", "env.num_envs=2",
+        "env.suite.task_weights={reach: 1, push: 0, lift: 0, stack: 0, press: 0, drawer: 0}",
+        "ppo.rollout_steps=8", "ppo.optim.epochs=1", "ppo.optim.num_minibatches=1", "eval.every=0",
+        "log.wandb=disabled", "log.progress=false", "log.video=false",
+    ])
+    trainer = Trainer(cfg)
+    trainer.train()
+    trainer.close()
+    figures = _run(eval_main, ["--checkpoint", str(tmp_path / "weighted"), "--split", "train", "--episodes", "24",
+                               "--num-envs", "6", "--seed", "2"], tmp_path)
+    assert len(figures["results"]["tasks"]) >= 4, figures["results"]["tasks"]
