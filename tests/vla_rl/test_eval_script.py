@@ -12,19 +12,22 @@ from vla_rl.evaluate import wilson_interval
 from vla_rl.trainer import Trainer
 
 
-@pytest.fixture(scope="module")
-def suite_run(tmp_path_factory):
+def _suite_run(out, name: str, *overrides: str):
     """One PPO iteration of the VLA on the six-task suite (what eval.py reads: a checkpoint and its config)."""
-    out = tmp_path_factory.mktemp("runs")
     cfg = load_config(CONFIG_DIR / "default.yaml", [
-        f"out_dir={out}", "name=suite", "env.task=suite", "total_env_steps=16", "env.num_envs=2",
+        f"out_dir={out}", f"name={name}", "env.task=suite", "total_env_steps=16", "env.num_envs=2",
         "ppo.rollout_steps=8", "ppo.optim.epochs=1", "ppo.optim.num_minibatches=1", "eval.every=0",
-        "log.wandb=disabled", "log.progress=false", "log.video=false",
+        "log.wandb=disabled", "log.progress=false", "log.video=false", *overrides,
     ])
     trainer = Trainer(cfg)
     trainer.train()
     trainer.close()
-    return out / "suite"
+    return out / name
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory):
+    return _suite_run(tmp_path_factory.mktemp("runs"), "suite")
 
 
 @pytest.fixture
@@ -112,15 +115,7 @@ def test_sampled_actions_differ_from_the_mode_and_repeat_for_a_seed(suite_run, t
 
 def test_a_run_trained_on_one_task_by_its_weights_is_tested_on_every_task(tmp_path, eval_main):
     # The run's task weights sample reach alone in training; the test's train split draws the six tasks alike.
-    cfg = load_config(CONFIG_DIR / "default.yaml", [
-        f"out_dir={tmp_path}", "name=weighted", "env.task=suite", "total_env_steps=16", "env.num_envs=2",
-        "env.suite.task_weights={reach: 1, push: 0, lift: 0, stack: 0, press: 0, drawer: 0}",
-        "ppo.rollout_steps=8", "ppo.optim.epochs=1", "ppo.optim.num_minibatches=1", "eval.every=0",
-        "log.wandb=disabled", "log.progress=false", "log.video=false",
-    ])
-    trainer = Trainer(cfg)
-    trainer.train()
-    trainer.close()
-    figures = _run(eval_main, ["--checkpoint", str(tmp_path / "weighted"), "--split", "train", "--episodes", "24",
-                               "--num-envs", "6", "--seed", "2"], tmp_path)
+    run = _suite_run(tmp_path, "weighted", "env.suite.task_weights={reach: 1, push: 0, lift: 0, stack: 0, press: 0, drawer: 0}")
+    figures = _run(eval_main, ["--checkpoint", str(run), "--split", "train", "--episodes", "24", "--num-envs", "6",
+                               "--seed", "2"], tmp_path)
     assert len(figures["results"]["tasks"]) >= 4, figures["results"]["tasks"]
