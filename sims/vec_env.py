@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -217,7 +218,11 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     deferred: DeferredChecks | None = None
     """Set inside :meth:`deferred_checks`: where the action checks of device arrays go."""
     host_done: tuple[np.ndarray, np.ndarray] | None = None
-    """The last step's ``(terminated, truncated)`` bool [N] as the host computed them (None: not kept)."""
+    """The last step's ``(terminated, truncated)`` bool [N] as the host computed them (None: not kept, or not known
+    to the host: inside :meth:`first_episodes`)."""
+    restarts: bool = True
+    """Whether an environment whose episode ends starts its next one in the same step (SAME_STEP autoreset).
+    Off inside :meth:`first_episodes`."""
     timing_sync: Any = None
     """Called before each reading of the render clock (``vla_rl.rollout.Timer``: a device wait), or None."""
     FRAME_KEYS: ClassVar[tuple[str, ...]] = ()
@@ -376,6 +381,41 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"action holds NaN or inf for environments {np.flatnonzero(to_numpy(bad))[:10].tolist()}; "
                              "no environment was stepped — check the policy's outputs")
         return ax.clip(arr, -1.0, 1.0)
+
+    @contextlib.contextmanager
+    def first_episodes(self) -> Iterator[None]:
+        """A block in which no episode restarts (GRPO's collection, which reads each environment's first episode
+        alone, from a reset to its end): an environment whose episode ended keeps stepping it, unread, and
+        nothing is sampled, reset or drawn for a next one. ``terminated`` then stays an array of the env's module
+        and is not read by the host, so with ``terminate_on_success`` on a device backend a step reads nothing
+        back (``host_done`` is None); ``truncated`` still comes from the host's step count."""
+        self.restarts, self.host_done = False, None
+        try:
+            yield
+        finally:
+            self.restarts = True
+
+    def _episode_ends(self, success: Any, max_steps: np.ndarray) -> tuple[Any, Any, np.ndarray]:
+        """A step's episode ends from its ``success`` [N] (the env's module) and each environment's step limit
+        ``max_steps`` (numpy int [N]).
+
+        Returns:
+            ``terminated`` and ``truncated`` (bool [N], the env's module), and the host's mask of the environments
+            to restart now (numpy bool [N]; none inside :meth:`first_episodes`). Where episodes restart, success
+            comes back to the host when it ends episodes (``terminate_on_success``; on a device backend a read
+            per step), and ``host_done`` keeps the host's flags.
+        """
+        ax, n = self._ax, self.num_envs
+        reached = self._steps >= max_steps
+        if not self.restarts:
+            terminated = (ax.astype(success, ax.bool_) if self.config.terminate_on_success
+                          else ax.zeros(n, dtype=ax.bool_))
+            return terminated, ax.asarray(reached) & ~terminated, np.zeros(n, bool)
+        terminated = (to_numpy(success).astype(bool) if self.config.terminate_on_success
+                      else np.zeros(n, bool))
+        truncated = reached & ~terminated
+        self.host_done = (terminated, truncated)  # the collector's, read without touching the device
+        return ax.asarray(terminated), ax.asarray(truncated), terminated | truncated
 
     def deferred_checks(self) -> contextlib.AbstractContextManager:
         """A block whose action and overflow checks of device arrays are read once, at its end
@@ -629,18 +669,16 @@ class SimVectorEnv(ArrayVectorEnv):
         self._steps += 1
         final, shaped, success = self._observe(frames=False)  # frames once the resets are known (_autoreset)
         reward = self._reward(shaped, success)
-        # Episode bookkeeping is the host's (resets sample episodes there): N bools come back.
-        terminated = to_numpy(success).copy() if self.config.terminate_on_success else np.zeros(self.num_envs, bool)
-        truncated = (self._steps >= self._max_steps[self._task]) & ~terminated
-        self.host_done = (terminated, truncated)  # the collector's, read without touching the device
-        obs, final, reset = self._autoreset(final, terminated | truncated)
+        # Episode bookkeeping is the host's (resets sample episodes there): N bools come back where episodes restart.
+        terminated, truncated, done = self._episode_ends(success, self._max_steps[self._task])
+        obs, final, reset = self._autoreset(final, done)
         if reset is not None:  # ``progress`` continues from the new episodes' shaped reward
             rows, fresh_shaped, _ = reset
             shaped = ax.asarray(shaped, copy=True)
             shaped[rows] = fresh_shaped
         self._obs, self._shaped = obs, shaped
         return {"observation": obs, "final_observation": final, "reward": reward,
-                "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
+                "terminated": terminated, "truncated": truncated, "success": success}
 
     def _observe_reset(self) -> None:
         self._obs, self._shaped, _ = self._observe()

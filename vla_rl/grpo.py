@@ -25,6 +25,7 @@ from tensordict import TensorDict
 from rlcore.losses import group_advantages, group_keep_mask
 from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.config import TrainConfig
+from vla_rl.host_syncs import host_side
 from vla_rl.ppo import ClippedUpdate, LossWeights
 from vla_rl.rollout import EpisodeStats, Timer
 
@@ -44,8 +45,8 @@ def episode_batch(batch: TensorDict, advantage: torch.Tensor, keep: torch.Tensor
     batch = batch.clone(False)
     batch["advantage"] = advantage[None].expand(batch.batch_size).clone()
     live = batch["alive"] if keep is None else batch["alive"] & keep.to(batch["alive"].device)[None]
-    flat = batch[live]
-    return flat.select("obs", "action", "log_prob", "advantage")
+    rows = live.reshape(-1).nonzero().squeeze(1)  # one read of the mask; every field then gathers by index
+    return batch.select("obs", "action", "log_prob", "advantage").reshape(-1)[rows]
 
 
 class GRPO(Algorithm):
@@ -82,13 +83,17 @@ class GRPO(Algorithm):
         batch, returns, success = collector.collect_episodes(self.policy, seed, decisions, timer)
         cfg = self.cfg
         advantage = group_advantages(returns, cfg.group_size, cfg.std_eps)
-        keep = group_keep_mask(success.cpu(), cfg.group_size, cfg.min_group_success, cfg.max_group_success)
         chunk = chunk_length(batch["action"], batch.batch_dims)
-        tasks = batch["obs", "task"][0].tolist() if ("obs", "task") in batch.keys(True) else [-1] * len(returns)
-        for ret, alive, succeeded, task in zip(returns, batch["alive"].sum(0), success, tasks):
-            stats.add_episode(float(ret), int(alive) * chunk, bool(succeeded), int(task))
+        task = batch["obs", "task"][0] if ("obs", "task") in batch.keys(True) else torch.full_like(returns, -1)
+        # Each episode's figures come to the host once, together (one device read, not one per episode).
+        host = torch.stack([returns, batch["alive"].sum(0).to(returns.dtype), success.to(returns.dtype),
+                            task.to(returns.dtype)]).cpu()
+        with host_side():
+            keep = group_keep_mask(host[2] > 0.5, cfg.group_size, cfg.min_group_success, cfg.max_group_success)
+            for ret, alive, succeeded, task_index in host.T.tolist():
+                stats.add_episode(ret, int(alive) * chunk, succeeded > 0.5, int(task_index))
+            kept = int(keep.sum()) // cfg.group_size
         groups = len(returns) // cfg.group_size
-        kept = int(keep.sum()) // cfg.group_size
         metrics = {"grpo/groups_kept": float(kept), "grpo/groups_dropped": float(groups - kept)}
         steps = episode_batch(batch, advantage, keep).to(self.device)
         if cfg.min_groups_per_update:

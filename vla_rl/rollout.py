@@ -35,7 +35,10 @@ before uploading them), the validity checks of the device arrays are deferred to
 An env without host flags costs one read per step ("was an episode truncated"). A ``sims`` env renders each
 world once per step when no critic reads the final observations' frames (:func:`frames_for_critic`). Per iteration,
 :func:`account` reads the ``[T, N]`` rewards and flags on the host for episode statistics and
-reward scaling (``vla_rl.host_syncs`` counts these reads).
+reward scaling (``vla_rl.host_syncs`` counts these reads). GRPO's loop (:func:`collect_first_episodes`) runs inside
+the env's ``first_episodes`` (no episode restarts, so success is not read back to decide restarts) and asks
+whether every episode has ended every step on the host, at most :data:`END_CHECKS` times per episode limit on a
+device.
 """
 
 from __future__ import annotations
@@ -636,18 +639,40 @@ def collect_first_episodes(
     if max_decisions is None and not stop_when_ended:
         raise ValueError("stop_when_ended=False needs max_decisions (the episode limit)")
     alive = torch.ones(env.num_envs, dtype=torch.bool, device=buffer_device(env))
+    every = _end_check_interval(env, max_decisions) if stop_when_ended else None
     records = []
-    while (alive.any() or not stop_when_ended) and (max_decisions is None or len(records) < max_decisions):
-        decision = _timed(timer, link.timer_key, link.wait, _timed(timer, link.timer_key, link.ask, 0, obs, None, False))
-        step = env_step(env, decision.action, timer)
-        fields = {"obs": obs, "action": decision.action, "log_prob": decision.log_prob, "reward": step["reward"],
-                  "success": step["success"], "alive": alive.clone()}
-        if decision.version is not None:
-            fields["version"] = torch.full_like(alive, decision.version, dtype=torch.int64)
-        records.append(TensorDict(fields, batch_size=[env.num_envs]))
-        alive &= ~(step["terminated"] | step["truncated"])
-        obs = step["observation"]
+    with contextlib.ExitStack() as scope:
+        timer.sync_env(env)
+        for enter in ("first_episodes", "deferred_checks"):  # no restarts; validity read once, at the end
+            if hasattr(env, enter):
+                scope.enter_context(getattr(env, enter)())
+        while max_decisions is None or len(records) < max_decisions:
+            decision = _timed(timer, link.timer_key, link.wait,
+                              _timed(timer, link.timer_key, link.ask, 0, obs, None, False))
+            step = env_step(env, decision.action, timer)
+            fields = {"obs": obs, "action": decision.action, "log_prob": decision.log_prob, "reward": step["reward"],
+                      "success": step["success"], "alive": alive.clone()}
+            if decision.version is not None:
+                fields["version"] = torch.full_like(alive, decision.version, dtype=torch.int64)
+            records.append(TensorDict(fields, batch_size=[env.num_envs]))
+            alive &= ~(step["terminated"] | step["truncated"])
+            obs = step["observation"]
+            if every is not None and len(records) % every == 0 and not alive.any():
+                break
     return torch.stack(records, dim=0), obs
+
+
+#: How many times per episode limit the GRPO loop asks a device-resident env whether every episode has ended.
+END_CHECKS = 8
+
+
+def _end_check_interval(env: Any, max_decisions: int | None) -> int:
+    """Decisions between the GRPO loop's reads of "has every episode ended": every decision where that read
+    costs nothing (the env's arrays on the host) or no limit is known, else :data:`END_CHECKS` reads per episode
+    limit (each a device sync; at most ``interval - 1`` decisions run past the last end, unread)."""
+    if getattr(env, "device", None) is None or max_decisions is None:
+        return 1
+    return max(1, -(-max_decisions // END_CHECKS))
 
 
 def episode_outcome(batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:

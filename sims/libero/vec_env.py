@@ -58,7 +58,6 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
-from sims.backends import to_numpy
 from sims.deferred import deferred_checks
 from sims.libero import osc
 from sims.libero.paraphrase import INSTRUCTION_MODES, InstructionSampler, check_mode, split_groups
@@ -460,15 +459,12 @@ class LiberoVectorEnv(ArrayVectorEnv):
         final, success = self._observe(frames=False)  # frames once the resets are known (_autoreset)
         reward = ax.astype(success, ax.float32) * (1.0 + self.config.success_bonus)
         # Episode bookkeeping is the host's (resets sample episodes there): success comes back (on the warp
-        # backend a device read per step) only when it ends episodes; the step limit is the host's own count.
-        terminated = (to_numpy(success).astype(bool) if self.config.terminate_on_success
-                      else np.zeros(self.num_envs, bool))
-        truncated = (self._steps >= self._max_steps[self.env_task]) & ~terminated
-        self.host_done = (terminated, truncated)  # the collector's, read without touching the device
-        obs, final, _ = self._autoreset(final, terminated | truncated)
+        # backend a device read per step) only when it ends episodes that restart; the step limit is the host's count.
+        terminated, truncated, done = self._episode_ends(success, self._max_steps[self.env_task])
+        obs, final, _ = self._autoreset(final, done)
         self._obs = obs
         return {"observation": obs, "final_observation": final, "reward": reward,
-                "terminated": ax.asarray(terminated), "truncated": ax.asarray(truncated), "success": success}
+                "terminated": terminated, "truncated": truncated, "success": success}
 
     def _observe_reset(self) -> None:
         self._obs, _ = self._observe()

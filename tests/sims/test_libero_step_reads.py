@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sims
-import sims.libero.vec_env as libero_vec_env
+import sims.vec_env as base_vec_env
 from sims.libero.sim import libero_render_config
 from sims.libero.toolchain.install import ensure_tasks
 from sims.libero.toolchain.region_starts import ensure_region_starts
@@ -77,10 +77,21 @@ def test_a_libero_step_renders_each_world_once_and_keeps_the_last_frames(cached)
 def test_libero_reads_success_back_only_when_it_ends_episodes(cached, monkeypatch, terminate):
     env = _env(max_steps=2, terminate_on_success=terminate)
     reads: list[Any] = []
-    to_numpy = libero_vec_env.to_numpy
-    monkeypatch.setattr(libero_vec_env, "to_numpy", lambda x: reads.append(x) or to_numpy(x))
+    to_numpy = base_vec_env.to_numpy
+    monkeypatch.setattr(base_vec_env, "to_numpy", lambda x: reads.append(x) or to_numpy(x))
     for _ in range(4):
         out = env.step_arrays(MOVE)
         assert [f.tolist() for f in env.host_done] == [out["terminated"].tolist(), out["truncated"].tolist()]
     assert out["truncated"].all()  # the step limit comes from the host's own count
     assert len(reads) == (4 if terminate else 0)
+    # GRPO's first episodes: nothing restarts, so success is never read back, and an ended episode steps on.
+    env.reset_arrays()
+    reads.clear()
+    episodes = env._episode.copy()
+    with env.first_episodes():
+        for _ in range(4):
+            out = env.step_arrays(MOVE)
+            assert env.host_done is None
+    assert out["truncated"].all() and env._steps.tolist() == [4, 4] and env._episode.tolist() == episodes.tolist()
+    assert reads == [] and env.restarts
+    env.close()

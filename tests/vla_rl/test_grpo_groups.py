@@ -22,21 +22,24 @@ def test_group_members_share_initial_state_and_instruction_every_iteration(tmp_p
     })
     trainer = Trainer(cfg)
     scripted_reach(trainer, torch.arange(NUM_ENVS) % GROUP == 0)  # each group's first member ends its episode early
-    starts, episodes = [], []
+    starts, episodes, lengths = [], [], []
     collect = trainer.collector.collect_episodes
 
     def recording(*args, **kwargs):
         batch, returns, success = collect(*args, **kwargs)
         starts.append(batch["obs"][0].select("state", "proprio", "instruction", "task"))
         episodes.append(trainer.collector.env._episode.copy())
+        lengths.append(batch["alive"].sum(0).reshape(-1, GROUP))
         return batch, returns, success
 
     trainer.collector.collect_episodes = recording
     for _ in range(4):
         trainer.step()
     trainer.close()
-    # The leaders did finish extra episodes while their group mates were still in their first one.
-    assert any((e.reshape(-1, GROUP)[:, 0] > e.reshape(-1, GROUP)[:, 1]).any() for e in episodes[:-1])
+    # The leaders ended their episodes early and started no other while their group mates ran on (the env's
+    # first_episodes): every member has run as many episodes as its group.
+    assert all((n[:, 0] < n[:, 1]).any() for n in lengths)
+    assert all((e.reshape(-1, GROUP) == e.reshape(-1, GROUP)[:, :1]).all() for e in episodes)
     for iteration, start in enumerate(starts):
         for key in ("state", "proprio", "instruction", "task"):
             grouped = start[key].reshape(NUM_ENVS // GROUP, GROUP, -1)

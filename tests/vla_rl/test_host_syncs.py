@@ -11,6 +11,7 @@ pytest.importorskip("mujoco_warp")
 
 from vla_rl.config import CONFIG_DIR, load_config
 from vla_rl.host_syncs import count_host_syncs, host_side
+from vla_rl.rollout import END_CHECKS
 from vla_rl.trainer import Trainer
 
 
@@ -59,6 +60,20 @@ def test_colocated_iteration_reads_the_device_a_fixed_number_of_times(tmp_path, 
     assert sum(n != sites.get(site, 0) for site, n in long_sites.items()) == per_step, (sites, long_sites)  # one site
     # Else the deferred validity checks (one read) and the update's statistics (one read).
     assert short - per_step * 4 <= 3, sites
+
+
+@pytest.mark.parametrize("terminate", [False, True])
+def test_grpo_iteration_reads_the_device_a_fixed_number_of_times(tmp_path, terminate):
+    # GRPO runs each environment's first episode to its end: reach's limit is 50 control steps, lift's 100.
+    grpo = ("algo=grpo", "grpo.group_size=2", "total_env_steps=100000", "grpo.optim.target_kl=null", "grpo.optim.kl_adaptive_lr=false",
+            f"env.terminate_on_success={str(terminate).lower()}")
+    short, sites = _syncs_per_iteration(tmp_path, 4, (*grpo, "env.task=reach", "name=reach"))
+    long, long_sites = _syncs_per_iteration(tmp_path, 4, (*grpo, "env.task=lift", "name=lift"))
+    # The loop asks "has every episode ended" at most END_CHECKS times per episode limit (7 or 8 at these
+    # limits), not per step, and an episode that ends at success restarts nothing (sims' first_episodes):
+    # success is not read back per step. Else: the deferred checks, the kept steps' index, the update's statistics.
+    assert abs(long - short) <= 1, (sites, long_sites)
+    assert short <= END_CHECKS + 3, sites
 
 
 @pytest.mark.slow  # mujoco_warp compiles a LIBERO scene's kernels once per machine (about 5 minutes, then cached)
