@@ -370,6 +370,16 @@ def _record(obs: TensorDict, decision: Decision, step: TensorDict, truncated: to
     return TensorDict(fields, batch_size=[obs.batch_size[0]])
 
 
+def _enter_rollout(scope: contextlib.ExitStack, env: Any, timer: Timer, *blocks: str) -> None:
+    """Open a rollout's blocks of ``env`` in ``scope``: its render timer synchronised with ``timer``, the env's
+    ``blocks`` it has (``first_episodes``: no restarts), and its ``deferred_checks`` (validity checks of device
+    arrays read once, at the rollout's end)."""
+    timer.sync_env(env)
+    for block in (*blocks, "deferred_checks"):
+        if hasattr(env, block):
+            scope.enter_context(getattr(env, block)())
+
+
 def collect_stages(
     envs: list[Any], link: PolicyLink, obs: list[TensorDict], steps: int, timer: Timer
 ) -> tuple[TensorDict, list[TensorDict]]:
@@ -395,11 +405,9 @@ def collect_stages(
     obs = list(obs)
     batches: list[TensorDict | None] = [None for _ in stages]
     truncated_prev: list[torch.Tensor | None] = [None for _ in stages]
-    with contextlib.ExitStack() as deferred:  # validity checks of device arrays: read once, at the end
+    with contextlib.ExitStack() as scope:
         for env in envs:
-            timer.sync_env(env)
-            if hasattr(env, "deferred_checks"):
-                deferred.enter_context(env.deferred_checks())
+            _enter_rollout(scope, env, timer)
         pending = [link.ask(s, obs[s], None, False) for s in stages]
         for t in range(steps):
             for s in stages:
@@ -642,10 +650,7 @@ def collect_first_episodes(
     every = _end_check_interval(env, max_decisions) if stop_when_ended else None
     records = []
     with contextlib.ExitStack() as scope:
-        timer.sync_env(env)
-        for enter in ("first_episodes", "deferred_checks"):  # no restarts; validity read once, at the end
-            if hasattr(env, enter):
-                scope.enter_context(getattr(env, enter)())
+        _enter_rollout(scope, env, timer, "first_episodes")
         while max_decisions is None or len(records) < max_decisions:
             decision = _timed(timer, link.timer_key, link.wait,
                               _timed(timer, link.timer_key, link.ask, 0, obs, None, False))
