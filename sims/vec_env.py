@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,18 @@ from sims.registry import suite_of
 from sims.render import RenderConfig
 
 ACTION_DIM = 4
+
+
+class Restarts(enum.Enum):
+    """When an environment whose episode ended starts its next one (:attr:`ArrayVectorEnv.restarts`)."""
+
+    SAME_STEP = "same_step"
+    """In the step that ended it (gymnasium's SAME_STEP autoreset): the host must know every end at once."""
+    NEVER = "never"
+    """Not at all (:meth:`ArrayVectorEnv.first_episodes`: GRPO reads each environment's first episode alone)."""
+    ON_REQUEST = "on_request"
+    """An episode that reached its step limit at once (the host counts steps), one ended at success when the host
+    asks (:meth:`ArrayVectorEnv.deferred_restarts`): success stays on the device between the host's reads."""
 #: What a step pays (``EnvConfig.reward``): the shaped reward, its change, or success alone.
 REWARDS = ("dense", "progress", "success")
 
@@ -220,9 +233,13 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
     host_done: tuple[np.ndarray, np.ndarray] | None = None
     """The last step's ``(terminated, truncated)`` bool [N] as the host computed them (None: not kept, or not known
     to the host: inside :meth:`first_episodes`)."""
-    restarts: bool = True
-    """Whether an environment whose episode ends starts its next one in the same step (SAME_STEP autoreset).
-    Off inside :meth:`first_episodes`."""
+    restarts: Restarts = Restarts.SAME_STEP
+    """When an environment whose episode ended starts its next one (:class:`Restarts`)."""
+    _ended: Any = None
+    """Inside :meth:`deferred_restarts`: bool [N] of the env's module, the episodes ended at success and not yet
+    restarted (None: none yet)."""
+    _requested: np.ndarray | None = None
+    """Host bool [N]: the environments to restart at the end of the next step (:meth:`request_restarts`)."""
     timing_sync: Any = None
     """Called before each reading of the render clock (``vla_rl.rollout.Timer``: a device wait), or None."""
     FRAME_KEYS: ClassVar[tuple[str, ...]] = ()
@@ -249,6 +266,7 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
                 raise ValueError(f"reset mask must be a bool array of shape ({self.num_envs},); "
                                  f"got {mask.dtype} {mask.shape}")
             ids = np.flatnonzero(mask)
+        self._forget_ends(ids)
         if seed is not None:  # restart the episode streams of the environments reset here
             self._seed = int(seed)
             self._episode[ids] = 0
@@ -259,6 +277,15 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
             self._start_episodes(ids)
         self._observe_reset()
         return {k: self._ax.asarray(v, copy=True) for k, v in self._obs.items()}
+
+    def _forget_ends(self, ids: np.ndarray) -> None:
+        """Environments ``ids`` start new episodes: no end of theirs is pending any more."""
+        if self._requested is not None:
+            self._requested[ids] = False
+        if self._ended is not None:
+            mask = np.zeros(self.num_envs, bool)
+            mask[ids] = True
+            self._ended = self._ended & ~self._ax.asarray(mask)
 
     @property
     def control_hz(self) -> float:
@@ -324,6 +351,7 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
         ``_EPISODE_FIELDS``, the seed and whether the env was reset. :meth:`set_state` on an env built with the
         same config continues bit for bit (the next episodes follow from the seed and the episode counts)."""
         return {**self._physics_state(), "seed": self._seed, "started": self._obs is not None,
+                "restart_requested": self._pending_restarts().copy(),
                 **{k: getattr(self, k).copy() for k in self._EPISODE_FIELDS}}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -340,7 +368,12 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
         for key in self._EPISODE_FIELDS:
             setattr(self, key, np.array(state[key], dtype=getattr(self, key).dtype))
         self._seed = int(state["seed"])
+        # Episodes ended at success whose restart was requested (a deferred-restart block's end) restart at the
+        # next step; they stay ended until then. Snapshots from before deferred restarts hold none.
+        requested = np.asarray(state.get("restart_requested", np.zeros(self.num_envs, bool)), bool)
+        self._requested = requested.copy() if requested.any() else None
         self._restored(bool(state["started"]))
+        self._ended = self._ax.asarray(requested) if requested.any() else None
 
     def _physics_state(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -389,32 +422,81 @@ class ArrayVectorEnv(gym.vector.VectorEnv):
         nothing is sampled, reset or drawn for a next one. ``terminated`` then stays an array of the env's module
         and is not read by the host, so with ``terminate_on_success`` on a device backend a step reads nothing
         back (``host_done`` is None); ``truncated`` still comes from the host's step count."""
-        self.restarts, self.host_done = False, None
+        self.restarts, self.host_done = Restarts.NEVER, None
         try:
             yield
         finally:
-            self.restarts = True
+            self.restarts = Restarts.SAME_STEP
+
+    @contextlib.contextmanager
+    def deferred_restarts(self) -> Iterator[None]:
+        """A block in which an episode that ends at success restarts only when the host asks
+        (:meth:`request_restarts`), so that success stays on the device between the host's reads: PPO's collection
+        on a device backend with ``terminate_on_success``, which reads the ended episodes a fixed number of times
+        per rollout instead of once per control step. Until its restart such an environment keeps stepping its
+        ended episode, unread; :attr:`ended` says which those are. An episode that reaches its step limit restarts
+        in the step that ends it, as outside the block (the host counts steps). At the block's end the host reads
+        the ended episodes once and requests their restarts: they happen at the next step (a snapshot keeps the
+        requests). Where the env's arrays are the host's, or success ends no episode, the block changes nothing."""
+        if self.device is None or not self.config.terminate_on_success:
+            yield
+            return
+        self.restarts, self.host_done = Restarts.ON_REQUEST, None
+        try:
+            yield
+        finally:
+            self.restarts = Restarts.SAME_STEP
+            self.request_restarts()
+
+    @property
+    def ended(self) -> Any:
+        """Inside :meth:`deferred_restarts`: bool [N] of the env's module, the environments whose episode ended at
+        success and has not restarted yet (their steps belong to no episode); None outside it."""
+        if self.restarts is not Restarts.ON_REQUEST:
+            return None
+        return self._ax.zeros(self.num_envs, dtype=self._ax.bool_) if self._ended is None else self._ended
+
+    def request_restarts(self) -> None:
+        """Restart the episodes that ended at success (:attr:`ended`) at the end of the next step: one read of the
+        device."""
+        if self._ended is not None:
+            self._requested = self._pending_restarts() | to_numpy(self._ended).astype(bool)
+
+    def _pending_restarts(self) -> np.ndarray:
+        return np.zeros(self.num_envs, bool) if self._requested is None else self._requested
 
     def _episode_ends(self, success: Any, max_steps: np.ndarray) -> tuple[Any, Any, np.ndarray]:
         """A step's episode ends from its ``success`` [N] (the env's module) and each environment's step limit
-        ``max_steps`` (numpy int [N]).
+        ``max_steps`` (numpy int [N]), by :attr:`restarts`.
 
         Returns:
             ``terminated`` and ``truncated`` (bool [N], the env's module), and the host's mask of the environments
-            to restart now (numpy bool [N]; none inside :meth:`first_episodes`). Where episodes restart, success
-            comes back to the host when it ends episodes (``terminate_on_success``; on a device backend a read
-            per step), and ``host_done`` keeps the host's flags.
+            to restart now (numpy bool [N]). With :attr:`Restarts.SAME_STEP` success comes back to the host when it
+            ends episodes (``terminate_on_success``; on a device backend a read per step), and ``host_done`` keeps
+            the host's flags; an environment whose restart was requested restarts, ``terminated``.
         """
         ax, n = self._ax, self.num_envs
         reached = self._steps >= max_steps
-        if not self.restarts:
+        if self.restarts is Restarts.NEVER:
             terminated = (ax.astype(success, ax.bool_) if self.config.terminate_on_success
                           else ax.zeros(n, dtype=ax.bool_))
             return terminated, ax.asarray(reached) & ~terminated, np.zeros(n, bool)
-        terminated = (to_numpy(success).astype(bool) if self.config.terminate_on_success
-                      else np.zeros(n, bool))
+        requested, self._requested = self._pending_restarts(), None
+        if self.restarts is Restarts.ON_REQUEST:
+            terminated = ax.astype(success, ax.bool_)
+            restart = reached | requested
+            ended = terminated if self._ended is None else self._ended | terminated
+            self._ended = ended & ~ax.asarray(restart)
+            # The host's flags hold the ends it knows: the requested restarts, and the step limits.
+            self.host_done = (requested, reached & ~requested)
+            return terminated, ax.asarray(reached) & ~terminated, restart
+        success_ends = (to_numpy(success).astype(bool) if self.config.terminate_on_success
+                        else np.zeros(n, bool))
+        terminated = success_ends | requested
         truncated = reached & ~terminated
         self.host_done = (terminated, truncated)  # the collector's, read without touching the device
+        if requested.any():
+            self._forget_ends(np.flatnonzero(requested))
         return ax.asarray(terminated), ax.asarray(truncated), terminated | truncated
 
     def deferred_checks(self) -> contextlib.AbstractContextManager:

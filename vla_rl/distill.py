@@ -26,7 +26,7 @@ from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.checkpoint import CheckpointError, load_checkpoint
 from vla_rl.config import TrainConfig, build_config
 from vla_rl.ppo import ClippedUpdate, LossWeights
-from vla_rl.rollout import EpisodeStats, Timer, account
+from vla_rl.rollout import EpisodeStats, Timer, account, valid_steps
 
 
 def load_teacher(path: str | Path, obs: TensorDict, action_dim: int, device: torch.device) -> nn.Module:
@@ -116,7 +116,7 @@ class DAgger(Algorithm):
         batch = collector.collect(actor, self.cfg.rollout_steps, timer)
         account(batch, stats, None)
         chunk = chunk_length(batch["action"], batch.batch_dims)
-        flat = batch.select("obs", "action").reshape(-1)
+        flat = valid_steps(batch, "obs", "action")
         start = time.perf_counter()
         flat["teacher_action"] = label(self.teacher, flat["obs"].to(self.device)).cpu()
         timer.add("infer", time.perf_counter() - start)

@@ -27,11 +27,11 @@ from rlcore.update_config import OptimConfig
 from vla_rl.algorithm import Algorithm, Experience, Setup, chunk_length
 from vla_rl.config import TrainConfig
 from vla_rl.distributed import LOCAL, GradientSync
-from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, account
+from vla_rl.rollout import EpisodeStats, RewardScaler, Timer, account, valid_steps
 
 
 def per_task_normalized(advantage: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
-    """``advantage`` ``[T, N]`` normalised to zero mean and unit variance within each task id of ``task`` ``[T, N]``."""
+    """``advantage`` (any shape) normalised to zero mean and unit variance within each task id of ``task`` (its shape)."""
     out = advantage.clone()
     for t in torch.unique(task):
         mask = task == t
@@ -271,11 +271,11 @@ class PPO(Algorithm):
             batch["reward"], batch["value"], batch["next_value"], batch["terminated"], batch["done"],
             cfg.gamma, cfg.gae_lambda,
         )
-        if cfg.task_adv_norm:
-            advantage = per_task_normalized(advantage, batch["obs"]["task"])
         batch["advantage"], batch["returns"] = advantage, returns
         chunk = chunk_length(batch["action"], batch.batch_dims)
-        flat = batch.select("obs", "action", "log_prob", "value", "advantage", "returns").reshape(-1)
+        flat = valid_steps(batch, "obs", "action", "log_prob", "value", "advantage", "returns")
+        if cfg.task_adv_norm:
+            flat["advantage"] = per_task_normalized(flat["advantage"], flat["obs"]["task"])
         return Experience(flat.to(self.device), batch.numel() * chunk)
 
     def update(self, batch: TensorDict) -> dict[str, float]:

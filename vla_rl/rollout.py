@@ -21,6 +21,7 @@ key                   shape / dtype               meaning
 ``done``              ``[T, N]`` bool             terminated or truncated
 ``success``           ``[T, N]`` bool             task success at this step
 ``alive``             ``[T, N]`` bool             (GRPO) step belongs to the env's first episode
+``valid``             ``[T, N]`` bool             (PPO with deferred restarts) step belongs to an episode
 ====================  ==========================  ==============================================
 
 Where the batch lives (:func:`buffer_device`): on the env's device when the env yields tensors on
@@ -32,7 +33,11 @@ Nothing on the per-step path reads the device: which episodes were truncated (an
 value) comes from the env's host bookkeeping (``env.host_done``, the flags ``sims`` computes on the host
 before uploading them), the validity checks of the device arrays are deferred to the rollout's end
 (``env.deferred_checks``, one read), and a chunk's final observations are merged with ``torch.where``.
-An env without host flags costs one read per step ("was an episode truncated"). A ``sims`` env renders each
+With ``terminate_on_success`` the host would need each step's success to restart the episodes it ended; the
+loop instead runs inside the env's ``deferred_restarts``: an episode ended at success keeps stepping, unread (its
+steps have ``valid`` False and are dropped by :func:`valid_steps`), until the loop asks for its restart, at most
+:data:`END_CHECKS` times per rollout (each one read). An env without host flags costs one read per step ("was an
+episode truncated"). A ``sims`` env renders each
 world once per step when no critic reads the final observations' frames (:func:`frames_for_critic`). Per iteration,
 :func:`account` reads the ``[T, N]`` rewards and flags on the host for episode statistics and
 reward scaling (``vla_rl.host_syncs`` counts these reads). GRPO's loop (:func:`collect_first_episodes`) runs inside
@@ -56,6 +61,10 @@ from torch import nn
 
 from policies import RunningNorm
 from vla_rl.host_syncs import host_side
+
+#: How many times per episode limit the GRPO loop asks a device-resident env whether every episode has ended, and
+#: per rollout the PPO loop reads which episodes ended at success to restart them (deferred restarts).
+END_CHECKS = 8
 
 
 @dataclass
@@ -182,10 +191,17 @@ class RewardScaler:
         self.ret = torch.zeros(num_envs, dtype=torch.float64)
         self.norm = RunningNorm((), clip=None)
 
-    def __call__(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        """Scale one step's rewards ``[N]`` and update the statistics."""
-        self.ret = self.ret * self.gamma + reward.double()
-        self.norm.update(self.ret)
+    def __call__(self, reward: torch.Tensor, done: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Scale one step's rewards ``[N]`` and update the statistics from the environments where ``valid``
+        (default all: the others step no episode)."""
+        ret = self.ret * self.gamma + reward.double()
+        if valid is None:
+            self.ret = ret
+            self.norm.update(ret)
+        else:
+            self.ret = torch.where(valid, ret, self.ret)
+            if valid.any():
+                self.norm.update(ret[valid])
         self.ret[done] = 0.0
         scaled = reward.double() / torch.sqrt(self.norm.var + self.eps)
         return scaled.clamp(-self.clip, self.clip).to(reward.dtype)
@@ -235,8 +251,9 @@ def env_step(env: Any, action: torch.Tensor, timer: Timer, frames: bool = True) 
 
 
 def env_step_flags(env: Any, action: torch.Tensor, timer: Timer, frames: bool = True) -> tuple[TensorDict, Any]:
-    """:func:`env_step`, and the decision's truncated-not-terminated flags (numpy bool [N]) where the env's
-    host bookkeeping holds them (``env.host_done``; None otherwise): read without touching the device."""
+    """:func:`env_step`, and the decision's episode ends as the env's host bookkeeping holds them
+    (``env.host_done``: numpy bool [N] ``(terminated, truncated)`` or-ed over a chunk's first episode; None where
+    the env keeps none): read without touching the device."""
     chunk = action.unsqueeze(1) if action.dim() == 2 else action
     last = chunk.shape[1] - 1
     before = _env_seconds(env)
@@ -267,7 +284,7 @@ def env_step_flags(env: Any, action: torch.Tensor, timer: Timer, frames: bool = 
     render = after.get("render", 0.0) - before.get("render", 0.0)
     timer.add("render", render)
     timer.add("simulate", elapsed - render)
-    return out, (None if host is None else host[1] & ~host[0])
+    return out, host
 
 
 def buffer_device(env: Any) -> torch.device:
@@ -405,18 +422,26 @@ def collect_stages(
     obs = list(obs)
     batches: list[TensorDict | None] = [None for _ in stages]
     truncated_prev: list[torch.Tensor | None] = [None for _ in stages]
+    check_every = max(1, -(-steps // END_CHECKS))
     with contextlib.ExitStack() as scope:
         for env in envs:
-            _enter_rollout(scope, env, timer)
+            _enter_rollout(scope, env, timer, "deferred_restarts")
         pending = [link.ask(s, obs[s], None, False) for s in stages]
         for t in range(steps):
             for s in stages:
                 decision = _timed(timer, link.timer_key, link.wait, pending[s])
                 if t:
                     _fill_bootstrap(batches[s][t - 1], truncated_prev[s], decision)
-                step, host_truncated = env_step_flags(envs[s], decision.action, timer)
+                ended = getattr(envs[s], "ended", None)  # before the step: its episode is over (deferred restarts)
+                valid = None if ended is None else ~ended
+                step, host = env_step_flags(envs[s], decision.action, timer)
                 truncated = step["truncated"] & ~step["terminated"]
                 record = _record(obs[s], decision, step, truncated)
+                if valid is not None:
+                    record["valid"] = valid
+                    if (t + 1) % check_every == 0 and t < steps - 1:  # the block's end asks after the last step
+                        envs[s].request_restarts()
+                host_truncated = None if host is None else host[1] & ~host[0]
                 batches[s] = _allocate(record, steps) if batches[s] is None else batches[s]
                 batches[s][t] = record
                 obs[s] = step["observation"]
@@ -497,17 +522,31 @@ def account(batch: TensorDict, stats: EpisodeStats, reward_scaler: RewardScaler 
     """
     chunk = batch["action"].shape[2] if batch["action"].dim() == 4 else 1
     # The statistics and the scaler live on the host: one read of [T, N] per iteration, not per step.
-    host = batch.select("reward", "success", "done").to("cpu")
+    host = batch.select("reward", "success", "done", *(["valid"] if "valid" in batch else [])).to("cpu")
     task = batch["obs", "task"].to("cpu") if ("obs", "task") in batch.keys(True) else None
     scaled = []
     with host_side():
         for t in range(batch.batch_size[0]):
-            reward, done = host["reward"][t], host["done"][t]
-            stats.record(reward, host["success"][t], done, chunk, None if task is None else task[t])
+            reward, success, done = host["reward"][t], host["success"][t], host["done"][t]
+            valid = host["valid"][t] if "valid" in host else None
+            if valid is None:
+                stats.record(reward, success, done, chunk, None if task is None else task[t])
+            else:  # the steps of an ended episode before its restart belong to none
+                stats.record(reward * valid, success & valid, done & valid, chunk * valid.long(),
+                             None if task is None else task[t])
             if reward_scaler is not None:
-                scaled.append(reward_scaler(reward, done))
+                scaled.append(reward_scaler(reward, done if valid is None else done & valid, valid))
     if reward_scaler is not None:
         batch["reward"] = torch.stack(scaled).to(batch["reward"].device)
+
+
+def valid_steps(batch: TensorDict, *keys: str) -> TensorDict:
+    """``batch``'s ``keys`` flattened to ``[M]``: every step of the ``[T, N]`` batch, or with deferred restarts
+    (``valid``) the steps that belong to an episode (one read of the device for their index)."""
+    flat = batch.select(*keys).reshape(-1)
+    if "valid" not in batch:
+        return flat
+    return flat[batch["valid"].reshape(-1).nonzero().squeeze(1)]
 
 
 class LocalCollector:
@@ -665,10 +704,6 @@ def collect_first_episodes(
             if every is not None and len(records) % every == 0 and not alive.any():
                 break
     return torch.stack(records, dim=0), obs
-
-
-#: How many times per episode limit the GRPO loop asks a device-resident env whether every episode has ended.
-END_CHECKS = 8
 
 
 def _end_check_interval(env: Any, max_decisions: int | None) -> int:

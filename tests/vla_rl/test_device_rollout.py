@@ -76,17 +76,28 @@ class WatchedEnv:
         with self.spy.paused():
             return self.env.reset_td(seed=seed)
 
-    @contextlib.contextmanager
     def deferred_checks(self):
         """The env's deferred validity checks: their one read, at the rollout's end, is the env's own."""
+        return self._block(self.env.deferred_checks)
+
+    def deferred_restarts(self):
+        """The env's deferred restarts: their reads, a few per rollout (counted in test_host_syncs), are the env's."""
+        return self._block(self.env.deferred_restarts)
+
+    def request_restarts(self):
         with self.spy.paused():
-            checks = self.env.deferred_checks()
-            checks.__enter__()
+            self.env.request_restarts()
+
+    @contextlib.contextmanager
+    def _block(self, make):
+        with self.spy.paused():
+            block = make()
+            block.__enter__()
         try:
             yield
         finally:
             with self.spy.paused():
-                checks.__exit__(None, None, None)
+                block.__exit__(None, None, None)
 
     def __getattr__(self, name):  # everything else (snapshots, instructions) is the env's
         return getattr(self.env, name)
