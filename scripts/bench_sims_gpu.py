@@ -34,7 +34,8 @@ CPU, policy on the device) against co-located (``env.backend=warp`` on the same 
 process), and with ``--train-fleet`` and Ray installed, pipelined against co-located on Ray; then
 ``results["host_syncs"]`` (``--no-syncs``: none): the host syncs of one co-located iteration at
 ``--train-steps`` and twice as many rollout steps (:mod:`vla_rl.host_syncs`; on CUDA torch's sync debug
-mode), ``constant`` when they are equal.
+mode), ``constant`` when they are equal, and ``results["host_syncs_terminate"]`` the same with
+``env.terminate_on_success`` (at least ``END_CHECKS`` rollout steps: the deferred restarts' reads).
 
 The JSON is rewritten after every part (each size's Warp figures, its deterministic and MJX figures,
 training, host syncs), so a run cut short keeps what it measured, and a part that fails is recorded
@@ -126,17 +127,22 @@ def capture_failures(row: dict[str, Any], device: str) -> list[str]:
     return failed
 
 
-def measure_host_syncs(device: str, num_envs: int, steps: int) -> dict[str, Any]:
+def measure_host_syncs(device: str, num_envs: int, steps: int, terminate: bool = False) -> dict[str, Any]:
     """Host syncs of one co-located VLA PPO iteration (vla_rl.host_syncs) at ``steps`` and twice as many
     rollout steps, without the KL early stop (a read per minibatch, set by the config): equal when
-    nothing in the hot loop reads the device per step."""
+    nothing in the hot loop reads the device per step. ``terminate``: with ``env.terminate_on_success``, whose
+    deferred restarts read the ended episodes ``END_CHECKS`` times per rollout of at least that many steps."""
     from vla_rl.host_syncs import count_host_syncs
+    from vla_rl.rollout import END_CHECKS
     from vla_rl.trainer import Trainer
 
-    out: dict[str, Any] = {"num_envs": num_envs, "kl_early_stop": "off (one read per minibatch when on)"}
+    steps = max(steps, END_CHECKS) if terminate else steps
+    out: dict[str, Any] = {"num_envs": num_envs, "kl_early_stop": "off (one read per minibatch when on)",
+                           "terminate_on_success": terminate}
     for t in (steps, 2 * steps):
         cfg = train_config("colocated", device, num_envs, t, 3, Path(tempfile.mkdtemp(prefix="bench_syncs_")),
-                           ("ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false"))
+                           ("ppo.optim.target_kl=null", "ppo.optim.kl_adaptive_lr=false",
+                            f"env.terminate_on_success={str(terminate).lower()}"))
         out["embeddings"] = _stand_in_embeddings(cfg)  # without MiniLM (the GPU machine): never read per step
         trainer = Trainer(cfg)
         try:
@@ -262,11 +268,13 @@ def _training(args: argparse.Namespace, results: dict, write) -> None:
     print("training", {k: v for k, v in results["training"].items() if not isinstance(v, dict)}, flush=True)
     write()
     if not args.no_syncs:
-        results["host_syncs"] = {}
-        _guarded(results["host_syncs"], "failed", measure_host_syncs, args.device, args.train_envs, args.train_steps)
-        print("host syncs", {k: v.get("syncs", v) if isinstance(v, dict) else v
-                             for k, v in results["host_syncs"].items()}, flush=True)
-        write()
+        for key, terminate in (("host_syncs", False), ("host_syncs_terminate", True)):
+            results[key] = {}
+            _guarded(results[key], "failed", measure_host_syncs, args.device, args.train_envs, args.train_steps,
+                     terminate)
+            print(key, {k: v.get("syncs", v) if isinstance(v, dict) else v for k, v in results[key].items()},
+                  flush=True)
+            write()
 
 
 if __name__ == "__main__":

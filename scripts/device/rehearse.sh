@@ -138,7 +138,7 @@ import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 bench = json.loads((out / "bench_gpu.json").read_text())["results"]
 recipe = json.loads((out / "recipe" / "sft_rl.json").read_text())["results"]
-assert bench["envs_4"]["warp_env_steps_per_s"] > 0 and bench["host_syncs"]["constant"], bench
+assert bench["envs_4"]["warp_env_steps_per_s"] > 0 and bench["host_syncs"]["constant"] and bench["host_syncs_terminate"]["constant"], bench
 assert set(recipe) == {"sft", "rl"} and all("train" in r for r in recipe.values()), recipe
 json.loads((out / "recipe" / "llm_rlvr.json").read_text())
 print("rehearse: the benchmark's and the recipe's JSON hold every part")

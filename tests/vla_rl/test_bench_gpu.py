@@ -133,6 +133,8 @@ def test_bench_gpu_smoke_writes_every_figure(tmp_path):
     assert sims_row["failed_checks"] == [] and report["results"]["failed_checks"] == {}
     syncs = report["results"]["host_syncs"]
     assert syncs["constant"] and syncs["rollout_4"]["syncs"] == syncs["rollout_8"]["syncs"] <= 3, syncs
+    ended = report["results"]["host_syncs_terminate"]  # deferred restarts: END_CHECKS reads per rollout, and an index
+    assert ended["constant"] and ended["rollout_8"]["syncs"] == ended["rollout_16"]["syncs"] <= 3 + 9, ended
     training = report["results"]["training"]
     for mode in ("inprocess", "colocated"):
         assert training[mode]["env_steps_per_s"] > 0 and training[mode]["iterations_measured"] == 1, training[mode]
