@@ -372,6 +372,25 @@ def test_long_expert_carries_two_objects_one_after_the_other(cached):
         sim.close()
 
 
+def test_bowl_put_in_an_open_drawer_lands_flat_so_that_the_drawer_closes(cached):
+    """10/3 from region starts 1 and 3 (its training distribution): the bowl, released from its rim over the opened
+    bottom drawer, lands up to 1.5 cm deeper than aimed; it must clear the cabinet's frame, else it comes to rest
+    tilted against it and jams the drawer the next expert pushes shut (these two starts did, with 1 cm of margin)."""
+    ensure_region_starts([BOWL_IN_DRAWER_CLOSED], 4)
+    sim = osc_sim(BOWL_IN_DRAWER_CLOSED, 2)
+    bowl = sim.model.body("akita_black_bowl_1_main").id
+    tilts = []  # the bowl's tilt (degrees) after each step
+
+    def tilt() -> None:
+        _, x, y, _ = to_numpy(sim.field("xquat"))[:, bowl].T  # the body's z axis against the world's
+        tilts.append(np.degrees(np.arccos(np.clip(1.0 - 2.0 * (x * x + y * y), -1.0, 1.0))))
+
+    done = run_episodes(sim, np.array([1, 3]), regions=load_region_starts(BOWL_IN_DRAWER_CLOSED), on_step=tilt)
+    sim.close()
+    assert done.tolist() == [True, True]
+    assert (tilts[-1] < 10.0).all(), tilts[-1]
+
+
 def test_door_expert_pushes_the_microwave_shut(cached):
     """Close(microwave): 10/9 starts with the door open 75-120 degrees; the closed fingers push its face round the
     hinge until it is within LIBERO's 5 mrad of shut (the skill alone: putting the mug in first needs a grasp that
