@@ -737,6 +737,10 @@ class DrawerExpert(MotionExpert):
     BACK = 0.06  # m the hand backs off after letting go
     RISE = 0.05  # m it rises as it backs off
     OPENED = 0.01  # m (of joint travel) before the end counts as open
+    # m past the bar's centre, into the drawer, that the grip site aims at to close on it: the compliant arm stops
+    # short, and fingers closing on a bar at their tips squeezed it out (goal/0's region starts 0-39: 27 of 40
+    # opened at 0 on an AVX-512 machine, 35 at 1 cm, 39 at 2 cm).
+    GRIP_DEPTH = 0.02
     RELEASE_STEPS = 6  # backing off slides the fingers off the bar: they need not be fully open (time is short in goal/3)
     STEPS = (Step("over", limit=60, reached=0.03), Step("front", limit=40, reached=0.02), Step("reach", limit=40),
              Step("close", grip=1.0, hold=CLOSE_STEPS, limit=CLOSE_STEPS),
@@ -791,7 +795,8 @@ class DrawerExpert(MotionExpert):
     def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         travel = self.sign * (self.end - self.start_q[i]) * self.out[i]  # along the joint, from where it was
         front = self.grasp[i] + self.FRONT * self.out[i]
-        point = {"over": np.append(front[:2], self.over[i]), "front": front, "reach": self.grasp[i], "close": self.grasp[i],
+        grip = self.grasp[i] - self.GRIP_DEPTH * self.out[i]
+        point = {"over": np.append(front[:2], self.over[i]), "front": front, "reach": grip, "close": grip,
                  "pull": self.grasp[i] + travel, "open": self.grasp[i] + travel,
                  "back": self.grasp[i] + travel + self.BACK * self.out[i] + self.RISE * UP}[step.name]
         return point, self.pull_rot[i]
