@@ -45,6 +45,8 @@ class Restarts(enum.Enum):
     ON_REQUEST = "on_request"
     """An episode that reached its step limit at once (the host counts steps), one ended at success when the host
     asks (:meth:`ArrayVectorEnv.deferred_restarts`): success stays on the device between the host's reads."""
+
+
 #: What a step pays (``EnvConfig.reward``): the shaped reward, its change, or success alone.
 REWARDS = ("dense", "progress", "success")
 
