@@ -128,10 +128,10 @@ class EpisodeStats:
         return cls(torch.zeros(num_envs), torch.zeros(num_envs, dtype=torch.int64),
                    torch.zeros(num_envs, dtype=torch.bool), tuple(task_names))
 
-    def record(self, reward: torch.Tensor, success: torch.Tensor, done: torch.Tensor, steps: int,
+    def record(self, reward: torch.Tensor, success: torch.Tensor, done: torch.Tensor, steps: int | torch.Tensor,
                task: torch.Tensor | None = None, instruction: torch.Tensor | None = None,
                keep: torch.Tensor | None = None) -> None:
-        """Add one decision's reward (all ``[N]``; ``task``/``instruction`` the indices of each env's
+        """Add one decision's reward (all ``[N]``; ``steps`` control steps, per env or for all; ``task``/``instruction`` the indices of each env's
         episode); close the episodes that ended, keeping in ``finished`` those where ``keep`` (default: all)."""
         self.ret += reward
         self.length += steps
@@ -191,17 +191,13 @@ class RewardScaler:
         self.ret = torch.zeros(num_envs, dtype=torch.float64)
         self.norm = RunningNorm((), clip=None)
 
-    def __call__(self, reward: torch.Tensor, done: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """Scale one step's rewards ``[N]`` and update the statistics from the environments where ``valid``
-        (default all: the others step no episode)."""
+    def __call__(self, reward: torch.Tensor, done: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Scale one step's rewards ``[N]`` and update the statistics from the environments where ``valid`` (the
+        others step no episode: deferred restarts)."""
         ret = self.ret * self.gamma + reward.double()
-        if valid is None:
-            self.ret = ret
-            self.norm.update(ret)
-        else:
-            self.ret = torch.where(valid, ret, self.ret)
-            if valid.any():
-                self.norm.update(ret[valid])
+        self.ret = torch.where(valid, ret, self.ret)
+        if valid.any():
+            self.norm.update(ret[valid])
         self.ret[done] = 0.0
         scaled = reward.double() / torch.sqrt(self.norm.var + self.eps)
         return scaled.clamp(-self.clip, self.clip).to(reward.dtype)
@@ -526,16 +522,14 @@ def account(batch: TensorDict, stats: EpisodeStats, reward_scaler: RewardScaler 
     task = batch["obs", "task"].to("cpu") if ("obs", "task") in batch.keys(True) else None
     scaled = []
     with host_side():
+        # The steps of an ended episode before its restart (deferred restarts: ``valid`` False) belong to none.
+        valid = host["valid"] if "valid" in host else torch.ones_like(host["done"])
+        reward, success, done = host["reward"] * valid, host["success"] & valid, host["done"] & valid
+        steps = chunk * valid.long()
         for t in range(batch.batch_size[0]):
-            reward, success, done = host["reward"][t], host["success"][t], host["done"][t]
-            valid = host["valid"][t] if "valid" in host else None
-            if valid is None:
-                stats.record(reward, success, done, chunk, None if task is None else task[t])
-            else:  # the steps of an ended episode before its restart belong to none
-                stats.record(reward * valid, success & valid, done & valid, chunk * valid.long(),
-                             None if task is None else task[t])
+            stats.record(reward[t], success[t], done[t], steps[t], None if task is None else task[t])
             if reward_scaler is not None:
-                scaled.append(reward_scaler(reward, done if valid is None else done & valid, valid))
+                scaled.append(reward_scaler(host["reward"][t], done[t], valid[t]))
     if reward_scaler is not None:
         batch["reward"] = torch.stack(scaled).to(batch["reward"].device)
 
