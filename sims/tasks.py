@@ -189,7 +189,16 @@ def task_weight_tuple(task: str, weights: dict[str, float]) -> tuple[float, ...]
     Raises:
         ValueError: a name that is not a task of ``task``, or weights :func:`check_task_weights` refuses.
     """
-    names = resolve_tasks(task)
+    return weights_by_name(resolve_tasks(task), weights, task)
+
+
+def weights_by_name(names: tuple[str, ...], weights: dict[str, float], task: str) -> tuple[float, ...]:
+    """One weight per name of ``names`` (the tasks of env task ``task``) from ``weights`` by name, a task not
+    named weighing 1 (any suite's ``weigh``).
+
+    Raises:
+        ValueError: a name that is not one of ``names``, or weights :func:`check_task_weights` refuses.
+    """
     unknown = sorted(set(weights) - set(names))
     if unknown:
         raise ValueError(f"task weights name {unknown}, not tasks of {task!r}; valid: {', '.join(names)}")

@@ -19,6 +19,7 @@ from sims.libero.suites import MAX_STEPS, is_libero_task, resolve_libero_task
 from sims.libero.toolchain.install import missing_variants
 from sims.libero.vec_env import BACKENDS, FIXED_STATE_SPLITS, LIBERO_SPLITS, LiberoEnvConfig, LiberoVectorEnv
 from sims.registry import EvalProtocol, MemoryModel, Suite, register
+from sims.tasks import weights_by_name
 
 
 class VectorExpert:
@@ -111,6 +112,7 @@ SUITE = register(Suite(
     task_forms=("libero_<suite>", "libero_<suite>/<i>", "libero_<a>+libero_<b>"),
     claims=is_libero_task,
     resolve=resolve_libero_task,
+    weigh=lambda task, weights: weights_by_name(resolve_libero_task(task), weights, task),
     config=LiberoEnvConfig,
     make=LiberoVectorEnv,
     splits=LIBERO_SPLITS,

@@ -74,6 +74,7 @@ from sims.libero.scene import (
 from sims.libero.sim import LiberoSim
 from sims.libero.suites import MAX_STEPS, parse_task_id, resolve_libero_task
 from sims.render import RenderConfig
+from sims.tasks import weights_by_name
 from sims.vec_env import ArrayVectorEnv, VecEnvConfig
 
 LIBERO_SPLITS = ("train", "validation", "fixed", "lan", "paraphrase")
@@ -115,6 +116,9 @@ class LiberoEnvConfig(VecEnvConfig):
             fixed states, LIBERO's test states, shifted by ``jitter``: an opt-in).
         instructions: what ``train`` and ``validation`` episodes are instructed with, one of
             :data:`~sims.libero.paraphrase.INSTRUCTION_MODES` (``original``: the task's own only).
+        task_weights: each task's share of the environments by task id, e.g. ``{"10/8": 3}`` (a task not named
+            weighs 1; None: shared evenly): after one group each, the other groups go to the tasks in proportion to
+            their weights (an expert's slow or often failing task gets more environments for its demonstrations).
 
     A step pays success only (LIBERO's goals are predicates; there is no shaped reward), plus ``success_bonus``.
     """
@@ -127,6 +131,7 @@ class LiberoEnvConfig(VecEnvConfig):
     controller: str = "osc"
     starts: str = "regions"
     instructions: str = INSTRUCTION_MODES[0]
+    task_weights: dict[str, float] | None = None
 
     def validate(self) -> tuple[str, ...]:
         """Check the fields; return the task ids.
@@ -157,7 +162,23 @@ class LiberoEnvConfig(VecEnvConfig):
         if self.visual_faces is not None and self.visual_faces < MIN_VISUAL_FACES:
             raise ValueError(f"visual_faces={self.visual_faces}: give at least {MIN_VISUAL_FACES} triangles per visual mesh "
                              f"(default {VISUAL_FACES}), or None for LIBERO's full meshes")
+        if self.task_weights is not None:
+            try:
+                weights_by_name(ids, self.task_weights, self.task)
+            except ValueError as exc:
+                raise ValueError(f"task_weights={self.task_weights}: {exc}") from None
         return ids
+
+    def groups_per_task(self, ids: tuple[str, ...]) -> np.ndarray:
+        """Environment groups of each task of ``ids`` (the validated task ids), int64 [K]: one each, and the rest
+        in proportion to ``task_weights`` by largest remainder (ties to the earlier task), evenly without weights."""
+        total, k = self.num_envs // self.group_size, len(ids)
+        weights = np.asarray(weights_by_name(ids, self.task_weights or {}, self.task))
+        share = (total - k) * weights / weights.sum()
+        groups = np.floor(share).astype(np.int64)
+        order = sorted(range(k), key=lambda i: (-(share[i] - groups[i]), i))
+        groups[order[:total - k - int(groups.sum())]] += 1
+        return groups + 1
 
 
 def jitter_roots(states: np.ndarray, free_qpos: np.ndarray, tol: float = 1e-4) -> np.ndarray:
@@ -265,7 +286,7 @@ class LiberoVectorEnv(ArrayVectorEnv):
                                                         config.instructions), config.split)
         self.instructions: list[str] = self._sampler.table
         n, g, k = config.num_envs, config.group_size, len(tasks)
-        groups = [n // g // k + (i < n // g % k) for i in range(k)]  # groups per task, in task order
+        groups = config.groups_per_task(self.task_names)
         self.bounds = np.concatenate([[0], np.cumsum(groups)]) * g  # task i's environments: bounds[i]..bounds[i+1]
         render = None
         if config.render is not None:  # GL contexts are shared out over the tasks (each holds a model copy)
