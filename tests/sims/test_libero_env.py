@@ -1,6 +1,6 @@
 """LIBERO as a vector env (sims.libero.vec_env): the trainer's contract (shapes, spaces, SAME_STEP
 autoreset, TensorDict view), the goal's reward on a hand-placed success, LIBERO's fixed initial
-states and the _lan variant, the jittered splits, and one-line errors naming the fix (a missing task, or
+states and the _lan variant, the jittered splits, task weights sharing out the environments, and one-line errors naming the fix (a missing task, or
 missing region-sampled starts, refused by the config checks before anything is built).
 
 One task (spatial/0), two environments, 16x16 frames with one GL context; the fixture exports the
@@ -36,6 +36,7 @@ from sims.libero.vec_env import (
 )
 from vla_rl.config import CONFIG_DIR, ConfigError, load_config
 from vla_rl.demos.collect import CollectConfig
+from vla_rl.recipe import load_recipe
 
 RENDER = libero_render_config(16, num_contexts=1)
 HOLD = np.array([[0, 0, 0, 0, 0, 0, -1]] * 2, np.float32)  # no motion, gripper open
@@ -281,6 +282,30 @@ def test_controller_and_starts_from_a_training_config_reach_the_env_config():
         with pytest.raises(ConfigError, match=rf"^env.{key.split('=')[0]} is a suite's own setting \(libero\): write "
                                               rf"env.suite.{key} "):
             load_config(CONFIG_DIR / "libero.yaml", [f"env.{key}"])
+
+
+def test_task_weights_share_the_environments_out_one_group_each_at_least(cached):
+    """Without weights the groups are shared evenly (the earlier tasks take the remainder); with weights every task
+    keeps one group and the rest go by weight (libero_10's demonstration recipe: 10/9, weighing 0, keeps one); the
+    env's blocks follow; a weight naming no task of the env, or a negative one, is a one-line error."""
+    even = LiberoEnvConfig(task="libero_10", num_envs=23)
+    assert even.groups_per_task(even.validate()).tolist() == [3, 3, 3, 2, 2, 2, 2, 2, 2, 2]
+    weights = {"10/0": 3, "10/1": 4, "10/2": 2, "10/3": 5, "10/4": 3, "10/5": 1, "10/6": 3, "10/7": 3, "10/8": 6,
+               "10/9": 0}
+    assert load_recipe(CONFIG_DIR / "libero_10_cpu.yaml", []).demos.task_weights == weights
+    cfg = LiberoEnvConfig(task="libero_10", num_envs=40, task_weights=weights)
+    assert cfg.groups_per_task(cfg.validate()).tolist() == [4, 5, 3, 6, 4, 2, 4, 4, 7, 1]
+    pairs = dataclasses.replace(cfg, group_size=2)  # 20 groups: 10 by weight, two of them by remainder
+    assert pairs.groups_per_task(pairs.validate()).tolist() == [2, 2, 2, 3, 2, 1, 2, 2, 3, 1]
+    ensure_tasks(["spatial/1"])
+    env = sims.make_vec_env("libero_spatial/0+libero_spatial/1", 5, split="fixed", num_threads=1,
+                            task_weights={"spatial/1": 2})
+    assert env.bounds.tolist() == [0, 2, 5] and env.env_task.tolist() == [0, 0, 1, 1, 1]
+    with pytest.raises(ValueError, match=r"^task_weights=\{'spatial/1': 1\}: task weights name \['spatial/1'\], not "
+                                         r"tasks of 'libero_spatial/0'; valid: spatial/0$"):
+        LiberoEnvConfig(task="libero_spatial/0", task_weights={"spatial/1": 1}).validate()
+    with pytest.raises(ValueError, match=r"^task_weights=.*each weight must be a number >= 0"):
+        LiberoEnvConfig(task="libero_10", task_weights={"10/1": -1}).validate()
 
 
 def test_bad_input_is_one_line_naming_the_fix(cached, tmp_path, monkeypatch):
