@@ -31,7 +31,9 @@ hand twisted about it). "Open the top drawer and put the bowl inside" chains thr
 drawer opened, the bowl put in (:class:`DrawerPlaceExpert`); "push the plate to the front of the
 stove" (goal/5) pushes it with the closed fingers (:class:`PushExpert`). LIBERO-10's goals are conjunctions: :func:`long_expert` chains each predicate's expert
 (:func:`predicate_expert`), closing a drawer (:class:`DrawerCloseExpert`) or a door
-(:class:`DoorCloseExpert`) last.
+(:class:`DoorCloseExpert`) last; into the microwave the mug goes through the doorway, gripped by its handle with
+the fingers leaning in (:class:`DoorwayPlaceExpert`), after a door open too narrow for the hand is swung out
+(:class:`DoorOpenExpert`).
 :func:`expert_for` picks the expert of a task.
 """
 
@@ -862,6 +864,7 @@ class DoorCloseExpert(MotionExpert):
     and back off and up."""
 
     REACH = 0.75  # of the door's width from the hinge, where the fingers push
+    HEIGHT = 0.5  # of the door's height, where the fingers push
     GAP = 0.03  # m from the door's face to the grip site
     LEAD = 0.35  # rad ahead of the door's current angle the push aims
     TILT = np.pi / 4  # rad the fingers lean from pointing down into the push
@@ -887,20 +890,21 @@ class DoorCloseExpert(MotionExpert):
         self.axis = np.tile(UP, (n, 1))
         self.arm = np.zeros((n, 3))  # horizontal, from the hinge to the push point, at the planned angle
         self.start_q = np.zeros(n)
+        self.goal = np.full(n, self.closed)  # the angle the push ends at
         self.height = np.zeros(n)  # the push point's height
         self.over = np.zeros(n)
-        self.sense = np.ones(n)  # +1: closing increases the joint's angle
+        self.sense = np.ones(n)  # +1: the push increases the joint's angle
 
     def plan(self, i: int, d: mujoco.MjData) -> None:
         self.anchor[i], self.axis[i] = d.xanchor[self.joint], d.xaxis[self.joint]
         self.start_q[i] = d.qpos[self._qadr]
-        self.sense[i] = 1.0 if self.closed > self.start_q[i] else -1.0
+        self.sense[i] = 1.0 if self.goal[i] > self.start_q[i] else -1.0
         lo, hi = geom_boxes(self.sim.model, d, self._geoms)
         lo, hi = lo.min(0), hi.max(0)
         arm = (lo + hi) / 2 - self.anchor[i]
         arm[2] = 0.0
         self.arm[i] = arm * 2 * self.REACH  # the door's centre lies half its width out
-        self.height[i] = (lo[2] + hi[2]) / 2
+        self.height[i] = lo[2] + self.HEIGHT * (hi[2] - lo[2])
         self.over[i] = hi[2] + self.OVER
 
     def _point(self, i: int, angle: float) -> tuple[np.ndarray, np.ndarray]:
@@ -921,7 +925,7 @@ class DoorCloseExpert(MotionExpert):
                 point[2] = self.over[i]
         elif step.name == "push":
             aim = q + self.sense[i] * self.LEAD
-            aim = min(aim, self.closed) if self.sense[i] > 0 else max(aim, self.closed)
+            aim = min(aim, self.goal[i]) if self.sense[i] > 0 else max(aim, self.goal[i])
             point, ahead = self._point(i, aim)
         else:
             point, ahead = self._point(i, q)
@@ -930,7 +934,170 @@ class DoorCloseExpert(MotionExpert):
 
     def arrived(self, i: int, step: Step) -> bool:
         q = float(to_numpy(self.sim.qpos[i, self._qadr]))
-        return step.name == "push" and abs(q - self.closed) < self.CLOSED
+        return step.name == "push" and abs(q - self.goal[i]) < self.CLOSED
+
+
+class DoorOpenExpert(DoorCloseExpert):
+    """Swings a door that stands open less than :data:`WIDE` out to that angle, pushing its inner face the way
+    :class:`DoorCloseExpert` pushes its outer one, higher up (over what stands before the doorway); a door open
+    wide enough is left as it is (each step ends at once). LIBERO-10's microwave starts open 74-119 degrees: at
+    the least of those the door's edge stands where the hand carrying the mug in must pass."""
+
+    WIDE = 1.75  # rad from closed
+    HEIGHT = 0.8  # of the door's height, where the fingers push
+    SLACK = 0.05  # rad: a door open within this of WIDE is wide enough
+
+    def __init__(self, sim: LiberoSim, joint: str):
+        super().__init__(sim, joint)
+        lo, hi = sim.model.jnt_range[self.joint]
+        self.wide = self.closed + self.WIDE * (1.0 if abs(hi - self.closed) > abs(lo - self.closed) else -1.0)
+        self.skip = np.zeros(sim.num_envs, bool)
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        q = d.qpos[self._qadr]
+        self.skip[i] = abs(q - self.closed) >= self.WIDE - self.SLACK
+        self.goal[i] = self.wide
+        super().plan(i, d)
+
+    def arrived(self, i: int, step: Step) -> bool:
+        return bool(self.skip[i]) or super().arrived(i, step)
+
+
+def _spans(lo: np.ndarray, hi: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each box's (``lo``, ``hi`` [B, 3]) extent along unit ``v`` [3]: its least and greatest projection, [B] each."""
+    centre, half = (lo + hi) / 2 @ v, (hi - lo) / 2 @ np.abs(v)
+    return centre - half, centre + half
+
+
+class DoorwayPlaceExpert(MotionExpert):
+    """Puts an object into a region inside a container entered through a hinged door (LIBERO-10's mug into the
+    microwave, whose 14 cm-tall inside a hand from above does not fit into): the object is gripped from above by
+    its part furthest from the doorway (the mug's handle, which faces away from the microwave), the fingers leaning
+    :data:`TILT` towards the doorway so that the hand's hull tilts back out of it; lifted until its bottom clears
+    the container's floor, slid in straight until it stands :data:`DEPTH` inside the region (no deeper than the
+    hull, which stays outside, allows), let go; the hand backs out and rises, turning the fingers down again (the
+    door is closed after, by :class:`DoorCloseExpert`). Planned once from the settled scene."""
+
+    TILT = np.radians(55)  # rad the fingers lean from pointing down towards the doorway
+    HANDLE = 0.03  # m: the object's boxes this close (along the doorway) to its furthest-back one are its handle
+    CLEAR = 0.015  # m the object's bottom clears the container's floor when it slides in
+    DEPTH = 0.02  # m the object's origin goes past the region's front (less where the hull stops it)
+    WALL_MARGIN = 0.015  # m the object keeps off the container's side walls
+    OVER_DOOR = 0.08  # m above the door's top that the grip site travels to over the grasp
+    SEARCH = 0.04  # m either side of the region's centre (across the doorway) where the object may go in
+    BACK, RISE = 0.10, 0.15  # m the hand backs out of the doorway and then rises
+    STEPS = (Step("over", limit=80, reached=0.02), Step("down", limit=50),
+             Step("close", grip=1.0, hold=CLOSE_STEPS, limit=CLOSE_STEPS), Step("lift", grip=1.0, limit=40),
+             Step("insert", grip=1.0, limit=80, speed=0.5), Step("open", hold=OPEN_STEPS, limit=OPEN_STEPS),
+             Step("back", limit=40, reached=0.02), Step("rise", limit=60, reached=0.03))
+
+    def __init__(self, sim: LiberoSim, pred: dict, door: str):
+        """Args: sim; pred: the ``In(object, region)`` it makes hold; door: the container's door hinge.
+
+        Raises: ValueError: ``door`` is not a hinge.
+        """
+        super().__init__(sim)
+        m, n = sim.model, sim.num_envs
+        obj, region = pred["entities"]
+        self.obj = m.body(obj["body"]).id
+        self.site = m.site(region["site"]).id
+        self._half = np.array(region["size"], float)
+        self.door = self._joint(door, mujoco.mjtJoint.mjJNT_HINGE, "a door's hinge")
+        door_body = m.jnt_bodyid[self.door]
+        self.container = m.body_rootid[door_body]
+        lo, hi = m.jnt_range[self.door]
+        self.door_closed = lo if abs(lo) < abs(hi) else hi
+        self._door_geoms = np.flatnonzero(self._collide & (m.geom_bodyid == door_body) & (m.geom_type == mujoco.mjtGeom.mjGEOM_BOX))
+        self._obj_geoms = np.flatnonzero(self._collide & (m.body_rootid[m.geom_bodyid] == self.obj))
+        self._box_geoms = np.flatnonzero(self._collide & (m.body_rootid[m.geom_bodyid] == self.container)
+                                         & (m.geom_bodyid != door_body))  # the container less its door
+        self.inward = np.zeros((n, 3))  # horizontal unit through the doorway into the container
+        self.grasp = np.zeros((n, 3))  # the grip site at the grasp
+        self.over = np.zeros(n)  # the grip site's height on its way to over the grasp
+        self.place = np.zeros((n, 3))  # the grip site when the object stands in the region
+        self.lean_rot = np.tile(np.eye(3), (n, 1, 1))  # the fingers leaning TILT towards the doorway
+        # The hand's orientation as the episode started (set by a SequenceExpert for an expert after its first).
+        self.base_rot: np.ndarray | None = None
+
+    def _inward(self, d: mujoco.MjData) -> np.ndarray:
+        """The doorway's normal into the container, horizontal unit [3]: the door panel's (its largest box's) thinnest
+        axis turned about the hinge to the closed angle, then the nearest of the container's horizontal frame axes
+        (the doorway is square to its body), in the sense from the hinge to the region."""
+        m = self.sim.model
+        panel = self._door_geoms[np.argmax(np.prod(m.geom_size[self._door_geoms], axis=1))]
+        normal = d.geom_xmat[panel].reshape(3, 3)[:, int(np.argmin(m.geom_size[panel]))]
+        normal = _turn(d.xaxis[self.door], self.door_closed - d.qpos[m.jnt_qposadr[self.door]]) @ normal
+        axes = d.xmat[self.container].reshape(3, 3).T[:2].copy()  # its x and y axes
+        axes[:, 2] = 0.0
+        axis = axes[int(np.argmax(np.abs(axes @ normal)))]
+        axis /= np.linalg.norm(axis)
+        return axis if axis @ (d.site_xpos[self.site] - d.xanchor[self.door]) > 0 else -axis
+
+    def plan(self, i: int, d: mujoco.MjData) -> None:
+        m = self.sim.model
+        u = self.inward[i] = self._inward(d)
+        w = np.cross(UP, u)  # across the doorway
+        olo, ohi = geom_boxes(m, d, self._obj_geoms)
+        ou, ow = _spans(olo, ohi, u), _spans(olo, ohi, w)
+        handle = ou[0] < ou[0].min() + self.HANDLE
+        top = ohi[handle, 2].max()
+        back = int(np.argmin(ou[0]))  # the handle's outermost box: the fingers close across its top
+        self.grasp[i] = np.array([*(olo[back, :2] + ohi[back, :2]) / 2, top - GRIP_BELOW_TOP / 2])
+        bottom = olo[:, 2].min()
+        # The hand starts over the open door's edge: it travels above the door, not through it.
+        self.over[i] = max(self.grasp[i, 2] + HOVER, geom_boxes(m, d, self._door_geoms)[1][:, 2].max() + self.OVER_DOOR)
+        blo, bhi = geom_boxes(m, d, self._box_geoms)
+        site = d.site_xpos[self.site]
+        under = ((blo[:, :2] <= site[:2]) & (bhi[:, :2] >= site[:2])).all(1) & (bhi[:, 2] < site[2])
+        lift = max(bhi[under, 2].max() + self.CLEAR - bottom if under.any() else 0.0, 0.02)
+        origin = d.xpos[self.obj]
+        half_u = float(np.abs(d.site_xmat[self.site].reshape(3, 3) @ self._half) @ np.abs(u))
+        wanted = float(site @ u) - half_u + self.DEPTH - float(origin @ u)  # the origin's travel along u
+        carried = self.grasp[i] + lift * UP
+        bu, bw = _spans(blo, bhi, u), _spans(blo, bhi, w)
+        # Across the doorway: between the walls beside the object where it will stand (WALL_MARGIN off them),
+        # nearest the region's centre where the hull lets it go as deep as wanted, else where it goes deepest.
+        beside = ((bu[0] < ou[1].max() + wanted) & (bu[1] > ou[0].min() + wanted)
+                  & (blo[:, 2] < ohi[:, 2].max() + lift) & (bhi[:, 2] > bottom + lift))
+        at = float(site @ w)
+        left = max(bw[1][beside & (bw[1] <= at)], default=-np.inf)
+        right = min(bw[0][beside & (bw[0] >= at)], default=np.inf)
+        lowest = left + float(origin @ w - ow[0].min()) + self.WALL_MARGIN
+        highest = right - float(ow[1].max() - origin @ w) - self.WALL_MARGIN
+        options = sorted(np.clip(at + np.linspace(-self.SEARCH, self.SEARCH, 9), lowest, highest), key=lambda x: abs(x - at))
+        shifts = [(x - float(origin @ w)) * w for x in options]
+        depths = [min(wanted, self._hull_depth(carried + shift, u, blo, bhi, bu, bw)) for shift in shifts]
+        best = next((k for k, depth in enumerate(depths) if depth >= wanted - 1e-9), int(np.argmax(depths)))
+        self.place[i] = carried + shifts[best] + depths[best] * u
+        lean = _leaning_hand(u, self.TILT)
+        spun = lean * np.array([-1.0, -1.0, 1.0])  # the same lean, the hand spun half a turn about its fingers
+        start = self.base_rot[i] if self.base_rot is not None else self.start_rot[i]
+        self.lean_rot[i] = max((lean, spun), key=lambda r: np.trace(r @ start.T))
+
+    def _hull_depth(self, carried: np.ndarray, u: np.ndarray, blo: np.ndarray, bhi: np.ndarray,
+                    bu: tuple[np.ndarray, np.ndarray], bw: tuple[np.ndarray, np.ndarray]) -> float:
+        """How far along ``u`` the grip site may go from ``carried`` [3] before the leaning hand's hull meets a box of
+        the container (``blo``, ``bhi`` [B, 3]; their spans along ``u`` and across, ``bu``, ``bw``): the hull's front
+        face runs from its bottom corner back and up; where it meets the lowest box above that corner it must stay
+        :data:`HAND_MARGIN` short of that box's front."""
+        fingers = np.cos(self.TILT) * -UP + np.sin(self.TILT) * u
+        corner = carried - HAND_BOX[2] * fingers + HAND_BOX[0] * np.cross(np.cross(u, UP), fingers)
+        at = float(carried @ np.cross(UP, u))
+        ahead = (bw[0] < at + HAND_BOX[1]) & (bw[1] > at - HAND_BOX[1]) & (bhi[:, 2] > corner[2])
+        if not ahead.any():
+            return np.inf
+        k = np.flatnonzero(ahead)[np.argmin(bu[0][ahead])]  # the nearest face in the hull's way
+        face = float(corner @ u) - max(float(blo[k, 2]) - corner[2], 0.0) * np.tan(self.TILT)
+        return float(bu[0][k]) - HAND_MARGIN - face
+
+    def target(self, i: int, step: Step, eef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        u, grasp, place = self.inward[i], self.grasp[i], self.place[i]
+        point = {"over": np.append(grasp[:2], self.over[i]), "down": grasp, "close": grasp, "lift": np.append(grasp[:2], place[2]),
+                 "insert": place, "open": place, "back": place - self.BACK * u,
+                 "rise": place - self.BACK * u + self.RISE * UP}[step.name]
+        if step.name == "rise":  # the fingers down as the episode started: the wrist unwinds for what comes next
+            return point, self.base_rot[i] if self.base_rot is not None else self.start_rot[i]
+        return point, self.lean_rot[i]
 
 
 class PushExpert(MotionExpert):
@@ -1217,7 +1384,7 @@ class SequenceExpert:
         # A grasp's yaw counts from the hand as the episode started, not as the expert before left it turned.
         self.start_rot = np.tile(np.eye(3), (sim.num_envs, 1, 1))
         for expert in experts[1:]:
-            if isinstance(expert, PickPlaceExpert) and not isinstance(expert, DrawerPlaceExpert):
+            if isinstance(expert, PickPlaceExpert | DoorwayPlaceExpert) and not isinstance(expert, DrawerPlaceExpert):
                 expert.base_rot = self.start_rot
 
     def reset(self, ids: np.ndarray | None = None, settle: bool = True) -> None:
@@ -1256,9 +1423,23 @@ def _drawer_joint(sim: LiberoSim, pred: dict) -> int | None:
     return slides[0] if slides else None
 
 
+def _door_joint(sim: LiberoSim, pred: dict) -> int | None:
+    """The hinge of the door of the container whose region ``pred`` (an ``In``) puts something in; ``None``: none."""
+    m = sim.model
+    region = pred["entities"][1]
+    if region["kind"] != "site" or region["parent_body"] is None:
+        return None
+    root = m.body_rootid[m.body(region["parent_body"]).id]
+    hinges = [j for j in range(m.njnt) if m.jnt_type[j] == mujoco.mjtJoint.mjJNT_HINGE
+              and m.body_rootid[m.jnt_bodyid[j]] == root and m.jnt_bodyid[j] != root]
+    return hinges[0] if hinges else None
+
+
 def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> Expert:
     """The expert that makes one goal predicate ``pred`` hold, by its form: ``Open`` or ``Close`` a
     drawer: :class:`DrawerExpert`, :class:`DrawerCloseExpert`; ``Close`` a door: :class:`DoorCloseExpert`; ``TurnOn``/``TurnOff`` a knob: :class:`KnobExpert`; into a region
+    of a container with a door (the microwave): the door swung wide enough (:class:`DoorOpenExpert`), the object
+    slid in through the doorway (:class:`DoorwayPlaceExpert`); into a region
     of a drawer: the object set aside off the drawer's path (:class:`AsideExpert`), the drawer opened,
     the object put in (:class:`DrawerPlaceExpert`; only the last where ``drawer_open``: the task's
     drawer starts open); any other ``On``/``In``: :class:`GoalExpert`.
@@ -1282,6 +1463,9 @@ def predicate_expert(sim: LiberoSim, pred: dict, drawer_open: bool = False) -> E
         raise ValueError(f"no expert for {sim.task.task_id}'s {kind}({', '.join(pred['args'])}): experts open and "
                          "close drawers, close doors, turn knobs, pick and place onto or into objects and regions")
     slide = _drawer_joint(sim, pred)
+    if slide is None and kind == "in" and (door := _door_joint(sim, pred)) is not None:
+        return SequenceExpert(sim, [DoorOpenExpert(sim, m.joint(door).name),
+                                    DoorwayPlaceExpert(sim, pred, m.joint(door).name)])
     if slide is None:
         return GoalExpert(sim, pred)
     drawer = DrawerExpert(sim, m.joint(slide).name)
