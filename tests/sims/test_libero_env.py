@@ -286,16 +286,18 @@ def test_controller_and_starts_from_a_training_config_reach_the_env_config():
 
 def test_task_weights_share_the_environments_out_one_group_each_at_least(cached):
     """Without weights the groups are shared evenly (the earlier tasks take the remainder); with weights every task
-    keeps one group and the rest go by weight (libero_10's demonstration recipe: 10/9, weighing 0, keeps one); the
+    keeps one group and the rest go by weight (libero_10's demonstration recipe; a task weighing 0 keeps one); the
     env's blocks follow; a weight naming no task of the env, or a negative one, is a one-line error."""
     even = LiberoEnvConfig(task="libero_10", num_envs=23)
     assert even.groups_per_task(even.validate()).tolist() == [3, 3, 3, 2, 2, 2, 2, 2, 2, 2]
     weights = {"10/0": 3, "10/1": 4, "10/2": 2, "10/3": 5, "10/4": 3, "10/5": 1, "10/6": 3, "10/7": 3, "10/8": 6,
-               "10/9": 0}
+               "10/9": 5}
     assert load_recipe(CONFIG_DIR / "libero_10_cpu.yaml", []).demos.task_weights == weights
     cfg = LiberoEnvConfig(task="libero_10", num_envs=40, task_weights=weights)
-    assert cfg.groups_per_task(cfg.validate()).tolist() == [4, 5, 3, 6, 4, 2, 4, 4, 7, 1]
-    pairs = dataclasses.replace(cfg, group_size=2)  # 20 groups: 10 by weight, two of them by remainder
+    assert cfg.groups_per_task(cfg.validate()).tolist() == [4, 4, 3, 5, 4, 2, 4, 3, 6, 5]
+    zero = LiberoEnvConfig(task="libero_10", num_envs=40, task_weights={**weights, "10/9": 0})
+    assert zero.groups_per_task(zero.validate()).tolist() == [4, 5, 3, 6, 4, 2, 4, 4, 7, 1]
+    pairs = dataclasses.replace(zero, group_size=2)  # 20 groups: 10 by weight, two of them by remainder
     assert pairs.groups_per_task(pairs.validate()).tolist() == [2, 2, 2, 3, 2, 1, 2, 2, 3, 1]
     ensure_tasks(["spatial/1"])
     env = sims.make_vec_env("libero_spatial/0+libero_spatial/1", 5, split="fixed", num_threads=1,
