@@ -1412,26 +1412,31 @@ class SequenceExpert:
 Expert = PickPlaceExpert | MotionExpert | SequenceExpert
 
 
-def _drawer_joint(sim: LiberoSim, pred: dict) -> int | None:
-    """The slide joint of the drawer whose region ``pred`` (an ``On``/``In``) puts something in; ``None``: none."""
+def _joints_of_region(sim: LiberoSim, pred: dict, kind: mujoco.mjtJoint) -> list[int]:
+    """The joints of type ``kind`` of the object whose region ``pred`` (an ``On``/``In``) puts something in: a slide
+    of the region's own body (a drawer's), a hinge of any other body of that object (a door's); [] for a region of
+    the table or an object."""
     m = sim.model
     region = pred["entities"][1]
     if region["kind"] != "site" or region["parent_body"] is None:
-        return None
+        return []
     body = m.site_bodyid[m.site(region["site"]).id]
-    slides = [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == mujoco.mjtJoint.mjJNT_SLIDE]
+    root = m.body_rootid[m.body(region["parent_body"]).id]
+    if kind == mujoco.mjtJoint.mjJNT_SLIDE:
+        return [j for j in range(m.njnt) if m.jnt_bodyid[j] == body and m.jnt_type[j] == kind]
+    return [j for j in range(m.njnt) if m.jnt_type[j] == kind and m.body_rootid[m.jnt_bodyid[j]] == root
+            and m.jnt_bodyid[j] != root]
+
+
+def _drawer_joint(sim: LiberoSim, pred: dict) -> int | None:
+    """The slide joint of the drawer whose region ``pred`` (an ``On``/``In``) puts something in; ``None``: none."""
+    slides = _joints_of_region(sim, pred, mujoco.mjtJoint.mjJNT_SLIDE)
     return slides[0] if slides else None
 
 
 def _door_joint(sim: LiberoSim, pred: dict) -> int | None:
     """The hinge of the door of the container whose region ``pred`` (an ``In``) puts something in; ``None``: none."""
-    m = sim.model
-    region = pred["entities"][1]
-    if region["kind"] != "site" or region["parent_body"] is None:
-        return None
-    root = m.body_rootid[m.body(region["parent_body"]).id]
-    hinges = [j for j in range(m.njnt) if m.jnt_type[j] == mujoco.mjtJoint.mjJNT_HINGE
-              and m.body_rootid[m.jnt_bodyid[j]] == root and m.jnt_bodyid[j] != root]
+    hinges = _joints_of_region(sim, pred, mujoco.mjtJoint.mjJNT_HINGE)
     return hinges[0] if hinges else None
 
 
