@@ -153,7 +153,8 @@ def check_flat_keys(section: dict[str, Any]) -> None:
     known = {f.name for f in dataclasses.fields(TrainEnvConfig)}
     task = section.get("task", TrainEnvConfig.task)
     mine = next((s.name for s in sims.suites() if isinstance(task, str) and s.claims(task)), None)
-    flat = {k: [s.name for s in sims.suites() if k in sims.suite_settings(s.config)] for k in section if k not in known}
+    flat = {k: sorted((s.name for s in sims.suites() if k in sims.suite_settings(s.config)), key=lambda n: n != mine)
+            for k in section if k not in known}  # the task's suite named first
     for key, owners in sorted(flat.items(), key=lambda item: mine not in item[1]):  # the task's suite's first
         if owners:
             raise ConfigError(f"env.{key} is a suite's own setting ({', '.join(owners)}): write env.suite.{key}="
