@@ -846,6 +846,12 @@ class DrawerCloseExpert(DrawerExpert):
         return step.name == "push" and self.sign * (q - self.near) < self.CLOSED
 
 
+def _closed_end(m: mujoco.MjModel, hinge: int) -> float:
+    """The end of a door hinge's range nearer 0, where the door is shut [rad]."""
+    lo, hi = m.jnt_range[hinge]
+    return float(lo if abs(lo) < abs(hi) else hi)
+
+
 def _leaning_hand(ahead: np.ndarray, tilt: float) -> np.ndarray:
     """The hand's orientation [3, 3] leaning towards horizontal unit ``ahead`` [3]: the fingers (its z)
     pointing down, leaning ``tilt`` rad that way, closing (its y) across it, so the hand's 21 cm width
@@ -882,8 +888,7 @@ class DoorCloseExpert(MotionExpert):
         super().__init__(sim)
         m, n = sim.model, sim.num_envs
         self.joint = self._joint(joint, mujoco.mjtJoint.mjJNT_HINGE, "a door's hinge")
-        lo, hi = m.jnt_range[self.joint]
-        self.closed = lo if abs(lo) < abs(hi) else hi
+        self.closed = _closed_end(m, self.joint)
         self._qadr = m.jnt_qposadr[self.joint]
         self._geoms = np.flatnonzero(self._collide & (m.geom_bodyid == m.jnt_bodyid[self.joint]))
         self.anchor = np.zeros((n, 3))
@@ -1005,8 +1010,7 @@ class DoorwayPlaceExpert(MotionExpert):
         self.door = self._joint(door, mujoco.mjtJoint.mjJNT_HINGE, "a door's hinge")
         door_body = m.jnt_bodyid[self.door]
         self.container = m.body_rootid[door_body]
-        lo, hi = m.jnt_range[self.door]
-        self.door_closed = lo if abs(lo) < abs(hi) else hi
+        self.door_closed = _closed_end(m, self.door)
         self._door_geoms = np.flatnonzero(self._collide & (m.geom_bodyid == door_body) & (m.geom_type == mujoco.mjtGeom.mjGEOM_BOX))
         self._obj_geoms = np.flatnonzero(self._collide & (m.body_rootid[m.geom_bodyid] == self.obj))
         self._box_geoms = np.flatnonzero(self._collide & (m.body_rootid[m.geom_bodyid] == self.container)
