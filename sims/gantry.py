@@ -33,7 +33,7 @@ SUITE = register(Suite(
     # without frames, 366 MiB with 64 x 64 frames of one camera.
     memory=MemoryModel(per_env=220 * 1024, per_rendered_env=150 * 1024),
     weigh=T.task_weight_tuple,
-    templates=True,
+    template_groups=lambda config: T.instruction_groups(T.resolve_tasks(config.task), "train"),
     depth=True,
     proprio_names=("arm_x", "arm_y", "arm_z", "arm_vx", "arm_vy", "arm_vz", "finger_left", "finger_right",
                    "finger_left_v", "finger_right_v", "tip_x", "tip_y", "tip_z"),

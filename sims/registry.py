@@ -106,8 +106,10 @@ class Suite:
     weigh: Callable[[str, dict[str, float]], tuple[float, ...]] | None = None
     """``weigh(task, {task_id: weight})``: the config's ``task_weights`` (one per task id, a task not named
     weighing 1; ``ValueError`` naming a bad one); ``None``: the suite samples its tasks evenly."""
-    templates: bool = False
-    """Its tasks have several instruction templates of one meaning (language augmentation mixes them)."""
+    template_groups: Callable[[Any], list[tuple[str, ...]]] | None = None
+    """``template_groups(config)``: instructions of one meaning each (a task said with each of its training
+    templates), which SFT's template mixing (``sft.template_mix``) moves a frame's instruction embedding between;
+    ``None``: the suite's tasks have one instruction each."""
     proprio_names: tuple[str, ...] = ()
     """Name of each ``proprio`` component (dataset feature names)."""
     action_names: tuple[str, ...] = ()

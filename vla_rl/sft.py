@@ -25,7 +25,6 @@ from tensordict import TensorDict
 from torch import nn
 
 from policies.vla import INSTRUCTION_EMBEDDING
-from sims.tasks import instruction_groups, resolve_tasks
 from vla_rl.algorithm import Algorithm, Budget, Experience, Setup
 from vla_rl.config import ConfigError, TrainConfig, env_suite, suite_config
 from vla_rl.demos.reader import DatasetError, DemoDataset
@@ -72,6 +71,20 @@ def paraphrase_table(instructions: list[str], groups: list[tuple[str, ...]]) -> 
             members[i] = rows
     width = max(len(m) for m in members)
     return torch.tensor([m + [m[0]] * (width - len(m)) for m in members], dtype=torch.int64)
+
+
+def template_groups(cfg: TrainConfig) -> list[tuple[str, ...]]:
+    """The instructions of one meaning that ``sft.template_mix`` mixes (the env suite's ``template_groups``).
+
+    Raises:
+        ConfigError: the run's env gives each task a single training instruction, so there is nothing to mix.
+    """
+    groups = env_suite(cfg.env).template_groups(suite_config(cfg.env))
+    if all(len(group) < 2 for group in groups):
+        raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes a task's training instructions, and "
+                          f"env.task={cfg.env.task!r} trains each task on one here: set sft.template_mix=0, or give its "
+                          "tasks several (env.suite.instructions=paraphrase on a LIBERO task)")
+    return groups
 
 
 class ParaphraseResample:
@@ -193,8 +206,7 @@ class SFT(Algorithm):
         if self.cfg.template_mix > 0 or self.cfg.instruction_noise > 0 or self.cfg.token_dropout > 0:
             partners = None
             if self.cfg.template_mix > 0:
-                groups = instruction_groups(resolve_tasks(cfg.env.task), "train")
-                partners = paraphrase_table(setup.instructions, groups)
+                partners = paraphrase_table(setup.instructions, template_groups(cfg))
             embeddings = setup.policy.instruction_embeddings.detach().cpu()
             self.augment = LanguageAugment(embeddings, partners, self.cfg.template_mix, self.cfg.instruction_noise,
                                            self.cfg.token_dropout, self.cfg.token_tail_cut)

@@ -91,6 +91,11 @@ def longest_episode(task: str, limit: int | None = None) -> int:
     return limit or max(MAX_STEPS[task_id.split("/")[0]] for task_id in resolve_libero_task(task))
 
 
+def _training_groups(config: LiberoEnvConfig) -> list[tuple[str, ...]]:
+    """Each task's training instructions under the config's ``instructions`` mode (its own, then its paraphrases)."""
+    return libero_training_groups(config.task, config.instructions)
+
+
 def check_instructions(run_task: str, task: str | None, texts: list[str]) -> None:
     """Raise ValueError unless ``texts`` can instruct a LIBERO evaluation: whole instructions (no ``{a}``/``{b}``:
     those name the gantry suite's entities) for one task, ``task`` (``libero_spatial/4``) or the run's own, that is
@@ -131,7 +136,8 @@ SUITE = register(Suite(
     protocol=EvalProtocol(fixed_states=True, test_splits=FIXED_STATE_SPLITS),
     missing_files=missing_files,
     training_refusal=training_refusal,
-    training_instructions=lambda config: libero_training_groups(config.task, config.instructions),
+    training_instructions=_training_groups,
+    template_groups=_training_groups,  # a task's own instruction and its training paraphrases say one thing
     validation_instructions=libero_validation_phrasings,
     check_instructions=check_instructions,
 ))

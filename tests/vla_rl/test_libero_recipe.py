@@ -243,3 +243,20 @@ def test_a_recipe_over_two_suites_reports_each_task_and_suite(cached, tmp_path, 
     for split in ("fixed", "lan"):
         assert set(results[split]["tasks"]) == {"spatial/0", "object/0"}
         assert set(results[split]["suites"]) == {"spatial", "object"}
+
+
+def test_template_mixing_on_libero_mixes_each_tasks_own_instruction_with_its_training_paraphrases(cached):
+    """``sft.template_mix`` on a LIBERO task draws its partners from the suite's training paraphrases (the task's own
+    instruction first); with LIBERO's own instructions only there is nothing to mix, and the run is refused."""
+    from infra.common.typed_config import ConfigError
+    from sims.libero.paraphrase import paraphrases
+    from sims.libero.scene import load_task
+    from vla_rl.config import load_config
+    from vla_rl.sft import template_groups
+
+    mix = ["env.task=libero_spatial/0", "algo=sft", "sft.dataset=demos", "sft.template_mix=1.5"]  # (not read)
+    groups = template_groups(load_config(CONFIG_DIR / "libero.yaml", [*mix, "env.suite.instructions=paraphrase"]))
+    assert groups == [(load_task("spatial/0").instruction, *paraphrases("spatial/0", "train"))]
+    with pytest.raises(ConfigError, match=r"trains each task on one here: set sft.template_mix=0, or give its tasks "
+                                          r"several \(env.suite.instructions=paraphrase"):
+        template_groups(load_config(CONFIG_DIR / "libero.yaml", mix))

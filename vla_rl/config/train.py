@@ -180,7 +180,7 @@ def _check_algo(cfg: TrainConfig) -> None:
             "algo=distill needs distill.teacher=PATH, a checkpoint of a state-policy run, e.g. "
             "python scripts/train.py --config configs/reach_state_ppo.yaml name=teacher, then distill.teacher=runs/teacher"
         )
-    if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind == "sims" and not env_suite(cfg.env).templates:
+    if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind == "sims" and not env_suite(cfg.env).template_groups:
         raise ConfigError(f"sft.template_mix={cfg.sft.template_mix} mixes a task's instruction templates; the "
                           f"{env_suite(cfg.env).name} suite's tasks have one instruction each: set sft.template_mix=0")
     if cfg.algo == "sft" and cfg.sft.template_mix > 0 and cfg.env.kind != "sims":
