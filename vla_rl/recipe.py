@@ -100,7 +100,7 @@ class RecipeConfig:
     out_dir: str = "runs"
     """Parent directory."""
     seed: int = 0
-    """Seed of the demonstrations and of both training runs."""
+    """Seed of the demonstrations and of both training runs, unless a stage sets its own (``rl.seed=1``)."""
     base: str = "suite.yaml"
     """Training config both stages start from (a file in configs/, or a path)."""
     demos: DemoSettings = field(default_factory=DemoSettings)
@@ -174,7 +174,8 @@ def _stage_dicts(recipe: RecipeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     base_path = Path(recipe.base)
     base = read_yaml(base_path if base_path.is_file() else CONFIG_DIR / recipe.base)
     root = _root(recipe)
-    common = {"out_dir": str(root), "seed": recipe.seed}
+    base = merge(base, {"seed": recipe.seed})  # a stage's own seed (``rl.seed=1``: RL seeds from one SFT) wins
+    common = {"out_dir": str(root)}
     sft = merge(merge(base, recipe.sft), {**common, "name": "sft", "algo": "sft", "sft": {"dataset": str(root / "demos")}})
     rl = merge(merge(base, recipe.rl), {**common, "name": "rl", "init_from": str(root / "sft"),
                                         "eval": {"at_start": True}})

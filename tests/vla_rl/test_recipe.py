@@ -124,6 +124,14 @@ def test_the_demonstrations_curve_runs_sft_alone_once_per_count(tmp_path, script
         load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["stages=[rl]"])
 
 
+def test_a_stage_seed_overrides_the_recipe_seed_for_that_stage_only():
+    """``seed=S`` seeds the demonstrations and both stages; ``rl.seed=1`` reseeds RL alone (RL seeds from one SFT)."""
+    both = recipe.stage_configs(load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["seed=3"]))
+    assert (both["sft"].seed, both["rl"].seed) == (3, 3)
+    own = recipe.stage_configs(load_recipe(CONFIG_DIR / "reach_sft_rl.yaml", ["seed=3", "rl.seed=1"]))
+    assert (own["sft"].seed, own["rl"].seed) == (3, 1)
+
+
 @pytest.mark.parametrize("name", ["suite_sft_rl.yaml", "reach_sft_rl.yaml", "libero_spatial.yaml", "libero_object.yaml",
                                   "libero_spatial_cpu.yaml"])
 def test_every_shipped_recipe_loads(name):
