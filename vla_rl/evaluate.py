@@ -231,6 +231,25 @@ class CheckpointEval:
                 "instructions": {t: _rate(g) for t, g in sorted(by_text.items())}}
 
 
+def _test_env_config(env_cfg: Any, task: str | None, templates: list[str] | None) -> Any:
+    """The run's environment section as a test plays it: one task of it (``task``), the caller's instructions
+    checked by the suite, and the tasks drawn alike."""
+    import dataclasses
+
+    if env_cfg.kind != "sims":
+        return env_cfg
+    check = sims.suite_of(env_cfg.task).check_instructions
+    if templates and check is not None:
+        check(env_cfg.task, task, templates)
+    if task:
+        env_cfg = dataclasses.replace(env_cfg, task=task)
+    if "task_weights" in env_cfg.suite:
+        # Every split is tested with its tasks drawn alike: task weights shape a run's training episodes, and kept
+        # here they would give an RL checkpoint's "train" figure another mix of tasks than its SFT start's.
+        env_cfg = dataclasses.replace(env_cfg, suite={k: v for k, v in env_cfg.suite.items() if k != "task_weights"})
+    return env_cfg
+
+
 def evaluate_checkpoint(
     path: str | Path,
     split: str = "paraphrase",
@@ -267,8 +286,6 @@ def evaluate_checkpoint(
         vla_rl.checkpoint.CheckpointError: The checkpoint is missing, corrupt, or does not fit its config.
         ValueError: An unknown split or task, or a device this machine does not have.
     """
-    import dataclasses
-
     import policies
     from vla_rl.checkpoint import CheckpointError, load_checkpoint
     from vla_rl.config import build_config
@@ -281,14 +298,7 @@ def evaluate_checkpoint(
     cfg = build_config(state["config"])
     torch.set_num_threads(cfg.torch_threads)
     sims_env = cfg.env.kind == "sims"
-    check = sims.suite_of(cfg.env.task).check_instructions if sims_env else None
-    if templates and check is not None:
-        check(cfg.env.task, task, templates)
-    env_cfg = dataclasses.replace(cfg.env, task=task) if task and sims_env else cfg.env
-    if "task_weights" in env_cfg.suite:
-        # Every split is tested with its tasks drawn alike: task weights shape a run's training episodes, and kept
-        # here they would give an RL checkpoint's "train" figure another mix of tasks than its SFT start's.
-        env_cfg = dataclasses.replace(env_cfg, suite={k: v for k, v in env_cfg.suite.items() if k != "task_weights"})
+    env_cfg = _test_env_config(cfg.env, task, templates)
     n = cfg.eval.num_envs if num_envs is None else num_envs
     if n < 1:
         raise ValueError(f"num_envs={n} must be at least 1 (None: the run's eval.num_envs)")
