@@ -285,23 +285,8 @@ class WarpBackend:
         self.num_envs = num_envs
         self._cuda = self.wp_device.is_cuda
         self._stream = self.wp_device.stream if self._cuda else None
-        with wp.ScopedDevice(self.wp_device):
-            per_world = (["geom_rgba"] if self.renders else []) + (["body_pos", "body_quat"] if per_world_bodies else [])
-            self.m = mjw.put_model(model, batch_sizes={name: num_envs for name in per_world} or None)
-            self.m.opt.tolerance.fill_(SOLVER_TOLERANCE)
-            # Iteration limits are reached now and then, as in MuJoCo C (which says nothing): no print.
-            flag = mjw.OverflowType
-            self.m.opt.warn_overflow = int(self.m.opt.warn_overflow) & ~int(flag.ITERATIONS | flag.LS_ITERATIONS)
-            self._capacity = int(flag.NEFC | flag.NJMAX_NNZ | flag.BROADPHASE | flag.NARROWPHASE | flag.CCD
-                                 | flag.NVMAX)
-            if deterministic:
-                self.m.opt.deterministic = int(mjw.DeterminismType.ALL)
-            self.d = mjw.make_data(model, nworld=num_envs, nconmax=nconmax, njmax=njmax)
-            for field in _UNINITIALISED:
-                arr = getattr(self.d, field, None)
-                if arr is not None and arr.size:
-                    arr.zero_()
-            self._reset_mask_wp = wp.zeros(num_envs, dtype=bool)
+        per_world = (["geom_rgba"] if self.renders else []) + (["body_pos", "body_quat"] if per_world_bodies else [])
+        self._put_on_device(model, num_envs, nconmax, njmax, per_world)
         self._qpos = wp.to_torch(self.d.qpos)
         self._qvel = wp.to_torch(self.d.qvel)
         self._mocap_pos = wp.to_torch(self.d.mocap_pos)
@@ -324,6 +309,28 @@ class WarpBackend:
         if self._capture and not wp.is_mempool_enabled(self.wp_device):
             raise ValueError(f"CUDA graphs need Warp's memory pool on {name}, which is off: call "
                              "wp.set_mempool_enabled(device, True) or set env.suite.warp_uncaptured=true (about 100x slower)")
+
+    def _put_on_device(self, model: mujoco.MjModel, num_envs: int, nconmax: int, njmax: int,
+                       per_world: list[str]) -> None:
+        """The Warp model (``per_world`` fields with one row per world) and data of ``num_envs`` worlds, with the
+        solver's settings and the overflow flags that count as a capacity error."""
+        wp, mjw = self._wp, self._mjw
+        with wp.ScopedDevice(self.wp_device):
+            self.m = mjw.put_model(model, batch_sizes={name: num_envs for name in per_world} or None)
+            self.m.opt.tolerance.fill_(SOLVER_TOLERANCE)
+            # Iteration limits are reached now and then, as in MuJoCo C (which says nothing): no print.
+            flag = mjw.OverflowType
+            self.m.opt.warn_overflow = int(self.m.opt.warn_overflow) & ~int(flag.ITERATIONS | flag.LS_ITERATIONS)
+            self._capacity = int(flag.NEFC | flag.NJMAX_NNZ | flag.BROADPHASE | flag.NARROWPHASE | flag.CCD
+                                 | flag.NVMAX)
+            if self.deterministic:
+                self.m.opt.deterministic = int(mjw.DeterminismType.ALL)
+            self.d = mjw.make_data(model, nworld=num_envs, nconmax=nconmax, njmax=njmax)
+            for field in _UNINITIALISED:
+                arr = getattr(self.d, field, None)
+                if arr is not None and arr.size:
+                    arr.zero_()
+            self._reset_mask_wp = wp.zeros(num_envs, dtype=bool)
 
     # ----------------------------------------------------------------------------- streams
     @contextlib.contextmanager
