@@ -3,11 +3,12 @@
 place to choose language settings (augmentation, encoder), since the paraphrase split is a test.
 
     python scripts/bench_language_dev.py --checkpoint runs/NAME --episodes 128 --json dev.json
+    python scripts/bench_language_dev.py --checkpoint runs/NAME --set structures --json dev.json   # LIBERO's sentence shapes
 
 Each task of ``--phrasings`` (YAML: task -> templates) is run on ``--episodes`` fresh validation
 episodes; without it, the phrasings of the run's suite where it has its own (LIBERO: each task's
-validation paraphrases, ``sims.libero.paraphrase``, whole sentences by task name such as
-``libero_spatial/0``), else configs/language_dev.yaml (the gantry tasks' templates with {a}/{b}). The
+validation paraphrases, or with ``--set structures`` its paraphrases in sentence shapes no training, validation
+or test set has, ``sims.libero.paraphrase``, whole sentences by task name such as ``libero_spatial/0``), else configs/language_dev.yaml (the gantry tasks' templates with {a}/{b}). The
 JSON holds success overall (episodes pooled) and per task, with 95 % Wilson intervals.
 """
 
@@ -33,11 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint .pt, or a run directory")
     parser.add_argument("--phrasings", type=Path, default=None,
                         help="YAML: task -> templates (default: the run's suite's own, else configs/language_dev.yaml)")
+    parser.add_argument("--set", dest="which", default=None,
+                        help="the suite's development phrasing set (LIBERO: validation, the default, or structures: "
+                             "sentence shapes no other set has)")
     parser.add_argument("--episodes", type=int, default=128, help="validation episodes per task")
     parser.add_argument("--json", type=output_path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
     try:
-        phrasings = None if args.phrasings else suite_dev_phrasings(args.checkpoint)
+        phrasings = None if args.phrasings else suite_dev_phrasings(args.checkpoint, args.which)
     except (CheckpointError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -64,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{t} {100 * r['success']:.0f} %" for t, r in tasks.items()))
     if args.json:
         write_report(args.json, {"checkpoint": str(args.checkpoint), "phrasings": phrasings,
-                                 "episodes_per_task": args.episodes, "split": "validation"}, {**overall, "tasks": tasks})
+                                 "set": args.which, "episodes_per_task": args.episodes, "split": "validation"},
+                     {**overall, "tasks": tasks})
     return 0
 
 

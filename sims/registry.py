@@ -133,11 +133,14 @@ class Suite:
     """``training_instructions(config)``: the instructions each task of an instance of ``config`` is trained with
     (its settings say which), one tuple per task id (its own first, then those that say the same), which SFT
     draws from per frame (``vla_rl.sft.ParaphraseResample``); ``None``: the suite has no such setting."""
-    validation_instructions: Callable[[str], dict[str, tuple[str, ...]]] | None = None
-    """``validation_instructions(task)``: phrasings of each task of task name ``task`` that are in none of its
-    training or test instruction sets, by task name (``{"libero_spatial/0": (...)}``), which
-    ``scripts/bench_language_dev.py`` plays on validation episodes, where language settings may be chosen;
-    ``None``: the suite has none of its own (the script then reads configs/language_dev.yaml)."""
+    validation_instructions: Callable[[str, str], dict[str, tuple[str, ...]]] | None = None
+    """``validation_instructions(task, which)``: phrasings of set ``which`` (one of :attr:`dev_sets`) of each task of
+    task name ``task`` that are in none of its training or test instruction sets, by task name
+    (``{"libero_spatial/0": (...)}``), which ``scripts/bench_language_dev.py`` plays on validation episodes, where
+    language settings may be chosen; ``None``: the suite has none of its own (the script then reads
+    configs/language_dev.yaml)."""
+    dev_sets: tuple[str, ...] = ()
+    """The names of the development phrasing sets :attr:`validation_instructions` gives, the default first."""
     check_instructions: Callable[[str, str | None, list[str]], None] | None = None
     """``check_instructions(run_task, task, texts)``: raise ``ValueError`` (one line, naming the fix) unless the
     caller's instructions ``texts`` can instruct an evaluation of ``task`` (None: the run's) in a run of ``run_task``;

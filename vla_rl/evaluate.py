@@ -331,20 +331,32 @@ def evaluate_checkpoint(
     return CheckpointEval(results, list(env.task_names), list(env.instructions), frames, steps_per_s, cfg, seed)
 
 
-def suite_dev_phrasings(path: str | Path) -> dict[str, list[str]] | None:
-    """The phrasings the suite of checkpoint ``path``'s run gives each of its tasks for choosing language settings
-    (``sims.Suite.validation_instructions``, by task name: LIBERO's validation paraphrases), or None where the suite
-    has none of its own (the gantry suite: ``scripts/bench_language_dev.py`` reads configs/language_dev.yaml).
+def suite_dev_phrasings(path: str | Path, which: str | None = None) -> dict[str, list[str]] | None:
+    """The phrasings of development set ``which`` (one of the suite's ``dev_sets``; None: its first) that the suite of
+    checkpoint ``path``'s run gives each of its tasks for choosing language settings
+    (``sims.Suite.validation_instructions``, by task name: LIBERO's validation or sentence-shape paraphrases), or None
+    where the suite has none of its own (the gantry suite: ``scripts/bench_language_dev.py`` reads
+    configs/language_dev.yaml).
 
     Raises:
         vla_rl.checkpoint.CheckpointError: the checkpoint is missing or corrupt.
+        ValueError: ``which`` is not one of the suite's development sets.
     """
     from vla_rl.checkpoint import load_checkpoint
     from vla_rl.config import build_config
 
     env = build_config(load_checkpoint(path)["config"]).env
-    hook = sims.suite_of(env.task).validation_instructions if env.kind == "sims" else None
-    return None if hook is None else {task: list(texts) for task, texts in hook(env.task).items()}
+    suite = sims.suite_of(env.task) if env.kind == "sims" else None
+    if suite is None or suite.validation_instructions is None:
+        if which is not None:
+            raise ValueError(f"--set {which}: the run's env.task={env.task} has no development phrasing sets of its "
+                             "own; give the phrasings with --phrasings FILE")
+        return None
+    if which is not None and which not in suite.dev_sets:
+        raise ValueError(f"--set {which} is not a development phrasing set of {env.task}; use one of "
+                         f"{', '.join(suite.dev_sets)}")
+    texts = suite.validation_instructions(env.task, which or suite.dev_sets[0])
+    return {task: list(t) for task, t in texts.items()}
 
 
 LIBERO_CAVEAT = (

@@ -6,9 +6,12 @@ put both, push, open, close, turn on), each naming things from :data:`NOUNS` (a 
 the BDDL object it is), with a relation (:data:`RELATIONS`: on, in, on top of, to the right of, in
 front of) and, for LIBERO-Spatial, a locator that tells which of two black bowls is meant
 (:data:`LOCATORS`: between the X and the Y, next to, on, in the top drawer of, the table's centre).
-A clause is said with a skill's templates (:data:`SKILLS`), in three sets that share no sentence:
+A clause is said with a skill's templates (:data:`SKILLS`), in four sets that share no sentence:
 ``train`` for training, ``validation`` for the ``validation`` split (phrasings never trained on, where
-language settings may be chosen), ``heldout`` for the ``paraphrase`` test split only; a two-clause task
+language settings may be chosen), ``heldout`` for the ``paraphrase`` test split only, and ``structures``,
+a development set in sentence shapes the other three lack (the destination first, a request, the locator
+as a relative clause: "the black bowl that is next to the ramekin"), where robustness to how a sentence is
+built can be measured without a test split (``scripts/bench_language_dev.py``); a two-clause task
 joins its clauses with a conjunction of the same set (:data:`CONJUNCTIONS`). Every template is filled with
 every choice of words; a task keeps at most :data:`PER_TASK` of them per set, drawn once with a fixed
 seed, so the tables are the same on every machine and do not depend on which tasks an env runs.
@@ -34,7 +37,7 @@ INSTRUCTION_MODES = ("original", "paraphrase")
 """What training and validation episodes are instructed with: ``original``, the task's BDDL
 instruction only (LIBERO's protocol); ``paraphrase``, that instruction or one of the task's training
 paraphrases per training episode, and of its validation paraphrases per validation episode."""
-PER_TASK = {"train": 48, "heldout": 24, "validation": 24}  # the order seeds each set's draw: append, never reorder
+PER_TASK = {"train": 48, "heldout": 24, "validation": 24, "structures": 24}  # the order seeds each set's draw: append, never reorder
 """The most instructions a task keeps of each template set."""
 _TABLE_SEED = 0x1A56  # draws each task's kept instructions; fixed: the tables are part of the benchmark
 
@@ -112,35 +115,53 @@ LOCATORS: dict[str, tuple[str, ...]] = {
 }
 """Which of several alike things is meant, by where it is: locator -> phrases (``{x}``, ``{y}``: referents)."""
 
+RELATIVE_LOCATORS: dict[str, tuple[str, ...]] = {
+    "between": ("that is between {x} and {y}", "sitting between {x} and {y}"),
+    "next_to": ("that is next to {x}", "sitting beside {x}"),
+    "on": ("that is on {x}", "sitting on top of {x}"),
+    "in_top_drawer": ("that is in the top drawer of {x}", "sitting inside the top drawer of {x}"),
+    "center": ("that is in the middle of the table", "sitting at the center of the table"),
+}
+"""The locators as relative clauses (the ``{objrel}`` slot of the ``structures`` templates)."""
+
 VERBS: dict[str, tuple[str, ...]] = {"pick": ("pick up", "grab", "take", "lift"), "place": ("put", "place", "set")}
 """Verb slots of the templates."""
 
 SKILLS: dict[str, dict[str, tuple[str, ...]]] = {
     "pick_place": {"train": ("{pick} {obj} and {place} it {rel} {dest}", "{place} {obj} {rel} {dest}"),
                    "heldout": ("get {obj} {rel} {dest}", "{obj} goes {rel} {dest}", "i need {obj} {rel} {dest}"),
-                   "validation": ("move {obj} {rel} {dest}", "bring {obj} {rel} {dest}", "transfer {obj} {rel} {dest}")},
+                   "validation": ("move {obj} {rel} {dest}", "bring {obj} {rel} {dest}", "transfer {obj} {rel} {dest}"),
+                   "structures": ("{rel} {dest}, {place} {objrel}", "could you {place} {objrel} {rel} {dest}",
+                                  "find {objrel} and leave it {rel} {dest}")},
     "put_both": {"train": ("{place} {obj} {rel} {dest}", "{pick} {obj} and {place} them {rel} {dest}"),
                  "heldout": ("get {obj} {rel} {dest}", "{obj} go {rel} {dest}", "i need {obj} {rel} {dest}"),
-                 "validation": ("move {obj} {rel} {dest}", "bring {obj} {rel} {dest}", "transfer {obj} {rel} {dest}")},
+                 "validation": ("move {obj} {rel} {dest}", "bring {obj} {rel} {dest}", "transfer {obj} {rel} {dest}"),
+                 "structures": ("{rel} {dest}, {place} {obj}", "could you {place} {obj} {rel} {dest}",
+                                "find {obj} and leave them {rel} {dest}")},
     "push": {"train": ("push {obj} {rel} {dest}", "slide {obj} {rel} {dest}"),
              "heldout": ("nudge {obj} {rel} {dest}", "shove {obj} over {rel} {dest}"),
-             "validation": ("scoot {obj} {rel} {dest}", "move {obj} {rel} {dest} without lifting it")},
+             "validation": ("scoot {obj} {rel} {dest}", "move {obj} {rel} {dest} without lifting it"),
+             "structures": ("could you push {obj} {rel} {dest}", "{obj} has to be pushed {rel} {dest}")},
     "open": {"train": ("open {obj}", "pull {obj} open", "pull open {obj}"),
              "heldout": ("get {obj} open", "i need {obj} open"),
-             "validation": ("open up {obj}", "slide {obj} open")},
+             "validation": ("open up {obj}", "slide {obj} open"),
+             "structures": ("could you open {obj}", "{obj} has to be opened")},
     "close": {"train": ("close {obj}", "shut {obj}"), "heldout": ("get {obj} closed", "push {obj} shut"),
-              "validation": ("close {obj} up", "make sure {obj} is closed")},
+              "validation": ("close {obj} up", "make sure {obj} is closed"),
+              "structures": ("could you close {obj}", "{obj} has to be shut")},
     "turn_on": {"train": ("turn on {obj}", "switch {obj} on", "turn {obj} on"),
                 "heldout": ("fire up {obj}", "get {obj} going", "i need {obj} on"),
-                "validation": ("power on {obj}", "start up {obj}")},
+                "validation": ("power on {obj}", "start up {obj}"),
+                "structures": ("could you turn on {obj}", "{obj} has to be switched on")},
 }
 """Each skill's templates: ``train`` (training), ``validation`` (the validation split) and ``heldout`` (the
-paraphrase test split)."""
+paraphrase test split) and ``structures`` (a development set of sentence shapes none of the others has)."""
 
 CONJUNCTIONS: dict[str, tuple[str, ...]] = {
     "train": ("{0} and {1}", "{0}, then {1}", "first {0}, then {1}"),
     "heldout": ("{0} and after that {1}", "{0}; once that is done, {1}"),
     "validation": ("{0}, and next {1}", "{0}, and when that is finished, {1}"),
+    "structures": ("before anything else {0}; afterwards {1}", "{0}. when you are done, {1}"),
 }
 """How a two-clause task joins its clauses, per template set."""
 
@@ -213,8 +234,9 @@ TASKS: dict[str, tuple[Clause, ...]] = {
 """Every LIBERO task's language structure, from its BDDL goal and instruction: task id -> its clauses."""
 
 
-def _object_phrases(clause: Clause) -> tuple[str, ...]:
-    """How the clause can name its object: with its locator, "both the X and the Y", or "it"."""
+def _object_phrases(clause: Clause, locators: dict[str, tuple[str, ...]] = LOCATORS) -> tuple[str, ...]:
+    """How the clause can name its object: with its locator (phrased as ``locators`` says), "both the X and the Y",
+    or "it"."""
     if "+" in clause.obj:
         a, b = (NOUNS[k].phrases() for k in clause.obj.split("+"))
         pairs = [(x, y) for x, y in itertools.product(a, b)] + [(y, x) for x, y in itertools.product(a, b)]
@@ -225,14 +247,15 @@ def _object_phrases(clause: Clause) -> tuple[str, ...]:
     if not clause.loc:
         return own
     kind, *refs = clause.loc
-    places = [t.format(**dict(zip("xy", r))) for t in LOCATORS[kind]
+    places = [t.format(**dict(zip("xy", r))) for t in locators[kind]
               for r in itertools.product(*(NOUNS[k].phrases() for k in refs))]
     return tuple(f"{o} {p}" for o in own for p in places)
 
 
 def _slots(clause: Clause) -> dict[str, tuple[str, ...]]:
     dest = NOUNS[clause.dest].phrases() if clause.dest else ()
-    return {**VERBS, "obj": _object_phrases(clause), "rel": RELATIONS.get(clause.rel, ()),
+    return {**VERBS, "obj": _object_phrases(clause), "objrel": _object_phrases(clause, RELATIVE_LOCATORS),
+            "rel": RELATIONS.get(clause.rel, ()),
             "dest": ("it", *dest) if clause.it and clause.dest else dest}
 
 
@@ -251,7 +274,7 @@ def clause_texts(clause: Clause, which: str) -> list[str]:
 
 @functools.cache
 def paraphrases(task_id: str, which: str) -> tuple[str, ...]:
-    """The instructions template set ``which`` (``train``, ``validation`` or ``heldout``) keeps for ``task_id``, sorted:
+    """The instructions template set ``which`` (a key of :data:`PER_TASK`) keeps for ``task_id``, sorted:
     every filling of its templates, or :data:`PER_TASK` of them drawn with a fixed seed.
 
     Raises:
@@ -314,14 +337,22 @@ def libero_training_groups(task: str, mode: str, cache: str | None = None) -> li
     return split_groups(ids, [load_task(t, cache).instruction for t in ids], "train", mode)
 
 
-def libero_validation_phrasings(task: str) -> dict[str, tuple[str, ...]]:
-    """Each task of env task ``task``'s validation paraphrases, by task name (``libero_spatial/0``): the LIBERO
-    suite's ``validation_instructions`` (:mod:`sims.registry`), in neither its training nor its test sets.
+DEV_SETS = ("validation", "structures")
+"""The template sets where language settings may be chosen: the validation split's, and the sentence shapes none
+of the other sets has."""
+
+
+def libero_validation_phrasings(task: str, which: str = "validation") -> dict[str, tuple[str, ...]]:
+    """Each task of env task ``task``'s paraphrases of development set ``which`` (:data:`DEV_SETS`), by task name
+    (``libero_spatial/0``): the LIBERO suite's ``validation_instructions`` (:mod:`sims.registry`), in neither its
+    training nor its test sets.
 
     Raises:
-        ValueError: an unknown task.
+        ValueError: an unknown task, or a set that is not a development set.
     """
-    return {f"libero_{t}": paraphrases(t, "validation") for t in resolve_libero_task(task)}
+    if which not in DEV_SETS:
+        raise ValueError(f"{which!r} is not a development phrasing set of LIBERO; use one of {', '.join(DEV_SETS)}")
+    return {f"libero_{t}": paraphrases(t, which) for t in resolve_libero_task(task)}
 
 
 _SPLIT_STREAM = {"train": 0x1A50, "validation": 0x1A51, "paraphrase": 0x1A52}  # apart from the starts' streams

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from sims.libero.expert import SETTLE_STEPS, expert_for
-from sims.libero.paraphrase import libero_training_groups, libero_validation_phrasings
+from sims.libero.paraphrase import DEV_SETS, libero_training_groups, libero_validation_phrasings
 from sims.libero.regions import missing_region_starts
 from sims.libero.scene import CAMERAS
 from sims.libero.sim import libero_render_config
@@ -139,5 +139,6 @@ SUITE = register(Suite(
     training_instructions=_training_groups,
     template_groups=_training_groups,  # a task's own instruction and its training paraphrases say one thing
     validation_instructions=libero_validation_phrasings,
+    dev_sets=DEV_SETS,
     check_instructions=check_instructions,
 ))

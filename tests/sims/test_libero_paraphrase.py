@@ -41,7 +41,7 @@ from sims.libero.toolchain.region_starts import ensure_region_starts
 from vla_rl.config import CONFIG_DIR, ConfigError, load_config
 
 IDS = all_task_ids()
-SETS = tuple(PER_TASK)  # train, heldout, validation
+SETS = tuple(PER_TASK)  # train, heldout, validation, structures
 _LANGUAGE = re.compile(r"\(:language\s+(.*)\)")
 
 
@@ -157,7 +157,7 @@ def test_tables_are_bounded_and_use_every_template():
 
 
 _DUMP = ("from sims.libero.paraphrase import paraphrases; from sims.libero.suites import all_task_ids; "
-         "print('\\n'.join(t for i in all_task_ids() for w in ('train', 'heldout', 'validation') "
+         "print('\\n'.join(t for i in all_task_ids() for w in ('train', 'heldout', 'validation', 'structures') "
          "for t in paraphrases(i, w)))")
 
 

@@ -120,6 +120,24 @@ def test_language_dev_plays_a_libero_runs_validation_paraphrases(libero_run, tmp
     assert report["config"]["split"] == "validation" and report["results"]["tasks"]["libero_spatial/0"]["episodes"] == 2
 
 
+def test_the_language_benchmark_plays_the_sentence_shapes_set_and_refuses_an_unknown_one(libero_run, tmp_path, script,
+                                                                                          capsys):
+    """--set structures: the task's paraphrases in sentence shapes no training, validation or test set has (the
+    destination first, a request, the locator as a relative clause); an unknown set is refused naming the valid ones."""
+    out = tmp_path / "dev.json"
+    bench = script("bench_language_dev")
+    assert bench.main(["--checkpoint", str(libero_run), "--set", "structures", "--episodes", "2",
+                       "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    texts = report["config"]["phrasings"]["libero_spatial/0"]
+    assert texts == list(paraphrases("spatial/0", "structures")) and report["config"]["set"] == "structures"
+    assert any(" that is between " in t for t in texts) and any(t.startswith("could you ") for t in texts)
+    assert report["results"]["tasks"]["libero_spatial/0"]["episodes"] == 2
+    assert bench.main(["--checkpoint", str(libero_run), "--set", "heldout", "--episodes", "2"]) == 2
+    assert "--set heldout is not a development phrasing set of libero_spatial/0; use one of validation, structures" in (
+        capsys.readouterr().err)
+
+
 def test_sft_draws_every_frame_a_training_instruction_of_its_task():
     """env.suite.instructions=paraphrase: SFT hands each frame its task's own instruction or one of its training
     paraphrases, uniformly (the demonstrations recorded the task's own)."""
