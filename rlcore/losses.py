@@ -96,7 +96,7 @@ def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
 
 def surrogate_loss(
     log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor, clip_coef: float,
-    clip_coef_high: float | None = None,
+    clip_coef_high: float | None = None, weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate objective over a batch (negated, to minimise), and its diagnostics.
 
@@ -106,15 +106,24 @@ def surrogate_loss(
         advantage: ``[B]`` advantage estimates.
         clip_coef: epsilon of the ratio clip (below 1, and above it unless ``clip_coef_high`` is given).
         clip_coef_high: epsilon above 1 (clip-higher, :func:`clipped_surrogate`); ``None``: ``clip_coef``.
+        weight: ``[B]`` 1 for a sample of the objective, 0 for one that is not (GRPO's anchor states, which only a
+            KL term reads); the loss and diagnostics are means over the weighted samples. ``None``: all count.
 
     Returns:
         The scalar loss and ``approx_kl`` (:func:`kl_k3` of pi_old to pi) and ``clip_frac``.
     """
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()
-    loss = clipped_surrogate(ratio, advantage, clip_coef, clip_coef_high).mean()
+    if weight is None:
+        loss = clipped_surrogate(ratio, advantage, clip_coef, clip_coef_high).mean()
+        with torch.no_grad():
+            stats = {"approx_kl": kl_k3(log_ratio).mean(), "clip_frac": clipped(ratio, clip_coef, clip_coef_high).mean()}
+        return loss, stats
+    total = weight.sum().clamp_min(1.0)  # a minibatch of anchors alone: no objective, a zero loss
+    loss = (clipped_surrogate(ratio, advantage, clip_coef, clip_coef_high) * weight).sum() / total
     with torch.no_grad():
-        stats = {"approx_kl": kl_k3(log_ratio).mean(), "clip_frac": clipped(ratio, clip_coef, clip_coef_high).mean()}
+        stats = {"approx_kl": (kl_k3(log_ratio) * weight).sum() / total,
+                 "clip_frac": (clipped(ratio, clip_coef, clip_coef_high) * weight).sum() / total}
     return loss, stats
 
 

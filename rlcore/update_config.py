@@ -106,16 +106,26 @@ class GRPOConfig:
     successive collections until at least this many have gathered, and the update then takes all of them. No
     update happens in between, so every held episode comes from the policy being updated. 0: each collection's
     kept groups are updated on at once, however few."""
+    anchor_fraction: float = 0.0
+    """Anchors for the groups dynamic sampling drops: this fraction of their steps (drawn per collection from the
+    run's seed) joins the update with no weight in the surrogate, so only the KL toward the reference
+    (``optim.ref_kl_coef`` > 0) reads them. A task whose groups all succeed is otherwise absent from every update, and
+    nothing holds it while the updates other tasks drive move the shared network. 0: none (the update reads the kept
+    groups alone)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The clipped update's settings."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field outside its range (:data:`GRPO_RANGES`: G >= 2,
-        ``std_eps`` > 0, the update's settings), or a band of group success rates that keeps nothing."""
+        ``std_eps`` > 0, the update's settings), a band of group success rates that keeps nothing, or anchors
+        without a KL term to read them."""
         _raise_out_of_range(self, GRPO_RANGES)
         if self.min_group_success > self.max_group_success:
             raise ValueError(f"min_group_success={self.min_group_success} is above max_group_success="
                              f"{self.max_group_success}: no group would be kept; use e.g. 0.1 and 0.9")
+        if self.anchor_fraction > 0 and self.optim.ref_kl_coef <= 0:
+            raise ValueError(f"anchor_fraction={self.anchor_fraction} needs optim.ref_kl_coef > 0 (only the KL "
+                             "toward the reference reads the anchors), e.g. 0.05")
 
 
 OPTIM_RANGES: dict[str, Range] = {
@@ -127,7 +137,7 @@ OPTIM_RANGES: dict[str, Range] = {
 """Valid range of every numeric field of :class:`OptimConfig`."""
 GRPO_RANGES: dict[str, Range] = {
     "group_size": Range(2), "std_eps": POSITIVE, "min_group_success": FRACTION, "max_group_success": FRACTION,
-    "min_groups_per_update": NON_NEGATIVE,
+    "min_groups_per_update": NON_NEGATIVE, "anchor_fraction": FRACTION,
     **{f"optim.{k}": r for k, r in OPTIM_RANGES.items()},
 }
 """Valid range of every numeric field of :class:`GRPOConfig` (dotted keys)."""

@@ -13,6 +13,12 @@ logs how many. By default the update takes whatever a collection kept, however f
 ``grpo.min_groups_per_update`` (DAPO's fill) the kept groups are held until that many have gathered over
 successive collections; the policy does not change meanwhile, so the held episodes stay on-policy. A resumed run
 collects its held groups again (they are not checkpointed: the same policy plays them, only time is lost).
+
+Anchors (``grpo.anchor_fraction``): a task whose groups all succeed is dropped from every update, and with nothing
+in the loss about its states the updates the other tasks drive move the shared network under it (measured on the
+six-task suite: a drawer task never kept fell from 97.6 to 72.0 % on held-out phrasings). With a fraction of the
+dropped groups' steps in the batch, weight 0 in the surrogate (``weight``), the KL toward the reference holds the
+policy there too.
 """
 
 from __future__ import annotations
@@ -30,23 +36,35 @@ from vla_rl.ppo import ClippedUpdate, LossWeights
 from vla_rl.rollout import EpisodeStats, Timer
 
 
-def episode_batch(batch: TensorDict, advantage: torch.Tensor, keep: torch.Tensor | None = None) -> TensorDict:
+def episode_batch(batch: TensorDict, advantage: torch.Tensor, keep: torch.Tensor | None = None,
+                  anchors: float = 0.0, generator: torch.Generator | None = None) -> TensorDict:
     """Flatten a ``[T, N]`` episode batch to its live steps, each carrying its episode's advantage.
 
     Args:
         batch: Output of :func:`vla_rl.rollout.collect_episodes` with ``alive`` ``[T, N]``.
         advantage: ``[N]`` advantage of each environment's episode.
         keep: ``[N]`` bool, the episodes to keep (``None``: all).
+        anchors: With ``keep``, the fraction of the other episodes' live steps (drawn with ``generator``) that join
+            as anchors: advantage 0 and ``weight`` 0, where the kept steps have ``weight`` 1 (only when > 0).
+        generator: The draw's generator (CPU).
 
     Returns:
-        A flat TensorDict ``[B]`` (B = live steps of the kept episodes) with ``obs``, ``action``, ``log_prob``,
-        ``advantage``.
+        A flat TensorDict ``[B]`` (B = live steps of the kept episodes, then the anchors) with ``obs``, ``action``,
+        ``log_prob``, ``advantage`` (and ``weight`` with anchors).
     """
     batch = batch.clone(False)
     batch["advantage"] = advantage[None].expand(batch.batch_size).clone()
-    live = batch["alive"] if keep is None else batch["alive"] & keep.to(batch["alive"].device)[None]
+    alive = batch["alive"]
+    live = alive if keep is None else alive & keep.to(alive.device)[None]
     rows = live.reshape(-1).nonzero().squeeze(1)  # one read of the mask; every field then gathers by index
-    return batch.select("obs", "action", "log_prob", "advantage").reshape(-1)[rows]
+    fields = ["obs", "action", "log_prob", "advantage"]
+    if keep is None or anchors <= 0:
+        return batch.select(*fields).reshape(-1)[rows]
+    batch["advantage"][:, ~keep.to(alive.device)] = 0.0
+    batch["weight"] = live.to(batch["advantage"].dtype)
+    dropped = (alive & ~live).reshape(-1).nonzero().squeeze(1).cpu()
+    picked = dropped[torch.rand(len(dropped), generator=generator) < anchors].to(rows.device)
+    return batch.select(*fields, "weight").reshape(-1)[torch.cat([rows, picked])]
 
 
 class GRPO(Algorithm):
@@ -83,6 +101,8 @@ class GRPO(Algorithm):
         batch, returns, success = collector.collect_episodes(self.policy, seed, decisions, timer)
         cfg = self.cfg
         advantage = group_advantages(returns, cfg.group_size, cfg.std_eps)
+        # The anchors' draw depends on the seed and the iteration alone, so a resumed run draws the same.
+        draw = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
         chunk = chunk_length(batch["action"], batch.batch_dims)
         task = batch["obs", "task"][0] if ("obs", "task") in batch.keys(True) else torch.full_like(returns, -1)
         # Each episode's figures come to the host once, together (one device read, not one per episode).
@@ -95,7 +115,10 @@ class GRPO(Algorithm):
             kept = int(keep.sum()) // cfg.group_size
         groups = len(returns) // cfg.group_size
         metrics = {"grpo/groups_kept": float(kept), "grpo/groups_dropped": float(groups - kept)}
-        steps = episode_batch(batch, advantage, keep).to(self.device)
+        anchors = cfg.anchor_fraction if kept else 0.0  # no group kept: no anchors (nor an update of anchors alone)
+        steps = episode_batch(batch, advantage, keep, anchors, draw).to(self.device)
+        if steps.get("weight", None) is not None:
+            metrics["grpo/anchor_steps"] = float(len(steps) - int(steps["weight"].sum()))
         if cfg.min_groups_per_update:
             steps = self._fill(steps, kept)
             metrics["grpo/groups_held"] = float(self.held_groups)

@@ -185,7 +185,8 @@ class ClippedUpdate:
                 adv = mb["advantage"]
                 if w.norm_adv and adv.numel() > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                pg_loss, stats = surrogate_loss(log_prob, mb["log_prob"], adv, cfg.clip_coef, cfg.clip_coef_high)
+                weight = mb.get("weight", None)  # GRPO's anchor states: in the KL term only
+                pg_loss, stats = surrogate_loss(log_prob, mb["log_prob"], adv, cfg.clip_coef, cfg.clip_coef_high, weight)
                 entropy_loss = entropy.mean()
                 loss = pg_loss - cfg.ent_coef * entropy_loss
                 if self.reference is not None:

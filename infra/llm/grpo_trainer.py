@@ -38,9 +38,10 @@ def check_grpo(cfg: GRPOConfig, prefix: str = "grpo.") -> None:
     LLM trainer does not implement (``GRPOConfig`` is rlcore's, shared with the VLA trainer: its LLM checks live here)."""
     message = out_of_range(cfg, GRPO_RANGES, prefix)
     message = message or unsupported(cfg.optim, SUPPORTED_OPTIM, llm_grpo_config().optim, f"{prefix}optim.")
-    if not message and (cfg.min_group_success, cfg.max_group_success, cfg.min_groups_per_update) != (0.0, 1.0, 0):
-        message = (f"{prefix}min_group_success/max_group_success/min_groups_per_update (dynamic sampling) are not "
-                   "implemented by this trainer; leave them at 0, 1 and 0")
+    if not message and (cfg.min_group_success, cfg.max_group_success, cfg.min_groups_per_update,
+                        cfg.anchor_fraction) != (0.0, 1.0, 0, 0.0):
+        message = (f"{prefix}min_group_success/max_group_success/min_groups_per_update/anchor_fraction (dynamic "
+                   "sampling) are not implemented by this trainer; leave them at 0, 1, 0 and 0")
     if message:
         raise ConfigError(message)
 

@@ -58,9 +58,11 @@ def test_the_llm_and_vla_trainers_read_one_grpo_config_checked_by_the_same_range
                          ("grpo.optim.clip_coef_high=0.28", r"grpo\.optim\.clip_coef_high=0\.28 is not implemented"),
                          ("grpo.optim.rollout_temperature=1.5", r"grpo\.optim\.rollout_temperature=1\.5 is not implemented"),
                          ("grpo.min_group_success=0.1", r"grpo\.min_group_success/max_group_success/"
-                                                        r"min_groups_per_update \(dynamic sampling\) are not implemented"),
+                                                        r"min_groups_per_update/anchor_fraction \(dynamic sampling\) "
+                                                        r"are not implemented"),
                          ("grpo.min_groups_per_update=4", r"grpo\.min_group_success/max_group_success/"
-                                                          r"min_groups_per_update \(dynamic sampling\) are not")]:
+                                                          r"min_groups_per_update/anchor_fraction \(dynamic sampling\)"),
+                         ("grpo.anchor_fraction=0.5", r"anchor_fraction \(dynamic sampling\) are not implemented")]:
         with pytest.raises(ValueError, match=message):
             apply_overrides(RLVRConfig(), [*CHAR, bad]).check()
 

@@ -39,7 +39,8 @@ TINY = ["demos.episodes=2", "demos.num_envs=2", "demos.keep_failures=true", "dem
         "rl.ppo.optim.rollout_temperature=1.5", "test.episodes=2", "test.num_envs=2"]
 GRPO = ["rl.algo=grpo", "rl.grpo.group_size=2", "rl.grpo.min_group_success=0.1", "rl.grpo.max_group_success=0.9",
         "rl.grpo.optim.num_minibatches=1", "rl.grpo.optim.clip_coef_high=0.28", "rl.grpo.optim.rollout_temperature=1.5",
-        "rl.grpo.min_groups_per_update=2", "rl.total_env_steps=16"]
+        "rl.grpo.min_groups_per_update=2", "rl.grpo.anchor_fraction=0.5", "rl.grpo.optim.ref_kl_coef=0.05",
+        "rl.total_env_steps=16"]
 
 
 def _rows(run_dir) -> list[dict[str, float]]:
@@ -49,9 +50,9 @@ def _rows(run_dir) -> list[dict[str, float]]:
 
 
 def _grpo_from_the_sft_checkpoint(out_dir) -> None:
-    """GRPO with dynamic sampling (and its fill), clip-higher and a rollout temperature from the recipe's SFT
-    checkpoint: the 3-step episodes never succeed, so every group falls below the band, is dropped, and no step is
-    taken."""
+    """GRPO with dynamic sampling (its fill and anchors, a KL toward the SFT policy), clip-higher and a rollout
+    temperature from the recipe's SFT checkpoint: the 3-step episodes never succeed, so every group falls below the
+    band, is dropped, and no step is taken (anchors join only beside a kept group)."""
     from vla_rl.checkpoint import load_checkpoint
     from vla_rl.recipe import load_recipe, stage_configs
     from vla_rl.trainer import Trainer

@@ -1,6 +1,6 @@
 """The anchors' RL options, default off: rollout temperature, critic warm-up that holds the actor, GRPO's
-dynamic sampling in a real run, the KL early stop as an option, their config checks, and the refusal of
-LIBERO's fixed-state splits."""
+dynamic sampling in a real run and the anchors for its dropped groups, the KL early stop as an option, their config
+checks, and the refusal of LIBERO's fixed-state splits."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from policies import ActionHeadConfig, MLPPolicyConfig
 from rlcore.losses import group_keep_mask
 from rlcore.update_config import OptimConfig
 from vla_rl.config import CONFIG_DIR, build_config, load_config
+from vla_rl.grpo import episode_batch
 from vla_rl.ppo import ClippedUpdate, LossWeights
 from vla_rl.rollout import Timer
 from vla_rl.trainer import Trainer
@@ -187,6 +188,68 @@ def test_the_fill_holds_kept_groups_until_enough_then_updates_on_all_of_them(tmp
     assert second["grpo/groups_held"] == 0.0 and second["minibatch_steps"] == 1.0
     assert second["samples_per_s"] * second["time/iteration"] == pytest.approx(sum(kept_steps))
     assert any(not torch.equal(v, trainer.policy.state_dict()[k]) for k, v in before.items())
+
+
+def _episodes(steps: int = 5, envs: int = 8) -> TensorDict:
+    """A ``[T, N]`` episode batch whose every step says where it came from (``obs.state[..., 0]`` = env index)."""
+    state = torch.arange(envs, dtype=torch.float32)[None, :, None].expand(steps, envs, 5).clone()
+    alive = torch.ones(steps, envs, dtype=torch.bool)
+    alive[3:, 1] = False  # env 1's episode ended after three steps
+    return TensorDict({"obs": {"state": state}, "action": torch.zeros(steps, envs, 2),
+                       "log_prob": torch.zeros(steps, envs), "alive": alive}, batch_size=[steps, envs])
+
+
+def test_anchors_join_the_dropped_groups_steps_with_no_weight_and_draw_the_same_for_a_seed():
+    batch, advantage = _episodes(), torch.arange(8, dtype=torch.float32) - 3.5
+    keep = torch.tensor([True, True, False, False, True, True, False, False])
+    plain = episode_batch(batch, advantage, keep)
+    everything = episode_batch(batch, advantage, keep, anchors=1.0, generator=torch.Generator().manual_seed(0))
+    assert plain.get("weight", None) is None and len(plain) == 5 + 3 + 5 + 5  # env 1 lived 3 steps
+    env = everything["obs", "state"][:, 0].long()
+    kept = keep[env]
+    assert len(everything) == len(plain) + 4 * 5 and torch.equal(everything["weight"], kept.float())
+    assert torch.equal(everything["advantage"][kept], plain["advantage"])
+    assert (everything["advantage"][~kept] == 0).all()  # an anchor carries no objective
+    halves = [episode_batch(batch, advantage, keep, 0.5, torch.Generator().manual_seed(s)) for s in (3, 3, 4)]
+    assert 0 < len(halves[0]) - len(plain) < 20 and torch.equal(halves[0]["obs", "state"], halves[1]["obs", "state"])
+    assert not torch.equal(halves[0]["obs", "state"][len(plain):], halves[2]["obs", "state"][len(plain):])
+
+
+def test_anchors_hold_the_dropped_states_where_the_reference_has_them():
+    """The same update with and without anchors: the surrogate reads only the kept states (the weighted loss equals
+    the loss on those rows alone), and the anchored states stay nearer the reference policy."""
+    torch.manual_seed(0)
+    policy = policies.make_policy(MLPPolicyConfig(obs_keys=("state",), hidden_sizes=(32,)), {"state": (5,)},
+                                  action_dim=2)
+    reference = copy.deepcopy(policy)
+    kept = _warmup_batch(policy).exclude("value", "returns")
+    dropped = kept.clone()
+    dropped["obs", "state"] = dropped["obs", "state"] + 2.0  # other states, which no objective speaks of
+    dropped["advantage"] = torch.zeros(len(dropped))
+    anchored = torch.cat([kept.clone().set("weight", torch.ones(len(kept))),
+                          dropped.set("weight", torch.zeros(len(kept)))])
+    optim = OptimConfig(lr=1e-2, anneal_lr=False, epochs=4, num_minibatches=1, ref_kl_coef=1.0)
+    weights = LossWeights(vf_coef=0.0, norm_adv=False)
+
+    def drift(batch: TensorDict) -> float:  # KL(pi || reference) on the dropped states after the update
+        moved = copy.deepcopy(policy)
+        ClippedUpdate(moved, optim, weights, reference).update(batch)
+        with torch.no_grad():
+            return float(moved.distribution(dropped["obs"])[0].kl(reference.distribution(dropped["obs"])[0]).mean())
+
+    free, held = drift(kept), drift(anchored)
+    assert held < 0.5 * free, (held, free)
+
+    def first_loss(batch: TensorDict) -> float:  # one step: the ratios are 1, the loss is the objective's mean
+        update = ClippedUpdate(copy.deepcopy(policy), OptimConfig(epochs=1, num_minibatches=1), weights)
+        return update.update(batch)["policy_loss"]
+
+    assert first_loss(anchored) == pytest.approx(first_loss(kept), abs=1e-6) and first_loss(kept) != 0
+
+
+def test_anchors_without_a_kl_term_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"anchor_fraction=0\.25 needs optim\.ref_kl_coef > 0"):
+        _grpo(tmp_path, anchor_fraction=0.25)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
