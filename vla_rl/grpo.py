@@ -127,8 +127,9 @@ class GRPO(Algorithm):
     def _fill(self, steps: TensorDict, kept: int) -> TensorDict:
         """Hold ``steps`` (``kept`` groups) until ``min_groups_per_update`` groups have gathered; returns all the
         held steps once they have (and holds nothing more), else an empty batch (no update this iteration)."""
-        self.held.append(steps)
-        self.held_groups += kept
+        if kept:  # a collection that kept nothing adds nothing (and no anchors, so it lacks their ``weight``)
+            self.held.append(steps)
+            self.held_groups += kept
         if self.held_groups < self.cfg.min_groups_per_update:
             return steps[:0]
         steps = torch.cat(self.held)

@@ -14,9 +14,9 @@ import policies
 from infra.common.typed_config import ConfigError
 from policies import ActionHeadConfig, MLPPolicyConfig
 from rlcore.losses import group_keep_mask
-from rlcore.update_config import OptimConfig
+from rlcore.update_config import GRPOConfig, OptimConfig
 from vla_rl.config import CONFIG_DIR, build_config, load_config
-from vla_rl.grpo import episode_batch
+from vla_rl.grpo import GRPO, episode_batch
 from vla_rl.ppo import ClippedUpdate, LossWeights
 from vla_rl.rollout import Timer
 from vla_rl.trainer import Trainer
@@ -213,6 +213,21 @@ def test_anchors_join_the_dropped_groups_steps_with_no_weight_and_draw_the_same_
     halves = [episode_batch(batch, advantage, keep, 0.5, torch.Generator().manual_seed(s)) for s in (3, 3, 4)]
     assert 0 < len(halves[0]) - len(plain) < 20 and torch.equal(halves[0]["obs", "state"], halves[1]["obs", "state"])
     assert not torch.equal(halves[0]["obs", "state"][len(plain):], halves[2]["obs", "state"][len(plain):])
+
+
+def test_the_fill_with_anchors_skips_a_collection_that_kept_nothing():
+    """Held over collections with the fill: one that kept no group (so no anchors, no ``weight``) adds nothing, and
+    the release concatenates the others' kept and anchor steps alike."""
+    batch, advantage = _episodes(), torch.arange(8, dtype=torch.float32) - 3.5
+    keep = torch.tensor([True, True, False, False, False, False, False, False])
+    fill = GRPO.__new__(GRPO)  # the fill's own state only: no policy or collector is needed
+    fill.cfg, fill.held, fill.held_groups = GRPOConfig(group_size=2, min_groups_per_update=2), [], 0
+    first = episode_batch(batch, advantage, keep, 0.5, torch.Generator().manual_seed(0))
+    nothing = episode_batch(batch, advantage, torch.zeros(8, dtype=torch.bool))
+    assert len(fill._fill(first, 1)) == 0 and len(fill._fill(nothing, 0)) == 0 and fill.held_groups == 1
+    released = fill._fill(first, 1)
+    assert len(released) == 2 * len(first) and int(released["weight"].sum()) == 2 * (5 + 3)
+    assert (fill.held, fill.held_groups) == ([], 0)
 
 
 def test_anchors_hold_the_dropped_states_where_the_reference_has_them():
