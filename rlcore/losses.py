@@ -115,15 +115,16 @@ def surrogate_loss(
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()
     if weight is None:
-        loss = clipped_surrogate(ratio, advantage, clip_coef, clip_coef_high).mean()
-        with torch.no_grad():
-            stats = {"approx_kl": kl_k3(log_ratio).mean(), "clip_frac": clipped(ratio, clip_coef, clip_coef_high).mean()}
-        return loss, stats
-    total = weight.sum().clamp_min(1.0)  # a minibatch of anchors alone: no objective, a zero loss
-    loss = (clipped_surrogate(ratio, advantage, clip_coef, clip_coef_high) * weight).sum() / total
+        mean = torch.mean
+    else:
+        total = weight.sum().clamp_min(1.0)  # a minibatch of anchors alone: no objective, a zero loss
+
+        def mean(x: torch.Tensor) -> torch.Tensor:
+            return (x * weight).sum() / total
+
+    loss = mean(clipped_surrogate(ratio, advantage, clip_coef, clip_coef_high))
     with torch.no_grad():
-        stats = {"approx_kl": (kl_k3(log_ratio) * weight).sum() / total,
-                 "clip_frac": (clipped(ratio, clip_coef, clip_coef_high) * weight).sum() / total}
+        stats = {"approx_kl": mean(kl_k3(log_ratio)), "clip_frac": mean(clipped(ratio, clip_coef, clip_coef_high))}
     return loss, stats
 
 

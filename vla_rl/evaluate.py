@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -234,19 +234,17 @@ class CheckpointEval:
 def _test_env_config(env_cfg: Any, task: str | None, templates: list[str] | None) -> Any:
     """The run's environment section as a test plays it: one task of it (``task``), the caller's instructions
     checked by the suite, and the tasks drawn alike."""
-    import dataclasses
-
     if env_cfg.kind != "sims":
         return env_cfg
     check = sims.suite_of(env_cfg.task).check_instructions
     if templates and check is not None:
         check(env_cfg.task, task, templates)
     if task:
-        env_cfg = dataclasses.replace(env_cfg, task=task)
+        env_cfg = replace(env_cfg, task=task)
     if "task_weights" in env_cfg.suite:
         # Every split is tested with its tasks drawn alike: task weights shape a run's training episodes, and kept
         # here they would give an RL checkpoint's "train" figure another mix of tasks than its SFT start's.
-        env_cfg = dataclasses.replace(env_cfg, suite={k: v for k, v in env_cfg.suite.items() if k != "task_weights"})
+        env_cfg = replace(env_cfg, suite={k: v for k, v in env_cfg.suite.items() if k != "task_weights"})
     return env_cfg
 
 

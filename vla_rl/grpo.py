@@ -101,8 +101,6 @@ class GRPO(Algorithm):
         batch, returns, success = collector.collect_episodes(self.policy, seed, decisions, timer)
         cfg = self.cfg
         advantage = group_advantages(returns, cfg.group_size, cfg.std_eps)
-        # The anchors' draw depends on the seed and the iteration alone, so a resumed run draws the same.
-        draw = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
         chunk = chunk_length(batch["action"], batch.batch_dims)
         task = batch["obs", "task"][0] if ("obs", "task") in batch.keys(True) else torch.full_like(returns, -1)
         # Each episode's figures come to the host once, together (one device read, not one per episode).
@@ -116,6 +114,8 @@ class GRPO(Algorithm):
         groups = len(returns) // cfg.group_size
         metrics = {"grpo/groups_kept": float(kept), "grpo/groups_dropped": float(groups - kept)}
         anchors = cfg.anchor_fraction if kept else 0.0  # no group kept: no anchors (nor an update of anchors alone)
+        # The anchors' draw depends on the seed and the iteration alone, so a resumed run draws the same.
+        draw = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration) if anchors else None
         steps = episode_batch(batch, advantage, keep, anchors, draw).to(self.device)
         if steps.get("weight", None) is not None:
             metrics["grpo/anchor_steps"] = float(len(steps) - int(steps["weight"].sum()))
